@@ -1,0 +1,53 @@
+"""The two exceptions that end a compaction on purpose. Both carry data, never message text,
+so the proxy can build its error body and its audit line from the fields alone.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["ToolProtocolError", "MessageViewLimitExceeded", "ProtocolErrorKind"]
+
+ProtocolErrorKind = Literal["missing", "unknown", "duplicate", "out_of_order", "not_adjacent"]
+
+
+class ToolProtocolError(ValueError):
+    """The history breaks the tool-call protocol.
+
+    Attributes:
+        kind: ``missing`` (a ``tool_use`` never answered), ``unknown`` (a result whose id no
+            earlier use carries), ``duplicate`` (an id used or answered twice),
+            ``out_of_order`` (a result before its use, or not at the start of its message),
+            ``not_adjacent`` (answered, but not in the message right after the use).
+        tool_use_id: the offending id.
+        message_index: the index in ``messages`` where the problem was found.
+    """
+
+    def __init__(self, kind: ProtocolErrorKind, tool_use_id: str, message_index: int,
+                 detail: str = "") -> None:
+        self.kind: ProtocolErrorKind = kind
+        self.tool_use_id = tool_use_id
+        self.message_index = message_index
+        self.detail = detail
+        text = f"tool protocol violation ({kind}) for tool_use_id {tool_use_id!r} at messages.{message_index}"
+        if detail:
+            text += f": {detail}"
+        super().__init__(text)
+
+
+class MessageViewLimitExceeded(Exception):
+    """The view is still at or above the hard limit after every layer that could run."""
+
+    def __init__(self, *, tokens_before: int, tokens_after: int, hard_limit: int,
+                 layers_applied: tuple[str, ...]) -> None:
+        self.tokens_before = tokens_before
+        self.tokens_after = tokens_after
+        self.hard_limit = hard_limit
+        self.layers_applied = tuple(layers_applied)
+        layers = ",".join(self.layers_applied) or "none"
+        super().__init__(
+            f"prompt is too long: {tokens_after} tokens after compaction ({layers}) "
+            f">= hard limit {hard_limit} (MessageViewLimitExceeded)"
+        )

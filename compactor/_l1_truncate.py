@@ -1,0 +1,114 @@
+"""L1 — truncate the text of oversized tool results to a head and a tail.
+
+The cheapest layer: it touches only ``tool_result`` blocks whose text is over the policy's
+``max_tool_result_tokens``, keeps their beginning and (larger) end — for logs and test output
+the end matters most — and says how much was cut. Images, documents and other binary or
+structured parts of a result are never cut. The same block always truncates to the same
+bytes, so the provider's prompt cache keeps hitting on later requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._blocks import CLIENT_RESULT, UNCUTTABLE, Message
+from ._view import View
+
+__all__: list[str] = []
+
+HEAD_SHARE = 0.4  # the rest of the budget goes to the tail
+MIN_PART_CHARS = 200
+_CUT_SEARCH = 200  # look this far for a line break to cut at
+
+
+def _marker(removed_chars: int, original_chars: int) -> str:
+    return (f"\n\n[... compact-proxy truncated {removed_chars:,} of {original_chars:,} characters "
+            f"of this tool result ...]\n\n")
+
+
+def _cut_text(text: str, budget_chars: int) -> str:
+    """``text`` cut to about ``budget_chars``: a head, a marker, a tail, on line breaks."""
+    if len(text) <= budget_chars:
+        return text
+    head_len = max(MIN_PART_CHARS // 2, int(budget_chars * HEAD_SHARE))
+    tail_len = max(MIN_PART_CHARS // 2, budget_chars - head_len)
+    newline = text.rfind("\n", head_len - _CUT_SEARCH, head_len)
+    if newline > 0:
+        head_len = newline + 1
+    tail_start = len(text) - tail_len
+    newline = text.find("\n", tail_start, tail_start + _CUT_SEARCH)
+    if newline != -1:
+        tail_start = newline + 1
+    if tail_start <= head_len:
+        return text
+    return text[:head_len] + _marker(tail_start - head_len, len(text)) + text[tail_start:]
+
+
+def _text_parts(content: object) -> list[tuple[int | None, str]]:
+    """(position, text) of the cuttable text in a tool_result's content; None = the string."""
+    if isinstance(content, str):
+        return [(None, content)]
+    parts: list[tuple[int | None, str]] = []
+    if isinstance(content, list):
+        for position, block in enumerate(content):
+            if (isinstance(block, dict) and block.get("type") == "text"
+                    and block.get("type") not in UNCUTTABLE and isinstance(block.get("text"), str)):
+                parts.append((position, block["text"]))
+    return parts
+
+
+def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict[str, Any] | None:
+    """A truncated copy of ``block``, or None when it is within the budget."""
+    parts = _text_parts(block.get("content"))
+    total_chars = sum(len(text) for _, text in parts)
+    # A token is at least one character, so text of no more characters than the budget is
+    # within it: skip counting (the hot path) for every small result.
+    if total_chars <= max_tokens:
+        return None
+    counter = view.counter
+    text_tokens = sum(counter.count_value({"type": "text", "text": t}) for _, t in parts)
+    if text_tokens <= max_tokens:
+        return None
+    # Give each text part a share of the budget in proportion to its size; shrink once more
+    # if a dense text (more tokens per character) still ends over the budget.
+    ratio = max_tokens / text_tokens
+    for _attempt in range(4):
+        new_parts = {pos: _cut_text(text, max(MIN_PART_CHARS, int(len(text) * ratio * 0.97)))
+                     for pos, text in parts}
+        new_tokens = sum(counter.count_value({"type": "text", "text": t}) for t in new_parts.values())
+        if new_tokens <= max_tokens:
+            break
+        ratio *= max_tokens / new_tokens * 0.9
+    content = block.get("content")
+    if isinstance(content, str):
+        return {**block, "content": new_parts[None]}
+    assert isinstance(content, list)
+    new_content = list(content)
+    for position, text in new_parts.items():
+        assert position is not None
+        if text != content[position]["text"]:
+            new_content[position] = {**content[position], "text": text}
+    return {**block, "content": new_content}
+
+
+def truncate_tool_results(view: View, max_tool_result_tokens: int) -> tuple[View, int]:
+    """L1: the view with every oversized tool result truncated, and how many were cut."""
+    changed = 0
+    out: list[Message] = []
+    for message in view.messages:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            out.append(message)
+            continue
+        new_content: list[Any] | None = None
+        for position, block in enumerate(content):
+            if block.get("type") != CLIENT_RESULT:
+                continue
+            truncated = _truncate_result(block, view, max_tool_result_tokens)
+            if truncated is not None:
+                if new_content is None:
+                    new_content = list(content)
+                new_content[position] = truncated
+                changed += 1
+        out.append(message if new_content is None else {**message, "content": new_content})
+    return (view.derive(out) if changed else view), changed

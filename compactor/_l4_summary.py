@@ -1,0 +1,129 @@
+"""L4 — replace the old middle of the conversation by a model-written summary.
+
+The compactor itself never calls a model: it describes the span to summarise as a
+:class:`SummaryRequest` (the messages as JSON, and a content hash to cache the answer by),
+the driver obtains the text — from a cache, a callable, or not at all — and L4 builds the view.
+The durable state is never part of the request: only messages are summarised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ._blocks import DROPPABLE_ROLES, THINKING, UNCUTTABLE, Message, blocks_of, first_user_index
+from ._protocol import Interaction
+from ._view import View
+
+__all__ = ["SummaryRequest"]
+
+SUMMARY_TAG = "compact-proxy-summary"
+_SUMMARY_OPEN = f"<{SUMMARY_TAG} "
+
+
+@dataclass(frozen=True)
+class SummaryRequest:
+    """The span L4 wants summarised.
+
+    Attributes:
+        messages_json: the messages to summarise, as a JSON array (thinking blocks and the
+            bytes of images and documents left out).
+        cache_key: sha256 hex of the exact messages covered: the same span, the same key.
+        message_count: how many messages the summary replaces.
+    """
+
+    messages_json: str
+    cache_key: str
+    message_count: int
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """Where L4 cuts: ``head`` kept verbatim, ``middle`` summarised, ``kept`` kept after."""
+
+    head: list[Message]
+    middle: list[Message]
+    kept_after: list[Message]
+    request: SummaryRequest
+
+
+def is_summary_message(message: Message) -> bool:
+    """True for a message L4 wrote."""
+    blocks = blocks_of(message)
+    return (message.get("role") == "user" and len(blocks) == 1
+            and isinstance(blocks[0].get("text"), str)
+            and blocks[0]["text"].startswith(_SUMMARY_OPEN))
+
+
+def _for_summary(block: dict[str, Any]) -> dict[str, Any] | None:
+    block_type = block.get("type")
+    if block_type in THINKING:
+        return None
+    if block_type in UNCUTTABLE:
+        return {"type": block_type, "omitted": True}
+    if block_type == "tool_result" and isinstance(block.get("content"), list):
+        inner = [b for b in (_for_summary(x) for x in block["content"] if isinstance(x, dict))
+                 if b is not None]
+        return {**block, "content": inner}
+    return block
+
+
+def _summary_input(middle: list[Message]) -> str:
+    cleaned = []
+    for message in middle:
+        content = message.get("content")
+        if isinstance(content, list):
+            blocks = [b for b in (_for_summary(x) for x in content) if b is not None]
+            content = blocks
+        cleaned.append({"role": message.get("role"), "content": content})
+    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+
+
+def plan_summary(view: View, interactions: dict[str, Interaction],
+                 keep_recent: int) -> SummaryPlan | None:
+    """Decide the span to summarise, or None when there is nothing worth summarising.
+
+    The recent boundary moves back until no interaction is split by it, so the kept turns
+    start with a complete exchange.
+    """
+    messages = view.messages
+    first = first_user_index(messages)
+    if first is None:
+        return None
+    tail_start = max(first + 1, len(messages) - max(1, keep_recent))
+    moved = True
+    while moved and tail_start > first + 1:
+        moved = False
+        for it in interactions.values():
+            if it.result_index is not None and it.use_index < tail_start <= it.result_index:
+                tail_start = max(first + 1, it.use_index)
+                moved = True
+    middle_all = messages[first + 1:tail_start]
+    middle = [m for m in middle_all if m.get("role") in DROPPABLE_ROLES]
+    if not middle or (len(middle) == 1 and is_summary_message(middle[0])):
+        return None
+    others = [m for m in middle_all if m.get("role") not in DROPPABLE_ROLES]
+    payload = _summary_input(middle)
+    request = SummaryRequest(
+        messages_json=payload,
+        cache_key=hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest(),
+        message_count=len(middle),
+    )
+    return SummaryPlan(messages[: first + 1], middle, others + messages[tail_start:], request)
+
+
+def summary_message(text: str, message_count: int) -> Message:
+    """The user message that stands for the summarised span."""
+    body = text.strip()
+    return {"role": "user", "content": [{"type": "text", "text": (
+        f'{_SUMMARY_OPEN}messages="{message_count}">\n'
+        "Summary of earlier conversation, written when it was compacted to fit the context "
+        f"window:\n{body}\n</{SUMMARY_TAG}>")}]}
+
+
+def apply_summary(view: View, plan: SummaryPlan, text: str) -> View:
+    """L4's view: head, the summary, then the kept messages."""
+    message = summary_message(text, plan.request.message_count)
+    return view.derive([*plan.head, message, *plan.kept_after])

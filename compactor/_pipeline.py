@@ -1,0 +1,265 @@
+"""The pipeline: validate, then L1 → L2 → L3 → L4, cheapest first, stopping below the soft
+threshold; reject at or above the hard limit.
+
+Everything in ``__all__`` gets re-exported.
+
+The steps are written once, as a generator that *yields* a :class:`SummaryRequest` when L4
+needs a summary and is sent the text back (h11's ``NEED_DATA`` idea): the sync driver answers
+with a plain callable, the async driver with an awaitable, and a driver that may not call a
+model (``count_tokens``) answers from a cache or with None. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
+
+from ._errors import MessageViewLimitExceeded
+from ._l1_truncate import truncate_tool_results
+from ._l2_reads import ReadTool, drop_superseded_reads
+from ._l3_prune import prune_old_messages
+from ._l4_summary import SummaryRequest, apply_summary, plan_summary
+from ._protocol import validate_tool_protocol
+from ._tokens import CachingCounter, TokenCounter
+from ._view import View
+
+__all__ = ["CompactionResult", "LayerOutcome", "SummaryRequest", "compact_context",
+           "compact_context_async", "compact_if_needed"]
+
+LAYER_ORDER = ("L1", "L2", "L3", "L4")
+
+S = TypeVar("S")
+
+
+class PolicyLike(Protocol):
+    """What the pipeline reads of ``policies.CompactionPolicy``."""
+
+    soft_threshold_tokens: int
+    hard_limit_tokens: int
+    max_tool_result_tokens: int
+    keep_recent_messages: int
+    summary_keep_recent: int
+
+
+@dataclass(frozen=True)
+class LayerOutcome:
+    """What one layer did.
+
+    Attributes:
+        layer: ``L1`` … ``L4``.
+        tokens_before: tokens of the view when the layer started.
+        tokens_after: tokens when it ended (equal to before when it changed nothing).
+        saved: ``tokens_before - tokens_after``.
+        changed: how many things it changed (results cut, reads or messages dropped,
+            messages summarised).
+        applied: whether its change is part of the final view (False when it changed
+            nothing, failed, or a later layer superseded it).
+        detail: a short note without message text (``summary failed: TimeoutError``).
+    """
+
+    layer: str
+    tokens_before: int
+    tokens_after: int
+    saved: int
+    changed: int
+    applied: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """The compacted view and what it took.
+
+    Attributes:
+        messages: the view to send (a new list; the caller's objects are never mutated).
+        durable_state: the durable state, exactly as given (it bypasses every layer).
+        tokens_before: tokens of the input, reserved tokens included.
+        tokens_after: tokens of the view.
+        layers_applied: the layers whose change is in the view, in order.
+        outcomes: one :class:`LayerOutcome` per layer that ran.
+        summary_request: the span L4 asked to summarise, if it ran.
+    """
+
+    messages: list[dict[str, Any]]
+    durable_state: Any
+    tokens_before: int
+    tokens_after: int
+    layers_applied: tuple[str, ...]
+    outcomes: tuple[LayerOutcome, ...]
+    summary_request: SummaryRequest | None = None
+
+    @property
+    def changed(self) -> bool:
+        """True when the view differs from the input."""
+        return bool(self.layers_applied)
+
+
+def _json_copy(messages: Any) -> Any:
+    try:
+        return json.loads(json.dumps(messages))
+    except (TypeError, ValueError):
+        import copy
+
+        return copy.deepcopy(messages)
+
+
+def _as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
+    return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
+
+
+def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLike,
+           counter: CachingCounter, reserved_tokens: int, summaries: bool,
+           ) -> Generator[SummaryRequest, str | None, CompactionResult]:
+    interactions = validate_tool_protocol(messages)
+    view = View(messages, counter, reserved_tokens)
+    tokens_before = view.total()
+    soft = policy.soft_threshold_tokens
+    outcomes: list[LayerOutcome] = []
+
+    def record(layer: str, before: View, after: View, changed: int, detail: str = "") -> None:
+        outcomes.append(LayerOutcome(layer, before.total(), after.total(),
+                                     before.total() - after.total(), changed, changed > 0, detail))
+
+    summary_request: SummaryRequest | None = None
+    if view.total() >= soft:
+        after, changed = truncate_tool_results(view, policy.max_tool_result_tokens)
+        record("L1", view, after, changed)
+        view = after
+    if view.total() >= soft:
+        read_tools: tuple[ReadTool, ...] = tuple(getattr(policy, "read_tools", ()))
+        after, changed = drop_superseded_reads(view, interactions, read_tools)
+        record("L2", view, after, changed)
+        if changed:
+            interactions = validate_tool_protocol(after.messages)
+        view = after
+    if view.total() >= soft:
+        before_l3 = view
+        after, changed = prune_old_messages(view, interactions, policy.keep_recent_messages)
+        record("L3", view, after, changed)
+        view = after
+        wants_summary = summaries and getattr(policy, "summary_enabled", True)
+        if view.total() >= soft and wants_summary:
+            # L4 starts again from the view before L3, so what L3 would have dropped is
+            # summarised rather than lost.
+            plan = plan_summary(before_l3, interactions, policy.summary_keep_recent)
+            if plan is None:
+                outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
+                                             "nothing to summarise"))
+            else:
+                summary_request = plan.request
+                text = yield plan.request
+                if not isinstance(text, str) or not text.strip():
+                    outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
+                                                 "no summary: view kept"))
+                else:
+                    summarised = apply_summary(before_l3, plan, text)
+                    if summarised.total() < view.total():
+                        outcomes.append(LayerOutcome(
+                            "L4", view.total(), summarised.total(),
+                            view.total() - summarised.total(), plan.request.message_count, True))
+                        if outcomes[-2].layer == "L3" and outcomes[-2].applied:
+                            l3 = outcomes[-2]
+                            outcomes[-2] = LayerOutcome(l3.layer, l3.tokens_before, l3.tokens_after,
+                                                        l3.saved, l3.changed, False,
+                                                        "superseded by L4")
+                        view = summarised
+                    else:
+                        outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
+                                                     "summary not smaller: view kept"))
+    tokens_after = view.total()
+    layers = tuple(o.layer for o in outcomes if o.applied)
+    if tokens_after >= policy.hard_limit_tokens:
+        raise MessageViewLimitExceeded(tokens_before=tokens_before, tokens_after=tokens_after,
+                                       hard_limit=policy.hard_limit_tokens, layers_applied=tuple(
+                                           o.layer for o in outcomes))
+    return CompactionResult(view.messages, durable_state, tokens_before, tokens_after, layers,
+                            tuple(outcomes), summary_request)
+
+
+def _drive_sync(steps: Generator[SummaryRequest, str | None, CompactionResult],
+                answer: Callable[[SummaryRequest], str | None]) -> CompactionResult:
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(answer(request))
+    except StopIteration as done:
+        result: CompactionResult = done.value
+        return result
+
+
+def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *,
+                    policy: PolicyLike,
+                    summarizer: Callable[[str], str | None] | None = None,
+                    counter: TokenCounter | CachingCounter | None = None,
+                    reserved_tokens: int = 0, copy: bool = True) -> CompactionResult:
+    """Compact ``messages`` until they are below the policy's soft threshold.
+
+    Args:
+        messages: the request's ``messages``; never mutated.
+        durable_state: the session's ``DurableContextState``; returned untouched, never
+            summarised (it is rendered into ``system`` by the caller).
+        policy: a ``policies.CompactionPolicy``.
+        summarizer: L4's model: takes the old messages as a JSON string, returns the summary
+            text. An exception or an empty answer keeps the view as it was. None: no L4.
+        counter: a token counter (default: 4 characters per token); pass one
+            :class:`CachingCounter` across calls to count each block once.
+        reserved_tokens: tokens outside ``messages`` (system, tools, durable block) that
+            count toward the thresholds.
+        copy: deep-copy the input first so the result shares nothing with it.
+
+    Raises:
+        ToolProtocolError: the history breaks the tool-call protocol.
+        MessageViewLimitExceeded: still at or above the hard limit after every layer.
+        ValueError: a message or block is not an object.
+    """
+    source = _json_copy(messages) if copy else messages
+
+    def answer(request: SummaryRequest) -> str | None:
+        assert summarizer is not None
+        try:
+            return summarizer(request.messages_json)
+        except Exception:  # a failed summary never replaces history
+            return None
+
+    steps = _steps(source, durable_state, policy, _as_caching(counter), reserved_tokens,
+                   summarizer is not None)
+    return _drive_sync(steps, answer)
+
+
+async def compact_context_async(
+        messages: list[dict[str, Any]], durable_state: Any = None, *, policy: PolicyLike,
+        summarizer: Callable[[SummaryRequest], Awaitable[str | None]] | None = None,
+        counter: TokenCounter | CachingCounter | None = None, reserved_tokens: int = 0,
+        copy: bool = False) -> CompactionResult:
+    """:func:`compact_context` for the proxy: the summariser is awaited.
+
+    ``summarizer`` receives the whole :class:`SummaryRequest` (so it can cache by
+    ``cache_key``); it should return None on failure (an exception is treated the same). The
+    proxy owns the freshly parsed body, so ``copy`` defaults to False here: the pipeline
+    itself never mutates its input.
+    """
+    source = _json_copy(messages) if copy else messages
+    steps = _steps(source, durable_state, policy, _as_caching(counter), reserved_tokens,
+                   summarizer is not None)
+    try:
+        request = next(steps)
+        while True:
+            assert summarizer is not None
+            try:
+                text = await summarizer(request)
+            except Exception:
+                text = None
+            request = steps.send(text)
+    except StopIteration as done:
+        result: CompactionResult = done.value
+        return result
+
+
+def compact_if_needed(messages: list[dict[str, Any]], durable_state: Any = None, *,
+                      policy: PolicyLike, summarizer: Callable[[str], str | None] | None = None,
+                      counter: TokenCounter | CachingCounter | None = None,
+                      reserved_tokens: int = 0) -> list[dict[str, Any]]:
+    """:func:`compact_context`, returning only the messages."""
+    return compact_context(messages, durable_state, policy=policy, summarizer=summarizer,
+                           counter=counter, reserved_tokens=reserved_tokens).messages

@@ -1,0 +1,224 @@
+"""Source pointers: the strict, parsed form of the strings that say where a durable item
+came from.
+
+Two schemes exist::
+
+    transcript:<session_id>:<sequence>
+    artifact:<session_id>:<filename>:<sha256 hex, 12 or 64 chars>
+
+Theory of operation: a pointer names a file under an operator-controlled root, so every
+part that becomes a path component is checked here, before anything touches the disk. A
+session id is one or more runs of ``[A-Za-z0-9_-]`` joined by single dots (so never ``.``,
+``..``, a leading or trailing dot), at most 128 characters. A filename is one path
+component: no ``/``, ``\\``, ``:``, NUL, no control or invisible formatting characters,
+never ``.`` or ``..``, at most 255 UTF-8 bytes, and the same holds for its percent-decoded
+form (so ``..%2Fetc`` is refused even though nothing here decodes it: some other layer
+might). The canonical string of a parsed pointer is the string it was parsed from, because
+the grammar admits exactly one spelling (no leading zeros, lowercase hex).
+
+Everything in ``__all__`` gets re-exported (``UnsupportedPointerError`` only from this
+module: the façade does not list it).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import TypeAlias, Union
+from urllib.parse import unquote
+
+__all__ = [
+    "TranscriptPointer",
+    "ArtifactPointer",
+    "SourcePointer",
+    "UnsupportedPointerError",
+    "parse_source_pointer",
+]
+
+MAX_SESSION_ID_CHARS = 128
+MAX_FILENAME_BYTES = 255
+# Sequences are ordinary 64-bit counters; the cap also keeps int() away from its
+# digit-count limit on absurd input.
+MAX_SEQUENCE = 2**63 - 1
+
+_SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*", re.ASCII)
+_SEQUENCE_RE = re.compile(r"[1-9][0-9]*", re.ASCII)
+_SHA256_RE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}", re.ASCII)
+
+# Characters that can never be part of a filename in a pointer: the path separators of
+# every platform we might run on, the pointer's own field separator, and NUL.
+_FILENAME_FORBIDDEN_CHARS = frozenset("/\\:\x00")
+# Unicode categories refused in filenames: controls, invisible format characters (bidi
+# overrides, zero-width), line/paragraph separators and lone surrogates.
+_FILENAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+SCHEMES = ("transcript", "artifact")
+
+
+class UnsupportedPointerError(ValueError):
+    """The pointer's scheme is not one this resolver knows (``transcript`` or ``artifact``).
+
+    Attributes:
+        scheme: the part before the first ``:`` (the whole string when there is none).
+    """
+
+    def __init__(self, scheme: str) -> None:
+        self.scheme = scheme
+        super().__init__(f"unsupported source pointer scheme {scheme!r}")
+
+
+def _check_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str):
+        raise ValueError(f"session_id must be a string, got {type(session_id).__name__}")
+    if not session_id:
+        raise ValueError("session_id is empty")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        raise ValueError(f"session_id is longer than {MAX_SESSION_ID_CHARS} characters")
+    if not _SESSION_ID_RE.fullmatch(session_id):
+        raise ValueError(
+            f"session_id {session_id!r} is not made of [A-Za-z0-9_-] runs joined by single dots"
+        )
+    return session_id
+
+
+def _filename_problem(name: str) -> str | None:
+    """Why ``name`` is not an acceptable filename, or None when it is."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"{name!r} is not a file name"
+    for ch in name:
+        if ch in _FILENAME_FORBIDDEN_CHARS:
+            return f"contains forbidden character {ch!r}"
+        if unicodedata.category(ch) in _FILENAME_FORBIDDEN_CATEGORIES:
+            return f"contains control or invisible character U+{ord(ch):04X}"
+    return None
+
+
+def _check_filename(filename: object) -> str:
+    if not isinstance(filename, str):
+        raise ValueError(f"filename must be a string, got {type(filename).__name__}")
+    problem = _filename_problem(filename)
+    if problem is not None:
+        raise ValueError(f"filename {problem}")
+    try:
+        size = len(filename.encode("utf-8"))
+    except UnicodeEncodeError:  # pragma: no cover - surrogates are refused above
+        raise ValueError("filename is not encodable as UTF-8") from None
+    if size > MAX_FILENAME_BYTES:
+        raise ValueError(f"filename is longer than {MAX_FILENAME_BYTES} bytes")
+    # Refuse names whose percent-decoded form would be a traversal or carry a separator.
+    decoded = unquote(filename) if "%" in filename else filename
+    if decoded != filename:
+        problem = _filename_problem(decoded)
+        if problem is not None:
+            raise ValueError(f"filename, once percent-decoded, {problem}")
+    return filename
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPointer:
+    """``transcript:<session_id>:<sequence>``: event ``sequence`` (from 1) of a session's
+    transcript.
+
+    Args:
+        session_id: the session whose transcript holds the event.
+        sequence: the event's 1-based position.
+
+    Raises:
+        ValueError: a field does not follow the pointer grammar.
+    """
+
+    session_id: str
+    sequence: int
+
+    def __post_init__(self) -> None:
+        _check_session_id(self.session_id)
+        seq = self.sequence
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ValueError(f"sequence must be an integer, got {type(seq).__name__}")
+        if not 1 <= seq <= MAX_SEQUENCE:
+            raise ValueError(f"sequence must be between 1 and {MAX_SEQUENCE}, got {seq}")
+
+    def __str__(self) -> str:
+        return f"transcript:{self.session_id}:{self.sequence}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactPointer:
+    """``artifact:<session_id>:<filename>:<sha256>``: a file a session produced, pinned by
+    its sha256 (the full 64 hex digits, or a 12-digit prefix).
+
+    Args:
+        session_id: the session that owns the artifact.
+        filename: one path component under that session's artifact directory.
+        sha256: lowercase hex, 12 or 64 characters.
+
+    Raises:
+        ValueError: a field does not follow the pointer grammar.
+    """
+
+    session_id: str
+    filename: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        _check_session_id(self.session_id)
+        _check_filename(self.filename)
+        if not isinstance(self.sha256, str) or not _SHA256_RE.fullmatch(self.sha256):
+            raise ValueError("sha256 must be 12 or 64 lowercase hex characters")
+
+    def __str__(self) -> str:
+        return f"artifact:{self.session_id}:{self.filename}:{self.sha256}"
+
+
+SourcePointer: TypeAlias = Union[TranscriptPointer, ArtifactPointer]
+"""Either kind of parsed pointer; ``str()`` of one gives its canonical string."""
+
+
+def parse_source_pointer(s: str) -> SourcePointer:
+    """Parse a pointer string strictly.
+
+    Args:
+        s: ``transcript:<session_id>:<sequence>`` or
+            ``artifact:<session_id>:<filename>:<sha256>``.
+
+    Returns:
+        The :class:`TranscriptPointer` or :class:`ArtifactPointer` it denotes.
+
+    Raises:
+        UnsupportedPointerError: the scheme (text before the first ``:``) is neither
+            ``transcript`` nor ``artifact``.
+        ValueError: the scheme is known but the rest is malformed; the message names the
+            problem (wrong field count, bad session id, traversal in the filename, ...).
+        TypeError: ``s`` is not a string.
+    """
+    if not isinstance(s, str):
+        raise TypeError(f"source pointer must be a string, got {type(s).__name__}")
+    scheme, sep, rest = s.partition(":")
+    if not sep or scheme not in SCHEMES:
+        raise UnsupportedPointerError(scheme)
+    # No field may contain ':', so a plain split gives the exact field count.
+    parts = rest.split(":")
+    if scheme == "transcript":
+        if len(parts) != 2:
+            raise ValueError(
+                f"transcript pointer needs 2 fields after the scheme "
+                f"(session_id, sequence), got {len(parts)}"
+            )
+        session_id, seq_text = parts
+        _check_session_id(session_id)
+        if not _SEQUENCE_RE.fullmatch(seq_text) or len(seq_text) > len(str(MAX_SEQUENCE)):
+            raise ValueError(
+                f"sequence {seq_text!r} is not a positive decimal integer "
+                "without sign or leading zeros"
+            )
+        return TranscriptPointer(session_id, int(seq_text))
+    if len(parts) != 3:
+        raise ValueError(
+            f"artifact pointer needs 3 fields after the scheme "
+            f"(session_id, filename, sha256), got {len(parts)}"
+        )
+    session_id, filename, digest = parts
+    return ArtifactPointer(session_id, filename, digest)

@@ -1,0 +1,325 @@
+"""Resolve source pointers against the transcript and artifact roots: the only part of
+``compactor`` that reads files.
+
+Theory of operation. ``resolve`` never raises for a bad pointer or a bad file; it returns
+one of five statuses:
+
+- ``unsupported``: the scheme is unknown;
+- ``denied``: the pointer is malformed (a traversal attempt is just a malformed pointer),
+  the authorizer said no (or failed), a symlink leads out of the root, or the OS refused;
+- ``missing``: no such file, a transcript too short, a file removed while being read;
+- ``corrupt``: the file exists but is not what the pointer promises (wrong digest, a broken
+  transcript line, a directory or device where a regular file should be, a file replaced
+  while being read);
+- ``available``: verified; ``evidence_sha256`` is the 64-hex digest of the evidence (the
+  whole artifact, or the target transcript line without its line ending).
+
+The order is fixed: parse, then authorize, then touch the disk. An authorizer that says no
+costs no system call at all.
+
+Containment: the target's ``os.path.realpath`` must lie inside the root's, by
+``os.path.commonpath``. The file is then opened by that real path with ``O_NOFOLLOW`` (a
+link swapped in after the check fails to open and is denied) and ``O_NONBLOCK`` (a FIFO
+cannot hang the request), and ``fstat`` decides whether it is a regular file *before* a
+byte is read. A non-regular file inside the root is ``corrupt``: it is not an escape, just
+not a valid source. After reading, the path is looked up again: gone means ``missing``, a
+different inode means ``corrupt`` (the bytes read are no longer what the path names).
+
+Both kinds of file are streamed: transcripts line by line up to the target (each line
+capped at ``max_line_bytes``), artifacts in ``chunk_size`` chunks into one reused buffer.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+from ._pointers import (
+    ArtifactPointer,
+    SourcePointer,
+    TranscriptPointer,
+    UnsupportedPointerError,
+    parse_source_pointer,
+)
+
+if TYPE_CHECKING:
+    from ._state import DurableContextState
+
+__all__ = ["SourcePointerResolver", "SourceResolution", "resolve_durable_sources"]
+
+ResolutionStatus = Literal["available", "missing", "denied", "corrupt", "unsupported"]
+_STATUSES: frozenset[str] = frozenset(get_args(ResolutionStatus))
+_SHA256_HEX_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
+
+DEFAULT_CHUNK_SIZE = 1024 * 1024
+DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResolution:
+    """What resolving one pointer found.
+
+    Args:
+        pointer: the pointer string as given.
+        status: ``available``, ``missing``, ``denied``, ``corrupt`` or ``unsupported``.
+        evidence_sha256: the 64-hex evidence digest when ``available``, else None.
+        detail: a short human-readable reason; never file content.
+
+    Raises:
+        ValueError: an unknown status, or a digest that does not match the status.
+    """
+
+    pointer: str
+    status: ResolutionStatus
+    evidence_sha256: str | None
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.status not in _STATUSES:
+            raise ValueError(f"status: unknown status {self.status!r}")
+        if self.status == "available":
+            if not isinstance(self.evidence_sha256, str) or not _SHA256_HEX_RE.fullmatch(
+                self.evidence_sha256
+            ):
+                raise ValueError("evidence_sha256: must be 64 lowercase hex when available")
+        elif self.evidence_sha256 is not None:
+            raise ValueError(f"evidence_sha256: must be None when status is {self.status}")
+
+
+class _Outcome(Exception):
+    """Internal: ends a lookup early with a status (never escapes ``resolve``)."""
+
+    def __init__(self, status: ResolutionStatus, detail: str) -> None:
+        super().__init__(detail)
+        self.status: ResolutionStatus = status
+        self.detail = detail
+
+
+class PointerResolver(Protocol):
+    """Anything that resolves pointer strings, like :class:`SourcePointerResolver`."""
+
+    def resolve(self, pointer: str) -> SourceResolution:
+        """Resolve one pointer string; never raises for a bad pointer."""
+        ...
+
+
+class SourcePointerResolver:
+    """Checks source pointers against the files they name.
+
+    Args:
+        transcript_root: directory holding ``<session_id>.jsonl`` transcripts.
+        artifact_root: directory holding ``<session_id>/<filename>`` artifacts.
+        authorize: called with the parsed pointer before any file access; only a return
+            value of exactly ``True`` allows the lookup (fail closed).
+        chunk_size: bytes read per chunk when hashing an artifact.
+        max_line_bytes: a transcript line up to the target longer than this is corrupt.
+    """
+
+    def __init__(
+        self,
+        transcript_root: str | os.PathLike[str],
+        artifact_root: str | os.PathLike[str],
+        authorize: Callable[[SourcePointer], bool],
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    ) -> None:
+        if chunk_size < 1 or max_line_bytes < 1:
+            raise ValueError("chunk_size and max_line_bytes must be positive")
+        # Made absolute without touching the disk; real paths are taken per lookup, after
+        # authorization, so a root created or re-linked later is seen as it is then.
+        self._transcript_root = os.path.abspath(os.fspath(transcript_root))
+        self._artifact_root = os.path.abspath(os.fspath(artifact_root))
+        self._authorize = authorize
+        self._chunk_size = chunk_size
+        self._max_line_bytes = max_line_bytes
+
+    def resolve(self, pointer: str) -> SourceResolution:
+        """Resolve one pointer string to a :class:`SourceResolution`; never raises for a
+        bad pointer or a bad file."""
+        shown = pointer if isinstance(pointer, str) else repr(pointer)
+        try:
+            parsed = parse_source_pointer(pointer)
+        except UnsupportedPointerError as exc:
+            return SourceResolution(shown, "unsupported", None, str(exc))
+        except (ValueError, TypeError) as exc:
+            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
+        try:
+            allowed = self._authorize(parsed) is True
+        except Exception as exc:  # an authorizer bug must fail closed, not open
+            return SourceResolution(
+                shown, "denied", None, f"authorizer raised {type(exc).__name__}"
+            )
+        if not allowed:
+            return SourceResolution(shown, "denied", None, "not authorized for this session")
+        try:
+            if isinstance(parsed, TranscriptPointer):
+                digest = self._resolve_transcript(parsed)
+            else:
+                digest = self._resolve_artifact(parsed)
+        except _Outcome as outcome:
+            return SourceResolution(shown, outcome.status, None, outcome.detail)
+        except OSError as exc:
+            status, detail = _os_error_outcome(exc)
+            return SourceResolution(shown, status, None, detail)
+        return SourceResolution(shown, "available", digest, "verified")
+
+    # --- transcripts ----------------------------------------------------------------------
+
+    def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
+        path = os.path.join(self._transcript_root, pointer.session_id + ".jsonl")
+        with _ContainedFile(self._transcript_root, path) as (handle, real):
+            # Not closed separately: closing the raw handle is enough, and it must stay
+            # open for the after-read check.
+            reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
+            digest = self._scan_transcript(reader, pointer)
+            _check_unchanged(real, handle)
+        return digest
+
+    def _scan_transcript(self, reader: io.BufferedReader, pointer: TranscriptPointer) -> str:
+        limit = self._max_line_bytes
+        for expected in range(1, pointer.sequence + 1):
+            raw = reader.readline(limit + 2)  # room for the line ending
+            if not raw:
+                raise _Outcome(
+                    "missing",
+                    f"transcript has {expected - 1} events, sequence {pointer.sequence} "
+                    "not found",
+                )
+            line = _strip_line_ending(raw)
+            if len(line) > limit:
+                raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
+            _check_event(line, expected, pointer.session_id)
+            if expected == pointer.sequence:
+                return hashlib.sha256(line).hexdigest()
+        raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
+
+    # --- artifacts ------------------------------------------------------------------------
+
+    def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
+        path = os.path.join(self._artifact_root, pointer.session_id, pointer.filename)
+        with _ContainedFile(self._artifact_root, path) as (handle, real):
+            hasher = hashlib.sha256()
+            for chunk in self._read_chunks(handle):
+                hasher.update(chunk)
+            _check_unchanged(real, handle)
+        digest = hasher.hexdigest()
+        if not digest.startswith(pointer.sha256):
+            raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
+        return digest
+
+    def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
+        """Yield the file's bytes in chunks from one reused buffer (never the whole file)."""
+        buffer = bytearray(self._chunk_size)
+        view = memoryview(buffer)
+        while True:
+            count = handle.readinto(view)
+            if not count:
+                return
+            yield view[:count]
+
+
+class _ContainedFile:
+    """Context manager: the regular file at ``path``, provided its real path stays inside
+    ``root``'s real path; yields ``(unbuffered handle, real path)``."""
+
+    def __init__(self, root: str, path: str) -> None:
+        self._root = root
+        self._path = path
+        self._handle: io.FileIO | None = None
+
+    def __enter__(self) -> tuple[io.FileIO, str]:
+        real_root = os.path.realpath(self._root)
+        real = os.path.realpath(self._path)
+        if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+            raise _Outcome("denied", "path leads outside the source root")
+        try:
+            fd = os.open(real, _OPEN_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _Outcome("denied", "a symlink appeared at the path") from None
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise _Outcome("corrupt", "not a regular file")
+            handle = io.FileIO(fd, "rb", closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._handle = handle
+        return handle, real
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _check_unchanged(real: str, handle: io.FileIO) -> None:
+    """After reading: the path must still name the file that was read."""
+    before = os.fstat(handle.fileno())
+    try:
+        now = os.stat(real, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _Outcome("missing", "file was removed while being read") from None
+    if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+        raise _Outcome("corrupt", "file was replaced while being read")
+
+
+def _strip_line_ending(raw: bytes) -> bytes:
+    # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
+def _check_event(line: bytes, expected: int, session_id: str) -> None:
+    """One transcript line must be the JSON event number ``expected`` of ``session_id``."""
+    where = f"line {expected}"
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):
+        raise _Outcome("corrupt", f"{where}: not valid JSON") from None
+    if not isinstance(event, dict):
+        raise _Outcome("corrupt", f"{where}: not a JSON object")
+    sequence = event.get("sequence")
+    if isinstance(sequence, bool) or sequence != expected or not isinstance(sequence, int):
+        raise _Outcome("corrupt", f"{where}: sequence is not {expected}")
+    if event.get("session_id") != session_id:
+        raise _Outcome("corrupt", f"{where}: session_id does not match the pointer")
+    event_id = event.get("event_id")
+    if not isinstance(event_id, str) or not event_id:
+        raise _Outcome("corrupt", f"{where}: event_id missing or empty")
+
+
+def _os_error_outcome(exc: OSError) -> tuple[ResolutionStatus, str]:
+    """Map an OS error from a lookup to a status (no path or content in the detail)."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return "missing", "no such file"
+    if isinstance(exc, PermissionError):
+        return "denied", "the filesystem refused access"
+    name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    return "corrupt", f"read error ({name})"
+
+
+def resolve_durable_sources(
+    state: DurableContextState, resolver: PointerResolver
+) -> tuple[SourceResolution, ...]:
+    """Resolve every distinct source pointer of ``state`` once, first-seen order (facts,
+    pending items, evidence): the input :func:`render_durable_context` expects."""
+    return tuple(resolver.resolve(pointer) for pointer in state.source_pointers())

@@ -1,0 +1,475 @@
+"""The durable context state: operator-maintained facts, pending items and frozen
+retrieval evidence, each tied to a source pointer.
+
+This state never passes through the lossy compaction layers and a summary can never change
+it; only the admin API replaces it (SPEC section 6). So the types here are frozen, hold
+tuples, and check everything at construction: a value that exists is a valid value.
+
+Validation errors are ``ValueError`` whose message starts with the field path (``fact_id:
+...`` from a single item, ``facts[1].last_confirmed_at: ...`` from the state or from
+:meth:`DurableContextState.from_dict`), because the admin API answers 400 with that message.
+
+Source pointers are stored as given (non-empty strings); their syntax is checked when they
+are resolved, where a bad one becomes a ``denied`` or ``unsupported`` status instead of an
+error, so a state written today still loads when a new scheme appears tomorrow.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+__all__ = [
+    "DurableFact",
+    "PendingItem",
+    "RetrievalEvidence",
+    "DurableContextState",
+    "capture_retrieval_evidence",
+]
+
+
+# --- field checks -----------------------------------------------------------------------
+# Each returns the (normalized) value or raises ValueError("<field>: <problem>").
+
+
+def _check_id(field: str, value: object) -> str:
+    """A non-empty, not whitespace-only string (ids, pointers)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"{field}: must not be empty or whitespace-only")
+    return value
+
+
+def _check_text(field: str, value: object) -> str:
+    """Any string, possibly empty (free provenance text)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: must be a string, got {type(value).__name__}")
+    return value
+
+
+def _check_timestamp(field: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise ValueError(
+            f"{field}: must be a timezone-aware datetime, got {type(value).__name__}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{field}: timestamp has no timezone")
+    try:
+        # The renderer shows UTC; a year-1 time east of UTC has no UTC equivalent.
+        value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{field}: timestamp is out of range once converted to UTC") from None
+    return value
+
+
+def _check_score(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field}: must be a number in [0, 1], got {type(value).__name__}")
+    score = float(value)
+    if math.isnan(score) or not 0.0 <= score <= 1.0:
+        raise ValueError(f"{field}: must be in [0, 1], got {value!r}")
+    return score
+
+
+def _check_rank(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field}: must be an integer >= 1, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{field}: must be >= 1, got {value}")
+    return value
+
+
+def _parse_timestamp(field: str, value: object) -> datetime:
+    """An ISO 8601 string with an offset or ``Z`` (the JSON form of a timestamp)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: must be an ISO 8601 string, got {type(value).__name__}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{field}: {value!r} is not an ISO 8601 timestamp") from None
+    return _check_timestamp(field, parsed)
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+# --- the item types ---------------------------------------------------------------------
+# Don't subclass these: from_dict and the renderer rely on the exact field lists.
+
+
+@dataclass(frozen=True, slots=True)
+class DurableFact:
+    """A fact the operator asserts, with the source it was confirmed against.
+
+    Args:
+        fact_id: unique among the state's facts; non-empty.
+        content: the fact itself; non-empty.
+        source_pointer: where it comes from (``transcript:...`` or ``artifact:...``).
+        last_confirmed_at: when it was last checked; timezone-aware.
+
+    Raises:
+        ValueError: a field is invalid; the message starts with the field name.
+    """
+
+    fact_id: str
+    content: str
+    source_pointer: str
+    last_confirmed_at: datetime
+
+    def __post_init__(self) -> None:
+        _check_id("fact_id", self.fact_id)
+        _check_id("content", self.content)
+        _check_id("source_pointer", self.source_pointer)
+        _check_timestamp("last_confirmed_at", self.last_confirmed_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
+        return {
+            "fact_id": self.fact_id,
+            "content": self.content,
+            "source_pointer": self.source_pointer,
+            "last_confirmed_at": _iso(self.last_confirmed_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DurableFact:
+        """Build from the :meth:`to_dict` shape; errors name the field."""
+        values = _fields_of(cls, data, optional=())
+        return cls(
+            fact_id=values["fact_id"],
+            content=values["content"],
+            source_pointer=values["source_pointer"],
+            last_confirmed_at=_parse_timestamp("last_confirmed_at", values["last_confirmed_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    """Something still to be done, with the source that raised it.
+
+    Args:
+        item_id: unique among the state's pending items; non-empty.
+        description: what is pending; non-empty.
+        source_pointer: where it comes from.
+        last_confirmed_at: when it was last checked; timezone-aware.
+
+    Raises:
+        ValueError: a field is invalid; the message starts with the field name.
+    """
+
+    item_id: str
+    description: str
+    source_pointer: str
+    last_confirmed_at: datetime
+
+    def __post_init__(self) -> None:
+        _check_id("item_id", self.item_id)
+        _check_id("description", self.description)
+        _check_id("source_pointer", self.source_pointer)
+        _check_timestamp("last_confirmed_at", self.last_confirmed_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
+        return {
+            "item_id": self.item_id,
+            "description": self.description,
+            "source_pointer": self.source_pointer,
+            "last_confirmed_at": _iso(self.last_confirmed_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PendingItem:
+        """Build from the :meth:`to_dict` shape; errors name the field."""
+        values = _fields_of(cls, data, optional=())
+        return cls(
+            item_id=values["item_id"],
+            description=values["description"],
+            source_pointer=values["source_pointer"],
+            last_confirmed_at=_parse_timestamp("last_confirmed_at", values["last_confirmed_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalEvidence:
+    """A retrieval hit frozen at capture time: identity, provenance, score, rank and the
+    conflict decision already made, never the recalled text.
+
+    Args:
+        memory_id: unique among the state's evidence; non-empty.
+        source_id: the evidence's source pointer string (same syntax as ``source_pointer``).
+        source_type: free provenance text (e.g. ``"transcript"``, ``"doc"``).
+        source_title: free provenance text.
+        captured_at: when the hit was captured; timezone-aware.
+        score: the retriever's score, in [0, 1].
+        source_rank: the 1-based rank the retriever gave it.
+        conflict_key: set when this hit won a conflict under that key; None otherwise.
+
+    Raises:
+        ValueError: a field is invalid; the message starts with the field name.
+    """
+
+    memory_id: str
+    source_id: str
+    source_type: str
+    source_title: str
+    captured_at: datetime
+    score: float
+    source_rank: int
+    conflict_key: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_id("memory_id", self.memory_id)
+        _check_id("source_id", self.source_id)
+        _check_text("source_type", self.source_type)
+        _check_text("source_title", self.source_title)
+        _check_timestamp("captured_at", self.captured_at)
+        object.__setattr__(self, "score", _check_score("score", self.score))
+        _check_rank("source_rank", self.source_rank)
+        if self.conflict_key is not None:
+            _check_id("conflict_key", self.conflict_key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
+        return {
+            "memory_id": self.memory_id,
+            "source_id": self.source_id,
+            "source_type": self.source_type,
+            "source_title": self.source_title,
+            "captured_at": _iso(self.captured_at),
+            "score": self.score,
+            "source_rank": self.source_rank,
+            "conflict_key": self.conflict_key,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RetrievalEvidence:
+        """Build from the :meth:`to_dict` shape; ``conflict_key`` may be absent."""
+        values = _fields_of(cls, data, optional=("conflict_key",))
+        return cls(
+            memory_id=values["memory_id"],
+            source_id=values["source_id"],
+            source_type=values["source_type"],
+            source_title=values["source_title"],
+            captured_at=_parse_timestamp("captured_at", values["captured_at"]),
+            score=values["score"],
+            source_rank=values["source_rank"],
+            conflict_key=values.get("conflict_key"),
+        )
+
+
+def _fields_of(cls: type, data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
+    """Check ``data`` is a mapping with exactly ``cls``'s fields (``optional`` may be
+    absent) and return it as a dict. Errors are ``"<field>: <problem>"`` or ``": <problem>"``
+    for the item as a whole, so the caller can prefix the item's path."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f": must be an object, got {type(data).__name__}")
+    names = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ValueError(f"{key}: unknown field" if isinstance(key, str) else
+                             f": unknown non-string key {key!r}")
+    for name in names:
+        if name not in data and name not in optional:
+            raise ValueError(f"{name}: missing")
+    return dict(data)
+
+
+# --- the state --------------------------------------------------------------------------
+
+_Item = TypeVar("_Item", DurableFact, PendingItem, RetrievalEvidence)
+
+
+def _as_items(field: str, value: object, kind: type[_Item], id_field: str) -> tuple[_Item, ...]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{field}: must be a list or tuple, got {type(value).__name__}")
+    seen: set[str] = set()
+    for index, item in enumerate(value):
+        if not isinstance(item, kind):
+            raise ValueError(
+                f"{field}[{index}]: must be a {kind.__name__}, got {type(item).__name__}"
+            )
+        item_id = getattr(item, id_field)
+        if item_id in seen:
+            raise ValueError(f"{field}[{index}].{id_field}: duplicate id {item_id!r}")
+        seen.add(item_id)
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class DurableContextState:
+    """A session's durable context: facts, pending items and retrieval evidence.
+
+    Lists are turned into tuples; ids are unique within each kind.
+
+    Args:
+        facts: the :class:`DurableFact` items, in display order.
+        pending_items: the :class:`PendingItem` items, in display order.
+        retrieval_evidence: the :class:`RetrievalEvidence` items, in captured order.
+
+    Raises:
+        ValueError: an item of the wrong type or a duplicate id, e.g.
+            ``facts[2].fact_id: duplicate id 'f1'``.
+    """
+
+    facts: tuple[DurableFact, ...] = ()
+    pending_items: tuple[PendingItem, ...] = ()
+    retrieval_evidence: tuple[RetrievalEvidence, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", _as_items("facts", self.facts, DurableFact, "fact_id"))
+        object.__setattr__(
+            self, "pending_items",
+            _as_items("pending_items", self.pending_items, PendingItem, "item_id"),
+        )
+        object.__setattr__(
+            self, "retrieval_evidence",
+            _as_items("retrieval_evidence", self.retrieval_evidence, RetrievalEvidence,
+                      "memory_id"),
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the state holds no item of any kind (it then renders to ``""``)."""
+        return not (self.facts or self.pending_items or self.retrieval_evidence)
+
+    def source_pointers(self) -> tuple[str, ...]:
+        """The distinct pointer strings, first-seen order: facts, pending items, evidence."""
+        seen: dict[str, None] = {}
+        for fact in self.facts:
+            seen.setdefault(fact.source_pointer, None)
+        for item in self.pending_items:
+            seen.setdefault(item.source_pointer, None)
+        for evidence in self.retrieval_evidence:
+            seen.setdefault(evidence.source_id, None)
+        return tuple(seen)
+
+    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
+        """The JSON-ready form (the admin API body): field names as in the dataclasses,
+        timestamps as ISO 8601 strings."""
+        return {
+            "facts": [fact.to_dict() for fact in self.facts],
+            "pending_items": [item.to_dict() for item in self.pending_items],
+            "retrieval_evidence": [ev.to_dict() for ev in self.retrieval_evidence],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DurableContextState:
+        """Build from the :meth:`to_dict` shape.
+
+        Missing lists are empty; unknown keys are refused; timestamps are ISO 8601 strings
+        with an offset or ``Z``.
+
+        Raises:
+            ValueError: the message starts with the field path, e.g.
+                ``facts[1].last_confirmed_at: timestamp has no timezone``.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"state: must be an object, got {type(data).__name__}")
+        for key in data:
+            if key not in _ITEM_PARSERS:
+                raise ValueError(f"{key}: unknown field")
+        lists: dict[str, list[Any]] = {}
+        for name, parse in _ITEM_PARSERS.items():
+            raw = data.get(name, [])
+            if not isinstance(raw, (list, tuple)):
+                raise ValueError(f"{name}: must be a list, got {type(raw).__name__}")
+            items: list[Any] = []
+            for index, entry in enumerate(raw):
+                try:
+                    items.append(parse(entry))
+                except ValueError as exc:
+                    message = str(exc)
+                    sep = "" if message.startswith(":") else "."
+                    raise ValueError(f"{name}[{index}]{sep}{message}") from None
+            lists[name] = items
+        return cls(**lists)
+
+
+# The state's lists and how each entry is read from JSON, in display order.
+_ITEM_PARSERS: dict[str, Callable[[Any], object]] = {
+    "facts": DurableFact.from_dict,
+    "pending_items": PendingItem.from_dict,
+    "retrieval_evidence": RetrievalEvidence.from_dict,
+}
+
+
+# --- capture ----------------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+def _get(hit: object, name: str) -> Any:
+    if isinstance(hit, Mapping):
+        return hit.get(name, _MISSING)
+    return getattr(hit, name, _MISSING)
+
+
+def capture_retrieval_evidence(
+    hits: Iterable[object], *, now: datetime | None = None
+) -> tuple[RetrievalEvidence, ...]:
+    """Freeze already-selected retrieval hits into :class:`RetrievalEvidence`.
+
+    Each hit is an object with attributes or a mapping with keys ``memory_id``,
+    ``source_id``, ``source_type``, ``source_title``, ``score``, ``source_rank`` (or
+    ``rank``), and optionally ``captured_at`` (a datetime or an ISO 8601 string) and
+    ``conflict_key``. Text a hit carries (``text``, ``content``, ``excerpt``, ...) is never
+    copied. The hits keep the order given: ranking and conflict decisions were made by the
+    retriever and are recorded, not redone.
+
+    Args:
+        hits: the selected hits, in the retriever's order.
+        now: the capture time for hits without ``captured_at``; default: now, in UTC.
+
+    Returns:
+        One :class:`RetrievalEvidence` per hit, same order.
+
+    Raises:
+        ValueError: a hit lacks a field, has an invalid one, disagrees between ``rank`` and
+            ``source_rank``, or repeats a ``memory_id``; the message starts with
+            ``hits[<index>].<field>``.
+    """
+    captured_default = now if now is not None else datetime.now(timezone.utc)
+    result: list[RetrievalEvidence] = []
+    seen: set[str] = set()
+    for index, hit in enumerate(hits):
+        prefix = f"hits[{index}]"
+        rank = _get(hit, "source_rank")
+        alt_rank = _get(hit, "rank")
+        if rank is _MISSING or rank is None:
+            rank = alt_rank
+        elif alt_rank is not _MISSING and alt_rank is not None and alt_rank != rank:
+            raise ValueError(
+                f"{prefix}.source_rank: {rank!r} disagrees with rank {alt_rank!r}"
+            )
+        values = {name: _get(hit, name) for name in
+                  ("memory_id", "source_id", "source_type", "source_title", "score")}
+        values["source_rank"] = rank
+        for name, value in values.items():
+            if value is _MISSING:
+                raise ValueError(f"{prefix}.{name}: missing")
+        captured_at = _get(hit, "captured_at")
+        conflict_key = _get(hit, "conflict_key")
+        try:
+            if captured_at is _MISSING or captured_at is None:
+                captured_at = captured_default
+            elif isinstance(captured_at, str):
+                captured_at = _parse_timestamp("captured_at", captured_at)
+            evidence = RetrievalEvidence(
+                captured_at=captured_at,
+                conflict_key=None if conflict_key is _MISSING else conflict_key,
+                **values,
+            )
+        except ValueError as exc:
+            raise ValueError(f"{prefix}.{exc}") from None
+        if evidence.memory_id in seen:
+            raise ValueError(f"{prefix}.memory_id: duplicate id {evidence.memory_id!r}")
+        seen.add(evidence.memory_id)
+        result.append(evidence)
+    return tuple(result)

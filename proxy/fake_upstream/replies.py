@@ -1,0 +1,369 @@
+"""What the fake upstream answers: scripted replies, the ``Message`` JSON and its SSE stream.
+
+A :class:`Reply` says *what* to answer (content blocks, stop reason, or an error, plus optional
+timing and faults); :func:`build_message` turns it into the provider's ``Message`` object and
+:func:`stream_events` into the exact event sequence of reference §7 (``message_start``, ``ping``,
+``content_block_start`` / ``content_block_delta`` … / ``content_block_stop`` per block,
+``message_delta`` with cumulative usage, ``message_stop``).
+
+Token numbers are deterministic estimates: the canonical JSON of ``tools``, ``system`` and
+``messages`` (in the provider's prefix order) divided by four. :class:`PromptCache` simulates
+the prompt cache by remembering the canonical prompts of recent requests per API key and
+reporting the longest common prefix with any of them as ``cache_read_input_tokens``.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "PromptCache",
+    "Reply",
+    "Usage",
+    "build_message",
+    "canonical_prompt",
+    "encode_event",
+    "estimate_tokens",
+    "output_tokens",
+    "stream_events",
+    "text_block",
+    "thinking_block",
+    "tool_use_block",
+]
+
+CHARS_PER_TOKEN: Final = 4
+# Blocks streamed through ``input_json_delta`` fragments; everything else that is not text or
+# thinking arrives complete in its ``content_block_start`` (redacted thinking, server results,
+# unknown types), as the provider does.
+JSON_INPUT_TYPES: Final = ("tool_use", "server_tool_use", "mcp_tool_use")
+TEXT_FRAGMENTS: Final = 3
+JSON_FRAGMENTS: Final = 3
+
+FaultKind = Literal["cut_after_events", "hang_before_first_byte", "close_connection", "error_event"]
+FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
+    "cut_after_events",
+    "hang_before_first_byte",
+    "close_connection",
+    "error_event",
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A misbehaviour to inject while serving one reply.
+
+    Kinds:
+        ``cut_after_events``: stream ``after_events`` SSE events, then drop the connection
+            without ``message_stop`` (non-streaming: send half the JSON body, then drop).
+        ``hang_before_first_byte``: wait ``hang_s`` seconds before sending anything.
+        ``close_connection``: close the connection without any response.
+        ``error_event``: stream ``after_events`` events, then an ``event: error`` carrying
+            ``error`` (default ``overloaded_error``), then end the stream normally.
+    """
+
+    kind: FaultKind
+    after_events: int = 0
+    hang_s: float = 3600.0
+    error: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"Fault.kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+        if self.after_events < 0:
+            raise ValueError(f"Fault.after_events must be >= 0, got {self.after_events}")
+        if self.hang_s < 0:
+            raise ValueError(f"Fault.hang_s must be >= 0, got {self.hang_s}")
+
+    def error_payload(self) -> dict[str, Any]:
+        """The ``data`` of the ``error`` event this fault sends."""
+        error = dict(self.error) if self.error is not None else {
+            "type": "overloaded_error",
+            "message": "Overloaded",
+        }
+        return {"type": "error", "error": error}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer of the fake upstream.
+
+    Attributes:
+        content: the assistant content blocks (dicts as the provider returns them).
+        stop_reason: ``end_turn``, ``tool_use``, ``max_tokens``, ….
+        stop_sequence: the matched stop sequence, usually ``None``.
+        status: the HTTP status (200 for a message; the error status when ``error`` is set).
+        headers: extra response headers (e.g. ``retry-after``).
+        error: when set, the answer is this Anthropic error body (``{"type": "error",
+            "error": {...}}``) with ``status``; ``request_id`` is added by the server.
+        event_delay_s: pause between two SSE events (streaming only), to prove per-event relay.
+        fault: an optional :class:`Fault` to inject.
+    """
+
+    content: Sequence[Mapping[str, Any]] = ()
+    stop_reason: str = "end_turn"
+    stop_sequence: str | None = None
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error: Mapping[str, Any] | None = None
+    event_delay_s: float = 0.0
+    fault: Fault | None = None
+
+    def __post_init__(self) -> None:
+        blocks = tuple(self.content)
+        for k, block in enumerate(blocks):
+            if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+                raise ValueError(f"Reply.content[{k}] must be a block mapping with a 'type'")
+        object.__setattr__(self, "content", blocks)
+        object.__setattr__(self, "headers", dict(self.headers))
+        if not 100 <= self.status <= 599:
+            raise ValueError(f"Reply.status must be an HTTP status, got {self.status}")
+        if self.error is not None and self.status < 400:
+            raise ValueError(f"Reply.status must be >= 400 with an error, got {self.status}")
+        if self.error is None and self.status >= 400:
+            raise ValueError("Reply.error is required when Reply.status >= 400")
+        if self.event_delay_s < 0:
+            raise ValueError(f"Reply.event_delay_s must be >= 0, got {self.event_delay_s}")
+
+    @classmethod
+    def text(cls, text: str, **options: Any) -> Reply:
+        """A reply holding one text block."""
+        return cls(content=(text_block(text),), **options)
+
+    @classmethod
+    def tool_call(
+        cls,
+        name: str,
+        tool_input: Mapping[str, Any],
+        *,
+        tool_use_id: str,
+        text: str | None = None,
+        **options: Any,
+    ) -> Reply:
+        """A reply asking for one client tool call (optionally after a text block)."""
+        blocks: list[Mapping[str, Any]] = [] if text is None else [text_block(text)]
+        blocks.append(tool_use_block(tool_use_id, name, tool_input))
+        return cls(content=tuple(blocks), stop_reason="tool_use", **options)
+
+    @classmethod
+    def api_error(
+        cls, status: int, error_type: str, message: str, *, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        """A reply that answers with the Anthropic error shape and ``status``."""
+        return cls(
+            status=status,
+            error={"type": "error", "error": {"type": error_type, "message": message}},
+            headers=dict(headers or {}),
+        )
+
+
+def text_block(text: str) -> dict[str, Any]:
+    """A ``text`` content block."""
+    return {"type": "text", "text": text}
+
+
+def thinking_block(thinking: str, signature: str) -> dict[str, Any]:
+    """A ``thinking`` content block with its (opaque) signature."""
+    return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
+def tool_use_block(tool_use_id: str, name: str, tool_input: Mapping[str, Any]) -> dict[str, Any]:
+    """A client ``tool_use`` content block."""
+    return {"type": "tool_use", "id": tool_use_id, "name": name, "input": dict(tool_input)}
+
+
+# -- token estimates and the simulated prompt cache ---------------------------------------------
+
+
+def canonical_prompt(body: Mapping[str, Any]) -> str:
+    """The prompt as one canonical string, in the provider's prefix order tools → system →
+    messages, so that a request extending an earlier one shares its prefix."""
+    return json.dumps(
+        [body.get("tools"), body.get("system"), body.get("messages")],
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def estimate_tokens(canonical: str) -> int:
+    """The deterministic token estimate of a canonical prompt: characters / 4, at least 1."""
+    return max(1, len(canonical) // CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The input side of ``usage``: the three parts sum to the whole prompt estimate."""
+
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The three counts as the provider names them."""
+        return {
+            "input_tokens": self.input_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+        }
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    # Binary search on slice equality: O(n log n) but every comparison runs in C, which beats
+    # a per-character Python loop by orders of magnitude on megabyte prompts.
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+class PromptCache:
+    """A deterministic stand-in for the provider's prompt cache.
+
+    Per API key it keeps the canonical prompts of the last ``max_entries`` successful requests.
+    ``cache_read_input_tokens`` is the longest common prefix with any of them (in tokens); when
+    the request carries ``cache_control`` markers, the rest of the prompt counts as written to
+    the cache (``cache_creation_input_tokens``), otherwise as plain ``input_tokens``.
+    """
+
+    def __init__(self, max_entries: int = 16) -> None:
+        if max_entries < 1:
+            raise ValueError(f"PromptCache.max_entries must be >= 1, got {max_entries}")
+        self._max_entries = max_entries
+        self._entries: dict[str, deque[str]] = {}
+
+    def usage(self, api_key: str, canonical: str, *, has_breakpoints: bool) -> Usage:
+        """Report the usage of ``canonical`` and remember it for later requests."""
+        total = estimate_tokens(canonical)
+        entries = self._entries.setdefault(api_key, deque(maxlen=self._max_entries))
+        prefix = max((_common_prefix_length(canonical, old) for old in entries), default=0)
+        read = min(total, prefix // CHARS_PER_TOKEN)
+        if canonical not in entries:
+            entries.append(canonical)
+        rest = total - read
+        if has_breakpoints:
+            return Usage(input_tokens=0, cache_creation_input_tokens=rest,
+                         cache_read_input_tokens=read)
+        return Usage(input_tokens=rest, cache_creation_input_tokens=0, cache_read_input_tokens=read)
+
+
+def output_tokens(content: Iterable[Mapping[str, Any]]) -> int:
+    """The deterministic output-token estimate of the reply content (at least 1)."""
+    chars = 0
+    for block in content:
+        for key in ("text", "thinking"):
+            value = block.get(key)
+            if isinstance(value, str):
+                chars += len(value)
+        if "input" in block:
+            chars += len(json.dumps(block["input"], separators=(",", ":")))
+    return max(1, chars // CHARS_PER_TOKEN)
+
+
+# -- the Message and its stream ------------------------------------------------------------------
+
+
+def build_message(reply: Reply, *, message_id: str, model: str, usage: Usage) -> dict[str, Any]:
+    """The ``Message`` JSON the provider would return for ``reply``."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [dict(block) for block in reply.content],
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": reply.stop_sequence,
+        "usage": {
+            **usage.as_dict(),
+            "output_tokens": output_tokens(reply.content),
+            "service_tier": "standard",
+        },
+    }
+
+
+def _fragments(text: str, parts: int) -> list[str]:
+    """``text`` cut into up to ``parts`` non-empty consecutive pieces (one piece if short)."""
+    if not text:
+        return [""]
+    size = max(1, -(-len(text) // parts))
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def _block_events(index: int, block: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    block_type = block["type"]
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def start(content_block: Mapping[str, Any]) -> None:
+        events.append(("content_block_start", {
+            "type": "content_block_start", "index": index, "content_block": dict(content_block),
+        }))
+
+    def delta(payload: dict[str, Any]) -> None:
+        events.append(("content_block_delta", {
+            "type": "content_block_delta", "index": index, "delta": payload,
+        }))
+
+    if block_type == "text":
+        start({**block, "text": ""})
+        for piece in _fragments(str(block.get("text", "")), TEXT_FRAGMENTS):
+            delta({"type": "text_delta", "text": piece})
+    elif block_type == "thinking":
+        start({"type": "thinking", "thinking": "", "signature": ""})
+        for piece in _fragments(str(block.get("thinking", "")), TEXT_FRAGMENTS):
+            delta({"type": "thinking_delta", "thinking": piece})
+        delta({"type": "signature_delta", "signature": str(block.get("signature", ""))})
+    elif block_type in JSON_INPUT_TYPES:
+        start({**block, "input": {}})
+        # The provider's first fragment is often empty; clients must concatenate regardless.
+        delta({"type": "input_json_delta", "partial_json": ""})
+        encoded = json.dumps(block.get("input", {}), ensure_ascii=False)
+        for piece in _fragments(encoded, JSON_FRAGMENTS):
+            delta({"type": "input_json_delta", "partial_json": piece})
+    else:
+        start(block)
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The SSE events, as ``(event name, data)``, that stream ``message`` (reference §7)."""
+    usage = dict(message["usage"])
+    start_usage = {key: usage[key] for key in (
+        "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+    )}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {**start_usage, "output_tokens": 1, "service_tier": "standard"},
+        }}),
+        ("ping", {"type": "ping"}),
+    ]
+    for index, block in enumerate(message["content"]):
+        events.extend(_block_events(index, block))
+    events.append(("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
+        "usage": {**start_usage, "output_tokens": usage["output_tokens"]},
+    }))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def encode_event(name: str, data: Mapping[str, Any]) -> bytes:
+    """One SSE event on the wire: ``event: <name>\\ndata: <json>\\n\\n``."""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {payload}\n\n".encode()

@@ -1,0 +1,55 @@
+"""Typed keys for what the application and each request carry (no string keys, no globals).
+
+The app keys are set once by :func:`proxy.app.create_app` (or its cleanup contexts) and read
+by the handlers; :data:`RECORD` is the per-request audit record the request middleware creates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import aiohttp
+from aiohttp import web
+
+from compactor import CachingCounter
+from policies import RolePolicies, SourceAccessPolicy
+from proxy.config import Config
+from proxy.context import RequestRecord
+from proxy.metrics import ProxyMetrics
+from proxy.store import StateStore
+
+if TYPE_CHECKING:
+    from proxy.summarizer import ProviderSummarizer
+
+__all__ = [
+    "CONFIG",
+    "COUNTER",
+    "METRICS",
+    "RECORD",
+    "ROLE_POLICIES",
+    "SOURCE_ACCESS",
+    "STORE",
+    "SUMMARIZER",
+    "UPSTREAM",
+]
+
+#: The validated configuration the app was built from.
+CONFIG: Final = web.AppKey("config", Config)
+#: The per-session store (durable state and the summary cache).
+# A Protocol is not a concrete class, so the type lives in the annotation only.
+STORE: Final[web.AppKey[StateStore]] = web.AppKey("store")
+#: The one upstream HTTP session (created in a cleanup context).
+UPSTREAM: Final = web.AppKey("upstream_session", aiohttp.ClientSession)
+#: The one token counter of the app, so counts are cached across requests.
+COUNTER: Final = web.AppKey("token_counter", CachingCounter)
+#: The per-role compaction policies and the rules that pick a role.
+ROLE_POLICIES: Final = web.AppKey("role_policies", RolePolicies)
+#: Which session may resolve which source pointers.
+SOURCE_ACCESS: Final = web.AppKey("source_access", SourceAccessPolicy)
+#: The app's Prometheus metrics (own registry).
+METRICS: Final = web.AppKey("metrics", ProxyMetrics)
+#: The L4 summary client; absent when ``summary.enabled`` is false.
+SUMMARIZER: Final[web.AppKey[ProviderSummarizer]] = web.AppKey("summarizer")
+
+#: The audit record of the request being served.
+RECORD: Final = web.RequestKey("record", RequestRecord)
