@@ -122,7 +122,7 @@ def _state_response(stored: StoredState, status: int = 200) -> web.Response:
 def _store_failed(action: str, session_id: str, exc: StoreError) -> web.Response:
     # The store's message may name file paths; it goes to the log, not to the client.
     structlog.get_logger().error("admin_store_failed", action=action, session_id=session_id,
-               error=type(exc).__name__, detail=str(exc))
+                                 error=type(exc).__name__, detail=str(exc))
     return _error(500, "api_error", f"state store failed during {action}")
 
 
@@ -156,7 +156,7 @@ def _session_id(request: web.Request) -> str | web.Response:
     return sid
 
 
-def _if_match(request: web.Request) -> int | None | web.Response:
+def _if_match(request: web.Request) -> int | web.Response | None:
     """The version named by ``If-Match``: ``None`` when absent, a 400 response if malformed."""
     raw = request.headers.get("If-Match")
     if raw is None:
@@ -206,9 +206,8 @@ def _parse_state(body: bytes, session_id: str,
     if not isinstance(data, dict):
         return _bad_request(f"body: must be a JSON object, got {type(data).__name__}")
     # session_id and version are what GET returns; a client may send them back unchanged.
-    if "session_id" in data:
-        if data.pop("session_id") != session_id:
-            return _bad_request("session_id: does not match the session in the URL")
+    if "session_id" in data and data.pop("session_id") != session_id:
+        return _bad_request("session_id: does not match the session in the URL")
     if "version" in data:
         version = data.pop("version")
         if if_match is None or isinstance(version, bool) or version != if_match:
@@ -274,9 +273,12 @@ async def _put_state(request: web.Request) -> web.Response:
     except StoreError as exc:
         return _store_failed("write", sid, exc)
     created = stored.version == 1
-    structlog.get_logger().info("admin_state_written", session_id=sid, version=stored.version, created=created,
-              facts=len(state.facts), pending_items=len(state.pending_items),
-              retrieval_evidence=len(state.retrieval_evidence))
+    # Counts only: the state's text and the token never reach the log.
+    structlog.get_logger().info(
+        "admin_state_written", session_id=sid, version=stored.version, created=created,
+        facts=len(state.facts), pending_items=len(state.pending_items),
+        retrieval_evidence=len(state.retrieval_evidence),
+    )
     response = _state_response(stored, status=201 if created else 200)
     if created:
         response.headers["Location"] = request.path

@@ -614,12 +614,21 @@ def _mapping(value: object, key: str, what: str = "") -> Mapping[Any, Any]:
     return value
 
 
+def _closest(name: str, known: tuple[str, ...]) -> str | None:
+    """The known key a misspelt ``name`` most likely meant: a key it begins, else difflib's."""
+    prefixed = [key for key in known if name and key.startswith(name)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
+
+
 def _reject_unknown(data: Mapping[Any, Any], known: tuple[str, ...], prefix: str) -> None:
     for key in data:
         if isinstance(key, str) and key in known:
             continue
-        close = difflib.get_close_matches(str(key), known, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        close = _closest(str(key), known)
+        hint = f"did you mean {close!r}?" if close else f"known keys: {', '.join(known)}"
         raise ConfigError(_join(prefix, key), f"unknown key ({hint})")
 
 
@@ -640,8 +649,8 @@ def _parse_policies(raw: object) -> PoliciesConfig:
     roles_raw = _mapping({} if data.get("roles") is None else data["roles"], "policies.roles")
     for role, override in roles_raw.items():
         if role not in ROLE_NAMES:
-            close = difflib.get_close_matches(str(role), ROLE_NAMES, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"roles are {', '.join(ROLE_NAMES)}"
+            close = _closest(str(role), ROLE_NAMES)
+            hint = f"did you mean {close!r}?" if close else f"roles are {', '.join(ROLE_NAMES)}"
             raise ConfigError(f"policies.roles.{role}", f"unknown role ({hint})")
         if isinstance(override, Mapping) and "token_counter" in override:
             raise ConfigError(
@@ -710,8 +719,8 @@ def _build_role_policies(config: Config) -> RolePolicies:
     policies: dict[str, CompactionPolicy] = {}
     for role in ROLE_NAMES:
         values = {key: getattr(compaction, key) for key in _POLICY_KEYS}
-        # summary_recovery exists so that recovering from a failed summary never asks for
-        # another one: it starts with L4 off. The other roles follow summary.enabled.
+        # A summary_recovery request must never set off another summary call, so that role
+        # starts with L4 off. The other roles follow summary.enabled.
         summary_enabled = summary.enabled and role != "summary_recovery"
         override = config.policies.roles.get(role)
         prefix = f"policies.roles.{role}"

@@ -14,11 +14,14 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import structlog
 from aiohttp import web
 
-__all__ = ["RequestRecord", "request_context_middleware", "route_name"]
+from proxy.keys import METRICS
+
+__all__ = ["RECORD", "RequestRecord", "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
 
@@ -70,6 +73,10 @@ class RequestRecord:
         return round((time.perf_counter() - self.started) * 1000.0, 3)
 
 
+#: The audit record of the request being served.
+RECORD: Final = web.RequestKey("record", RequestRecord)
+
+
 def route_name(request: web.Request) -> str:
     """The route label of a request: the route's registered name, ``admin`` for the admin
     API, ``other`` when unnamed."""
@@ -89,55 +96,40 @@ def _outcome(record: RequestRecord, status: int | None) -> str:
     return "ok" if status < 400 else f"http_{status}"
 
 
-def make_request_context_middleware(
-    count_request: Callable[[str, str], None],
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """The outermost middleware; ``count_request(route, outcome)`` feeds the metrics."""
-
-    @web.middleware
-    async def request_context_middleware(
-        request: web.Request, handler: Handler
-    ) -> web.StreamResponse:
-        from proxy.keys import RECORD  # keys imports this module's RequestRecord
-
-        record = RequestRecord(request_id=secrets.token_hex(12), route=route_name(request))
-        request[RECORD] = record
-        structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(
-            request_id=record.request_id, session_id=None
+@web.middleware
+async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The outermost middleware: opens the request's record, closes it with one log line."""
+    record = RequestRecord(request_id=secrets.token_hex(12), route=route_name(request))
+    request[RECORD] = record
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=record.request_id, session_id=None)
+    status: int | None = None
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            response.headers.setdefault("x-compact-request-id", record.request_id)
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        record.outcome = record.outcome or "client_gone"
+        raise
+    finally:
+        outcome = _outcome(record, status)
+        request.app[METRICS].count_request(record.route, outcome)
+        _log.info(
+            "request_completed",
+            route=record.route,
+            method=request.method,
+            status=status,
+            role=record.role,
+            session_id=record.session_id,
+            tokens_before=record.tokens_before,
+            tokens_after=record.tokens_after,
+            layers=list(record.layers),
+            upstream_status=record.upstream_status,
+            outcome=outcome,
+            duration_ms=record.duration_ms(),
         )
-        status: int | None = None
-        try:
-            response = await handler(request)
-            status = response.status
-            if not response.prepared:
-                response.headers.setdefault("x-compact-request-id", record.request_id)
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:
-            record.outcome = record.outcome or "client_gone"
-            raise
-        finally:
-            outcome = _outcome(record, status)
-            count_request(record.route, outcome)
-            _log.info(
-                "request_completed",
-                route=record.route,
-                method=request.method,
-                status=status,
-                role=record.role,
-                session_id=record.session_id,
-                tokens_before=record.tokens_before,
-                tokens_after=record.tokens_after,
-                layers=list(record.layers),
-                upstream_status=record.upstream_status,
-                outcome=outcome,
-                duration_ms=record.duration_ms(),
-            )
-
-    return request_context_middleware
-
-
-request_context_middleware = make_request_context_middleware

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 import compactor
-from proxy.keys import RECORD
+from proxy.context import RECORD
 from proxy.store import StoreError
 
 __all__ = [

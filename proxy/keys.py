@@ -1,7 +1,7 @@
 """Typed keys for what the application and each request carry (no string keys, no globals).
 
 The app keys are set once by :func:`proxy.app.create_app` (or its cleanup contexts) and read
-by the handlers; :data:`RECORD` is the per-request audit record the request middleware creates.
+by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:`proxy.context`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from aiohttp import web
 from compactor import CachingCounter
 from policies import RolePolicies, SourceAccessPolicy
 from proxy.config import Config
-from proxy.context import RequestRecord
 from proxy.metrics import ProxyMetrics
 from proxy.store import StateStore
 
@@ -25,7 +24,6 @@ __all__ = [
     "CONFIG",
     "COUNTER",
     "METRICS",
-    "RECORD",
     "ROLE_POLICIES",
     "SOURCE_ACCESS",
     "STORE",
@@ -50,6 +48,3 @@ SOURCE_ACCESS: Final = web.AppKey("source_access", SourceAccessPolicy)
 METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final[web.AppKey[ProviderSummarizer]] = web.AppKey("summarizer")
-
-#: The audit record of the request being served.
-RECORD: Final = web.RequestKey("record", RequestRecord)

@@ -231,7 +231,7 @@ def _common_prefix_length(a: str, b: str) -> int:
 class PromptCache:
     """A deterministic stand-in for the provider's prompt cache.
 
-    Per API key it keeps the canonical prompts of the last ``max_entries`` successful requests.
+    Per cache key (the server uses API key and model) it keeps the canonical prompts of the last ``max_entries`` successful requests.
     ``cache_read_input_tokens`` is the longest common prefix with any of them (in tokens); when
     the request carries ``cache_control`` markers, the rest of the prompt counts as written to
     the cache (``cache_creation_input_tokens``), otherwise as plain ``input_tokens``.
@@ -243,10 +243,10 @@ class PromptCache:
         self._max_entries = max_entries
         self._entries: dict[str, deque[str]] = {}
 
-    def usage(self, api_key: str, canonical: str, *, has_breakpoints: bool) -> Usage:
+    def usage(self, cache_key: str, canonical: str, *, has_breakpoints: bool) -> Usage:
         """Report the usage of ``canonical`` and remember it for later requests."""
         total = estimate_tokens(canonical)
-        entries = self._entries.setdefault(api_key, deque(maxlen=self._max_entries))
+        entries = self._entries.setdefault(cache_key, deque(maxlen=self._max_entries))
         prefix = max((_common_prefix_length(canonical, old) for old in entries), default=0)
         read = min(total, prefix // CHARS_PER_TOKEN)
         if canonical not in entries:

@@ -1,0 +1,505 @@
+"""The fake upstream as an aiohttp service: a strict, offline, deterministic stand-in for the
+Anthropic Messages API.
+
+Routes: ``POST /v1/messages`` (JSON, or SSE with ``"stream": true``; any query string),
+``POST /v1/messages/count_tokens``, ``GET /v1/models`` and ``GET /v1/models/{id}``; anything
+else is ``404 not_found_error``. Every request needs ``x-api-key`` or ``Authorization: Bearer``
+(any value). Every response carries ``request-id`` and the ``anthropic-ratelimit-requests-*``
+headers; every error has the Anthropic shape with a top-level ``request_id``.
+
+State lives on a :class:`FakeUpstream` instance reached through a typed ``web.AppKey``; there are
+no module globals, so several fake upstreams can run side by side in one test.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import signal
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+
+from .records import RecordedRequest
+from .replies import (
+    Fault,
+    PromptCache,
+    Reply,
+    build_message,
+    canonical_prompt,
+    encode_event,
+    estimate_tokens,
+    stream_events,
+)
+from .rules import (
+    ProviderRuleError,
+    cache_control_count,
+    check_count_tokens_request,
+    check_messages_request,
+)
+from .scripts import Script, default_script
+
+__all__ = ["DEFAULT_MODELS", "FakeUpstream", "run_fake_upstream", "start_fake_upstream"]
+
+_log = structlog.get_logger("proxy.fake_upstream")
+
+DEFAULT_CONTEXT_WINDOW: Final = 200_000
+RATE_LIMIT_REQUESTS: Final = 4_000
+# How often a pause re-checks whether the client is still connected.
+DISCONNECT_POLL_S: Final = 0.02
+SHUTDOWN_TIMEOUT_S: Final = 2.0
+# The provider refuses bodies over 32 MB with 413 request_too_large.
+MAX_BODY_BYTES: Final = 32 * 1024 * 1024
+
+DEFAULT_MODELS: Final[tuple[Mapping[str, Any], ...]] = (
+    {"type": "model", "id": "claude-opus-4-5", "display_name": "Claude Opus 4.5",
+     "created_at": "2025-11-24T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
+    {"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
+     "created_at": "2025-09-29T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
+    {"type": "model", "id": "claude-haiku-4-5", "display_name": "Claude Haiku 4.5",
+     "created_at": "2025-10-15T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
+)
+
+# Status of an aiohttp HTTPException -> the Anthropic error type it is reported as.
+_HTTP_ERROR_TYPES: Final[Mapping[int, str]] = {
+    404: "not_found_error",
+    405: "not_found_error",
+    413: "request_too_large",
+}
+
+
+class FakeUpstream:
+    """The fake provider's state: its script, queued replies and what it has seen.
+
+    Attributes:
+        script: ``(body, request_meta) -> Reply`` (or an awaitable of one), used when the queue
+            is empty. Defaults to :func:`~proxy.fake_upstream.scripts.default_script`.
+        queue: one-shot replies served, in order, before the script is asked.
+        requests: every request received, in arrival order (also unauthorized and invalid ones).
+        counts: requests per route (``messages``, ``count_tokens``, ``models``, ``not_found``).
+        cancelled: streams (or hung replies) whose client disconnected before the end.
+        events_sent: SSE events written so far, over all streams.
+        context_window: above this many estimated input tokens a message request is refused
+            with ``prompt is too long``.
+        prompt_cache: the simulated prompt cache behind the ``cache_*`` usage counts.
+    """
+
+    def __init__(
+        self,
+        script: Script | None = None,
+        *,
+        context_window: int = DEFAULT_CONTEXT_WINDOW,
+        models: Sequence[Mapping[str, Any]] = DEFAULT_MODELS,
+    ) -> None:
+        if context_window < 1:
+            raise ValueError(f"context_window must be >= 1, got {context_window}")
+        self.script: Script = script if script is not None else default_script
+        self.queue: deque[Reply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self.counts: Counter[str] = Counter()
+        self.cancelled = 0
+        self.events_sent = 0
+        self.context_window = context_window
+        self.models: tuple[Mapping[str, Any], ...] = tuple(models)
+        self.prompt_cache = PromptCache()
+        self._request_counter = 0
+        self._message_counter = 0
+
+    def push(self, *replies: Reply) -> None:
+        """Queue replies to serve to the next ``/v1/messages`` requests, in order."""
+        for reply in replies:
+            if not isinstance(reply, Reply):
+                raise TypeError(f"push() takes Reply objects, got {type(reply).__name__}")
+            self.queue.append(reply)
+
+    @property
+    def message_requests(self) -> list[RecordedRequest]:
+        """The recorded ``POST /v1/messages`` requests only."""
+        return [r for r in self.requests if r.method == "POST" and r.path == "/v1/messages"]
+
+    def next_request_id(self) -> str:
+        """A fresh deterministic ``request-id`` (``req_fake_000001``, …)."""
+        self._request_counter += 1
+        return f"req_fake_{self._request_counter:06d}"
+
+    def next_message_id(self) -> str:
+        """A fresh deterministic message id (``msg_fake_000001``, …)."""
+        self._message_counter += 1
+        return f"msg_fake_{self._message_counter:06d}"
+
+    def rate_limit_headers(self) -> dict[str, str]:
+        """The ``anthropic-ratelimit-requests-*`` headers for the current request count."""
+        reset = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
+        return {
+            "anthropic-ratelimit-requests-limit": str(RATE_LIMIT_REQUESTS),
+            "anthropic-ratelimit-requests-remaining": str(
+                max(0, RATE_LIMIT_REQUESTS - self._request_counter)
+            ),
+            "anthropic-ratelimit-requests-reset": reset.isoformat().replace("+00:00", "Z"),
+        }
+
+    def make_app(self) -> web.Application:
+        """A fresh aiohttp application serving this fake upstream."""
+        app = web.Application(middlewares=[_error_middleware], client_max_size=MAX_BODY_BYTES)
+        app[UPSTREAM_KEY] = self
+        app.on_response_prepare.append(_add_common_headers)
+        app.router.add_post("/v1/messages", _handle_messages)
+        app.router.add_post("/v1/messages/count_tokens", _handle_count_tokens)
+        app.router.add_get("/v1/models", _handle_models)
+        app.router.add_get("/v1/models/{model_id}", _handle_model)
+        app.router.add_route("*", "/{tail:.*}", _handle_not_found)
+        return app
+
+
+UPSTREAM_KEY: Final = web.AppKey("fake_upstream", FakeUpstream)
+_REQUEST_ID_KEY: Final = web.RequestKey("fake_upstream_request_id", str)
+_RECORD_KEY: Final = web.RequestKey("fake_upstream_record", RecordedRequest)
+
+
+# -- request plumbing ---------------------------------------------------------------------------
+
+
+def _api_key(request: web.Request) -> str:
+    key = request.headers.get("x-api-key", "")
+    if key:
+        return key
+    authorization = request.headers.get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _copy_headers(request: web.Request) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value in request.headers.items():
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return headers
+
+
+def _parse_json(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _error_response(
+    request_id: str, status: int, error_type: str, message: str,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    body = {"type": "error", "error": {"type": error_type, "message": message},
+            "request_id": request_id}
+    return web.json_response(body, status=status, headers=headers)
+
+
+@web.middleware
+async def _error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Record the request, check auth, and turn every failure into the Anthropic error shape."""
+    upstream = request.app[UPSTREAM_KEY]
+    request_id = upstream.next_request_id()
+    request[_REQUEST_ID_KEY] = request_id
+    api_key = _api_key(request)
+    raw = b""
+    try:
+        try:
+            raw = await request.read()
+        finally:
+            record = RecordedRequest(
+                method=request.method, path=request.path, query_string=request.query_string,
+                headers=_copy_headers(request), body=_parse_json(raw), raw_length=len(raw),
+                request_id=request_id, api_key=api_key,
+            )
+            request[_RECORD_KEY] = record
+            upstream.requests.append(record)
+        if not api_key:
+            raise ProviderRuleError("x-api-key header is required", 401, "authentication_error")
+        return await handler(request)
+    except ProviderRuleError as exc:
+        return web.json_response(exc.error_body(request_id), status=exc.status)
+    except web.HTTPException as exc:
+        error_type = _HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error")
+        status = 404 if error_type == "not_found_error" else exc.status
+        message = f"{request.method} {request.path}: {exc.reason}"
+        return _error_response(request_id, status, error_type, message)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # a broken script must still answer like the provider, no traceback
+        _log.error("fake_upstream_handler_failed", request_id=request_id,
+                   error_type=type(exc).__name__)
+        return _error_response(request_id, 500, "api_error", "Internal server error")
+
+
+async def _add_common_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``request-id`` and rate-limit headers on every response; scripted headers win."""
+    upstream = request.app[UPSTREAM_KEY]
+    request_id = request.get(_REQUEST_ID_KEY) or upstream.next_request_id()
+    response.headers.setdefault("request-id", request_id)
+    for name, value in upstream.rate_limit_headers().items():
+        response.headers.setdefault(name, value)
+
+
+def _json_object(request: web.Request) -> dict[str, Any]:
+    record = request[_RECORD_KEY]
+    if record.raw_length == 0:
+        raise ProviderRuleError("body: a JSON object is required")
+    if record.body is None:
+        raise ProviderRuleError("There was an error parsing the body of your request: "
+                                "it is not valid JSON")
+    body = record.body
+    if not isinstance(body, dict):
+        raise ProviderRuleError(
+            f"body: Input should be a valid dictionary (got {type(body).__name__})"
+        )
+    return body
+
+
+async def _pause(request: web.Request, seconds: float) -> None:
+    """Sleep ``seconds``, raising ``ConnectionResetError`` as soon as the client is gone.
+
+    aiohttp only cancels a handler on disconnect when ``handler_cancellation`` is on; polling
+    the transport makes delays and hangs end promptly with either runner setting.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        await asyncio.sleep(min(remaining, DISCONNECT_POLL_S))
+
+
+def _drop_connection(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+# -- handlers -------------------------------------------------------------------------------------
+
+
+async def _handle_messages(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[UPSTREAM_KEY]
+    upstream.counts["messages"] += 1
+    record = request[_RECORD_KEY]
+    body = _json_object(request)
+    check_messages_request(body)
+    canonical = canonical_prompt(body)
+    total = estimate_tokens(canonical)
+    if total > upstream.context_window:
+        raise ProviderRuleError(
+            f"prompt is too long: {total} tokens > {upstream.context_window} maximum"
+        )
+
+    if upstream.queue:
+        reply = upstream.queue.popleft()
+    else:
+        produced = upstream.script(body, record)
+        reply = await produced if inspect.isawaitable(produced) else produced
+        if not isinstance(reply, Reply):
+            raise TypeError(f"the script returned {type(reply).__name__}, not a Reply")
+
+    fault = reply.fault
+    if fault is not None and fault.kind == "close_connection":
+        _drop_connection(request)
+        return web.Response(status=500)  # never reaches the client: the connection is gone
+    if fault is not None and fault.kind == "hang_before_first_byte":
+        try:
+            await _pause(request, fault.hang_s)
+        except asyncio.CancelledError:
+            upstream.cancelled += 1
+            raise
+        except ConnectionResetError:
+            upstream.cancelled += 1
+            return web.Response(status=499)  # dropped quietly by aiohttp: the client is gone
+
+    if reply.error is not None:
+        error_body = {**reply.error, "request_id": record.request_id}
+        return web.json_response(error_body, status=reply.status, headers=reply.headers)
+
+    usage = upstream.prompt_cache.usage(
+        f"{record.api_key}\n{body['model']}", canonical,
+        has_breakpoints=cache_control_count(body) > 0 or body.get("cache_control") is not None,
+    )
+    message = build_message(reply, message_id=upstream.next_message_id(), model=body["model"],
+                            usage=usage)
+    if body.get("stream") is True:
+        return await _stream(request, upstream, reply, message)
+    if fault is not None and fault.kind == "cut_after_events":
+        return await _cut_json(request, reply, message)
+    return web.json_response(message, status=reply.status, headers=reply.headers)
+
+
+async def _cut_json(
+    request: web.Request, reply: Reply, message: Mapping[str, Any]
+) -> web.StreamResponse:
+    """Announce the whole JSON body, send half of it, then drop the connection."""
+    payload = json.dumps(message).encode()
+    response = web.StreamResponse(status=reply.status, headers={
+        **reply.headers, "content-type": "application/json", "content-length": str(len(payload)),
+    })
+    await response.prepare(request)
+    await response.write(payload[: len(payload) // 2])
+    _drop_connection(request)
+    return response
+
+
+async def _stream(
+    request: web.Request, upstream: FakeUpstream, reply: Reply, message: Mapping[str, Any]
+) -> web.StreamResponse:
+    """Write the SSE events one by one, each flushed on its own, honouring delay and faults.
+
+    A client that disconnects mid-stream is counted in ``upstream.cancelled``.
+    """
+    response = web.StreamResponse(status=200, headers={
+        **reply.headers, "content-type": "text/event-stream", "cache-control": "no-cache",
+    })
+    events = stream_events(message)
+    fault: Fault | None = reply.fault
+    stop_at = fault.after_events if fault is not None and fault.kind in (
+        "cut_after_events", "error_event") else None
+    try:
+        await response.prepare(request)
+        for index, (name, data) in enumerate(events):
+            if index == stop_at:
+                break
+            if index and reply.event_delay_s:
+                await _pause(request, reply.event_delay_s)
+            await response.write(encode_event(name, data))
+            upstream.events_sent += 1
+        if fault is not None and fault.kind == "error_event":
+            await response.write(encode_event("error", fault.error_payload()))
+            upstream.events_sent += 1
+    except asyncio.CancelledError:
+        upstream.cancelled += 1
+        raise
+    except ConnectionResetError:
+        # Re-raising would make aiohttp log a traceback and try a 500 on a dead connection;
+        # returning lets it notice the disconnect and drop the connection quietly.
+        upstream.cancelled += 1
+        return response
+    if fault is not None and fault.kind == "cut_after_events":
+        _drop_connection(request)
+        return response
+    await response.write_eof()
+    return response
+
+
+async def _handle_count_tokens(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[UPSTREAM_KEY]
+    upstream.counts["count_tokens"] += 1
+    body = _json_object(request)
+    check_count_tokens_request(body)
+    return web.json_response({"input_tokens": estimate_tokens(canonical_prompt(body))})
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ProviderRuleError(f"{name}: Input should be a valid integer") from None
+    if not low <= value <= high:
+        raise ProviderRuleError(f"{name}: Input should be between {low} and {high}")
+    return value
+
+
+async def _handle_models(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[UPSTREAM_KEY]
+    upstream.counts["models"] += 1
+    limit = _int_query(request, "limit", 20, 1, 1000)
+    ids = [str(model["id"]) for model in upstream.models]
+    models = list(upstream.models)
+    after_id = request.query.get("after_id")
+    before_id = request.query.get("before_id")
+    if after_id is not None:
+        start = ids.index(after_id) + 1 if after_id in ids else len(ids)
+        page = models[start:start + limit]
+        has_more = start + limit < len(models)
+    elif before_id is not None:
+        end = ids.index(before_id) if before_id in ids else 0
+        page = models[max(0, end - limit):end]
+        has_more = end - limit > 0
+    else:
+        page = models[:limit]
+        has_more = limit < len(models)
+    return web.json_response({
+        "data": [dict(model) for model in page],
+        "has_more": has_more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    })
+
+
+async def _handle_model(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[UPSTREAM_KEY]
+    upstream.counts["models"] += 1
+    model_id = request.match_info["model_id"]
+    for model in upstream.models:
+        if model["id"] == model_id:
+            return web.json_response(dict(model))
+    raise ProviderRuleError(f"model: {model_id}", 404, "not_found_error")
+
+
+async def _handle_not_found(request: web.Request) -> web.StreamResponse:
+    request.app[UPSTREAM_KEY].counts["not_found"] += 1
+    raise ProviderRuleError(f"Not found: {request.method} {request.path}", 404, "not_found_error")
+
+
+# -- running it -----------------------------------------------------------------------------------
+
+
+async def start_fake_upstream(
+    upstream: FakeUpstream, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Serve ``upstream`` on ``host:port`` (0 = a free port); returns the runner and base URL.
+
+    Call ``await runner.cleanup()`` to stop it.
+    """
+    runner = web.AppRunner(
+        upstream.make_app(), handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        access_log=None,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_host, bound_port = runner.addresses[0][:2]
+    return runner, f"http://{bound_host}:{bound_port}"
+
+
+def run_fake_upstream(host: str, port: int) -> None:
+    """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
+    fake-upstream``); prints ``fake upstream listening on http://host:port`` once started."""
+
+    async def serve() -> None:
+        runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        print(f"fake upstream listening on {url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(serve())

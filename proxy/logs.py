@@ -1,0 +1,187 @@
+"""structlog configuration, and the redaction step that backs "no message text, no credential".
+
+One JSON object per line (or a console rendering) from both structlog and the standard
+``logging`` module (aiohttp, asyncio), through the same chain::
+
+    merge_contextvars -> add_log_level -> TimeStamper(iso, utc) -> Redactor -> renderer
+
+:class:`Redactor` is an allow-list: a field whose name is not in :data:`SAFE_KEYS` is dropped
+(its name is listed under ``redacted``), a value that is not a scalar or a list of scalars is
+dropped, a string that looks like a credential (or equals a configured secret) is blanked and
+long strings are cut. Code that logs a prompt by mistake therefore logs nothing of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, Final, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from proxy.config import LoggingConfig
+
+__all__ = ["SAFE_KEYS", "Redactor", "configure_logging"]
+
+#: Fields a log line may carry. Every one holds an id, a count, a status or a code name.
+SAFE_KEYS: Final = frozenset({
+    # structlog / stdlib framing
+    "event", "level", "timestamp", "logger",
+    # the request (SPEC section 8)
+    "request_id", "session_id", "role", "route", "method", "status", "outcome",
+    "tokens_before", "tokens_after", "layers", "upstream_status", "duration_ms",
+    "reason", "hard_limit", "kind", "tool_use_id", "message_index",
+    # failures: class names and code locations only
+    "error", "error_class", "error_location", "detail",
+    # summaries and durable state
+    "layer", "saved", "cached", "summary_model", "durable_items",
+    "version", "expected_version", "created", "action",
+    "facts", "pending_items", "retrieval_evidence",
+    # startup
+    "host", "port", "upstream_host", "store_backend", "token_counter", "summary_enabled",
+    "admin_enabled", "log_format",
+    # the redaction report itself
+    "redacted",
+})
+
+_REDACTED: Final = "[redacted]"
+_MAX_STRING: Final = 256
+
+# What a credential looks like on the wire: Anthropic/OpenAI-style keys, HTTP auth schemes,
+# JWTs, and "name=value" pairs of the usual secret names.
+_CREDENTIAL: Final = re.compile(
+    r"sk-ant-[A-Za-z0-9_\-]{4,}"
+    r"|\bsk-[A-Za-z0-9_\-]{16,}"
+    r"|\b(?:[Bb]earer|[Bb]asic)\s+[A-Za-z0-9._~+/=\-]{8,}"
+    r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
+    r"|(?i:api[_-]?key|auth[_-]?token|secret|password|x-api-key)\s*[=:]\s*\S+"
+)
+
+# Loggers that would print request bodies at debug level; never below WARNING.
+_QUIET_LOGGERS: Final = ("anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access")
+
+
+class Redactor:
+    """The allow-list processor; run it last before the renderer.
+
+    Args:
+        secrets: exact strings (the admin token, a summary key) blanked wherever they appear.
+        safe_keys: the fields allowed through (default :data:`SAFE_KEYS`).
+    """
+
+    def __init__(self, secrets: Iterable[str] = (), safe_keys: frozenset[str] = SAFE_KEYS) -> None:
+        self._secrets = tuple(s for s in secrets if s)
+        self._safe_keys = safe_keys
+
+    def _clean_str(self, value: str) -> str:
+        if _CREDENTIAL.search(value) or any(secret in value for secret in self._secrets):
+            return _REDACTED
+        if len(value) > _MAX_STRING:
+            return value[:_MAX_STRING] + "...[cut]"
+        return value
+
+    def _clean(self, value: object) -> tuple[bool, object]:
+        """``(keep, cleaned)`` for one value."""
+        if value is None or isinstance(value, (bool, int, float)):
+            return True, value
+        if isinstance(value, str):
+            return True, self._clean_str(value)
+        if isinstance(value, (list, tuple)):
+            items = []
+            for item in value:
+                if item is None or isinstance(item, (bool, int, float)):
+                    items.append(item)
+                elif isinstance(item, str):
+                    items.append(self._clean_str(item))
+                else:
+                    return False, None
+            return True, items
+        return False, None
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        """Return a new event dict holding only safe fields and safe values."""
+        out: dict[str, Any] = {}
+        dropped: list[str] = []
+        exc_info = event_dict.get("exc_info")
+        for key, value in event_dict.items():
+            if key not in self._safe_keys:
+                if not key.startswith("_"):
+                    dropped.append(key)
+                continue
+            keep, cleaned = self._clean(value)
+            if keep:
+                out[key] = cleaned
+            else:
+                dropped.append(key)
+        # A traceback can quote data; keep only the exception's class.
+        if isinstance(exc_info, tuple) and exc_info and isinstance(exc_info[0], type):
+            out.setdefault("error_class", exc_info[0].__name__)
+        elif isinstance(exc_info, BaseException):
+            out.setdefault("error_class", type(exc_info).__name__)
+        elif exc_info is True and sys.exc_info()[0] is not None:
+            out.setdefault("error_class", sys.exc_info()[0].__name__)  # type: ignore[union-attr]
+        if dropped:
+            out["redacted"] = sorted(k for k in dropped if k != "exc_info")
+            if not out["redacted"]:
+                del out["redacted"]
+        return out
+
+
+def _renderer(config: LoggingConfig) -> Processor:
+    if config.format == "console":
+        return structlog.dev.ConsoleRenderer(colors=False)
+    return structlog.processors.JSONRenderer(sort_keys=False)
+
+
+def configure_logging(
+    config: LoggingConfig, *, stream: TextIO | None = None, secrets: Iterable[str] = ()
+) -> None:
+    """Configure structlog and the standard ``logging`` module for the whole process.
+
+    Args:
+        config: ``logging.format`` (``json`` | ``console``) and ``logging.level``.
+        stream: where lines go (default ``sys.stderr``); one line per event, flushed.
+        secrets: exact values to blank wherever they would appear (the admin token...).
+    """
+    out = stream if stream is not None else sys.stderr
+    level = logging.getLevelName(config.level.upper())
+    redactor = Redactor(secrets)
+    renderer = _renderer(config)
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, redactor, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.WriteLoggerFactory(file=out),
+        context_class=dict,
+        cache_logger_on_first_use=False,
+    )
+    # Foreign (stdlib) records: aiohttp's and asyncio's own errors, in the same format.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    _drop_positional_args, redactor, renderer],
+    ))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_compact_proxy", False):
+            root.removeHandler(old)
+    handler._compact_proxy = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(max(level, logging.WARNING))
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _drop_positional_args(
+    logger: WrappedLogger, method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    event_dict.pop("positional_args", None)
+    return event_dict

@@ -1,0 +1,62 @@
+"""The thinking-binding opt-out (reference section 5.4).
+
+Newer models bind each ``thinking`` block's signature to its prefix: ``system``, ``tools`` and
+every earlier message. Compaction rewrites that prefix, and so does the durable block appended
+to ``system``, so the provider would answer 400 for every surviving thinking block. When the
+proxy changed the prefix of a request that still carries thinking blocks, it opts the request
+into ``prefix_mismatch_behavior: drop_block`` (which needs the beta header below), unless the
+client chose a behaviour itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+__all__ = ["BINDING_BETA", "needs_binding_opt_out", "apply_binding_opt_out", "merge_beta_header"]
+
+#: The ``anthropic-beta`` value that enables ``thinking.block_binding``.
+BINDING_BETA: Final = "thinking-binding-controls-2026-08-01"
+
+_THINKING_ON: Final = frozenset({"enabled", "adaptive"})
+_THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
+
+
+def _has_thinking_blocks(messages: Iterable[Any]) -> bool:
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS:
+                    return True
+    return False
+
+
+def needs_binding_opt_out(body: dict[str, Any], *, prefix_changed: bool) -> bool:
+    """Whether to add ``thinking.block_binding``: thinking is on, the forwarded messages still
+    hold thinking blocks, the proxy changed their prefix, and the client set no binding."""
+    if not prefix_changed:
+        return False
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in _THINKING_ON:
+        return False
+    if "block_binding" in thinking:
+        return False
+    return _has_thinking_blocks(body.get("messages") or ())
+
+
+def apply_binding_opt_out(body: dict[str, Any]) -> None:
+    """Set ``thinking.block_binding`` on ``body`` (a new ``thinking`` object; the caller's is
+    not touched)."""
+    body["thinking"] = {**body["thinking"],
+                        "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
+
+
+def merge_beta_header(values: Iterable[str], beta: str = BINDING_BETA) -> str:
+    """One ``anthropic-beta`` value: the existing values exactly as sent (several headers
+    comma-joined), then ``beta`` unless it is already listed."""
+    kept = [value for value in values if value.strip()]
+    listed = {part.strip() for value in kept for part in value.split(",")}
+    if beta in listed:
+        return ",".join(kept)
+    return ",".join([*kept, beta])

@@ -1,0 +1,151 @@
+"""The pipeline: cheapest layer first, stop below the soft threshold, reject at the hard limit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from compactor import (CachingCounter, Chars4Counter, MessageViewLimitExceeded, SummaryRequest,
+                       TiktokenCounter, ToolProtocolError, compact_context, compact_context_async,
+                       compact_if_needed, estimate_tokens)
+from policies import CompactionPolicy
+
+from .builders import assistant, exchange, tool_use, user
+
+
+def _policy(soft: int, hard: int = 1_000_000, **kw: int) -> CompactionPolicy:
+    return CompactionPolicy(soft_threshold_tokens=soft, hard_limit_tokens=hard, **kw)
+
+
+def _big_results_session() -> list:
+    messages = [user("Original intent")]
+    for n in range(4):
+        messages += exchange(f"t{n}", f"log {n}\n" * 5_000)
+    return messages
+
+
+def test_below_the_soft_threshold_nothing_runs() -> None:
+    """A small view comes back equal, with no layer recorded."""
+    messages = [user("hi"), assistant("hello"), user("bye")]
+    result = compact_context(messages, None, policy=_policy(10_000))
+    assert result.messages == messages and result.layers_applied == () and result.outcomes == ()
+    assert result.tokens_before == result.tokens_after
+
+
+def test_the_pipeline_stops_after_the_first_layer_that_is_enough() -> None:
+    """Truncating tool results is enough here, so L2..L4 never run."""
+    result = compact_context(_big_results_session(), None,
+                             policy=_policy(10_000, max_tool_result_tokens=1_000),
+                             summarizer=lambda s: pytest.fail("L4 must not run"))
+    assert result.layers_applied == ("L1",)
+    assert [o.layer for o in result.outcomes] == ["L1"]
+    assert result.tokens_after < 10_000 <= result.tokens_before
+    assert result.outcomes[0].saved == result.tokens_before - result.tokens_after
+
+
+def test_the_hard_limit_raises_with_counts_and_layers_but_no_text() -> None:
+    """MessageViewLimitExceeded carries numbers and layer names only."""
+    messages = [user("SECRET-INTENT " * 3_000), assistant("ok"), user("go on")]
+    with pytest.raises(MessageViewLimitExceeded) as caught:
+        compact_context(messages, None, policy=_policy(1_000, 2_000))
+    error = caught.value
+    assert error.tokens_after >= error.hard_limit == 2_000
+    assert error.tokens_before >= error.tokens_after
+    assert error.layers_applied == ("L1", "L2", "L3")
+    assert "SECRET" not in str(error) and str(error).startswith("prompt is too long:")
+
+
+def test_the_callers_messages_are_never_mutated() -> None:
+    """Every layer works on copies; the input is deep-equal to before."""
+    messages = _big_results_session()
+    before = copy.deepcopy(messages)
+    compact_context(messages, None, policy=_policy(500, max_tool_result_tokens=100),
+                    summarizer=lambda s: "summary")
+    assert messages == before
+
+
+def test_the_default_deep_copy_shares_nothing_with_the_input() -> None:
+    """The sync API returns objects that are not the caller's."""
+    messages = [user("hi"), assistant("hello"), user("bye")]
+    result = compact_context(messages, None, policy=_policy(10_000))
+    assert all(a is not b for a, b in zip(result.messages, messages))
+
+
+def test_durable_state_comes_out_identical() -> None:
+    """The durable state bypasses every layer."""
+    state = object()
+    result = compact_context(_big_results_session(), state, policy=_policy(500),
+                             summarizer=lambda s: "summary")
+    assert result.durable_state is state
+
+
+def test_reserved_tokens_count_toward_the_thresholds() -> None:
+    """Tokens outside messages (system, tools) can push a view over the soft threshold."""
+    messages = _big_results_session()
+    size = estimate_tokens(messages)
+    assert compact_context(messages, None, policy=_policy(size + 10)).layers_applied == ()
+    pushed = compact_context(messages, None, policy=_policy(size + 10, max_tool_result_tokens=500),
+                             reserved_tokens=20)
+    assert pushed.layers_applied == ("L1",) and pushed.tokens_before == size + 20
+
+
+def test_a_broken_protocol_is_rejected_before_any_layer() -> None:
+    """An unanswered tool_use raises ToolProtocolError even below the threshold."""
+    with pytest.raises(ToolProtocolError):
+        compact_context([user("go"), assistant(tool_use("a"))], None, policy=_policy(10_000))
+
+
+def test_compact_if_needed_returns_the_messages_only() -> None:
+    """The convenience wrapper gives the compacted list."""
+    messages = _big_results_session()
+    out = compact_if_needed(messages, None, policy=_policy(10_000, max_tool_result_tokens=1_000))
+    assert isinstance(out, list) and estimate_tokens(out) < 10_000
+
+
+def test_an_already_compact_view_is_left_as_it_is() -> None:
+    """Compacting the output of a compaction changes nothing."""
+    policy = _policy(2_000, max_tool_result_tokens=200, keep_recent_messages=4,
+                     summary_keep_recent=2)
+    first = compact_context(_big_results_session(), None, policy=policy,
+                            summarizer=lambda s: "summary")
+    second = compact_context(first.messages, None, policy=policy, summarizer=lambda s: "other")
+    assert second.messages == first.messages
+
+
+async def test_the_async_driver_awaits_the_summariser_with_the_request() -> None:
+    """compact_context_async hands the summariser a SummaryRequest with a cache key."""
+    seen: list[SummaryRequest] = []
+
+    async def summarise(request: SummaryRequest) -> str:
+        seen.append(request)
+        return "async summary"
+
+    messages = [user("go")]
+    for n in range(8):
+        messages += exchange(f"t{n}", "r" * 800)
+    result = await compact_context_async(messages, None, policy=_policy(500, summary_keep_recent=2),
+                                         summarizer=summarise)
+    assert result.layers_applied[-1] == "L4" and len(seen) == 1
+    assert len(seen[0].cache_key) == 64 and seen[0].message_count == len(messages) - 3
+    again = await compact_context_async(messages, None, policy=_policy(500, summary_keep_recent=2),
+                                        summarizer=summarise)
+    assert seen[1].cache_key == seen[0].cache_key and again.messages == result.messages
+
+
+def test_a_shared_caching_counter_counts_each_block_once_across_calls() -> None:
+    """The second identical request is counted entirely from the cache."""
+    counter = CachingCounter(TiktokenCounter())
+    messages = _big_results_session()
+    policy = _policy(5_000, max_tool_result_tokens=500)
+    compact_context(messages, None, policy=policy, counter=counter)
+    misses = counter.misses
+    compact_context(messages, None, policy=policy, counter=counter)
+    assert counter.misses == misses
+
+
+def test_chars4_is_the_default_counter() -> None:
+    """Without a counter the 4-characters estimate is used."""
+    messages = [user("x" * 4_000)]
+    result = compact_context(messages, None, policy=_policy(100_000))
+    assert result.tokens_before == CachingCounter(Chars4Counter()).count_message(messages[0])
