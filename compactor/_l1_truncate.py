@@ -66,7 +66,7 @@ def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict
     if total_chars <= max_tokens:
         return None
     counter = view.counter
-    text_tokens = sum(counter.count_value({"type": "text", "text": t}) for _, t in parts)
+    text_tokens = sum(counter.count_text(t) for _, t in parts)
     if text_tokens <= max_tokens:
         return None
     # Give each text part a share of the budget in proportion to its size; shrink once more
@@ -75,7 +75,7 @@ def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict
     for _attempt in range(4):
         new_parts = {pos: _cut_text(text, max(MIN_PART_CHARS, int(len(text) * ratio * 0.97)))
                      for pos, text in parts}
-        new_tokens = sum(counter.count_value({"type": "text", "text": t}) for t in new_parts.values())
+        new_tokens = sum(counter.count_text(t) for t in new_parts.values())
         if new_tokens <= max_tokens:
             break
         ratio *= max_tokens / new_tokens * 0.9

@@ -15,7 +15,7 @@ Layout (one item per line, sections in state order, empty sections left out)::
     pending_items:
     - item_id="p1" description="..." source_pointer="..." last_confirmed_at=... source_status=missing evidence_unavailable=true
     retrieval_evidence:
-    - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=... score=0.870 rank=1 conflict=none source_status=...
+    - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=... score=0.870 rank=1 conflict_winner=<key> source_status=...
     </durable_context>
 
 Every free-text value is written as a JSON string literal (so quotes, backslashes and
@@ -30,6 +30,7 @@ Everything in ``__all__`` gets re-exported.
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -51,6 +52,9 @@ HEADING = (
 # paragraph separators, invisible format characters (bidi overrides, zero-width).
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cf"})
 _ESCAPED_CHARS = frozenset("<>")
+# A conflict key that is a plain token is shown bare (``conflict_winner=deploy-target``);
+# anything else is quoted like every other free-text value.
+_BARE_TOKEN_RE = re.compile(r"[A-Za-z0-9_.:/@+-]+", re.ASCII)
 
 
 def _quote(text: str) -> str:
@@ -72,6 +76,10 @@ def _quote(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def _token(text: str) -> str:
+    return text if _BARE_TOKEN_RE.fullmatch(text) else _quote(text)
 
 
 def _utc(value: datetime) -> str:
@@ -160,7 +168,7 @@ def render_durable_context(
         for ev in state.retrieval_evidence:
             conflict = (
                 "conflict=none" if ev.conflict_key is None
-                else f"conflict_winner={_quote(ev.conflict_key)}"
+                else f"conflict_winner={_token(ev.conflict_key)}"
             )
             lines.append(
                 f"- memory_id={_quote(ev.memory_id)} source_id={_quote(ev.source_id)} "

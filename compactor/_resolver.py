@@ -189,7 +189,7 @@ class SourcePointerResolver:
             _check_unchanged(real, handle)
         return digest
 
-    def _scan_transcript(self, reader: io.BufferedReader, pointer: TranscriptPointer) -> str:
+    def _scan_transcript(self, reader: io.BufferedReader[io.FileIO], pointer: TranscriptPointer) -> str:
         limit = self._max_line_bytes
         for expected in range(1, pointer.sequence + 1):
             raw = reader.readline(limit + 2)  # room for the line ending

@@ -19,7 +19,7 @@ Everything in ``__all__`` gets re-exported.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -264,7 +264,7 @@ class RetrievalEvidence:
         )
 
 
-def _fields_of(cls: type, data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
+def _fields_of(cls: type[Any], data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
     """Check ``data`` is a mapping with exactly ``cls``'s fields (``optional`` may be
     absent) and return it as a dict. Errors are ``"<field>: <problem>"`` or ``": <problem>"``
     for the item as a whole, so the caller can prefix the item's path."""
@@ -302,11 +302,11 @@ def _as_items(field: str, value: object, kind: type[_Item], id_field: str) -> tu
     return tuple(value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DurableContextState:
     """A session's durable context: facts, pending items and retrieval evidence.
 
-    Lists are turned into tuples; ids are unique within each kind.
+    Lists (any list or tuple) are stored as tuples; ids are unique within each kind.
 
     Args:
         facts: the :class:`DurableFact` items, in display order.
@@ -318,19 +318,26 @@ class DurableContextState:
             ``facts[2].fact_id: duplicate id 'f1'``.
     """
 
-    facts: tuple[DurableFact, ...] = ()
-    pending_items: tuple[PendingItem, ...] = ()
-    retrieval_evidence: tuple[RetrievalEvidence, ...] = ()
+    facts: tuple[DurableFact, ...]
+    pending_items: tuple[PendingItem, ...]
+    retrieval_evidence: tuple[RetrievalEvidence, ...]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "facts", _as_items("facts", self.facts, DurableFact, "fact_id"))
+    # A hand-written __init__ so the parameters can be typed as any sequence while the
+    # fields stay tuples (the generated one would type the parameters as tuples).
+    def __init__(
+        self,
+        facts: Sequence[DurableFact] = (),
+        pending_items: Sequence[PendingItem] = (),
+        retrieval_evidence: Sequence[RetrievalEvidence] = (),
+    ) -> None:
+        object.__setattr__(self, "facts", _as_items("facts", facts, DurableFact, "fact_id"))
         object.__setattr__(
             self, "pending_items",
-            _as_items("pending_items", self.pending_items, PendingItem, "item_id"),
+            _as_items("pending_items", pending_items, PendingItem, "item_id"),
         )
         object.__setattr__(
             self, "retrieval_evidence",
-            _as_items("retrieval_evidence", self.retrieval_evidence, RetrievalEvidence,
+            _as_items("retrieval_evidence", retrieval_evidence, RetrievalEvidence,
                       "memory_id"),
         )
 
@@ -375,7 +382,7 @@ class DurableContextState:
         for key in data:
             if key not in _ITEM_PARSERS:
                 raise ValueError(f"{key}: unknown field")
-        lists: dict[str, list[Any]] = {}
+        lists: dict[str, tuple[Any, ...]] = {}
         for name, parse in _ITEM_PARSERS.items():
             raw = data.get(name, [])
             if not isinstance(raw, (list, tuple)):
@@ -388,7 +395,7 @@ class DurableContextState:
                     message = str(exc)
                     sep = "" if message.startswith(":") else "."
                     raise ValueError(f"{name}[{index}]{sep}{message}") from None
-            lists[name] = items
+            lists[name] = tuple(items)
         return cls(**lists)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import math
 import re
@@ -37,6 +36,9 @@ IMAGE_DEFAULT_TOKENS = 1_600
 PDF_TOKENS_PER_PAGE = 2_250
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
 _B64_HEAD_CHARS = 64 * 1024  # enough to read any image header
+# Texts at least this long get a cache entry of their own, so the same text met as part of
+# a message and again on its own (L1 measuring a tool result) is encoded once.
+_CACHE_TEXT_FROM = 512
 
 
 @runtime_checkable
@@ -145,6 +147,24 @@ def _b64_head(data: object, chars: int) -> bytes:
         return b""
 
 
+def _fingerprint(value: object) -> int:
+    """A 64-bit fingerprint of a JSON value, from Python's own (per-process) hashes.
+
+    Hashing a large string this way costs no copy and no serialisation, which is what makes
+    a warm request cheap. A collision could only mis-count a message by the difference in
+    size of two colliding contents — acceptable for an estimate, so this key is used for
+    token counts only, never to look up content.
+    """
+    kind = type(value)
+    if kind is str:
+        return hash(value)
+    if kind is dict:
+        return hash(tuple((k, _fingerprint(v)) for k, v in value.items()))  # type: ignore[attr-defined]
+    if kind is list:
+        return hash((len(value), *map(_fingerprint, value)))  # type: ignore[arg-type]
+    return hash((kind.__name__, value))
+
+
 class CachingCounter:
     """Counts messages and blocks with a base counter, caching by content hash.
 
@@ -156,23 +176,22 @@ class CachingCounter:
         self.base: TokenCounter = base if base is not None else Chars4Counter()
         self.name = self.base.name
         self.max_entries = max_entries
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], int] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     # -- cache --------------------------------------------------------------------------
-    def _key(self, kind: bytes, value: object) -> bytes:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-        return hashlib.blake2b(kind + text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    def _key(self, kind: str, value: object) -> tuple[str, int]:
+        return (kind, _fingerprint(value))
 
-    def _cached(self, key: bytes) -> int | None:
+    def _cached(self, key: tuple[str, int]) -> int | None:
         found = self._cache.get(key)
         if found is not None:
             self._cache.move_to_end(key)
             self.hits += 1
         return found
 
-    def _store(self, key: bytes, tokens: int) -> int:
+    def _store(self, key: tuple[str, int], tokens: int) -> int:
         self.misses += 1
         self._cache[key] = tokens
         if len(self._cache) > self.max_entries:
@@ -185,7 +204,7 @@ class CachingCounter:
     # -- counting -----------------------------------------------------------------------
     def count_message(self, message: dict[str, Any]) -> int:
         """Tokens of one message (its content plus framing), cached by content hash."""
-        key = self._key(b"m", message.get("content"))
+        key = self._key("m", message.get("content"))
         found = self._cached(key)
         if found is not None:
             return found
@@ -196,20 +215,26 @@ class CachingCounter:
         if value is None:
             return 0
         if isinstance(value, str):
-            return self.base.count_text(value)
-        key = self._key(b"v", value)
+            return self.count_text(value)
+        key = self._key("v", value)
         found = self._cached(key)
         if found is not None:
             return found
         return self._store(key, self._content(value))
 
     def count_text(self, text: str) -> int:
-        """Tokens of ``text`` with the base counter (not cached: callers cache blocks)."""
-        return self.base.count_text(text)
+        """Tokens of ``text``; long texts are cached, so a text is encoded once."""
+        if len(text) < _CACHE_TEXT_FROM:
+            return self.base.count_text(text)
+        key = ("s", hash(text))
+        found = self._cached(key)
+        if found is not None:
+            return found
+        return self._store(key, self.base.count_text(text))
 
     def _content(self, content: object) -> int:
         if isinstance(content, str):
-            return self.base.count_text(content)
+            return self.count_text(content)
         if isinstance(content, list):
             return sum(self._block(block) for block in content)
         if isinstance(content, dict):
@@ -222,7 +247,7 @@ class CachingCounter:
         if not isinstance(block, dict):
             return self._content(block)
         block_type = block.get("type")
-        count = self.base.count_text
+        count = self.count_text
         if block_type == "text":
             text = block.get("text")
             return BLOCK_OVERHEAD + (count(text) if isinstance(text, str) else 0)

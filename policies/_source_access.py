@@ -14,7 +14,7 @@ Everything in ``__all__`` gets re-exported by ``policies/__init__.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,7 @@ def _check_session_id(field: str, value: object) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class SourceAccessPolicy:
     """The source-access rule of a deployment.
 
@@ -49,15 +49,19 @@ class SourceAccessPolicy:
             list/tuple of non-empty strings.
     """
 
-    allow_cross_session: bool = False
-    shared_sessions: tuple[str, ...] = ()
+    allow_cross_session: bool
+    shared_sessions: tuple[str, ...]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.allow_cross_session, bool):
+    # Hand-written so shared_sessions may be given as a list (e.g. from YAML) yet is
+    # stored as a tuple.
+    def __init__(self, allow_cross_session: bool = False,
+                 shared_sessions: Sequence[str] = ()) -> None:
+        if not isinstance(allow_cross_session, bool):
             raise ValueError(
-                f"allow_cross_session: must be true or false, got {self.allow_cross_session!r}"
+                f"allow_cross_session: must be true or false, got {allow_cross_session!r}"
             )
-        shared = self.shared_sessions
+        object.__setattr__(self, "allow_cross_session", allow_cross_session)
+        shared = shared_sessions
         if not isinstance(shared, (list, tuple)):
             raise ValueError(
                 f"shared_sessions: must be a list of session ids, got {type(shared).__name__}"

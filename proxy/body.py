@@ -53,7 +53,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
     Raises:
         RequestRejected: 400 ``invalid_request_error`` naming the problem: not UTF-8, not
-            JSON, not an object, ``messages`` missing or not a list, a message not an object.
+            JSON, not an object, ``messages`` missing or not a list, a message not an object,
+            ``system`` neither a string nor a list.
     """
     try:
         text = raw.decode("utf-8")
@@ -76,6 +77,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(messages, list):
         problem = "is missing" if "messages" not in body else f"must be a list, got {_json_type(messages)}"
         raise _invalid(f"messages: {problem}", "messages_not_list")
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise _invalid(
+            f"system: must be a string or an array of text blocks, got {_json_type(system)}",
+            "system_invalid",
+        )
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _invalid(

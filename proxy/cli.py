@@ -63,13 +63,13 @@ def _serve(path: str | None) -> int:
     from .app import run_server  # imported here: aiohttp and the app only when serving
 
     try:
-        result = run_server(config)
+        run_server(config)  # runs until SIGINT / SIGTERM
     except ConfigError as exc:  # a problem only found at startup (e.g. an unusable store)
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
-        return EXIT_OK
-    return result if isinstance(result, int) else EXIT_OK
+        pass
+    return EXIT_OK
 
 
 def _check_config(path: str | None) -> int:
@@ -90,10 +90,10 @@ def _fake_upstream(host: str, port: int) -> int:
     from .fake_upstream import run_fake_upstream
 
     try:
-        result = run_fake_upstream(host=host, port=port)
+        run_fake_upstream(host=host, port=port)
     except KeyboardInterrupt:
-        return EXIT_OK
-    return result if isinstance(result, int) else EXIT_OK
+        pass
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -232,7 +232,7 @@ _T = TypeVar("_T")
 
 def _opt(default: _T, check: _Check) -> _T:
     """A dataclass field with a default and the check ``__post_init__`` runs on it."""
-    return field(default=default, metadata={"check": check})  # type: ignore[no-any-return]
+    return field(default=default, metadata={"check": check})
 
 
 class _Section:
@@ -342,7 +342,9 @@ class SummaryConfig(_Section):
     model: str = _opt("claude-haiku-4-5", _string())
     max_tokens: int = _opt(2048, _integer(1))
     timeout_s: float = _opt(60.0, _seconds)
-    api_key_env: str | None = _opt(None, _optional(_string(_ENV_NAME, "an environment variable name")))
+    api_key_env: str | None = _opt(
+        None, _optional(_string(_ENV_NAME, "an environment variable name"))
+    )
     max_retries: int = _opt(2, _integer(0))
 
 
@@ -398,7 +400,7 @@ class LoggingConfig(_Section):
 
 @dataclass(frozen=True)
 class RoleOverride(_Section):
-    """``policies.roles.<role>``: compaction keys that differ for one role, plus ``summary_enabled``.
+    """``policies.roles.<role>``: the compaction keys one role changes, and ``summary_enabled``.
 
     ``None`` means "inherit": the thresholds from the ``compaction`` section, ``summary_enabled``
     from ``summary.enabled`` (``false`` for ``summary_recovery``). ``token_counter`` is global.
@@ -446,7 +448,9 @@ class PoliciesConfig:
             if role not in ROLE_NAMES or not isinstance(override, RoleOverride):
                 raise ConfigError(f"policies.roles.{role}", "unknown role")
             if override.role != role:
-                raise ConfigError(f"policies.roles.{role}", f"holds the overrides of {override.role!r}")
+                raise ConfigError(
+                    f"policies.roles.{role}", f"holds the overrides of {override.role!r}"
+                )
         object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
         object.__setattr__(self, "rules", tuple(self.rules))
         object.__setattr__(self, "read_tools", tuple(self.read_tools))
@@ -690,8 +694,10 @@ def _parse_rules(raw: object) -> tuple[RoleRule, ...]:
         _reject_unknown(data, _RULE_KEYS, key)
         role = _required(data, "role", key, _choice(*ROLE_NAMES))
         header = _checked(f"{key}.header", _optional(_header_name), data.get("header"))
-        header_pattern = _checked(f"{key}.header_pattern", _optional(_regex), data.get("header_pattern"))
-        model_pattern = _checked(f"{key}.model_pattern", _optional(_regex), data.get("model_pattern"))
+        header_pattern, model_pattern = (
+            _checked(f"{key}.{name}", _optional(_regex), data.get(name))
+            for name in ("header_pattern", "model_pattern")
+        )
         try:
             rules.append(RoleRule(role, header, header_pattern, model_pattern))
         except ValueError as exc:
@@ -740,8 +746,8 @@ def _build_role_policies(config: Config) -> RolePolicies:
             _check_soft_below_hard(
                 values["soft_threshold_tokens"],
                 values["hard_limit_tokens"],
-                f"{prefix}.soft_threshold_tokens" if soft_own else "compaction.soft_threshold_tokens",
-                f"{prefix}.hard_limit_tokens" if hard_own else "compaction.hard_limit_tokens",
+                f"{prefix if soft_own else 'compaction'}.soft_threshold_tokens",
+                f"{prefix if hard_own else 'compaction'}.hard_limit_tokens",
                 blame_soft=soft_own,
             )
         try:
@@ -774,7 +780,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         try:
             duplicate = key in seen
             seen.add(key)
@@ -789,7 +795,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
 
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
+    _construct_mapping,
 )
 
 

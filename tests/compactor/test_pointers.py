@@ -151,7 +151,8 @@ def test_direct_construction_applies_the_same_checks(build: object, problem: str
 
 def test_pointers_are_frozen_and_hashable() -> None:
     """Parsed pointers cannot be changed and can be used as dict keys."""
-    pointer = parse_source_pointer("transcript:s1:3")
+    pointer = TranscriptPointer("s1", 3)
     with pytest.raises(AttributeError):
         pointer.sequence = 4  # type: ignore[misc]
-    assert {pointer: 1}[TranscriptPointer("s1", 3)] == 1
+    table: dict[object, int] = {pointer: 1}
+    assert table[parse_source_pointer("transcript:s1:3")] == 1

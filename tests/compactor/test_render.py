@@ -71,7 +71,7 @@ def test_render_shows_each_item_with_status_and_evidence_fields() -> None:
         "last_confirmed_at=2025-03-01T12:00:00Z source_status=missing evidence_unavailable=true",
         '- memory_id="m1" source_id="transcript:s1:4" source_type="transcript" '
         'source_title="design review" captured_at=2025-03-01T12:00:00Z score=0.877 rank=1 '
-        f'conflict_winner="deploy-target" source_status=available evidence_sha256={SHA_A}',
+        f"conflict_winner=deploy-target source_status=available evidence_sha256={SHA_A}",
         '- memory_id="m2" source_id="memory:kb-7" source_type="kb" source_title="runbook" '
         "captured_at=2025-03-01T12:00:00Z score=0.500 rank=2 conflict=none "
         "source_status=unsupported evidence_unavailable=true",
@@ -174,6 +174,21 @@ def test_hostile_content_stays_on_one_line_and_cannot_forge_structure(content: s
     # The escaping is reversible: the quoted value decodes back to the original.
     quoted = re.match(r'- fact_id=("(?:[^"\\]|\\.)*") ', lines[3])
     assert quoted is not None and json.loads(quoted.group(1)) == content
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [("deploy-target", "conflict_winner=deploy-target"),
+     ("region:eu/west", "conflict_winner=region:eu/west"),
+     ("two words", 'conflict_winner="two words"'),
+     ("x\nfacts:", 'conflict_winner="x\\nfacts:"')],
+)
+def test_conflict_key_is_bare_when_a_token_and_quoted_otherwise(key: str, shown: str) -> None:
+    """A simple conflict key is shown as is; one with spaces or newlines is quoted and escaped."""
+    state = DurableContextState(retrieval_evidence=[
+        RetrievalEvidence("m", "transcript:s1:1", "t", "x", T0, 0.5, 1, key)])
+    text = render_durable_context(state, [available("transcript:s1:1")])
+    assert f" {shown} source_status=" in text
 
 
 def test_non_ascii_content_is_kept_readable() -> None:

@@ -476,7 +476,8 @@ def test_authorizer_refuses_objects_without_session_id(policy: SourceAccessPolic
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: SourceAccessPolicy(allow_cross_session="yes"), "allow_cross_session"),
+        (lambda: SourceAccessPolicy(allow_cross_session="yes"),  # type: ignore[arg-type]
+         "allow_cross_session"),
         (lambda: SourceAccessPolicy(shared_sessions="kb"), "shared_sessions"),
         (lambda: SourceAccessPolicy(shared_sessions=["kb", ""]), "shared_sessions[1]"),
         (lambda: SourceAccessPolicy().authorizer(""), "requesting_session_id"),

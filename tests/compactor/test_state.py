@@ -50,13 +50,14 @@ def evidence(memory_id: str = "m1", source_id: str = "transcript:s1:3",
     [
         (lambda: DurableFact("", "c", "transcript:s1:1", T0), "fact_id"),
         (lambda: DurableFact("  \t", "c", "transcript:s1:1", T0), "fact_id"),
-        (lambda: DurableFact(7, "c", "transcript:s1:1", T0), "fact_id"),
+        (lambda: DurableFact(7, "c", "transcript:s1:1", T0), "fact_id"),  # type: ignore[arg-type]
         (lambda: DurableFact("f", "", "transcript:s1:1", T0), "content"),
         (lambda: DurableFact("f", " \n", "transcript:s1:1", T0), "content"),
         (lambda: DurableFact("f", "c", "", T0), "source_pointer"),
         (lambda: DurableFact("f", "c", "   ", T0), "source_pointer"),
         (lambda: DurableFact("f", "c", "transcript:s1:1", NAIVE), "last_confirmed_at"),
-        (lambda: DurableFact("f", "c", "transcript:s1:1", "2025-03-01T12:00:00Z"),
+        (lambda: DurableFact("f", "c", "transcript:s1:1",
+                             "2025-03-01T12:00:00Z"),  # type: ignore[arg-type]
          "last_confirmed_at"),
         (lambda: PendingItem("", "d", "transcript:s1:1", T0), "item_id"),
         (lambda: PendingItem("p", "", "transcript:s1:1", T0), "description"),

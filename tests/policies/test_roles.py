@@ -85,7 +85,9 @@ def test_rule_matches_only_when_every_condition_holds(
     headers: dict[str, str], model: str | None, matches: bool
 ) -> None:
     """A rule with header, header_pattern and model_pattern needs all three to hold."""
-    rule = RoleRule("subagent", header="X-Role", header_pattern="sub", model_pattern="claude-haiku-.*")
+    rule = RoleRule(
+        "subagent", header="X-Role", header_pattern="sub", model_pattern="claude-haiku-.*"
+    )
     roles = RolePolicies({"main": MAIN, "subagent": SUBAGENT}, rules=(rule,))
     assert (roles.select(headers, model)[0] == "subagent") is matches
 

@@ -44,7 +44,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(args: list[str], cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str], cwd: Path, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*COMMAND, *args],
         cwd=cwd,
@@ -230,7 +232,7 @@ def test_serve_with_good_config_runs_the_proxy(tmp_path: Path) -> None:
                     break
             except OSError:
                 time.sleep(0.1)
-        assert body == {"status": "ok"}, proc.stderr.read() if proc.poll() is not None else ""
+        assert body == {"status": "ok"}, f"serve exited with {proc.poll()}"
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=20)
@@ -278,7 +280,9 @@ def test_demo_command_runs_offline_and_exits_0(tmp_path: Path) -> None:
         (["serve", "--unknown-flag"], 2),
     ],
 )
-def test_main_returns_the_exit_code(argv: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_returns_the_exit_code(
+    argv: list[str], code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """main() returns argparse's exit code instead of raising SystemExit."""
     assert main(argv) == code
 

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from policies import DEFAULT_READ_TOOLS, CompactionPolicy, ReadToolSpec, RoleRule, SourceAccessPolicy
+from policies import (
+    DEFAULT_READ_TOOLS,
+    CompactionPolicy,
+    ReadToolSpec,
+    RoleRule,
+    SourceAccessPolicy,
+)
 from proxy.config import (
     CompactionConfig,
     Config,
@@ -85,7 +91,13 @@ def test_empty_sections_and_empty_file_mean_defaults(tmp_path: Path) -> None:
 def test_integers_are_accepted_for_seconds_and_stored_as_floats() -> None:
     """Timeouts accept ints and floats and are stored as float seconds."""
     config = Config.from_mapping(
-        {"upstream": {"base_url": "http://127.0.0.1:1", "connect_timeout_s": 3, "read_timeout_s": 2.5}}
+        {
+            "upstream": {
+                "base_url": "http://127.0.0.1:1",
+                "connect_timeout_s": 3,
+                "read_timeout_s": 2.5,
+            }
+        }
     )
     assert config.upstream.connect_timeout_s == 3.0
     assert isinstance(config.upstream.connect_timeout_s, float)
@@ -253,7 +265,8 @@ def test_invalid_config_names_key_and_problem(
     assert error.key == key
     assert fragment in error.problem
     assert "\n" not in str(error)
-    assert str(error) == (f"config error: {key}: {error.problem}" if key else f"config error: {error.problem}")
+    prefix = f"config error: {key}: " if key else "config error: "
+    assert str(error) == prefix + error.problem
 
 
 def test_error_string_is_the_documented_one_line() -> None:
@@ -442,7 +455,11 @@ def test_source_access_policy_reflects_the_config() -> None:
 
 @pytest.mark.parametrize(
     ("environ", "expected"),
-    [({}, None), ({"COMPACT_PROXY_ADMIN_TOKEN": ""}, None), ({"COMPACT_PROXY_ADMIN_TOKEN": "t0k"}, "t0k")],
+    [
+        ({}, None),
+        ({"COMPACT_PROXY_ADMIN_TOKEN": ""}, None),
+        ({"COMPACT_PROXY_ADMIN_TOKEN": "t0k"}, "t0k"),
+    ],
 )
 def test_admin_token_comes_from_the_named_env_var(
     environ: dict[str, str], expected: str | None

@@ -1,0 +1,278 @@
+"""Forwarding a request to the provider and relaying its answer as it arrives.
+
+Request side: method, path and query string exactly as received; every header except the
+hop-by-hop ones, ``Host`` and ``Content-Length`` (recomputed); aiohttp adds no header of its
+own (``skip_auto_headers``), so what the client sent is what the provider sees.
+
+Response side: status, reason, headers (minus hop-by-hop) and body bytes unchanged. The
+upstream session does not decompress (``auto_decompress=False``), so a compressed body is
+relayed as the compressed bytes it is, with its own ``Content-Encoding`` and
+``Content-Length``. Nothing is buffered whole: each chunk is written as it arrives. An
+uncompressed ``text/event-stream`` is relayed event by event (a chunk is held back only up to
+the end of the event it belongs to), so that if the provider fails mid-stream the proxy can
+end the stream with a well-formed ``event: error`` instead of half an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterable
+from typing import Final
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from proxy.context import RequestRecord
+from proxy.errors import UpstreamFailure
+from proxy.keys import CONFIG, METRICS, UPSTREAM
+
+__all__ = [
+    "HOP_BY_HOP",
+    "SSEFramer",
+    "forward",
+    "request_body_stream",
+    "upstream_request_headers",
+    "upstream_url",
+]
+
+_log = structlog.get_logger("proxy.forward")
+
+#: Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus
+#: ``Expect``, which the proxy's own server has already answered.
+HOP_BY_HOP: Final = frozenset({
+    "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+    "proxy-authorization", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+    "expect",
+})
+_NOT_FORWARDED: Final = HOP_BY_HOP | {"host", "content-length"}
+
+# aiohttp would add these when absent; the provider must see the client's headers only.
+_AUTO_HEADERS: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+def upstream_url(base_url: str, request: web.Request) -> URL:
+    """``base_url`` joined with the request's raw path and query string (kept byte for byte).
+
+    A base with a path (``https://gw.example/anthropic``) keeps it: ``/v1/messages`` becomes
+    ``https://gw.example/anthropic/v1/messages``.
+    """
+    return URL(base_url.rstrip("/") + request.raw_path, encoded=True)
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
+    """Header names the ``Connection`` header lists: hop-by-hop for this message only."""
+    return {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+        if token.strip()
+    }
+
+
+def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    extra = _connection_tokens(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in dropped or lowered in extra:
+            continue
+        out.add(name, value)
+    return out
+
+
+def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The headers to send upstream: all of ``headers`` but hop-by-hop, Host, Content-Length."""
+    return _filtered(headers, _NOT_FORWARDED)
+
+
+def _downstream_headers(headers: CIMultiDictProxy[str], *, framed: bool) -> CIMultiDict[str]:
+    out = _filtered(headers, HOP_BY_HOP)
+    if framed:
+        # Relayed event by event with chunked framing of our own.
+        out.popall("Content-Length", None)
+    return out
+
+
+async def request_body_stream(request: web.Request) -> AsyncIterable[bytes]:
+    """The client's body, chunk by chunk as it arrives (for requests forwarded untouched)."""
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            return
+        yield chunk
+
+
+class SSEFramer:
+    """Splits a byte stream at Server-Sent-Event boundaries (a blank line).
+
+    :meth:`feed` returns every complete event received so far and keeps the incomplete
+    rest; :meth:`flush` returns that rest when the stream ends.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Append ``chunk``; return the complete events now available (may be empty)."""
+        start = max(0, len(self._pending) - 3)
+        self._pending += chunk
+        end = max(self._pending.rfind(b"\n\n", start) + 2, self._pending.rfind(b"\r\n\r\n", start) + 4)
+        if end <= 1:
+            return b""
+        ready = bytes(self._pending[:end])
+        del self._pending[:end]
+        return ready
+
+    def flush(self) -> bytes:
+        """Whatever is left after the last boundary."""
+        rest = bytes(self._pending)
+        self._pending.clear()
+        return rest
+
+    @property
+    def mid_event(self) -> bool:
+        """True when part of an event is held back."""
+        return bool(self._pending)
+
+
+def sse_error_event(error_type: str, message: str) -> bytes:
+    """An ``event: error`` carrying an Anthropic error object (what SDKs raise on)."""
+    data = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    return f"event: error\ndata: {data}\n\n".encode()
+
+
+def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float) -> UpstreamFailure:
+    name = type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamFailure(
+            504, "api_error",
+            f"upstream provider did not accept a connection within {connect_timeout_s:g}s "
+            f"(timeout, {name})", reason="upstream_timeout",
+        )
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamFailure(
+            504, "api_error",
+            f"upstream provider did not answer within {timeout_s:g}s (timeout, {name})",
+            reason="upstream_timeout",
+        )
+    return UpstreamFailure(502, "api_error", f"upstream provider unreachable ({name})",
+                           reason="upstream_unreachable")
+
+
+async def forward(
+    request: web.Request,
+    record: RequestRecord,
+    *,
+    body: bytes | AsyncIterable[bytes] | None,
+    headers: CIMultiDict[str],
+) -> web.StreamResponse:
+    """Send the request upstream and relay the answer; the response is already prepared.
+
+    Args:
+        request: the client's request (method, path, query string are taken from it).
+        record: its audit record (``upstream_status`` and ``outcome`` are set here; its
+            ``x-compact-*`` headers are added to the response).
+        body: the bytes to send, a stream of them, or ``None``.
+        headers: the headers to send (see :func:`upstream_request_headers`).
+
+    Raises:
+        UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
+            in time; both before anything was sent to the client.
+    """
+    app = request.app
+    upstream_config = app[CONFIG].upstream
+    assert upstream_config.base_url is not None  # create_app refuses a config without one
+    started = time.perf_counter()
+    try:
+        upstream = await app[UPSTREAM].request(
+            request.method,
+            upstream_url(upstream_config.base_url, request),
+            data=body,
+            headers=headers,
+            skip_auto_headers=_AUTO_HEADERS,
+            allow_redirects=False,
+        )
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        record.outcome = "upstream_timeout" if isinstance(exc, asyncio.TimeoutError) else "upstream_unreachable"
+        raise _upstream_error(exc, upstream_config.read_timeout_s,
+                              upstream_config.connect_timeout_s) from None
+    app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
+    record.upstream_status = upstream.status
+    try:
+        return await _relay(request, record, upstream)
+    finally:
+        # Fully read: the connection goes back to the pool. Otherwise (client gone, failure)
+        # it is closed, which is what cancels the provider's work.
+        if upstream.content.at_eof():
+            upstream.release()
+        else:
+            upstream.close()
+
+
+async def _relay(request: web.Request, record: RequestRecord,
+                 upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    content_type = upstream.headers.get("Content-Type", "")
+    framer = (
+        SSEFramer()
+        if content_type.startswith("text/event-stream")
+        and "Content-Encoding" not in upstream.headers
+        else None
+    )
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.extend(_downstream_headers(upstream.headers, framed=framer is not None))
+    response.headers.update(record.response_headers())
+    await response.prepare(request)
+    while True:
+        try:
+            chunk = await upstream.content.readany()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return await _failed_mid_body(response, record, framer, exc)
+        if not chunk:
+            break
+        out = framer.feed(chunk) if framer is not None else chunk
+        if out and not await _write(response, record, out):
+            return response
+    if framer is not None:
+        rest = framer.flush()
+        if rest and not await _write(response, record, rest):
+            return response
+    await response.write_eof()
+    record.outcome = "forwarded"
+    return response
+
+
+async def _write(response: web.StreamResponse, record: RequestRecord, data: bytes) -> bool:
+    """Write to the client; ``False`` when it has gone away."""
+    try:
+        await response.write(data)
+    except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
+        record.outcome = "client_gone"
+        return False
+    return True
+
+
+async def _failed_mid_body(response: web.StreamResponse, record: RequestRecord,
+                           framer: SSEFramer | None, exc: BaseException) -> web.StreamResponse:
+    record.outcome = "stream_failed"
+    _log.warning("upstream_stream_failed", error_class=type(exc).__name__)
+    if framer is None:
+        # No way to signal inside an opaque body: close the connection, so the client sees
+        # a short body rather than a complete-looking one.
+        response.force_close()
+        return response
+    framer.flush()  # a partial event is dropped, never sent half
+    reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else "failed"
+    event = sse_error_event(
+        "api_error", f"upstream provider stream {reason} mid-response ({type(exc).__name__})"
+    )
+    if await _write(response, record, event):
+        record.outcome = "stream_failed"
+        await response.write_eof()
+    return response

@@ -1,0 +1,160 @@
+"""The request path of ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+One visible sequence (SPEC section 1), each step its own function::
+
+    read (size limit) -> parse -> resolve session -> pick role policy
+    -> load + resolve durable state -> compact (validates the tool protocol first)
+    -> append durable block to system -> thinking-binding opt-out -> forward -> relay
+
+``count_tokens`` runs the same steps with a summarizer that only reads the summary cache, so
+it counts exactly the view the next ``/v1/messages`` would send and never calls a model.
+A request that fails any step is answered by :mod:`proxy.errors` and never forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+import compactor
+from policies import CompactionPolicy
+from proxy.body import dump_body, parse_body, read_body
+from proxy.context import RECORD, RequestRecord
+from proxy.errors import RequestRejected
+from proxy.forward import forward, request_body_stream, upstream_request_headers
+from proxy.keys import CONFIG, COUNTER, METRICS, ROLE_POLICIES, SOURCE_ACCESS, STORE, SUMMARIZER
+from proxy.session import resolve_session_id
+from proxy.summarizer import CallerCredentials, Summarizer, summary_source
+from proxy.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+
+__all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
+
+
+@dataclass(frozen=True)
+class DurableContext:
+    """A session's durable state and its rendered block (``""`` when there is none)."""
+
+    state: compactor.DurableContextState | None
+    text: str
+
+
+async def messages_handler(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages``: compact, inject durable context, forward, relay."""
+    return await _compact_and_forward(request, may_call_model=True)
+
+
+async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages/count_tokens``: the same view, summaries from the cache only."""
+    return await _compact_and_forward(request, may_call_model=False)
+
+
+async def passthrough_handler(request: web.Request) -> web.StreamResponse:
+    """Every other path and method: forwarded untouched, the body streamed as it arrives."""
+    headers = upstream_request_headers(request.headers)
+    body = None
+    if request.body_exists:
+        body = request_body_stream(request)
+        if request.content_length is not None:
+            # The body is relayed unchanged, so its length is the one the client declared.
+            headers["Content-Length"] = str(request.content_length)
+    return await forward(request, request[RECORD], body=body, headers=headers)
+
+
+async def load_durable_context(app: web.Application, session_id: str) -> DurableContext:
+    """The session's state with every source pointer verified, rendered for ``system``.
+
+    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread.
+    """
+    stored = await app[STORE].get_state(session_id)
+    if stored is None or stored.state.is_empty:
+        return DurableContext(None if stored is None else stored.state, "")
+    sources = app[CONFIG].sources
+    resolver = compactor.SourcePointerResolver(
+        sources.transcript_root, sources.artifact_root,
+        app[SOURCE_ACCESS].authorizer(session_id),
+    )
+    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
+    text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
+    return DurableContext(stored.state, text)
+
+
+def _summarizer(request: web.Request, policy: CompactionPolicy,
+                may_call_model: bool) -> Summarizer | None:
+    app = request.app
+    if not (app[CONFIG].summary.enabled and policy.summary_enabled):
+        return None
+    provider = app.get(SUMMARIZER) if may_call_model else None
+    return summary_source(app[STORE], provider, CallerCredentials.from_headers(request.headers))
+
+
+def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:
+    """Tokens outside ``messages`` that count toward the thresholds."""
+    counter = app[COUNTER]
+    reserved = counter.count_value(body.get("system")) + counter.count_value(body.get("tools"))
+    if durable_text:
+        reserved += counter.count_value({"type": "text", "text": durable_text})
+    return reserved
+
+
+async def _compact(request: web.Request, record: RequestRecord, body: dict[str, Any],
+                   durable: DurableContext, may_call_model: bool) -> compactor.CompactionResult:
+    app = request.app
+    model = body.get("model")
+    role, policy = app[ROLE_POLICIES].select(
+        request.headers, model if isinstance(model, str) else None
+    )
+    record.role = role
+    try:
+        result = await compactor.compact_context_async(
+            body["messages"],
+            durable.state,
+            policy=policy,
+            summarizer=_summarizer(request, policy, may_call_model),
+            counter=app[COUNTER],
+            reserved_tokens=_reserved_tokens(app, body, durable.text),
+        )
+    except (compactor.ToolProtocolError, compactor.MessageViewLimitExceeded):
+        raise
+    except (TypeError, ValueError) as exc:
+        # A block that is not an object, a content of the wrong type: the client's mistake.
+        raise RequestRejected(400, "invalid_request_error", f"messages: {exc}",
+                              reason="invalid_messages") from None
+    record.tokens_before = result.tokens_before
+    record.tokens_after = result.tokens_after
+    record.layers = tuple(result.layers_applied)
+    app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
+    return result
+
+
+async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
+    app = request.app
+    config = app[CONFIG]
+    record = request[RECORD]
+    raw = await read_body(request, config.limits.max_body_bytes)
+    body = parse_body(raw)
+    record.session_id = resolve_session_id(request.headers, body, config.session.header)
+    structlog.contextvars.bind_contextvars(session_id=record.session_id)
+    durable = await load_durable_context(app, record.session_id)
+    result = await _compact(request, record, body, durable, may_call_model)
+
+    headers = upstream_request_headers(request.headers)
+    if not result.changed and not durable.text:
+        # Nothing to rewrite: the client's bytes go out as they came.
+        return await forward(request, record, body=raw, headers=headers)
+    body["messages"] = result.messages
+    if durable.text:
+        body["system"] = compactor.append_to_system(body.get("system"), durable.text)
+    if needs_binding_opt_out(body, prefix_changed=True):
+        apply_binding_opt_out(body)
+        _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+    return await forward(request, record, body=dump_body(body), headers=headers)
+
+
+def _set_beta(headers: CIMultiDict[str], value: str) -> None:
+    headers.popall("anthropic-beta", None)
+    headers["anthropic-beta"] = value
