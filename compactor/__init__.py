@@ -8,6 +8,7 @@ proxy uses.
 
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
 from ._pipeline import (
+    CompactionCheckpoint,
     CompactionResult,
     LayerOutcome,
     SummaryRequest,
@@ -37,6 +38,7 @@ __all__ = [
     "ArtifactPointer",
     "CachingCounter",
     "Chars4Counter",
+    "CompactionCheckpoint",
     "CompactionResult",
     "DurableContextState",
     "DurableFact",

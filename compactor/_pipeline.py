@@ -21,10 +21,12 @@ from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
 from ._protocol import validate_tool_protocol
+from ._sticky import CompactionCheckpoint, message_fingerprint, policy_key
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
 
-__all__ = ["CompactionResult", "LayerOutcome", "SummaryRequest", "compact_context",
+__all__ = ["CompactionCheckpoint", "CompactionResult", "LayerOutcome", "SummaryRequest",
+           "compact_context",
            "compact_context_async", "compact_if_needed"]
 
 LAYER_ORDER = ("L1", "L2", "L3", "L4")
@@ -79,6 +81,12 @@ class CompactionResult:
         layers_applied: the layers whose change is in the view, in order.
         outcomes: one :class:`LayerOutcome` per layer that ran.
         summary_request: the span L4 asked to summarise, if it ran.
+        checkpoint: in sticky mode, the checkpoint to keep for the session's next request
+            (the one passed in when it was reused; None when nothing was compacted).
+        reused_checkpoint: whether the view starts with a reused checkpoint's prefix.
+
+    ``messages`` may share message objects with the input and with a checkpoint: treat it
+    as read-only.
     """
 
     messages: list[dict[str, Any]]
@@ -88,6 +96,8 @@ class CompactionResult:
     layers_applied: tuple[str, ...]
     outcomes: tuple[LayerOutcome, ...]
     summary_request: SummaryRequest | None = None
+    checkpoint: CompactionCheckpoint | None = None
+    reused_checkpoint: bool = False
 
     @property
     def changed(self) -> bool:
@@ -108,73 +118,120 @@ def _as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter
     return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
 
 
-def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLike,
-           counter: CachingCounter, reserved_tokens: int, summaries: bool,
-           ) -> Generator[SummaryRequest, str | None, CompactionResult]:
-    interactions = validate_tool_protocol(messages)
-    view = View(messages, counter, reserved_tokens)
-    tokens_before = view.total()
-    soft = policy.soft_threshold_tokens
+def _layers(view: View, interactions: dict[str, Any], policy: PolicyLike, stop_below: int,
+            summaries: bool) -> Generator[SummaryRequest, str | None,
+                                          tuple[View, list[LayerOutcome], SummaryRequest | None]]:
+    """L1 → L4 over ``view``, cheapest first, until it is below ``stop_below``."""
     outcomes: list[LayerOutcome] = []
 
-    def record(layer: str, before: View, after: View, changed: int, detail: str = "") -> None:
+    def record(layer: str, before: View, after: View, changed: int) -> None:
         outcomes.append(LayerOutcome(layer, before.total(), after.total(),
-                                     before.total() - after.total(), changed, changed > 0, detail))
+                                     before.total() - after.total(), changed, changed > 0))
+
+    def unchanged(layer: str, detail: str) -> None:
+        outcomes.append(LayerOutcome(layer, view.total(), view.total(), 0, 0, False, detail))
 
     summary_request: SummaryRequest | None = None
-    if view.total() >= soft:
+    if view.total() >= stop_below:
         after, changed = truncate_tool_results(view, policy.max_tool_result_tokens)
         record("L1", view, after, changed)
         view = after
-    if view.total() >= soft:
+    if view.total() >= stop_below:
         read_tools: tuple[ReadTool, ...] = tuple(getattr(policy, "read_tools", ()))
         after, changed = drop_superseded_reads(view, interactions, read_tools)
         record("L2", view, after, changed)
         if changed:
             interactions = validate_tool_protocol(after.messages)
         view = after
+    if view.total() < stop_below:
+        return view, outcomes, None
+    before_l3 = view
+    after, changed = prune_old_messages(view, interactions, policy.keep_recent_messages)
+    record("L3", view, after, changed)
+    view = after
+    if view.total() < stop_below or not (summaries and getattr(policy, "summary_enabled", True)):
+        return view, outcomes, None
+    # L4 starts again from the view before L3, so what L3 would have dropped is summarised
+    # rather than lost.
+    plan = plan_summary(before_l3, interactions, policy.summary_keep_recent)
+    if plan is None:
+        unchanged("L4", "nothing to summarise")
+        return view, outcomes, None
+    summary_request = plan.request
+    text = yield plan.request
+    if not isinstance(text, str) or not text.strip():
+        unchanged("L4", "no summary: view kept")
+        return view, outcomes, summary_request
+    summarised = apply_summary(before_l3, plan, text)
+    if summarised.total() >= view.total():
+        unchanged("L4", "summary not smaller: view kept")
+        return view, outcomes, summary_request
+    outcomes.append(LayerOutcome("L4", view.total(), summarised.total(),
+                                 view.total() - summarised.total(),
+                                 plan.request.message_count, True))
+    l3 = outcomes[-2]
+    if l3.layer == "L3" and l3.applied:
+        outcomes[-2] = LayerOutcome(l3.layer, l3.tokens_before, l3.tokens_after, l3.saved,
+                                    l3.changed, False, "superseded by L4")
+    return summarised, outcomes, summary_request
+
+
+def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLike,
+           counter: CachingCounter, reserved_tokens: int, summaries: bool,
+           checkpoint: CompactionCheckpoint | None, sticky: bool,
+           ) -> Generator[SummaryRequest, str | None, CompactionResult]:
+    interactions = validate_tool_protocol(messages)
+    raw = View(messages, counter, reserved_tokens)
+    tokens_before = raw.total()
+    soft = policy.soft_threshold_tokens
+    view, base_layers, reused = raw, (), False
+    prints: list[int] = []
+    key = policy_key(policy)
+    if sticky:
+        prints = [message_fingerprint(m) for m in messages]
+        if (checkpoint is not None and checkpoint.policy_key == key
+                and checkpoint.matches(messages, prints)):
+            # The history extends the checkpoint's: its compacted prefix, then the new
+            # messages (with their oversized tool results cut, as L1 always would).
+            fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
+                                             policy.max_tool_result_tokens)
+            view = raw.derive([*checkpoint.view, *fresh.messages])
+            base_layers, reused = checkpoint.layers, True
+            if view.total() < soft:
+                return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
+                               checkpoint, reused=True)
+            interactions = validate_tool_protocol(view.messages)
+    # Crossing the soft threshold: compact. In sticky mode, clear enough at once that the
+    # next crossing is far away.
+    stop_below = soft
+    if sticky:
+        stop_below = max(1, int(soft * getattr(policy, "compact_to_ratio", 1.0)))
+    outcomes: list[LayerOutcome] = []
+    summary_request: SummaryRequest | None = None
     if view.total() >= soft:
-        before_l3 = view
-        after, changed = prune_old_messages(view, interactions, policy.keep_recent_messages)
-        record("L3", view, after, changed)
-        view = after
-        wants_summary = summaries and getattr(policy, "summary_enabled", True)
-        if view.total() >= soft and wants_summary:
-            # L4 starts again from the view before L3, so what L3 would have dropped is
-            # summarised rather than lost.
-            plan = plan_summary(before_l3, interactions, policy.summary_keep_recent)
-            if plan is None:
-                outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
-                                             "nothing to summarise"))
-            else:
-                summary_request = plan.request
-                text = yield plan.request
-                if not isinstance(text, str) or not text.strip():
-                    outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
-                                                 "no summary: view kept"))
-                else:
-                    summarised = apply_summary(before_l3, plan, text)
-                    if summarised.total() < view.total():
-                        outcomes.append(LayerOutcome(
-                            "L4", view.total(), summarised.total(),
-                            view.total() - summarised.total(), plan.request.message_count, True))
-                        if outcomes[-2].layer == "L3" and outcomes[-2].applied:
-                            l3 = outcomes[-2]
-                            outcomes[-2] = LayerOutcome(l3.layer, l3.tokens_before, l3.tokens_after,
-                                                        l3.saved, l3.changed, False,
-                                                        "superseded by L4")
-                        view = summarised
-                    else:
-                        outcomes.append(LayerOutcome("L4", view.total(), view.total(), 0, 0, False,
-                                                     "summary not smaller: view kept"))
+        view, outcomes, summary_request = yield from _layers(view, interactions, policy,
+                                                             stop_below, summaries)
+    layers = tuple(dict.fromkeys([*base_layers, *(o.layer for o in outcomes if o.applied)]))
+    new_checkpoint = checkpoint if reused else None
+    if sticky and layers and view.messages is not messages:
+        new_checkpoint = CompactionCheckpoint.build(messages, view.messages, key,
+                                                    tuple(sorted(layers)), prints)
+    return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
+                   summary_request, new_checkpoint, reused=reused)
+
+
+def _finish(view: View, durable_state: Any, policy: PolicyLike, tokens_before: int,
+            layers: tuple[str, ...], outcomes: tuple[LayerOutcome, ...],
+            summary_request: SummaryRequest | None, checkpoint: CompactionCheckpoint | None,
+            *, reused: bool) -> CompactionResult:
     tokens_after = view.total()
-    layers = tuple(o.layer for o in outcomes if o.applied)
     if tokens_after >= policy.hard_limit_tokens:
+        ran = tuple(dict.fromkeys([*layers, *(o.layer for o in outcomes)]))
         raise MessageViewLimitExceeded(tokens_before=tokens_before, tokens_after=tokens_after,
-                                       hard_limit=policy.hard_limit_tokens, layers_applied=tuple(
-                                           o.layer for o in outcomes))
-    return CompactionResult(view.messages, durable_state, tokens_before, tokens_after, layers,
-                            tuple(outcomes), summary_request)
+                                       hard_limit=policy.hard_limit_tokens,
+                                       layers_applied=tuple(sorted(ran)))
+    return CompactionResult(view.messages, durable_state, tokens_before, tokens_after,
+                            tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused)
 
 
 def _drive_sync(steps: Generator[SummaryRequest, str | None, CompactionResult],
@@ -192,7 +249,9 @@ def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *
                     policy: PolicyLike,
                     summarizer: Callable[[str], str | None] | None = None,
                     counter: TokenCounter | CachingCounter | None = None,
-                    reserved_tokens: int = 0, copy: bool = True) -> CompactionResult:
+                    reserved_tokens: int = 0, copy: bool = True,
+                    checkpoint: CompactionCheckpoint | None = None,
+                    sticky: bool = False) -> CompactionResult:
     """Compact ``messages`` until they are below the policy's soft threshold.
 
     Args:
@@ -207,6 +266,10 @@ def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *
         reserved_tokens: tokens outside ``messages`` (system, tools, durable block) that
             count toward the thresholds.
         copy: deep-copy the input first so the result shares nothing with it.
+        sticky: reuse ``checkpoint`` while the history extends it, and return the
+            checkpoint to keep in ``result.checkpoint`` (see :class:`CompactionCheckpoint`);
+            a compaction then continues to ``soft × policy.compact_to_ratio``.
+        checkpoint: the session's checkpoint from its previous request, if any.
 
     Raises:
         ToolProtocolError: the history breaks the tool-call protocol.
@@ -223,7 +286,7 @@ def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *
             return None
 
     steps = _steps(source, durable_state, policy, _as_caching(counter), reserved_tokens,
-                   summarizer is not None)
+                   summarizer is not None, checkpoint, sticky)
     return _drive_sync(steps, answer)
 
 
@@ -231,7 +294,8 @@ async def compact_context_async(
         messages: list[dict[str, Any]], durable_state: Any = None, *, policy: PolicyLike,
         summarizer: Callable[[SummaryRequest], Awaitable[str | None]] | None = None,
         counter: TokenCounter | CachingCounter | None = None, reserved_tokens: int = 0,
-        copy: bool = False) -> CompactionResult:
+        copy: bool = False, checkpoint: CompactionCheckpoint | None = None,
+        sticky: bool = False) -> CompactionResult:
     """:func:`compact_context` for the proxy: the summariser is awaited.
 
     ``summarizer`` receives the whole :class:`SummaryRequest` (so it can cache by
@@ -241,7 +305,7 @@ async def compact_context_async(
     """
     source = _json_copy(messages) if copy else messages
     steps = _steps(source, durable_state, policy, _as_caching(counter), reserved_tokens,
-                   summarizer is not None)
+                   summarizer is not None, checkpoint, sticky)
     try:
         request = next(steps)
         while True:

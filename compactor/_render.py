@@ -11,12 +11,17 @@ Layout (one item per line, sections in state order, empty sections left out)::
     <durable_context>
     Operator-maintained durable context: ... not a summary ...
     facts:
-    - fact_id="f1" content="..." source_pointer="transcript:s1:3" last_confirmed_at=... source_status=available evidence_sha256=<64 hex>
+    - fact_id="f1" content="..." source_pointer="transcript:s1:3" last_confirmed_at=<UTC>
+      source_status=available evidence_sha256=<64 hex>
     pending_items:
-    - item_id="p1" description="..." source_pointer="..." last_confirmed_at=... source_status=missing evidence_unavailable=true
+    - item_id="p1" description="..." source_pointer="..." last_confirmed_at=<UTC>
+      source_status=missing evidence_unavailable=true
     retrieval_evidence:
-    - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=... score=0.870 rank=1 conflict_winner=<key> source_status=...
+    - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=<UTC>
+      score=0.870 rank=1 conflict_winner=<key> source_status=...
     </durable_context>
+
+(each item is really one line; it is wrapped here only to fit.)
 
 Every free-text value is written as a JSON string literal (so quotes, backslashes and
 newlines are escaped) with, in addition, every control, line-separator and invisible format

@@ -28,6 +28,11 @@ different inode means ``corrupt`` (the bytes read are no longer what the path na
 Both kinds of file are streamed: transcripts line by line up to the target (each line
 capped at ``max_line_bytes``), artifacts in ``chunk_size`` chunks into one reused buffer.
 
+The proxy resolves the same pointers on every request, so outcomes read from a file are
+remembered, keyed by the pointer and the file's identity and change stamps (device, inode,
+size, mtime, ctime; ctime cannot be set back by ``touch``). A hit skips the read, never the
+parse, the authorization, the containment check or the open.
+
 Everything in ``__all__`` gets re-exported.
 """
 
@@ -40,6 +45,8 @@ import json
 import os
 import re
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
@@ -63,6 +70,7 @@ _SHA256_HEX_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
+DEFAULT_CACHE_ENTRIES = 4096
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
     | getattr(os, "O_CLOEXEC", 0)
@@ -99,6 +107,11 @@ class SourceResolution:
             raise ValueError(f"evidence_sha256: must be None when status is {self.status}")
 
 
+# (pointer, st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> (status, digest, detail)
+_CacheKey = tuple[str, int, int, int, int, int]
+_Cached = tuple[ResolutionStatus, str | None, str]
+
+
 class _Outcome(Exception):
     """Internal: ends a lookup early with a status (never escapes ``resolve``)."""
 
@@ -126,6 +139,11 @@ class SourcePointerResolver:
             value of exactly ``True`` allows the lookup (fail closed).
         chunk_size: bytes read per chunk when hashing an artifact.
         max_line_bytes: a transcript line up to the target longer than this is corrupt.
+        cache_entries: how many verified outcomes to remember (0: none). An entry is keyed
+            by the pointer and the file's device, inode, size, mtime and ctime, so any
+            write, rename or ``touch`` to the file misses it; a hit still costs the
+            authorization, the containment check, the open and the ``fstat``, but no read.
+            Safe to share between threads.
     """
 
     def __init__(
@@ -136,9 +154,12 @@ class SourcePointerResolver:
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
     ) -> None:
         if chunk_size < 1 or max_line_bytes < 1:
             raise ValueError("chunk_size and max_line_bytes must be positive")
+        if cache_entries < 0:
+            raise ValueError("cache_entries must not be negative")
         # Made absolute without touching the disk; real paths are taken per lookup, after
         # authorization, so a root created or re-linked later is seen as it is then.
         self._transcript_root = os.path.abspath(os.fspath(transcript_root))
@@ -146,6 +167,9 @@ class SourcePointerResolver:
         self._authorize = authorize
         self._chunk_size = chunk_size
         self._max_line_bytes = max_line_bytes
+        self._cache_entries = cache_entries
+        self._cache: OrderedDict[_CacheKey, _Cached] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     def resolve(self, pointer: str) -> SourceResolution:
         """Resolve one pointer string to a :class:`SourceResolution`; never raises for a
@@ -181,15 +205,17 @@ class SourcePointerResolver:
 
     def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
         path = os.path.join(self._transcript_root, pointer.session_id + ".jsonl")
-        with _ContainedFile(self._transcript_root, path) as (handle, real):
+
+        def scan(handle: io.FileIO) -> str:
             # Not closed separately: closing the raw handle is enough, and it must stay
             # open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
-            digest = self._scan_transcript(reader, pointer)
-            _check_unchanged(real, handle)
-        return digest
+            return self._scan_transcript(reader, pointer)
 
-    def _scan_transcript(self, reader: io.BufferedReader[io.FileIO], pointer: TranscriptPointer) -> str:
+        return self._lookup(self._transcript_root, path, str(pointer), scan)
+
+    def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
+                         pointer: TranscriptPointer) -> str:
         limit = self._max_line_bytes
         for expected in range(1, pointer.sequence + 1):
             raw = reader.readline(limit + 2)  # room for the line ending
@@ -211,15 +237,63 @@ class SourcePointerResolver:
 
     def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
         path = os.path.join(self._artifact_root, pointer.session_id, pointer.filename)
-        with _ContainedFile(self._artifact_root, path) as (handle, real):
+
+        def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
             for chunk in self._read_chunks(handle):
                 hasher.update(chunk)
-            _check_unchanged(real, handle)
-        digest = hasher.hexdigest()
-        if not digest.startswith(pointer.sha256):
-            raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
-        return digest
+            digest = hasher.hexdigest()
+            if not digest.startswith(pointer.sha256):
+                raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
+            return digest
+
+        return self._lookup(self._artifact_root, path, str(pointer), verify)
+
+    # --- shared ---------------------------------------------------------------------------
+
+    def _lookup(self, root: str, path: str, pointer: str,
+                verify: Callable[[io.FileIO], str]) -> str:
+        """Open the contained file and run ``verify`` on it (or reuse its cached outcome).
+
+        A change to the file while it was being read takes precedence over what ``verify``
+        concluded, and such an outcome is not cached.
+        """
+        with _ContainedFile(root, path) as (handle, real, before):
+            key: _CacheKey = (pointer, before.st_dev, before.st_ino, before.st_size,
+                              before.st_mtime_ns, before.st_ctime_ns)
+            cached = self._cache_get(key)
+            if cached is not None:
+                status, digest, detail = cached
+                if digest is None:
+                    raise _Outcome(status, detail)
+                return digest
+            try:
+                digest = verify(handle)
+            except _Outcome as outcome:
+                _check_unchanged(real, before)
+                self._cache_put(key, (outcome.status, None, outcome.detail))
+                raise
+            _check_unchanged(real, before)
+            self._cache_put(key, ("available", digest, "verified"))
+            return digest
+
+    def _cache_get(self, key: _CacheKey) -> _Cached | None:
+        if not self._cache_entries:
+            return None
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def _cache_put(self, key: _CacheKey, value: _Cached) -> None:
+        if not self._cache_entries:
+            return
+        with self._cache_lock:
+            self._cache[key] = value
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_entries:
+                self._cache.popitem(last=False)
 
     def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
         """Yield the file's bytes in chunks from one reused buffer (never the whole file)."""
@@ -234,14 +308,14 @@ class SourcePointerResolver:
 
 class _ContainedFile:
     """Context manager: the regular file at ``path``, provided its real path stays inside
-    ``root``'s real path; yields ``(unbuffered handle, real path)``."""
+    ``root``'s real path; yields ``(unbuffered handle, real path, its fstat)``."""
 
     def __init__(self, root: str, path: str) -> None:
         self._root = root
         self._path = path
         self._handle: io.FileIO | None = None
 
-    def __enter__(self) -> tuple[io.FileIO, str]:
+    def __enter__(self) -> tuple[io.FileIO, str, os.stat_result]:
         real_root = os.path.realpath(self._root)
         real = os.path.realpath(self._path)
         if os.path.commonpath([real_root, real]) != real_root or real == real_root:
@@ -250,27 +324,28 @@ class _ContainedFile:
             fd = os.open(real, _OPEN_FLAGS)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise _Outcome("denied", "a symlink appeared at the path") from None
+                raise _Outcome(
+                    "denied", "the path is a symlink (a loop, or swapped in after the check)"
+                ) from None
             raise
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise _Outcome("corrupt", "not a regular file")
             handle = io.FileIO(fd, "rb", closefd=True)
         except BaseException:
             os.close(fd)
             raise
         self._handle = handle
-        return handle, real
+        return handle, real, info
 
     def __exit__(self, *exc_info: object) -> None:
         if self._handle is not None:
             self._handle.close()
 
 
-def _check_unchanged(real: str, handle: io.FileIO) -> None:
+def _check_unchanged(real: str, before: os.stat_result) -> None:
     """After reading: the path must still name the file that was read."""
-    before = os.fstat(handle.fileno())
     try:
         now = os.stat(real, follow_symlinks=False)
     except FileNotFoundError:

@@ -57,6 +57,9 @@ class CompactionPolicy:
         summary_keep_recent: L4 keeps this many most recent messages verbatim.
         read_tools: the tools L2 recognises as file reads.
         summary_enabled: whether L4 may run at all.
+        compact_to_ratio: in sticky mode a compaction, once started, goes on until the view
+            is below ``soft_threshold_tokens × compact_to_ratio``, so the next crossing (and
+            the next cache miss) is far away — the provider's "clear at least" idea.
     """
 
     soft_threshold_tokens: int = 80_000
@@ -66,6 +69,7 @@ class CompactionPolicy:
     summary_keep_recent: int = 4
     read_tools: tuple[ReadToolSpec, ...] = field(default=DEFAULT_READ_TOOLS)
     summary_enabled: bool = True
+    compact_to_ratio: float = 0.7
 
     def __post_init__(self) -> None:
         for name in ("soft_threshold_tokens", "hard_limit_tokens", "max_tool_result_tokens"):
@@ -81,4 +85,7 @@ class CompactionPolicy:
                 "soft_threshold_tokens must be below hard_limit_tokens "
                 f"({self.soft_threshold_tokens} >= {self.hard_limit_tokens})"
             )
+        ratio = self.compact_to_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ValueError(f"compact_to_ratio must be in (0, 1], got {ratio!r}")
         object.__setattr__(self, "read_tools", tuple(self.read_tools))

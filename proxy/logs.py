@@ -24,7 +24,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from proxy.config import LoggingConfig
 
-__all__ = ["SAFE_KEYS", "Redactor", "configure_logging"]
+__all__ = ["SAFE_KEYS", "Redactor", "configure_logging", "reset_logging"]
 
 #: Fields a log line may carry. Every one holds an id, a count, a status or a code name.
 SAFE_KEYS: Final = frozenset({
@@ -48,6 +48,8 @@ SAFE_KEYS: Final = frozenset({
 })
 
 _REDACTED: Final = "[redacted]"
+_HANDLER_NAME: Final = "compact-proxy"
+_LEADING: Final = ("timestamp", "level", "event")
 _MAX_STRING: Final = 256
 
 # What a credential looks like on the wire: Anthropic/OpenAI-style keys, HTTP auth schemes,
@@ -106,9 +108,13 @@ class Redactor:
         out: dict[str, Any] = {}
         dropped: list[str] = []
         exc_info = event_dict.get("exc_info")
-        for key, value in event_dict.items():
+        # The framing fields first, so a line reads "when, how bad, what" from the left.
+        keys = [k for k in _LEADING if k in event_dict]
+        keys += [k for k in event_dict if k not in _LEADING]
+        for key in keys:
+            value = event_dict[key]
             if key not in self._safe_keys:
-                if not key.startswith("_"):
+                if key != "exc_info" and not key.startswith("_"):
                     dropped.append(key)
                 continue
             keep, cleaned = self._clean(value)
@@ -124,9 +130,7 @@ class Redactor:
         elif exc_info is True and sys.exc_info()[0] is not None:
             out.setdefault("error_class", sys.exc_info()[0].__name__)  # type: ignore[union-attr]
         if dropped:
-            out["redacted"] = sorted(k for k in dropped if k != "exc_info")
-            if not out["redacted"]:
-                del out["redacted"]
+            out["redacted"] = sorted(dropped)
         return out
 
 
@@ -169,15 +173,25 @@ def configure_logging(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                     _drop_positional_args, redactor, renderer],
     ))
+    handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
-    for old in list(root.handlers):
-        if getattr(old, "_compact_proxy", False):
-            root.removeHandler(old)
-    handler._compact_proxy = True  # type: ignore[attr-defined]
+    _remove_handler(root)
     root.addHandler(handler)
     root.setLevel(max(level, logging.WARNING))
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def reset_logging() -> None:
+    """Undo :func:`configure_logging`: structlog's defaults, the stdlib handler removed."""
+    structlog.reset_defaults()
+    _remove_handler(logging.getLogger())
+
+
+def _remove_handler(root: logging.Logger) -> None:
+    for handler in list(root.handlers):
+        if handler.get_name() == _HANDLER_NAME:
+            root.removeHandler(handler)
 
 
 def _drop_positional_args(

@@ -60,24 +60,41 @@ to report. Do not add any other text."""
 #: What the compactor calls to obtain a summary: the text, or ``None`` to skip L4.
 Summarizer = Callable[[compactor.SummaryRequest], Awaitable[str | None]]
 
-# The SDK insists on a credential at construction; every real call replaces this one.
+# The SDK insists on a credential at construction; calls on a caller's behalf replace it.
 _NO_CREDENTIAL: Final = "compact-proxy-no-credential"
 
 
 @dataclass(frozen=True)
 class CallerCredentials:
-    """The credentials the client sent, used for its own summary calls."""
+    """The client's own auth headers, sent as they are with its summary calls.
 
-    api_key: str | None = None
-    auth_token: str | None = None
+    Attributes:
+        x_api_key: the ``x-api-key`` header, if sent.
+        authorization: the ``Authorization`` header (e.g. ``Bearer <token>``), if sent.
+    """
+
+    x_api_key: str | None = None
+    authorization: str | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> CallerCredentials:
-        """``x-api-key`` and an ``Authorization: Bearer`` token, when present."""
-        api_key = headers.get("x-api-key") or None
-        scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-        auth_token = (token.strip() or None) if scheme.lower() == "bearer" else None
-        return cls(api_key=api_key, auth_token=auth_token)
+        """Pick the auth headers out of a request's headers."""
+        return cls(x_api_key=headers.get("x-api-key") or None,
+                   authorization=headers.get("Authorization") or None)
+
+    @property
+    def present(self) -> bool:
+        """Whether the client sent any credential."""
+        return self.x_api_key is not None or self.authorization is not None
+
+    def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
+        """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
+        return {
+            "X-Api-Key": self.x_api_key if self.x_api_key is not None else anthropic.omit,
+            "Authorization": (
+                self.authorization if self.authorization is not None else anthropic.omit
+            ),
+        }
 
 
 class ProviderSummarizer:
@@ -103,29 +120,28 @@ class ProviderSummarizer:
         """Close the SDK client's connections."""
         await self._client.close()
 
-    def _client_for(self, caller: CallerCredentials) -> anthropic.AsyncAnthropic | None:
+    def _auth_headers(self, caller: CallerCredentials) -> dict[str, str | anthropic.Omit] | None:
+        """Per-call auth: the configured key (the client's own), else the caller's headers."""
         if self._api_key is not None:
-            return self._client
-        # The SDK takes one credential kind per client; prefer the key, as it does.
-        if caller.api_key is not None:
-            return self._client.with_options(api_key=caller.api_key)
-        if caller.auth_token is not None:
-            return self._client.with_options(auth_token=caller.auth_token)
+            return {}
+        if caller.present:
+            return caller.as_extra_headers()
         return None
 
     async def summarize(self, request: compactor.SummaryRequest,
                         caller: CallerCredentials) -> str | None:
         """Ask the model for a summary of ``request.messages_json``; ``None`` on any failure."""
-        client = self._client_for(caller)
-        if client is None:
+        auth = self._auth_headers(caller)
+        if auth is None:
             _log.warning("summary_failed", error_class="NoCredentials")
             return None
         try:
-            message = await client.messages.create(
+            message = await self._client.messages.create(
                 model=self._config.model,
                 max_tokens=self._config.max_tokens,
                 system=SUMMARY_SYSTEM_PROMPT,
                 messages=[{"role": "user", "content": request.messages_json}],
+                extra_headers=auth,
             )
         except Exception as exc:  # noqa: BLE001 - any failure means "no summary", never a 500
             _log.warning("summary_failed", error_class=type(exc).__name__)

@@ -231,7 +231,8 @@ def _common_prefix_length(a: str, b: str) -> int:
 class PromptCache:
     """A deterministic stand-in for the provider's prompt cache.
 
-    Per cache key (the server uses API key and model) it keeps the canonical prompts of the last ``max_entries`` successful requests.
+    Per cache key (the server uses API key and model) it keeps the canonical prompts of the
+    last ``max_entries`` successful requests.
     ``cache_read_input_tokens`` is the longest common prefix with any of them (in tokens); when
     the request carries ``cache_control`` markers, the rest of the prompt counts as written to
     the cache (``cache_creation_input_tokens``), otherwise as plain ``input_tokens``.

@@ -94,7 +94,9 @@ MSG_THINKING_FIRST: Final = (
     "messages.{n}.content.0: If an assistant message contains any thinking blocks, the first "
     "block must be thinking or redacted_thinking. Found {found}."
 )
-MSG_THINKING_LAST: Final = "messages.{n}: The final block in an assistant message cannot be `{kind}`."
+MSG_THINKING_LAST: Final = (
+    "messages.{n}: The final block in an assistant message cannot be `{kind}`."
+)
 MSG_SIGNATURE: Final = "messages.{n}.content.{m}: Invalid `signature` in `thinking` block."
 MSG_CACHE_CONTROL: Final = (
     "A maximum of " + str(MAX_CACHE_CONTROL) + " blocks with cache_control may be provided. "
@@ -450,7 +452,9 @@ def _check_use(
     if not isinstance(block.get("name"), str) or not block.get("name"):
         raise _fail(f"messages.{n}.content.{m}.{block_type}.name: Field required")
     if "input" in block and not isinstance(block["input"], Mapping):
-        raise _fail(f"messages.{n}.content.{m}.{block_type}.input: Input should be a valid dictionary")
+        raise _fail(
+            f"messages.{n}.content.{m}.{block_type}.input: Input should be a valid dictionary"
+        )
     return tool_id
 
 

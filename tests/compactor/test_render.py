@@ -193,8 +193,10 @@ def test_conflict_key_is_bare_when_a_token_and_quoted_otherwise(key: str, shown:
 
 def test_non_ascii_content_is_kept_readable() -> None:
     """Ordinary non-ASCII text and emoji are written as themselves, not as escapes."""
-    state = DurableContextState(facts=[DurableFact("f", "café 東京 🚀", "transcript:s1:1", T0)])
-    assert 'content="café 東京 🚀"' in render_durable_context(state, [available("transcript:s1:1")])
+    state = DurableContextState(
+        facts=[DurableFact("f", "café 東京 🚀", "transcript:s1:1", T0)])
+    text = render_durable_context(state, [available("transcript:s1:1")])
+    assert 'content="café 東京 🚀"' in text
 
 
 def test_recalled_text_of_hits_never_reaches_the_rendering() -> None:
@@ -234,7 +236,7 @@ def test_append_to_system_adds_one_text_block_at_the_end(system: Any, expected: 
 
 
 def test_append_to_system_leaves_caller_list_and_cache_control_untouched() -> None:
-    """The caller's list and its blocks (cache_control included) are neither mutated nor copied deep."""
+    """The caller's list and blocks (cache_control included) are not mutated nor deep-copied."""
     billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.9;"}
     cached = {"type": "text", "text": "big prompt", "cache_control": {"type": "ephemeral"}}
     system = [billing, cached]

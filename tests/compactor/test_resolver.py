@@ -271,6 +271,77 @@ def test_large_sparse_artifact_is_hashed_in_small_memory(tmp_path: Path) -> None
     assert peak < 4 * 1024 * 1024, f"peak {peak} bytes"
 
 
+# --- the outcome cache ---------------------------------------------------------------
+
+
+class _CountingReads(SourcePointerResolver):
+    """A real resolver that counts how often it actually reads a file's content."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+
+    def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
+        self.reads += 1
+        return super()._read_chunks(handle)
+
+    def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
+                         pointer: TranscriptPointer) -> str:
+        self.reads += 1
+        return super()._scan_transcript(reader, pointer)
+
+
+def test_unchanged_file_is_not_read_again(roots: tuple[Path, Path]) -> None:
+    """A second resolution of an unchanged source gives the same result without reading it."""
+    resolver = _CountingReads(roots[0], roots[1], allow_all)
+    pointers = [f"artifact:s1:report.txt:{REPORT_SHA}", "transcript:s1:4", "transcript:s1:99"]
+    first = [resolver.resolve(p) for p in pointers]
+    second = [resolver.resolve(p) for p in pointers]
+    assert first == second
+    assert [r.status for r in first] == ["available", "available", "missing"]
+    assert resolver.reads == 3
+
+
+def test_cache_disabled_reads_every_time(roots: tuple[Path, Path]) -> None:
+    """With cache_entries=0 every resolution reads the file."""
+    resolver = _CountingReads(roots[0], roots[1], allow_all, cache_entries=0)
+    resolver.resolve("transcript:s1:2")
+    resolver.resolve("transcript:s1:2")
+    assert resolver.reads == 2
+
+
+def test_rewrite_with_same_size_and_restored_mtime_is_seen(roots: tuple[Path, Path]) -> None:
+    """Rewriting a file in place and touching its mtime back still misses the cache (ctime)."""
+    path = roots[1] / SESSION / "report.txt"
+    resolver = _CountingReads(roots[0], roots[1], allow_all)
+    pointer = f"artifact:s1:report.txt:{REPORT_SHA}"
+    assert resolver.resolve(pointer).status == "available"
+    original = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(b"Q")  # same size, different content
+    os.utime(path, ns=(original.st_atime_ns, original.st_mtime_ns))
+    assert resolver.resolve(pointer).status == "corrupt"
+    assert resolver.reads == 2
+
+
+def test_appended_transcript_is_rescanned(roots: tuple[Path, Path]) -> None:
+    """A sequence missing earlier becomes available once the transcript grows to it."""
+    resolver = resolver_for(roots)
+    assert resolver.resolve("transcript:s1:6").status == "missing"
+    with open(roots[0] / f"{SESSION}.jsonl", "ab") as f:
+        f.write(event_line(6) + b"\n")
+    assert resolver.resolve("transcript:s1:6").status == "available"
+
+
+def test_cached_source_is_still_authorized_each_time(roots: tuple[Path, Path]) -> None:
+    """A cached outcome is never returned to a caller the authorizer now refuses."""
+    allowed = [True]
+    resolver = resolver_for(roots, lambda p: allowed[0])
+    assert resolver.resolve("transcript:s1:1").status == "available"
+    allowed[0] = False
+    assert resolver.resolve("transcript:s1:1").status == "denied"
+
+
 # --- containment ----------------------------------------------------------------------
 
 
@@ -438,7 +509,7 @@ def test_authorizer_exception_fails_closed(roots: tuple[Path, Path]) -> None:
 
 
 def test_another_sessions_pointer_is_denied_by_default_policy(roots: tuple[Path, Path]) -> None:
-    """With own_session_only, s1 cannot resolve s2's transcript or artifact even though both exist."""
+    """Under own_session_only, s1 cannot resolve s2's transcript or artifact, though both exist."""
     resolver = resolver_for(roots, own_session_only(SESSION))
     other_sha = hashlib.sha256(b"other session's data\n").hexdigest()
     assert resolver.resolve("transcript:s2:1").status == "denied"

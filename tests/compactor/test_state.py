@@ -203,7 +203,7 @@ def test_to_dict_uses_dataclass_field_names_and_iso_timestamps() -> None:
 
 
 def test_from_dict_accepts_z_suffix_and_missing_lists() -> None:
-    """from_dict reads 'Z' timestamps, treats absent lists as empty, and conflict_key as optional."""
+    """from_dict reads 'Z' timestamps, takes absent lists as empty and conflict_key as optional."""
     state = DurableContextState.from_dict({
         "retrieval_evidence": [{"memory_id": "m1", "source_id": "transcript:s1:3",
                                 "source_type": "", "source_title": "",

@@ -148,8 +148,9 @@ def test_token_estimate_is_characters_over_four() -> None:
 def test_prompt_cache_reports_the_common_prefix_as_read() -> None:
     """A request extending an earlier one reads the shared prefix from the cache."""
     cache = PromptCache()
-    first = {"system": "s" * 400, "messages": [{"role": "user", "content": "a" * 400}]}
-    second = {**first, "messages": first["messages"] + [{"role": "assistant", "content": "b"}]}
+    turns: list[dict[str, str]] = [{"role": "user", "content": "a" * 400}]
+    first: dict[str, Any] = {"system": "s" * 400, "messages": turns}
+    second = {**first, "messages": [*turns, {"role": "assistant", "content": "b"}]}
     cold = cache.usage("key", canonical_prompt(first), has_breakpoints=False)
     warm = cache.usage("key", canonical_prompt(second), has_breakpoints=False)
     total = estimate_tokens(canonical_prompt(second))
@@ -174,7 +175,8 @@ def test_prompt_cache_is_separate_per_key_and_reports_creation_with_breakpoints(
     [
         pytest.param({"status": 400}, "Reply.error is required", id="error status without body"),
         pytest.param({"error": {"type": "error"}}, "must be >= 400", id="error with status 200"),
-        pytest.param({"content": [{"text": "x"}]}, r"Reply\.content\[0\]", id="block without type"),
+        pytest.param({"content": [{"text": "x"}]}, r"Reply\.content\[0\]",
+                     id="block without type"),
         pytest.param({"status": 99}, "HTTP status", id="impossible status"),
         pytest.param({"event_delay_s": -1}, "event_delay_s", id="negative delay"),
     ],

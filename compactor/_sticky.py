@@ -1,0 +1,135 @@
+"""Sticky compaction: reuse a session's compacted prefix while the history only grows.
+
+Everything in ``__all__`` gets re-exported.
+
+An agent resends its whole history on every call. A compactor that recomputes the view each
+time slides its window on every request, so the provider's prompt cache misses every time
+after the first compaction — and L4 would call a model on every request. A checkpoint records
+the compacted view of the first ``covered`` raw messages; a later request whose raw history
+starts with those same messages gets the identical compacted prefix plus its new messages,
+until the soft threshold is crossed again.
+
+Messages are matched with their ``cache_control`` fields ignored: clients move their cache
+breakpoints to the newest messages every turn, and a marker is not content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._blocks import Message
+
+__all__ = ["CompactionCheckpoint"]
+
+CHECKPOINT_FORMAT = 1
+# Python's string hashes are salted per process: a fingerprint is only comparable within the
+# process that made it. This value differs between processes exactly when the salt does.
+_PROCESS_SALT = hash("compact-proxy-fingerprint-salt")
+
+
+def _fingerprint(value: object) -> int:
+    kind = type(value)
+    if kind is str:
+        return hash(value)
+    if kind is dict:
+        return hash(tuple((k, _fingerprint(v)) for k, v in value.items()  # type: ignore[attr-defined]
+                          if k != "cache_control"))
+    if kind is list:
+        return hash((len(value), *map(_fingerprint, value)))  # type: ignore[arg-type]
+    return hash((kind.__name__, value))
+
+
+def message_fingerprint(message: Message) -> int:
+    """In-process fingerprint of a message, ``cache_control`` ignored."""
+    return _fingerprint(message)
+
+
+def strip_cache_control(value: Any) -> Any:
+    """A copy of ``value`` without any ``cache_control`` field, at any depth."""
+    if isinstance(value, dict):
+        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [strip_cache_control(v) for v in value]
+    return value
+
+
+def message_digest(message: Message) -> str:
+    """A digest of a message that is the same in every process, ``cache_control`` ignored."""
+    canonical = json.dumps(strip_cache_control(message), sort_keys=True, ensure_ascii=False,
+                           separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class CompactionCheckpoint:
+    """The compacted view of a session's first ``covered`` raw messages.
+
+    Attributes:
+        covered: how many raw messages the view stands for.
+        view: the compacted view of those messages, without ``cache_control`` markers.
+        digests: a stable digest per covered raw message (survives a restart).
+        policy_key: the thresholds it was made with; other thresholds start afresh.
+        layers: the layers whose effect the view carries.
+        fingerprints: fast per-process fingerprints of the covered messages.
+        salt: the process salt the fingerprints were made under.
+    """
+
+    covered: int
+    view: list[Message]
+    digests: tuple[str, ...]
+    policy_key: str
+    layers: tuple[str, ...]
+    fingerprints: tuple[int, ...] = field(default=(), compare=False)
+    salt: int = field(default=0, compare=False)
+
+    @classmethod
+    def build(cls, raw: list[Message], view: list[Message], policy_key: str,
+              layers: tuple[str, ...], fingerprints: list[int] | None = None) -> "CompactionCheckpoint":
+        """A checkpoint covering all of ``raw``."""
+        prints = tuple(fingerprints) if fingerprints is not None else tuple(
+            message_fingerprint(m) for m in raw)
+        return cls(len(raw), [strip_cache_control(m) for m in view],
+                   tuple(message_digest(m) for m in raw), policy_key, tuple(layers),
+                   prints, _PROCESS_SALT)
+
+    def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
+        """True when ``raw`` starts with exactly the messages this checkpoint covers."""
+        if len(raw) < self.covered or self.covered == 0:
+            return False
+        if self.salt == _PROCESS_SALT and len(self.fingerprints) == self.covered:
+            return tuple(fingerprints[: self.covered]) == self.fingerprints
+        # Made by another process (a restart): compare the stable digests instead.
+        return all(message_digest(raw[i]) == d for i, d in enumerate(self.digests))
+
+    def to_bytes(self) -> bytes:
+        """Serialised for the session store (fingerprints are process-local: not kept)."""
+        return json.dumps({"format": CHECKPOINT_FORMAT, "covered": self.covered,
+                           "view": self.view, "digests": list(self.digests),
+                           "policy_key": self.policy_key, "layers": list(self.layers)},
+                          ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "CompactionCheckpoint | None":
+        """The checkpoint stored in ``data``, or None when it is unreadable or outdated."""
+        try:
+            raw = json.loads(data.decode("utf-8", "surrogatepass"))
+            if raw.get("format") != CHECKPOINT_FORMAT:
+                return None
+            checkpoint = cls(int(raw["covered"]), list(raw["view"]), tuple(raw["digests"]),
+                             str(raw["policy_key"]), tuple(raw["layers"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if checkpoint.covered != len(checkpoint.digests) or not all(
+                isinstance(m, dict) for m in checkpoint.view):
+            return None
+        return checkpoint
+
+
+def policy_key(policy: Any) -> str:
+    """The thresholds of a policy as a short string (a checkpoint is valid for these only)."""
+    fields = ("soft_threshold_tokens", "hard_limit_tokens", "max_tool_result_tokens",
+              "keep_recent_messages", "summary_keep_recent")
+    return ",".join(str(getattr(policy, f, "")) for f in fields)

@@ -1,0 +1,205 @@
+"""The application factory and the server runner.
+
+:func:`create_app` builds everything from an already-validated :class:`~proxy.config.Config`
+(no module globals): the token counter, the role and source-access policies, the metrics,
+the store, and — in cleanup contexts, so they exist only while the app runs — the one
+upstream ``ClientSession`` and the summary client. :func:`start_proxy` serves an app on a
+TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy serve`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+from typing import Final
+from urllib.parse import urlsplit
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+import compactor
+from proxy.config import Config, ConfigError
+from proxy.context import request_context_middleware
+from proxy.errors import error_middleware
+from proxy.keys import (
+    CONFIG,
+    COUNTER,
+    METRICS,
+    ROLE_POLICIES,
+    SOURCE_ACCESS,
+    STORE,
+    SUMMARIZER,
+    UPSTREAM,
+)
+from proxy.logs import configure_logging
+from proxy.metrics import ProxyMetrics
+from proxy.routes import setup_routes
+from proxy.store import SQLiteStateStore, StateStore, StoreError
+from proxy.summarizer import ProviderSummarizer
+
+__all__ = ["create_app", "run_server", "start_proxy"]
+
+_log = structlog.get_logger("proxy.app")
+
+#: Counts cached across requests (distinct blocks, least recently used evicted).
+COUNTER_CACHE_ENTRIES: Final = 200_000
+#: Concurrent upstream connections (each streaming answer holds one).
+UPSTREAM_CONNECTION_LIMIT: Final = 1000
+
+
+def _token_counter(config: Config) -> compactor.CachingCounter:
+    if config.compaction.token_counter == "chars4":
+        return compactor.CachingCounter(compactor.Chars4Counter(), max_entries=COUNTER_CACHE_ENTRIES)
+    try:
+        base = compactor.TiktokenCounter()
+    except RuntimeError as exc:
+        raise ConfigError("compaction.token_counter", str(exc)) from None
+    return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
+
+
+def _new_store(config: Config) -> StateStore:
+    if config.store.backend == "sqlite":
+        # No I/O yet: the file is opened (and its schema checked) by _store_ctx at startup.
+        return SQLiteStateStore(config.store.path)
+    raise ConfigError("store.backend", f"{config.store.backend} is not available in this build; use sqlite")
+
+
+def _store_ctx(store: StateStore, owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+        if owned:
+            # The first call opens the database and checks its schema: a bad store.path
+            # fails here, before the site accepts a connection.
+            await store.get_summary("compact-proxy-startup-check")
+        yield
+        if owned:
+            await store.close()
+
+    return store_ctx
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    upstream = app[CONFIG].upstream
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=upstream.connect_timeout_s, sock_read=upstream.read_timeout_s
+        ),
+        # Bodies are relayed as the bytes they are, Content-Encoding included.
+        auto_decompress=False,
+        # Cookies set by the provider belong to the client, never to the next caller.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        connector=aiohttp.TCPConnector(limit=UPSTREAM_CONNECTION_LIMIT, limit_per_host=0),
+    )
+    app[UPSTREAM] = session
+    yield
+    await session.close()
+
+
+async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    assert config.upstream.base_url is not None
+    summarizer = ProviderSummarizer(config.summary, config.upstream.base_url,
+                                    config.summary_api_key())
+    app[SUMMARIZER] = summarizer
+    yield
+    await summarizer.close()
+
+
+def create_app(config: Config, *, store: StateStore | None = None) -> web.Application:
+    """Build the proxy application from a validated config.
+
+    Args:
+        config: the configuration (``upstream.base_url`` must be set).
+        store: a store to use instead of opening ``config.store``; the caller keeps
+            ownership (it is not closed with the app).
+
+    Raises:
+        ConfigError: a setting that cannot work here (no upstream, tiktoken's offline
+            encoding missing, an unavailable store backend), naming its key.
+    """
+    if config.upstream.base_url is None:
+        raise ConfigError("upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)")
+    app = web.Application(middlewares=[request_context_middleware, error_middleware])
+    app[CONFIG] = config
+    app[COUNTER] = _token_counter(config)
+    app[ROLE_POLICIES] = config.role_policies()
+    app[SOURCE_ACCESS] = config.source_access()
+    app[METRICS] = ProxyMetrics()
+    app[STORE] = store if store is not None else _new_store(config)
+    app.cleanup_ctx.append(_store_ctx(app[STORE], owned=store is None))
+    app.cleanup_ctx.append(_upstream_ctx)
+    if config.summary.enabled:
+        app.cleanup_ctx.append(_summarizer_ctx)
+    setup_routes(app)
+    return app
+
+
+async def start_proxy(config: Config, *, store: StateStore | None = None
+                      ) -> tuple[web.AppRunner, str]:
+    """Serve a new app on ``config.listen``; returns the runner and the base URL.
+
+    Clients going away cancel their handler (and so the upstream request); aiohttp's access
+    log is off, the proxy writes its own ``request_completed`` line.
+
+    Raises:
+        ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
+            the address cannot be bound (``listen.port``).
+    """
+    app = create_app(config, store=store)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    try:
+        await runner.setup()
+    except StoreError as exc:
+        await runner.cleanup()
+        raise ConfigError("store.path", f"cannot open the state store: {exc}") from None
+    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            "listen.port",
+            f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
+        ) from None
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+async def _serve(config: Config) -> int:
+    runner, base_url = await start_proxy(config)
+    upstream = urlsplit(config.upstream.base_url or "")
+    _log.info(
+        "proxy_started",
+        host=config.listen.host,
+        port=int(base_url.rsplit(":", 1)[1]),
+        upstream_host=upstream.hostname,
+        store_backend=config.store.backend,
+        token_counter=config.compaction.token_counter,
+        summary_enabled=config.summary.enabled,
+        admin_enabled=config.admin_token() is not None,
+        log_format=config.logging.format,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        _log.info("proxy_stopped")
+    return 0
+
+
+def run_server(config: Config) -> int:
+    """Run the proxy until SIGINT or SIGTERM; returns the exit code (0).
+
+    Raises:
+        ConfigError: the proxy could not start (see :func:`start_proxy`); nothing is served.
+    """
+    secrets = [value for value in (config.admin_token(), config.summary_api_key()) if value]
+    configure_logging(config.logging, secrets=secrets)
+    return asyncio.run(_serve(config))

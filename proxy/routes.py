@@ -1,0 +1,38 @@
+"""Every route of the proxy, in one place and in match order.
+
+The catch-all comes last: ``/admin/...`` (answered by the admin API, or 404 when it is off)
+and the proxy's own routes resolve before anything is forwarded.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.admin import setup_admin
+from proxy.handlers import count_tokens_handler, messages_handler, passthrough_handler
+from proxy.keys import CONFIG, METRICS, STORE
+from proxy.metrics import CONTENT_TYPE
+
+__all__ = ["setup_routes"]
+
+
+async def healthz_handler(request: web.Request) -> web.Response:
+    """``GET /healthz``: ``{"status": "ok"}`` while the process serves requests."""
+    return web.json_response({"status": "ok"})
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """``GET /metrics``: the app's metrics in the Prometheus text format."""
+    return web.Response(body=request.app[METRICS].render(),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+def setup_routes(app: web.Application) -> None:
+    """Register the routes on ``app`` (which already holds its config and store)."""
+    router = app.router
+    router.add_post("/v1/messages", messages_handler, name="messages")
+    router.add_post("/v1/messages/count_tokens", count_tokens_handler, name="count_tokens")
+    router.add_get("/healthz", healthz_handler, name="healthz")
+    router.add_get("/metrics", metrics_handler, name="metrics")
+    setup_admin(app, app[STORE], app[CONFIG].admin_token())
+    router.add_route("*", "/{tail:.*}", passthrough_handler, name="passthrough")

@@ -1,0 +1,167 @@
+"""Sticky compaction: a session's compacted prefix is reused while its history only grows."""
+
+from __future__ import annotations
+
+import copy
+
+from compactor import CachingCounter, CompactionCheckpoint, Chars4Counter, compact_context
+from compactor._l4_summary import is_summary_message
+from compactor._sticky import strip_cache_control
+from policies import CompactionPolicy
+from proxy.fake_upstream.rules import check_messages_request
+
+from .builders import exchange, text, user
+
+POLICY = CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=50_000,
+                          max_tool_result_tokens=400, keep_recent_messages=12,
+                          summary_keep_recent=4)
+
+
+def _turn(messages: list, n: int) -> list:
+    """The history after one more agent turn (a call and its result)."""
+    return [*messages, *exchange(f"toolu_{n:04d}", f"output {n}\n" * 200, command=f"step {n}")]
+
+
+class Session:
+    """Drives compact_context like the proxy does: one checkpoint carried between calls."""
+
+    def __init__(self, policy: CompactionPolicy = POLICY) -> None:
+        self.policy = policy
+        self.counter = CachingCounter(Chars4Counter())
+        self.checkpoint: CompactionCheckpoint | None = None
+        self.summary_inputs: list[str] = []
+
+    def summarise(self, payload: str) -> str:
+        self.summary_inputs.append(payload)
+        return f"summary number {len(self.summary_inputs)}"
+
+    def send(self, messages: list):
+        result = compact_context(messages, None, policy=self.policy, counter=self.counter,
+                                 summarizer=self.summarise, checkpoint=self.checkpoint,
+                                 sticky=True)
+        check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+        self.checkpoint = result.checkpoint
+        return result
+
+
+def _grow_until_compacted(session: Session, messages: list, start: int = 0):
+    n = start
+    while True:
+        messages = _turn(messages, n)
+        n += 1
+        result = session.send(messages)
+        if result.changed:
+            return messages, result, n
+
+
+def test_the_next_request_reuses_the_compacted_prefix_byte_for_byte() -> None:
+    """After a compaction, a grown history gets the same prefix plus its new messages."""
+    session = Session()
+    messages, first, n = _grow_until_compacted(session, [user("Original intent")])
+    grown = _turn(messages, n)
+    second = session.send(grown)
+    assert second.reused_checkpoint
+    prefix = [strip_cache_control(m) for m in first.messages]
+    assert second.messages[: len(prefix)] == prefix
+    # The new turn follows (its oversized tool result cut by L1, as always).
+    assert len(second.messages) == len(prefix) + 2
+    assert second.messages[len(prefix)] == grown[len(messages)]
+
+
+def test_summary_calls_happen_only_when_the_threshold_is_crossed_again() -> None:
+    """Over a long session L4 runs once per crossing, not once per request."""
+    session = Session()
+    messages = [user("Original intent")]
+    crossings = 0
+    for n in range(120):
+        messages = _turn(messages, n)
+        result = session.send(messages)
+        if result.outcomes:
+            crossings += 1
+        assert result.tokens_after < POLICY.hard_limit_tokens
+    assert 0 < len(session.summary_inputs) <= crossings < 60
+
+
+def test_a_new_summary_is_made_from_the_previous_one_plus_newly_aged_messages() -> None:
+    """The second summary's input holds the first summary, not the messages it covered."""
+    session = Session()
+    messages = [user("Original intent")]
+    n = 0
+    while len(session.summary_inputs) < 2:
+        messages = _turn(messages, n)
+        n += 1
+        session.send(messages)
+    first_input, second_input = session.summary_inputs
+    assert "step 0" in first_input and "step 0" not in second_input
+    assert "summary number 1" in second_input
+
+
+def test_an_edited_history_falls_back_to_a_fresh_compaction() -> None:
+    """A client that rewrote an old message does not get the stale prefix."""
+    session = Session()
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    edited = copy.deepcopy(_turn(messages, n))
+    edited[3]["content"][0]["content"] = "the client rewrote this result"
+    result = session.send(edited)
+    assert not result.reused_checkpoint
+
+
+def test_moved_cache_markers_do_not_break_the_match() -> None:
+    """Clients move cache_control to the newest message every turn; that is not an edit."""
+    session = Session()
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    grown = copy.deepcopy(_turn(messages, n))
+    grown[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    for message in grown[:-1]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            block.pop("cache_control", None)
+    result = session.send(grown)
+    assert result.reused_checkpoint
+    assert result.messages[-1]["content"][0]["cache_control"] == {"type": "ephemeral"}
+
+
+def test_a_checkpoint_survives_a_restart_through_the_store_format() -> None:
+    """A checkpoint read back from bytes (no fingerprints) still matches by digest."""
+    session = Session()
+    messages, first, n = _grow_until_compacted(session, [user("Original intent")])
+    assert session.checkpoint is not None
+    restored = CompactionCheckpoint.from_bytes(session.checkpoint.to_bytes())
+    assert restored is not None and restored == session.checkpoint
+    session.checkpoint = restored
+    assert session.send(_turn(messages, n)).reused_checkpoint
+
+
+def test_unreadable_checkpoint_bytes_give_none() -> None:
+    """A corrupt or outdated stored checkpoint is ignored, never trusted."""
+    assert CompactionCheckpoint.from_bytes(b"not json") is None
+    assert CompactionCheckpoint.from_bytes(b'{"format": 999}') is None
+    assert CompactionCheckpoint.from_bytes(b'{"format": 1, "covered": 2, "view": [], '
+                                           b'"digests": ["a"], "policy_key": "", "layers": []}') is None
+
+
+def test_other_thresholds_do_not_reuse_the_checkpoint() -> None:
+    """A checkpoint is valid only for the policy it was made with."""
+    session = Session()
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    session.policy = CompactionPolicy(soft_threshold_tokens=3_500, hard_limit_tokens=50_000,
+                                      max_tool_result_tokens=400)
+    assert not session.send(_turn(messages, n)).reused_checkpoint
+
+
+def test_a_sticky_compaction_clears_below_the_compact_to_ratio() -> None:
+    """Once it compacts, sticky mode goes on until soft × compact_to_ratio."""
+    session = Session()
+    _, result, _ = _grow_until_compacted(session, [user("Original intent")])
+    assert result.tokens_after < POLICY.soft_threshold_tokens * POLICY.compact_to_ratio
+
+
+def test_the_first_user_message_survives_every_sticky_request() -> None:
+    """Across many reused and fresh compactions the original intent is still first."""
+    session = Session()
+    intent = user(text("Original intent: keep me"))
+    messages = [intent]
+    for n in range(60):
+        messages = _turn(messages, n)
+        result = session.send(messages)
+        assert result.messages[0] == intent
+        assert sum(is_summary_message(m) for m in result.messages) <= 1
