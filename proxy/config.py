@@ -133,6 +133,14 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+def _ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"must be a number, got {_shown(value)}")
+    if not math.isfinite(value) or not 0 < value <= 1:
+        raise _Invalid(f"must be above 0 and at most 1, got {value}")
+    return float(value)
+
+
 def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"must be true or false, got {_shown(value)}")
@@ -318,6 +326,8 @@ class CompactionConfig(_Section):
     keep_recent_messages: int = _opt(6, _integer(0))
     summary_keep_recent: int = _opt(4, _integer(0))
     token_counter: str = _opt("tiktoken", _choice("tiktoken", "chars4"))
+    sticky: bool = _opt(True, _boolean)
+    compact_to_ratio: float = _opt(0.7, _ratio)
 
     def _validate(self) -> None:
         _check_soft_below_hard(
@@ -752,7 +762,8 @@ def _build_role_policies(config: Config) -> RolePolicies:
             )
         try:
             policies[role] = CompactionPolicy(
-                **values, read_tools=config.policies.read_tools, summary_enabled=summary_enabled
+                **values, read_tools=config.policies.read_tools, summary_enabled=summary_enabled,
+                compact_to_ratio=compaction.compact_to_ratio,
             )
         except ValueError as exc:
             raise ConfigError(prefix, str(exc)) from None

@@ -46,6 +46,7 @@ CHARS_PER_TOKEN: Final = 4
 JSON_INPUT_TYPES: Final = ("tool_use", "server_tool_use", "mcp_tool_use")
 TEXT_FRAGMENTS: Final = 3
 JSON_FRAGMENTS: Final = 3
+PREFIX_CHUNK: Final = 64 * 1024
 
 FaultKind = Literal["cut_after_events", "hang_before_first_byte", "close_connection", "error_event"]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
@@ -216,16 +217,25 @@ class Usage:
 
 
 def _common_prefix_length(a: str, b: str) -> int:
-    # Binary search on slice equality: O(n log n) but every comparison runs in C, which beats
-    # a per-character Python loop by orders of magnitude on megabyte prompts.
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    # Compare in 64 KiB chunks (each comparison is a C memcmp on a copied slice), then binary
+    # search inside the first chunk that differs: linear in the shared prefix, copying each
+    # character about twice, instead of a per-character Python loop.
+    limit = min(len(a), len(b))
+    position = 0
+    while position < limit:
+        end = min(position + PREFIX_CHUNK, limit)
+        if a[position:end] == b[position:end]:
+            position = end
+            continue
+        low, high = position, end - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if a[position:middle] == b[position:middle]:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+    return limit
 
 
 class PromptCache:

@@ -148,6 +148,8 @@ def check_messages_request(body: object) -> None:
     obj = _require_object(body)
     _check_model(obj)
     _check_max_tokens(obj)
+    if "stream" in obj and not isinstance(obj["stream"], bool):
+        raise _fail("stream: Input should be a valid boolean")
     _check_common(obj)
 
 

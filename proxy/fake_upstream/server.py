@@ -488,10 +488,19 @@ async def start_fake_upstream(
 
 def run_fake_upstream(host: str, port: int) -> None:
     """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
-    fake-upstream``); prints ``fake upstream listening on http://host:port`` once started."""
+    fake-upstream``); prints ``fake upstream listening on http://host:port`` once started.
+
+    Raises:
+        SystemExit: with a one-line message when the address cannot be bound.
+    """
 
     async def serve() -> None:
-        runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+        try:
+            runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+        except OSError as exc:
+            raise SystemExit(
+                f"fake upstream: cannot listen on http://{host}:{port}: {exc.strerror or exc}"
+            ) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

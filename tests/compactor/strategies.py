@@ -197,7 +197,7 @@ def _assistant(draw: st.DrawFn, budget: _Budget) -> tuple[Message, list[str]]:
     if draw(st.integers(0, 2)) == 0:
         blocks.extend(_thinking_prefix(draw, budget))
     for part in draw(st.lists(st.sampled_from(("text", "text", "server")), max_size=3)):
-        blocks.extend(_text_block(draw, budget) if part == "text" else _server_pair(draw, budget))
+        blocks.extend([_text_block(draw, budget)] if part == "text" else _server_pair(draw, budget))
     calls = [_tool_call(draw, budget) for _ in range(draw(st.sampled_from((0, 1, 1, 1, 2, 3))))]
     blocks.extend(calls)
     if draw(st.integers(0, 6)) == 0 and calls:

@@ -22,6 +22,7 @@ from proxy.fake_upstream import (
 from proxy.fake_upstream.replies import (
     PromptCache,
     Usage,
+    _common_prefix_length,
     build_message,
     canonical_prompt,
     encode_event,
@@ -157,6 +158,21 @@ def test_prompt_cache_reports_the_common_prefix_as_read() -> None:
     assert cold.cache_read_input_tokens == 0 and cold.input_tokens > 0
     assert warm.cache_read_input_tokens >= estimate_tokens(canonical_prompt(first)) - 1
     assert warm.input_tokens + warm.cache_read_input_tokens == total
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        pytest.param("", "abc", 0, id="empty"),
+        pytest.param("abc", "abc", 3, id="identical"),
+        pytest.param("abcdef", "abcxyz", 3, id="short difference"),
+        pytest.param("x" * 200_000 + "a", "x" * 200_000 + "b", 200_000, id="past several chunks"),
+        pytest.param("x" * 70_000, "x" * 65_536 + "y", 65_536, id="at a chunk boundary"),
+    ],
+)
+def test_common_prefix_length_is_exact(a: str, b: str, expected: int) -> None:
+    """The chunked prefix search finds the exact shared length, across chunk boundaries."""
+    assert _common_prefix_length(a, b) == expected == _common_prefix_length(b, a)
 
 
 def test_prompt_cache_is_separate_per_key_and_reports_creation_with_breakpoints() -> None:

@@ -178,6 +178,8 @@ INVALID: list[Any] = [
                  id="max_tokens float"),
     pytest.param(body(user("x"), max_tokens=-1), "greater than or equal to 0",
                  id="max_tokens negative"),
+    pytest.param(body(user("x"), stream="yes"), "stream: Input should be a valid boolean",
+                 id="stream not a bool"),
     pytest.param({"model": "m", "max_tokens": 1}, "messages: Field required",
                  id="messages missing"),
     pytest.param({"model": "m", "max_tokens": 1, "messages": {}},

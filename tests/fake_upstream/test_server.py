@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from proxy.fake_upstream import (
     Fault,
     RecordedRequest,
     Reply,
+    run_fake_upstream,
     start_fake_upstream,
     text_block,
     thinking_block,
@@ -419,3 +421,13 @@ def test_run_fake_upstream_serves_until_sigterm(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_run_fake_upstream_reports_a_busy_port_in_one_line() -> None:
+    """A port already in use ends the runner with a one-line SystemExit, not a traceback."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"cannot listen on http://127.0.0.1:{port}"):
+            run_fake_upstream("127.0.0.1", port)

@@ -1,0 +1,265 @@
+"""``compact-proxy demo``: the whole product, offline, in one command.
+
+It starts the strict fake provider and the proxy on free loopback ports, writes one durable
+fact through the admin API, then plays a scripted coding agent through the real ``anthropic``
+SDK: it reads files, runs commands with long logs, re-reads what it edited, and keeps going
+until its history no longer fits. Every request prints the tokens before and after
+compaction and the layers that ran; the session ends with a request that cannot fit — a huge
+pasted log — which the proxy blocks, and the audit line it wrote for it.
+
+No network, no API key: the fake provider accepts any key and answers deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import secrets
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import aiohttp
+import anthropic
+
+from proxy.app import start_proxy
+from proxy.config import Config
+from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
+from proxy.fake_upstream.scripts import default_script
+from proxy.logs import configure_logging
+
+__all__ = ["main"]
+
+ADMIN_TOKEN_ENV: Final = "COMPACT_PROXY_DEMO_ADMIN_TOKEN"
+SESSION_ID: Final = "demo-session"
+MODEL: Final = "claude-sonnet-4-5"
+# Small thresholds so a few dozen requests show every layer at work.
+COMPACTION: Final = {
+    "soft_threshold_tokens": 6_000,
+    "hard_limit_tokens": 9_000,
+    "max_tool_result_tokens": 700,
+    "keep_recent_messages": 20,
+    "summary_keep_recent": 4,
+    "token_counter": "tiktoken",
+}
+
+
+def _source_file(version: int) -> str:
+    lines = [f"def parse_{n}(text):  # parser.py v{version}\n    return text.split({n!r})\n"
+             for n in range(80)]
+    return "".join(lines)
+
+
+def _test_log(run: int, failing: bool) -> str:
+    lines = [f"tests/test_parser.py::test_case_{n} PASSED  [{n % 100:3d}%]  run {run}"
+             for n in range(700)]
+    if failing:
+        lines.append("tests/test_parser.py::test_split_empty FAILED")
+        lines.append("E   AssertionError: expected [] but got ['']")
+        lines.append("=========== 1 failed, 700 passed in 3.21s ===========")
+    else:
+        lines.append("=========== 701 passed in 3.02s ===========")
+    return "\n".join(lines)
+
+
+@dataclass
+class Step:
+    """One agent turn: the tool the model asks for, and what running it returns."""
+
+    name: str
+    tool_input: dict[str, Any]
+    output: str
+    note: str
+
+
+def _plan() -> list[Step]:
+    steps = [
+        Step("Read", {"file_path": "src/parser.py"}, _source_file(1), "read the parser"),
+        Step("Bash", {"command": "pytest -x tests/"}, _test_log(1, failing=True),
+             "run the tests: a very long log"),
+        Step("Grep", {"pattern": "def parse_", "path": "src"},
+             "\n".join(f"src/parser.py:{2 * n + 1}:def parse_{n}(text):" for n in range(40)),
+             "search"),
+        Step("Edit", {"file_path": "src/parser.py", "old_string": "split", "new_string": "split_"},
+             "The file src/parser.py has been updated.", "edit the parser"),
+        Step("Read", {"file_path": "src/parser.py"}, _source_file(2), "re-read the edited file"),
+        Step("Bash", {"command": "pytest -x tests/"}, _test_log(2, failing=True),
+             "run the tests again"),
+    ]
+    for n in range(3, 14):
+        steps.append(Step("Read", {"file_path": f"src/module_{n}.py"}, _source_file(n),
+                          f"read module_{n}.py"))
+        steps.append(Step("Bash", {"command": f"python -m mod{n} --check"},
+                          "\n".join(f"check {n}.{k}: ok" for k in range(60)), "check it"))
+    steps.append(Step("Read", {"file_path": "src/parser.py"}, _source_file(3),
+                      "read the parser a third time"))
+    steps.append(Step("Bash", {"command": "pytest tests/"}, _test_log(3, failing=False),
+                      "the tests pass"))
+    return steps
+
+
+@dataclass
+class Agent:
+    """The scripted fake model's next answer, and the client-side history."""
+
+    planned: Reply | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def script(self, body: dict[str, Any], meta: RecordedRequest) -> Reply:
+        """The fake provider's script: summaries for the summarizer, else the planned turn."""
+        if self.planned is None or "compact-proxy-summarizer" in json.dumps(body.get("system")):
+            return default_script(body, meta)
+        return self.planned
+
+
+def _print_row(out: TextIO, n: int, headers: Any, note: str, upstream_messages: int) -> None:
+    before = int(headers.get("x-compact-tokens-before", "0"))
+    after = int(headers.get("x-compact-tokens-after", "0"))
+    layers = headers.get("x-compact-layers", "") or "-"
+    out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens   layers {layers:<12} "
+              f"upstream saw {upstream_messages:>3} messages   ({note})\n")
+
+
+async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> None:
+    transcripts.mkdir(parents=True, exist_ok=True)
+    event = {"sequence": 1, "session_id": SESSION_ID, "event_id": "evt-1",
+             "type": "user_decision", "text": "Keep the public parse_* names unchanged."}
+    (transcripts / f"{SESSION_ID}.jsonl").write_text(json.dumps(event) + "\n")
+    state = {"facts": [{"fact_id": "keep-api", "content": "The public parse_* names must not change.",
+                        "source_pointer": f"transcript:{SESSION_ID}:1",
+                        "last_confirmed_at": "2026-12-01T09:00:00Z"}],
+             "pending_items": [{"item_id": "changelog", "description": "Add a changelog entry.",
+                                "source_pointer": f"transcript:{SESSION_ID}:2",
+                                "last_confirmed_at": "2026-12-01T09:05:00Z"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{proxy_url}/admin/sessions/{SESSION_ID}/state", json=state,
+                            headers={"Authorization": f"Bearer {token}"}) as response:
+            response.raise_for_status()
+
+
+def _audit_lines(logs: io.StringIO, event: str) -> list[dict[str, Any]]:
+    lines = []
+    for line in logs.getvalue().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            lines.append(record)
+    return lines
+
+
+async def _run(out: TextIO) -> int:
+    token = secrets.token_hex(16)
+    os.environ[ADMIN_TOKEN_ENV] = token
+    agent = Agent()
+    upstream = FakeUpstream(script=agent.script)
+    upstream_runner, upstream_url = await start_fake_upstream(upstream)
+    with tempfile.TemporaryDirectory(prefix="compact-proxy-demo-") as tmp:
+        root = Path(tmp)
+        config = Config.from_mapping({
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "upstream": {"base_url": upstream_url},
+            "compaction": COMPACTION,
+            "store": {"path": str(root / "state.db")},
+            "sources": {"transcript_root": str(root / "transcripts"),
+                        "artifact_root": str(root / "artifacts")},
+            "admin": {"token_env": ADMIN_TOKEN_ENV},
+            "logging": {"format": "json", "level": "info"},
+        })
+        logs = io.StringIO()
+        configure_logging(config.logging, stream=logs, secrets=[token])
+        proxy_runner, proxy_url = await start_proxy(config)
+        try:
+            return await _session(out, agent, upstream, proxy_url, token, root, logs)
+        finally:
+            await proxy_runner.cleanup()
+            await upstream_runner.cleanup()
+            os.environ.pop(ADMIN_TOKEN_ENV, None)
+
+
+async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url: str,
+                   token: str, root: Path, logs: io.StringIO) -> int:
+    out.write(f"fake provider (strict, offline) and compact-proxy on {proxy_url}\n")
+    out.write(f"thresholds: soft {COMPACTION['soft_threshold_tokens']:,}  hard "
+              f"{COMPACTION['hard_limit_tokens']:,}  L1 cuts tool results over "
+              f"{COMPACTION['max_tool_result_tokens']:,} tokens\n")
+    await _write_durable_fact(proxy_url, token, root / "transcripts")
+    out.write("admin API: wrote 1 durable fact and 1 pending item for session "
+              f"{SESSION_ID!r}\n\n")
+    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key="demo-key-not-a-secret",
+                                      max_retries=0,
+                                      default_headers={"x-compact-session-id": SESSION_ID})
+    seen_layers: set[str] = set()
+    agent.history.append({"role": "user",
+                          "content": "Fix the failing test in tests/test_parser.py."})
+    try:
+        for n, step in enumerate(_plan(), start=1):
+            tool_id = f"toolu_demo_{n:03d}"
+            agent.planned = Reply.tool_call(step.name, step.tool_input, tool_use_id=tool_id,
+                                            text=f"Next: {step.note}.")
+            raw = await client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=1024, messages=agent.history)
+            message = await raw.parse()
+            layers = raw.headers.get("x-compact-layers", "")
+            seen_layers.update(filter(None, layers.split(",")))
+            _print_row(out, n, raw.headers, step.note,
+                       len(upstream.message_requests[-1].body["messages"]))
+            agent.history.append({"role": "assistant",
+                                  "content": [b.model_dump(exclude_none=True) for b in message.content]})
+            agent.history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": tool_id, "content": step.output}]})
+        last_system = upstream.message_requests[-1].body.get("system") or []
+        durable = last_system[-1]["text"] if last_system else ""
+        out.write("\ndurable context appended to system on every request (excerpt):\n")
+        for line in durable.splitlines():
+            if "source_status=" in line:
+                out.write(f"    {line[:150]}\n")
+        summaries = [r for r in upstream.message_requests
+                     if "compact-proxy-summarizer" in json.dumps(r.body.get("system"))]
+        out.write(f"\nsummary calls made by L4: {len(summaries)}\n")
+
+        out.write("\nthe user now pastes a 60,000-line build log into the chat:\n")
+        agent.planned = Reply.text("Looking at the log.")
+        paste = "\n".join(f"build step {k}: compiling unit {k} ... ok" for k in range(60_000))
+        try:
+            await client.messages.create(model=MODEL, max_tokens=1024, messages=[
+                *agent.history[:-1],
+                {"role": "user", "content": [*agent.history[-1]["content"],
+                                             {"type": "text", "text": paste}]}])
+        except anthropic.BadRequestError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            out.write(f"  blocked: 400 {error.get('message', '')}\n")
+        else:
+            out.write("  ERROR: the oversized request was not blocked\n")
+            return 1
+        blocked = _audit_lines(logs, "request_blocked")
+        if not blocked:
+            out.write("  ERROR: no request_blocked audit line was logged\n")
+            return 1
+        out.write("  audit log line:\n")
+        out.write(f"    {json.dumps(blocked[-1], sort_keys=True)}\n")
+    finally:
+        await client.close()
+
+    missing = {"L1", "L2", "L3", "L4"} - seen_layers
+    out.write(f"\nlayers seen at work: {', '.join(sorted(seen_layers)) or 'none'}\n")
+    if missing:
+        out.write(f"ERROR: layers never applied: {', '.join(sorted(missing))}\n")
+        return 1
+    return 0
+
+
+def main(out: TextIO | None = None, run: Callable[..., Any] = asyncio.run) -> int:
+    """Run the demo; returns the exit code (0 when every layer and the block were shown)."""
+    return int(run(_run(out if out is not None else sys.stdout)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

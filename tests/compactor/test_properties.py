@@ -1,0 +1,351 @@
+"""Property tests of the sync pipeline: random valid histories, random low-threshold policies.
+
+Every property runs ``compact_context`` on histories from ``strategies.histories()`` and checks
+the result with ``invariants.assert_valid_view`` plus the property's own claim. The profile is
+derandomized and database-free, so CI sees the same examples on every run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compactor import (
+    Chars4Counter,
+    CompactionResult,
+    DurableContextState,
+    DurableFact,
+    MessageViewLimitExceeded,
+    ToolProtocolError,
+    compact_context,
+    estimate_tokens,
+    validate_tool_protocol,
+)
+from policies import CompactionPolicy
+from proxy.fake_upstream.rules import cache_control_count, check_messages_request
+
+from .invariants import assert_valid_view, first_user
+from .strategies import MAX_CACHE_CONTROL, History, histories
+
+PROPERTY = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+STATE = DurableContextState(facts=(DurableFact(
+    "f1", "the build uses uv", "transcript:s1:1", datetime(2025, 3, 1, tzinfo=timezone.utc)),))
+SUMMARY_TAG = "<compact-proxy-summary"
+LAYERS = ("L1", "L2", "L3", "L4")
+
+
+def short_summary(messages_json: str) -> str:
+    """A deterministic summariser: a short line that names the size of what it read."""
+    return f"Earlier turns: {len(json.loads(messages_json))} messages, {len(messages_json)} chars."
+
+
+def long_summary(messages_json: str) -> str:
+    """A summariser whose answer is larger than what it summarises (L4 must keep the view)."""
+    return "recap " * (len(messages_json) // 2 + 50)
+
+
+def raising_summary(messages_json: str) -> str:
+    """A summariser whose model call fails."""
+    raise TimeoutError("upstream summary call timed out")
+
+
+def empty_summary(messages_json: str) -> str:
+    """A summariser that answers nothing."""
+    return ""
+
+
+def blank_summary(messages_json: str) -> str:
+    """A summariser that answers whitespace only."""
+    return "  \n "
+
+
+SUMMARISERS: dict[str, Callable[[str], str] | None] = {
+    "none": None, "short": short_summary, "long": long_summary,
+    "raises": raising_summary, "empty": empty_summary, "blank": blank_summary,
+}
+FAILING = ("raises", "empty", "blank")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A history, a policy sized to it and a summariser name."""
+
+    history: History
+    policy: CompactionPolicy
+    summariser: str
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.history.messages
+
+    def run(self, messages: list[dict[str, Any]] | None = None, *,
+            summariser: str | None = None, **kwargs: Any) -> CompactionResult:
+        return compact_context(self.messages if messages is None else messages, STATE,
+                               policy=self.policy,
+                               summarizer=SUMMARISERS[summariser or self.summariser], **kwargs)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, *, summarisers: tuple[str, ...] = tuple(SUMMARISERS),
+              hard: str = "any", min_turns: int = 0) -> Scenario:
+    """A history with a policy whose thresholds sit low relative to its size."""
+    history = draw(histories(min_turns=min_turns))
+    tokens = estimate_tokens(history.messages)
+    soft = max(1, int(tokens * draw(st.sampled_from((0.05, 0.2, 0.4, 0.6, 0.9, 1.5)))))
+    if hard == "any":
+        hard = draw(st.sampled_from(("large", "large", "near")))
+    hard_limit = 10**9 if hard == "large" else soft + max(1, int(tokens * draw(
+        st.sampled_from((0.05, 0.2, 0.5)))))
+    policy = CompactionPolicy(
+        soft_threshold_tokens=soft,
+        hard_limit_tokens=hard_limit,
+        max_tool_result_tokens=draw(st.sampled_from((1, 20, 100, 400, 2000))),
+        keep_recent_messages=draw(st.integers(0, 8)),
+        summary_keep_recent=draw(st.integers(0, 8)),
+    )
+    return Scenario(history, policy, draw(st.sampled_from(summarisers)))
+
+
+def run_or_limit(scenario: Scenario, **kwargs: Any) -> CompactionResult | MessageViewLimitExceeded:
+    """The result, or the limit error it raised (every other exception propagates)."""
+    try:
+        return scenario.run(**kwargs)
+    except MessageViewLimitExceeded as error:
+        return error
+
+
+def is_summary(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else [{"text": content}]
+    return any(str(b.get("text", "")).startswith(SUMMARY_TAG) for b in blocks)
+
+
+# -- the generator itself ------------------------------------------------------------------
+
+
+@PROPERTY
+@given(histories())
+def test_generated_histories_pass_the_strict_checker(history: History) -> None:
+    """Every generated history is a request the provider accepts and a valid tool protocol."""
+    check_messages_request({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+                            "messages": history.messages})
+    validate_tool_protocol(history.messages)
+    assert cache_control_count({"messages": history.messages}) <= MAX_CACHE_CONTROL
+    assert history.messages[-1]["role"] == "user"
+
+
+# -- the pipeline --------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(scenarios())
+def test_compacted_view_keeps_every_spec_invariant(scenario: Scenario) -> None:
+    """Whatever the policy and summariser, the view passes every SPEC §5 invariant."""
+    outcome = run_or_limit(scenario)
+    if isinstance(outcome, MessageViewLimitExceeded):
+        assert outcome.tokens_after >= scenario.policy.hard_limit_tokens
+        return
+    assert_valid_view(scenario.messages, outcome, counter=Chars4Counter())
+    assert outcome.durable_state is STATE
+
+
+@PROPERTY
+@given(scenarios(), st.booleans())
+def test_compaction_never_mutates_the_input(scenario: Scenario, deep_copy: bool) -> None:
+    """The caller's messages are equal to a deep copy taken before, with or without copy=."""
+    before = copy.deepcopy(scenario.messages)
+    run_or_limit(scenario, copy=deep_copy)
+    assert scenario.messages == before
+
+
+@PROPERTY
+@given(scenarios(hard="large"))
+def test_tokens_never_grow_overall_or_in_any_layer(scenario: Scenario) -> None:
+    """tokens_after <= tokens_before for the whole run and for every layer that ran."""
+    result = scenario.run()
+    assert result.tokens_after <= result.tokens_before
+    for outcome in result.outcomes:
+        assert outcome.tokens_after <= outcome.tokens_before, outcome
+
+
+@PROPERTY
+@given(scenarios(hard="large"))
+def test_view_below_soft_threshold_is_returned_unchanged(scenario: Scenario) -> None:
+    """A view already below the soft threshold comes back equal, with no layer run."""
+    tokens = estimate_tokens(scenario.messages)
+    policy = replace(scenario.policy, soft_threshold_tokens=tokens + 1,
+                     hard_limit_tokens=tokens + 2)
+    result = compact_context(scenario.messages, STATE, policy=policy,
+                             summarizer=SUMMARISERS[scenario.summariser])
+    assert result.messages == scenario.messages
+    assert result.layers_applied == () and result.outcomes == ()
+    assert result.tokens_before == result.tokens_after == tokens
+
+
+@PROPERTY
+@given(scenarios(hard="large", summarisers=("none", "short")))
+def test_second_pass_over_a_compacted_view_changes_nothing(scenario: Scenario) -> None:
+    """Compacting the compacted view again returns it unchanged (a fixpoint)."""
+    first = scenario.run()
+    second = scenario.run(first.messages)
+    assert second.messages == first.messages
+    assert second.layers_applied == ()
+
+
+@PROPERTY
+@given(scenarios(hard="large"))
+def test_first_user_message_and_durable_state_come_out_identical(scenario: Scenario) -> None:
+    """The first user message is the very object given (copy=False) or an equal one, and the
+    durable state is the object given."""
+    copied = scenario.run()
+    assert copied.durable_state is STATE
+    assert first_user(copied.messages) == first_user(scenario.messages)
+    shared = scenario.run(copy=False)
+    assert shared.durable_state is STATE
+    assert first_user(shared.messages) is first_user(scenario.messages)
+
+
+@PROPERTY
+@given(scenarios(hard="large", min_turns=1))
+def test_limit_error_carries_no_message_text(scenario: Scenario) -> None:
+    """MessageViewLimitExceeded holds numbers and layer names only, never a generated text."""
+    policy = replace(scenario.policy, soft_threshold_tokens=1, hard_limit_tokens=2)
+    with pytest.raises(MessageViewLimitExceeded) as caught:
+        compact_context(scenario.messages, STATE, policy=policy,
+                        summarizer=SUMMARISERS[scenario.summariser])
+    error = caught.value
+    assert type(error.tokens_before) is int and type(error.tokens_after) is int
+    assert error.hard_limit == 2 and error.tokens_after >= 2
+    assert isinstance(error.layers_applied, tuple)
+    assert set(error.layers_applied) <= set(LAYERS)
+    rendered = " ".join([str(error), repr(error), repr(vars(error)), repr(error.args)])
+    # Every generated text starts with the history's marker, so its absence rules out all.
+    marker = scenario.history.texts[0].split()[0]
+    assert marker not in rendered
+    assert not any(text in rendered for text in scenario.history.texts)
+
+
+@PROPERTY
+@given(scenarios(summarisers=FAILING))
+def test_failing_summariser_loses_nothing_l3_would_not(scenario: Scenario) -> None:
+    """A summariser that raises or answers nothing leaves the view exactly as without L4."""
+    failed = run_or_limit(scenario)
+    without = run_or_limit(scenario, summariser="none")
+    if isinstance(without, MessageViewLimitExceeded):
+        assert isinstance(failed, MessageViewLimitExceeded)
+        assert failed.tokens_after == without.tokens_after
+        return
+    assert isinstance(failed, CompactionResult)
+    assert failed.messages == without.messages
+    assert failed.layers_applied == without.layers_applied
+    assert "L4" not in failed.layers_applied
+    assert not any(is_summary(m) for m in failed.messages)
+
+
+@PROPERTY
+@given(scenarios(summarisers=("short",), hard="large", min_turns=3))
+def test_working_summariser_replaces_the_middle_with_one_summary(scenario: Scenario) -> None:
+    """When L4 applies, the view holds exactly one summary message right after the intent."""
+    result = scenario.run()
+    assert_valid_view(scenario.messages, result)
+    summaries = [i for i, m in enumerate(result.messages) if is_summary(m)]
+    if "L4" in result.layers_applied:
+        assert len(summaries) == 1
+        intent = result.messages.index(first_user(scenario.messages))  # type: ignore[arg-type]
+        assert summaries[0] == intent + 1
+        assert result.summary_request is not None
+    else:
+        assert summaries == []
+
+
+# -- the helper itself: it must catch what it claims to check -------------------------------
+
+
+def _base() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "fix the failing test please"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "look first", "signature": "sig1"},
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+             "input": {"query": "pytest"}},
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py"},
+            {"type": "text", "text": "go on", "cache_control": {"type": "ephemeral"}}]},
+    ]
+
+
+def _edit_thinking(v: list[dict[str, Any]]) -> None:
+    v[1]["content"][0]["thinking"] = "edited"
+
+
+def _thinking_not_first(v: list[dict[str, Any]]) -> None:
+    v[1]["content"].insert(0, {"type": "text", "text": "first"})
+
+
+def _drop_intent(v: list[dict[str, Any]]) -> None:
+    v[0]["content"] = "something else"
+
+
+def _drop_system(v: list[dict[str, Any]]) -> None:
+    del v[2]
+
+
+def _extra_cache(v: list[dict[str, Any]]) -> None:
+    v[3]["content"][0]["cache_control"] = {"type": "ephemeral"}
+
+
+def _lone_server_use(v: list[dict[str, Any]]) -> None:
+    del v[1]["content"][2]
+
+
+def _broken_pair(v: list[dict[str, Any]]) -> None:
+    del v[3]["content"][0]
+
+
+def _empty_text(v: list[dict[str, Any]]) -> None:
+    v[3]["content"][1]["text"] = " "
+
+
+@pytest.mark.parametrize("damage", [
+    _edit_thinking, _thinking_not_first, _drop_intent, _drop_system, _extra_cache,
+    _lone_server_use, _broken_pair, _empty_text,
+])
+def test_invariant_helper_rejects_a_damaged_view(damage: Callable[[list[dict[str, Any]]], None]) -> None:
+    """assert_valid_view fails on a view that breaks one SPEC §5 invariant."""
+    original = _base()
+    view = copy.deepcopy(original)
+    damage(view)
+    result = CompactionResult(view, STATE, 100, 90, ("L1",), ())
+    with pytest.raises((AssertionError, ToolProtocolError)):
+        assert_valid_view(original, result)
+
+
+def test_invariant_helper_rejects_a_view_that_grew() -> None:
+    """assert_valid_view fails when tokens_after is above tokens_before."""
+    original = _base()
+    result = CompactionResult(copy.deepcopy(original), STATE, 90, 100, (), ())
+    with pytest.raises(AssertionError, match="larger"):
+        assert_valid_view(original, result)
+
+
+def test_invariant_helper_accepts_an_undamaged_copy() -> None:
+    """assert_valid_view passes on an equal copy of a valid history."""
+    original = _base()
+    assert_valid_view(original, CompactionResult(copy.deepcopy(original), STATE, 100, 100, (), ()))

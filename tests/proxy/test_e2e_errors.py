@@ -1,0 +1,252 @@
+"""End to end: what the proxy refuses, how it says so, and how upstream failures look."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import anthropic
+import pytest
+
+from proxy.fake_upstream import FakeUpstream, Fault, Reply, start_fake_upstream
+from tests.conftest import (
+    TEST_API_KEY,
+    LoopThread,
+    ProxyFactory,
+    RunningProxy,
+    UpstreamServer,
+    log_lines_for,
+    user_text,
+)
+
+MODEL = "claude-sonnet-4-5"
+HEADERS = {"x-api-key": TEST_API_KEY, "content-type": "application/json"}
+
+
+async def post_raw(proxy: RunningProxy, data: Any, path: str = "/v1/messages",
+                   headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], Any]:
+    """POST ``data`` as is; the status, the response headers and the JSON body."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base_url}{path}", data=data,
+                             headers=headers or HEADERS) as resp:
+            return resp.status, dict(resp.headers), await resp.json()
+
+
+def assert_invalid_request(status: int, body: Any, expected_status: int = 400,
+                           error_type: str = "invalid_request_error") -> str:
+    """The Anthropic error shape; returns the message."""
+    assert status == expected_status
+    assert body["type"] == "error"
+    assert body["error"]["type"] == error_type
+    message: str = body["error"]["message"]
+    assert message
+    return message
+
+
+@pytest.mark.parametrize(("data", "names"), [
+    (b'{"model": "m", "messages": [', "not valid JSON"),
+    (b"\xff\xfe{}", "not valid UTF-8"),
+    (b'[{"role": "user", "content": "hi"}]', "must be a JSON object"),
+    (b'"just a string"', "must be a JSON object"),
+    (b'{"model": "m", "max_tokens": 1}', "messages: is missing"),
+    (b'{"model": "m", "max_tokens": 1, "messages": {"role": "user"}}', "messages: must be a list"),
+    (b'{"model": "m", "max_tokens": 1, "messages": ["hi"]}', "messages.0: must be an object"),
+    (b'{"model": "m", "max_tokens": 1, "system": 3, "messages": []}', "system: must be"),
+])
+async def test_malformed_bodies_are_refused_with_400_and_never_forwarded(
+    proxy: RunningProxy, upstream_server: UpstreamServer, data: bytes, names: str
+) -> None:
+    """Bad JSON, a non-object body, a bad ``messages``/``system``: 400 naming the problem."""
+    status, _, body = await post_raw(proxy, data)
+    assert names in assert_invalid_request(status, body)
+    assert upstream_server.upstream.requests == []
+
+
+async def test_count_tokens_refuses_malformed_bodies_the_same_way(
+    proxy: RunningProxy, upstream_server: UpstreamServer
+) -> None:
+    """``count_tokens`` has the same parsing and the same 400."""
+    status, _, body = await post_raw(proxy, b"[]", path="/v1/messages/count_tokens")
+    assert "must be a JSON object" in assert_invalid_request(status, body)
+    assert upstream_server.upstream.requests == []
+
+
+async def test_body_over_the_limit_is_refused_with_413_from_content_length(
+    proxy: RunningProxy, upstream_server: UpstreamServer
+) -> None:
+    """A 33 MiB body (over the default 32 MiB) gets 413 ``request_too_large``."""
+    filler = "x" * (33 * 1024 * 1024)
+    data = json.dumps({"model": MODEL, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": filler}]}).encode()
+    status, _, body = await post_raw(proxy, data)
+    message = assert_invalid_request(status, body, 413, "request_too_large")
+    assert "33554432 bytes" in message
+    assert upstream_server.upstream.requests == []
+
+
+async def test_chunked_body_over_the_limit_is_refused_while_reading(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """A body without ``Content-Length`` is cut off with 413 as soon as it passes the limit."""
+    proxy = proxy_factory({"limits": {"max_body_bytes": 4096}})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"y" * 1024
+        yield b'"}]}'
+
+    status, _, body = await post_raw(proxy, chunks())
+    assert "4096 bytes" in assert_invalid_request(status, body, 413, "request_too_large")
+    assert upstream_server.upstream.requests == []
+
+
+def tool_use_turns(answer_id: str) -> list[dict[str, Any]]:
+    """A tool call whose result names ``answer_id``."""
+    return [
+        {"role": "user", "content": user_text("read the file")},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_01", "name": "Read",
+             "input": {"file_path": "/tmp/a.py"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": answer_id, "content": "print(1)"}]},
+    ]
+
+
+def test_broken_tool_protocol_is_refused_with_the_documented_shape(
+    sdk: anthropic.Anthropic, proxy: RunningProxy, upstream_server: UpstreamServer,
+    proxy_log: Any,
+) -> None:
+    """A result answering an unknown id: 400 naming the id, ``compaction`` fields, a blocked log."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        sdk.messages.create(model=MODEL, max_tokens=16, messages=tool_use_turns("toolu_99"))
+    error = caught.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert "toolu_" in error["message"] and "ToolProtocolError" in error["message"]
+    compaction = error["compaction"]
+    assert compaction["error"] == "ToolProtocolError"
+    assert compaction["kind"] in ("missing", "unknown")
+    assert compaction["tool_use_id"] in error["message"]
+    assert upstream_server.upstream.requests == []
+    request_id = caught.value.response.headers["x-compact-request-id"]
+    blocked = [line for line in log_lines_for(proxy_log, request_id)
+               if line["event"] == "request_blocked"]
+    assert len(blocked) == 1
+    assert blocked[0]["reason"] == "ToolProtocolError"
+    assert blocked[0]["session_id"] == caught.value.response.headers["x-compact-session-id"]
+
+
+def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any
+) -> None:
+    """Still over the hard limit after compaction: 400 ``prompt is too long`` + compaction data."""
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 100,
+                                          "hard_limit_tokens": 200},
+                           "summary": {"enabled": False}})
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    messages = [{"role": "user", "content": user_text("z" * 4000)}]
+    with client, pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=MODEL, max_tokens=16, messages=messages,
+                               extra_headers={"x-compact-session-id": "sess-hard-limit"})
+    error = caught.value.body["error"]  # type: ignore[index]
+    compaction = error["compaction"]
+    assert set(compaction) == {"error", "tokens_before", "tokens_after", "hard_limit", "layers"}
+    assert compaction["error"] == "MessageViewLimitExceeded"
+    assert compaction["hard_limit"] == 200
+    assert compaction["tokens_after"] >= 200
+    assert error["message"] == (
+        f"prompt is too long: {compaction['tokens_after']} tokens after compaction "
+        f"({','.join(compaction['layers'])}) >= hard limit 200 (MessageViewLimitExceeded)"
+    )
+    assert upstream_server.upstream.requests == []
+    request_id = caught.value.response.headers["x-compact-request-id"]
+    lines = log_lines_for(proxy_log, request_id)
+    blocked = [line for line in lines if line["event"] == "request_blocked"]
+    assert len(blocked) == 1
+    assert {key: blocked[0][key] for key in ("session_id", "reason", "tokens_before",
+                                             "tokens_after", "hard_limit", "layers")} == {
+        "session_id": "sess-hard-limit", "reason": "MessageViewLimitExceeded",
+        "tokens_before": compaction["tokens_before"], "tokens_after": compaction["tokens_after"],
+        "hard_limit": 200, "layers": compaction["layers"],
+    }
+    completed = [line for line in lines if line["event"] == "request_completed"]
+    assert completed[0]["upstream_status"] is None
+    assert completed[0]["outcome"] == "blocked"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_provider_is_502_and_the_proxy_recovers_when_it_returns(
+    proxy_factory: ProxyFactory, servers: LoopThread
+) -> None:
+    """Provider down: 502 ``api_error``; once it listens again, the next request succeeds."""
+    port = free_port()
+    proxy = proxy_factory(upstream_url=f"http://127.0.0.1:{port}")
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    messages = [{"role": "user", "content": user_text("anyone there?")}]
+    with client:
+        with pytest.raises(anthropic.InternalServerError) as caught:
+            client.messages.create(model=MODEL, max_tokens=16, messages=messages)
+        assert caught.value.status_code == 502
+        assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+        assert "unreachable" in caught.value.body["error"]["message"]  # type: ignore[index]
+        upstream = FakeUpstream()
+        runner, _ = servers.run(start_fake_upstream(upstream, port=port))
+        try:
+            message = client.messages.create(model=MODEL, max_tokens=16, messages=messages)
+        finally:
+            servers.run(runner.cleanup())
+    assert message.content[0].text == "Fake upstream reply: I saw 1 message."  # type: ignore[union-attr]
+    assert len(upstream.message_requests) == 1
+
+
+def test_provider_timeout_is_504(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """No response headers within ``read_timeout_s``: 504 ``api_error``."""
+    proxy = proxy_factory({"upstream": {"read_timeout_s": 0.3}})
+    upstream_server.upstream.push(Reply.text("late", fault=Fault("hang_before_first_byte",
+                                                                 hang_s=5)))
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client, pytest.raises(anthropic.InternalServerError) as caught:
+        client.messages.create(model=MODEL, max_tokens=16,
+                               messages=[{"role": "user", "content": user_text("slow")}])
+    assert caught.value.status_code == 504
+    assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    assert "timeout" in caught.value.body["error"]["message"]  # type: ignore[index]
+
+
+async def test_healthz_answers_ok(proxy: RunningProxy) -> None:
+    """``GET /healthz`` is ``{"status": "ok"}``, served by the proxy itself."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base_url}/healthz") as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"status": "ok"}
+
+
+async def test_metrics_count_requests_by_route_and_outcome(
+    proxy: RunningProxy, upstream_server: UpstreamServer
+) -> None:
+    """``/metrics`` is Prometheus text with requests by route/outcome and upstream latency."""
+    body = json.dumps({"model": MODEL, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": user_text("count me")}]})
+    await post_raw(proxy, body)
+    await post_raw(proxy, b"not json")
+    await asyncio.sleep(0.05)  # the request line is written after the response
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base_url}/metrics") as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain")
+            text = await resp.text()
+    assert 'compact_proxy_requests_total{outcome="forwarded",route="messages"} 1.0' in text
+    assert 'compact_proxy_requests_total{outcome="blocked",route="messages"} 1.0' in text
+    assert 'compact_proxy_upstream_latency_seconds_count{route="messages"} 1.0' in text
