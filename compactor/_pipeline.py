@@ -21,7 +21,7 @@ from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
 from ._protocol import validate_tool_protocol
-from ._sticky import CompactionCheckpoint, message_fingerprint, policy_key
+from ._sticky import CompactionCheckpoint, policy_key
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
 
@@ -185,10 +185,9 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
     view, base_layers, reused = raw, (), False
-    prints: list[int] = []
+    prints = raw.prints
     key = policy_key(policy)
     if sticky:
-        prints = [message_fingerprint(m) for m in messages]
         if (checkpoint is not None and checkpoint.policy_key == key
                 and checkpoint.matches(messages, prints)):
             # The history extends the checkpoint's: its compacted prefix, then the new

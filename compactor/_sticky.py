@@ -15,52 +15,16 @@ breakpoints to the newest messages every turn, and a marker is not content.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._blocks import Message
+from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_control
 
 __all__ = ["CompactionCheckpoint"]
 
 CHECKPOINT_FORMAT = 1
-# Python's string hashes are salted per process: a fingerprint is only comparable within the
-# process that made it. This value differs between processes exactly when the salt does.
-_PROCESS_SALT = hash("compact-proxy-fingerprint-salt")
-
-
-def _fingerprint(value: object) -> int:
-    kind = type(value)
-    if kind is str:
-        return hash(value)
-    if kind is dict:
-        return hash(tuple((k, _fingerprint(v)) for k, v in value.items()  # type: ignore[attr-defined]
-                          if k != "cache_control"))
-    if kind is list:
-        return hash((len(value), *map(_fingerprint, value)))  # type: ignore[arg-type]
-    return hash((kind.__name__, value))
-
-
-def message_fingerprint(message: Message) -> int:
-    """In-process fingerprint of a message, ``cache_control`` ignored."""
-    return _fingerprint(message)
-
-
-def strip_cache_control(value: Any) -> Any:
-    """A copy of ``value`` without any ``cache_control`` field, at any depth."""
-    if isinstance(value, dict):
-        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [strip_cache_control(v) for v in value]
-    return value
-
-
-def message_digest(message: Message) -> str:
-    """A digest of a message that is the same in every process, ``cache_control`` ignored."""
-    canonical = json.dumps(strip_cache_control(message), sort_keys=True, ensure_ascii=False,
-                           separators=(",", ":"))
-    return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -90,19 +54,19 @@ class CompactionCheckpoint:
               layers: tuple[str, ...], fingerprints: list[int] | None = None) -> "CompactionCheckpoint":
         """A checkpoint covering all of ``raw``."""
         prints = tuple(fingerprints) if fingerprints is not None else tuple(
-            message_fingerprint(m) for m in raw)
+            fingerprint(m) for m in raw)
         return cls(len(raw), [strip_cache_control(m) for m in view],
-                   tuple(message_digest(m) for m in raw), policy_key, tuple(layers),
-                   prints, _PROCESS_SALT)
+                   tuple(stable_digest(m) for m in raw), policy_key, tuple(layers),
+                   prints, PROCESS_SALT)
 
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
         """True when ``raw`` starts with exactly the messages this checkpoint covers."""
         if len(raw) < self.covered or self.covered == 0:
             return False
-        if self.salt == _PROCESS_SALT and len(self.fingerprints) == self.covered:
+        if self.salt == PROCESS_SALT and len(self.fingerprints) == self.covered:
             return tuple(fingerprints[: self.covered]) == self.fingerprints
         # Made by another process (a restart): compare the stable digests instead.
-        return all(message_digest(raw[i]) == d for i, d in enumerate(self.digests))
+        return all(stable_digest(raw[i]) == d for i, d in enumerate(self.digests))
 
     def to_bytes(self) -> bytes:
         """Serialised for the session store (fingerprints are process-local: not kept)."""

@@ -19,6 +19,8 @@ import struct
 from collections import OrderedDict
 from typing import Any, Protocol, runtime_checkable
 
+from ._fingerprint import fingerprint
+
 __all__ = ["TokenCounter", "Chars4Counter", "TiktokenCounter", "CachingCounter", "estimate_tokens"]
 
 # Per-message and per-block framing the provider adds around content (role markers, block
@@ -147,24 +149,6 @@ def _b64_head(data: object, chars: int) -> bytes:
         return b""
 
 
-def _fingerprint(value: object) -> int:
-    """A 64-bit fingerprint of a JSON value, from Python's own (per-process) hashes.
-
-    Hashing a large string this way costs no copy and no serialisation, which is what makes
-    a warm request cheap. A collision could only mis-count a message by the difference in
-    size of two colliding contents — acceptable for an estimate, so this key is used for
-    token counts only, never to look up content.
-    """
-    kind = type(value)
-    if kind is str:
-        return hash(value)
-    if kind is dict:
-        return hash(tuple((k, _fingerprint(v)) for k, v in value.items()))  # type: ignore[attr-defined]
-    if kind is list:
-        return hash((len(value), *map(_fingerprint, value)))  # type: ignore[arg-type]
-    return hash((kind.__name__, value))
-
-
 class CachingCounter:
     """Counts messages and blocks with a base counter, caching by content hash.
 
@@ -181,9 +165,6 @@ class CachingCounter:
         self.misses = 0
 
     # -- cache --------------------------------------------------------------------------
-    def _key(self, kind: str, value: object) -> tuple[str, int]:
-        return (kind, _fingerprint(value))
-
     def _cached(self, key: tuple[str, int]) -> int | None:
         found = self._cache.get(key)
         if found is not None:
@@ -202,9 +183,12 @@ class CachingCounter:
         return len(self._cache)
 
     # -- counting -----------------------------------------------------------------------
-    def count_message(self, message: dict[str, Any]) -> int:
-        """Tokens of one message (its content plus framing), cached by content hash."""
-        key = self._key("m", message.get("content"))
+    def count_message(self, message: dict[str, Any], print_: int | None = None) -> int:
+        """Tokens of one message (its content plus framing), cached by its fingerprint.
+
+        ``print_`` is the message's :func:`fingerprint` when the caller has it already.
+        """
+        key = ("m", fingerprint(message) if print_ is None else print_)
         found = self._cached(key)
         if found is not None:
             return found
@@ -216,7 +200,7 @@ class CachingCounter:
             return 0
         if isinstance(value, str):
             return self.count_text(value)
-        key = self._key("v", value)
+        key = ("v", fingerprint(value))
         found = self._cached(key)
         if found is not None:
             return found

@@ -20,6 +20,7 @@ from ._blocks import (
     is_empty_content,
     is_server_result,
 )
+from ._fingerprint import fingerprint
 from ._tokens import CachingCounter
 
 __all__: list[str] = []
@@ -30,16 +31,19 @@ REMOVED_RESULTS_PLACEHOLDER = "[compact-proxy: tool results removed from this tu
 
 
 class View:
-    """``messages`` plus a token count per message and the tokens reserved outside them."""
+    """``messages`` with a fingerprint and a token count per message, and the tokens reserved
+    outside them. Both are computed once per message object."""
 
-    __slots__ = ("messages", "tokens", "counter", "reserved")
+    __slots__ = ("messages", "prints", "tokens", "counter", "reserved")
 
     def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
-                 tokens: list[int] | None = None) -> None:
+                 prints: list[int] | None = None, tokens: list[int] | None = None) -> None:
         self.messages = messages
         self.counter = counter
         self.reserved = reserved
-        self.tokens = tokens if tokens is not None else [counter.count_message(m) for m in messages]
+        self.prints = prints if prints is not None else [fingerprint(m) for m in messages]
+        self.tokens = tokens if tokens is not None else [
+            counter.count_message(m, p) for m, p in zip(messages, self.prints)]
 
     def total(self) -> int:
         """Tokens of the whole view, reserved tokens included."""
@@ -47,10 +51,16 @@ class View:
 
     def derive(self, messages: list[Message]) -> "View":
         """A new view over ``messages``; counts of messages kept from this view are reused."""
-        known = {id(m): t for m, t in zip(self.messages, self.tokens)}
-        tokens = [known[id(m)] if id(m) in known else self.counter.count_message(m)
-                  for m in messages]
-        return View(messages, self.counter, self.reserved, tokens)
+        known = {id(m): (p, t) for m, p, t in zip(self.messages, self.prints, self.tokens)}
+        prints, tokens = [], []
+        for message in messages:
+            found = known.get(id(message))
+            if found is None:
+                print_ = fingerprint(message)
+                found = (print_, self.counter.count_message(message, print_))
+            prints.append(found[0])
+            tokens.append(found[1])
+        return View(messages, self.counter, self.reserved, prints, tokens)
 
 
 def _pair_id(block: dict[str, Any]) -> str | None:

@@ -1,7 +1,7 @@
 """The application factory and the server runner.
 
 :func:`create_app` builds everything from an already-validated :class:`~proxy.config.Config`
-(no module globals): the token counter, the role and source-access policies, the metrics,
+(no module globals): the token counter, the role policies, the source resolvers, the metrics,
 the store, and — in cleanup contexts, so they exist only while the app runs — the one
 upstream ``ClientSession`` and the summary client. :func:`start_proxy` serves an app on a
 TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy serve`` runs.
@@ -28,8 +28,8 @@ from proxy.keys import (
     CONFIG,
     COUNTER,
     METRICS,
+    RESOLVERS,
     ROLE_POLICIES,
-    SOURCE_ACCESS,
     STORE,
     SUMMARIZER,
     UPSTREAM,
@@ -37,6 +37,7 @@ from proxy.keys import (
 from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
 from proxy.routes import setup_routes
+from proxy.sources import ResolverPool
 from proxy.store import SQLiteStateStore, StateStore, StoreError
 from proxy.summarizer import ProviderSummarizer
 
@@ -125,7 +126,8 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
     app[CONFIG] = config
     app[COUNTER] = _token_counter(config)
     app[ROLE_POLICIES] = config.role_policies()
-    app[SOURCE_ACCESS] = config.source_access()
+    app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
+                                  config.source_access())
     app[METRICS] = ProxyMetrics()
     app[STORE] = store if store is not None else _new_store(config)
     app.cleanup_ctx.append(_store_ctx(app[STORE], owned=store is None))

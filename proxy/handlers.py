@@ -27,7 +27,7 @@ from proxy.body import dump_body, parse_body, read_body
 from proxy.context import RECORD, RequestRecord
 from proxy.errors import RequestRejected
 from proxy.forward import forward, request_body_stream, upstream_request_headers
-from proxy.keys import CONFIG, COUNTER, METRICS, ROLE_POLICIES, SOURCE_ACCESS, STORE, SUMMARIZER
+from proxy.keys import CONFIG, COUNTER, METRICS, RESOLVERS, ROLE_POLICIES, STORE, SUMMARIZER
 from proxy.session import resolve_session_id
 from proxy.summarizer import CallerCredentials, Summarizer, summary_source
 from proxy.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
@@ -68,16 +68,13 @@ async def passthrough_handler(request: web.Request) -> web.StreamResponse:
 async def load_durable_context(app: web.Application, session_id: str) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
-    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread.
+    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
+    it is the session's long-lived one, so unchanged files are not read again.
     """
     stored = await app[STORE].get_state(session_id)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    sources = app[CONFIG].sources
-    resolver = compactor.SourcePointerResolver(
-        sources.transcript_root, sources.artifact_root,
-        app[SOURCE_ACCESS].authorizer(session_id),
-    )
+    resolver = app[RESOLVERS].for_session(session_id)
     resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
     text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
     return DurableContext(stored.state, text)

@@ -12,9 +12,10 @@ import aiohttp
 from aiohttp import web
 
 from compactor import CachingCounter
-from policies import RolePolicies, SourceAccessPolicy
+from policies import RolePolicies
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
+from proxy.sources import ResolverPool
 from proxy.store import StateStore
 
 if TYPE_CHECKING:
@@ -24,8 +25,8 @@ __all__ = [
     "CONFIG",
     "COUNTER",
     "METRICS",
+    "RESOLVERS",
     "ROLE_POLICIES",
-    "SOURCE_ACCESS",
     "STORE",
     "SUMMARIZER",
     "UPSTREAM",
@@ -42,8 +43,8 @@ UPSTREAM: Final = web.AppKey("upstream_session", aiohttp.ClientSession)
 COUNTER: Final = web.AppKey("token_counter", CachingCounter)
 #: The per-role compaction policies and the rules that pick a role.
 ROLE_POLICIES: Final = web.AppKey("role_policies", RolePolicies)
-#: Which session may resolve which source pointers.
-SOURCE_ACCESS: Final = web.AppKey("source_access", SourceAccessPolicy)
+#: One source-pointer resolver per recent session (authorized by the source-access policy).
+RESOLVERS: Final = web.AppKey("resolvers", ResolverPool)
 #: The app's Prometheus metrics (own registry).
 METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 #: The L4 summary client; absent when ``summary.enabled`` is false.

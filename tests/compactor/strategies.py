@@ -89,8 +89,12 @@ def _text(draw: st.DrawFn, budget: _Budget, *, min_words: int = 1, max_words: in
 
 
 def _large_text(draw: st.DrawFn, budget: _Budget) -> str:
-    """Output of a few hundred to tens of thousands of characters, line by line."""
-    lines = draw(st.one_of(st.integers(1, 40), st.integers(40, 1500)))
+    """Output of tens to tens of thousands of characters, line by line.
+
+    Three bands: a few lines, around L1's smallest cut (200 to 450 characters: the head, the
+    marker and the tail of a cut can outgrow such a text), and far over any limit.
+    """
+    lines = draw(st.one_of(st.integers(1, 40), st.integers(6, 13), st.integers(40, 1500)))
     word = draw(st.sampled_from(WORDS))
     value = "\n".join(f"{budget.marker} {word} output line {i:05d}" for i in range(lines))
     budget.texts.append(value)

@@ -6,7 +6,7 @@ import copy
 
 from compactor import CachingCounter, CompactionCheckpoint, Chars4Counter, compact_context
 from compactor._l4_summary import is_summary_message
-from compactor._sticky import strip_cache_control
+from compactor._fingerprint import strip_cache_control
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import check_messages_request
 

@@ -75,15 +75,16 @@ async def test_count_tokens_refuses_malformed_bodies_the_same_way(
     assert upstream_server.upstream.requests == []
 
 
-async def test_body_over_the_limit_is_refused_with_413_from_content_length(
-    proxy: RunningProxy, upstream_server: UpstreamServer
+def test_body_over_the_limit_is_refused_with_413_from_content_length(
+    sdk: anthropic.Anthropic, upstream_server: UpstreamServer
 ) -> None:
     """A 33 MiB body (over the default 32 MiB) gets 413 ``request_too_large``."""
     filler = "x" * (33 * 1024 * 1024)
-    data = json.dumps({"model": MODEL, "max_tokens": 1,
-                       "messages": [{"role": "user", "content": filler}]}).encode()
-    status, _, body = await post_raw(proxy, data)
-    message = assert_invalid_request(status, body, 413, "request_too_large")
+    with pytest.raises(anthropic.RequestTooLargeError) as caught:
+        sdk.messages.create(model=MODEL, max_tokens=1,
+                            messages=[{"role": "user", "content": filler}])
+    body = caught.value.body
+    message = assert_invalid_request(413, body, 413, "request_too_large")
     assert "33554432 bytes" in message
     assert upstream_server.upstream.requests == []
 

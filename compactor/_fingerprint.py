@@ -1,0 +1,52 @@
+"""Content fingerprints: fast ones for this process, stable ones for the store.
+
+Both ignore ``cache_control`` fields: clients move their cache breakpoints to the newest
+messages on every turn, and a marker is neither content nor tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+__all__: list[str] = []
+
+# Python's string hashes are salted per process: a fingerprint is only comparable within the
+# process that made it. This value differs between two processes exactly when the salt does.
+PROCESS_SALT = hash("compact-proxy-fingerprint-salt")
+
+
+def fingerprint(value: object) -> int:
+    """A 64-bit fingerprint of a JSON value, from Python's own per-process hashes.
+
+    Hashing a large string this way costs no copy and no serialisation — and a string's hash
+    is computed once per object — which is what makes a warm request cheap. Collisions are
+    possible in principle (2^-64 per pair); this fingerprint keys token counts and, within
+    one process, the sticky-prefix match.
+    """
+    kind = type(value)
+    if kind is str:
+        return hash(value)
+    if kind is dict:
+        return hash(tuple((k, fingerprint(v)) for k, v in value.items()  # type: ignore[attr-defined]
+                          if k != "cache_control"))
+    if kind is list:
+        return hash((len(value), *map(fingerprint, value)))  # type: ignore[arg-type]
+    return hash((kind.__name__, value))
+
+
+def strip_cache_control(value: Any) -> Any:
+    """A copy of ``value`` without any ``cache_control`` field, at any depth."""
+    if isinstance(value, dict):
+        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [strip_cache_control(v) for v in value]
+    return value
+
+
+def stable_digest(value: object) -> str:
+    """A digest of a JSON value that is the same in every process."""
+    canonical = json.dumps(strip_cache_control(value), sort_keys=True, ensure_ascii=False,
+                           separators=(",", ":"), default=str)
+    return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

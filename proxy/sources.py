@@ -1,0 +1,56 @@
+"""Source-pointer resolvers kept across requests, one per session.
+
+A :class:`compactor.SourcePointerResolver` remembers what it verified (keyed by the file's
+identity and change stamps), but its authorizer is bound to one requesting session. The proxy
+resolves the same session's pointers on every request, so it keeps one resolver per recent
+session: the second request of a session re-hashes nothing that did not change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Final
+
+import compactor
+from policies import SourceAccessPolicy
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "ResolverPool"]
+
+#: Sessions whose resolver (and its verified outcomes) is kept; least recently used go first.
+DEFAULT_MAX_SESSIONS: Final = 1024
+
+
+class ResolverPool:
+    """The resolver of each recently seen session. Used from the event loop only; the
+    resolvers themselves are safe to use from worker threads.
+
+    Args:
+        transcript_root: ``sources.transcript_root``.
+        artifact_root: ``sources.artifact_root``.
+        access: who may resolve which session's pointers.
+        max_sessions: how many sessions' resolvers to keep.
+    """
+
+    def __init__(self, transcript_root: str, artifact_root: str, access: SourceAccessPolicy,
+                 *, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self._transcript_root = transcript_root
+        self._artifact_root = artifact_root
+        self._access = access
+        self._max_sessions = max_sessions
+        self._resolvers: OrderedDict[str, compactor.SourcePointerResolver] = OrderedDict()
+
+    def for_session(self, session_id: str) -> compactor.SourcePointerResolver:
+        """The resolver that serves ``session_id`` (created on first use)."""
+        resolver = self._resolvers.get(session_id)
+        if resolver is not None:
+            self._resolvers.move_to_end(session_id)
+            return resolver
+        resolver = compactor.SourcePointerResolver(
+            self._transcript_root, self._artifact_root, self._access.authorizer(session_id)
+        )
+        self._resolvers[session_id] = resolver
+        if len(self._resolvers) > self._max_sessions:
+            self._resolvers.popitem(last=False)
+        return resolver
