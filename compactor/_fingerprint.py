@@ -25,15 +25,13 @@ def fingerprint(value: object) -> int:
     possible in principle (2^-64 per pair); this fingerprint keys token counts and, within
     one process, the sticky-prefix match.
     """
-    kind = type(value)
-    if kind is str:
+    if isinstance(value, str):
         return hash(value)
-    if kind is dict:
-        return hash(tuple((k, fingerprint(v)) for k, v in value.items()  # type: ignore[attr-defined]
-                          if k != "cache_control"))
-    if kind is list:
-        return hash((len(value), *map(fingerprint, value)))  # type: ignore[arg-type]
-    return hash((kind.__name__, value))
+    if isinstance(value, dict):
+        return hash(tuple((k, fingerprint(v)) for k, v in value.items() if k != "cache_control"))
+    if isinstance(value, list):
+        return hash((len(value), *map(fingerprint, value)))
+    return hash((type(value).__name__, value))
 
 
 def strip_cache_control(value: Any) -> Any:

@@ -184,7 +184,8 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
     raw = View(messages, counter, reserved_tokens)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
-    view, base_layers, reused = raw, (), False
+    view, reused = raw, False
+    base_layers: tuple[str, ...] = ()
     prints = raw.prints
     key = policy_key(policy)
     if sticky:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, SERVER_USES, Message, blocks_of, is_server_result
-from ._errors import ToolProtocolError
+from ._errors import ProtocolErrorKind, ToolProtocolError
 
 __all__ = ["Interaction", "validate_tool_protocol"]
 
@@ -107,7 +107,7 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
     def close_open(at: int) -> None:
         for tool_use_id in open_uses:
             later = [i for i in results_at.get(tool_use_id, ()) if i > open_from]
-            kind = "not_adjacent" if later else "missing"
+            kind: ProtocolErrorKind = "not_adjacent" if later else "missing"
             raise ToolProtocolError(kind, tool_use_id, open_from,
                                     "tool_use has no tool_result in the next message")
 
@@ -169,8 +169,8 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
                     server_open[tool_use_id] = block
             elif is_server_result(block_type):
                 tool_use_id = _id_of(block, "tool_use_id", index)
-                use = server_open.pop(tool_use_id, None)
-                if use is None:
+                server_use = server_open.pop(tool_use_id, None)
+                if server_use is None:
                     if tool_use_id in interactions:
                         raise ToolProtocolError("duplicate", tool_use_id, index,
                                                 "server tool use answered more than once")
@@ -182,17 +182,18 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
                         raise ToolProtocolError("not_adjacent", tool_use_id, index,
                                                 f"{block_type} is not in the message of its use")
                     raise ToolProtocolError("unknown", tool_use_id, index,
-                                            f"no server tool use carries this id")
+                                            "no server tool use carries this id")
                 interactions[tool_use_id] = Interaction(
-                    tool_use_id, "server", index, index, str(use.get("name", "")),
-                    use.get("input"), block.get("is_error") is True)
+                    tool_use_id, "server", index, index, str(server_use.get("name", "")),
+                    server_use.get("input"), block.get("is_error") is True)
             elif block_type == CLIENT_RESULT:
                 raise ToolProtocolError("out_of_order", _id_of(block, "tool_use_id", index), index,
                                         "tool_result inside an assistant message")
-        for tool_use_id, use in server_open.items():
+        for tool_use_id, lone in server_open.items():
             # A server use without its result (a paused turn) stands alone as a unit.
             interactions[tool_use_id] = Interaction(
-                tool_use_id, "server", index, None, str(use.get("name", "")), use.get("input"), False)
+                tool_use_id, "server", index, None, str(lone.get("name", "")), lone.get("input"),
+                False)
         open_from = index
     close_open(len(messages))
     return dict(sorted(interactions.items(), key=lambda item: item[1].use_index))

@@ -121,10 +121,14 @@ class SSEFramer:
 
     def feed(self, chunk: bytes) -> bytes:
         """Append ``chunk``; return the complete events now available (may be empty)."""
-        start = max(0, len(self._pending) - 3)
+        start = max(0, len(self._pending) - 3)  # a boundary may straddle the old tail
         self._pending += chunk
-        end = max(self._pending.rfind(b"\n\n", start) + 2, self._pending.rfind(b"\r\n\r\n", start) + 4)
-        if end <= 1:
+        end = 0
+        for boundary in (b"\n\n", b"\r\n\r\n"):
+            found = self._pending.rfind(boundary, start)
+            if found >= 0:
+                end = max(end, found + len(boundary))
+        if end == 0:
             return b""
         ready = bytes(self._pending[:end])
         del self._pending[:end]
