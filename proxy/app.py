@@ -21,10 +21,12 @@ import structlog
 from aiohttp import web
 
 import compactor
+from proxy.checkpoints import SessionCheckpoints
 from proxy.config import Config, ConfigError
 from proxy.context import request_context_middleware
 from proxy.errors import error_middleware
 from proxy.keys import (
+    CHECKPOINTS,
     CONFIG,
     COUNTER,
     METRICS,
@@ -130,6 +132,7 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
                                   config.source_access())
     app[METRICS] = ProxyMetrics()
     app[STORE] = store if store is not None else _new_store(config)
+    app[CHECKPOINTS] = SessionCheckpoints(app[STORE])
     app.cleanup_ctx.append(_store_ctx(app[STORE], owned=store is None))
     app.cleanup_ctx.append(_upstream_ctx)
     if config.summary.enabled:

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 import compactor
-from proxy.context import RECORD
+from proxy.context import RECORD, RequestRecord
 from proxy.store import StoreError
 
 __all__ = [
@@ -138,7 +138,7 @@ def _location(exc: BaseException) -> str:
 
 
 def _compact_headers(request: web.Request) -> dict[str, str]:
-    record = request.get(RECORD)
+    record: RequestRecord | None = request.get(RECORD)
     if record is None:
         return {}
     return record.response_headers()

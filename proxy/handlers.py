@@ -2,8 +2,9 @@
 
 One visible sequence (SPEC section 1), each step its own function::
 
-    read (size limit) -> parse -> resolve session -> pick role policy
-    -> load + resolve durable state -> compact (validates the tool protocol first)
+    read (size limit) -> parse -> resolve session -> load + resolve durable state
+    -> pick role policy -> compact (validates the tool protocol first; sticky: from the
+       session's checkpoint) -> keep the new checkpoint
     -> append durable block to system -> thinking-binding opt-out -> forward -> relay
 
 ``count_tokens`` runs the same steps with a summarizer that only reads the summary cache, so
@@ -27,7 +28,16 @@ from proxy.body import dump_body, parse_body, read_body
 from proxy.context import RECORD, RequestRecord
 from proxy.errors import RequestRejected
 from proxy.forward import forward, request_body_stream, upstream_request_headers
-from proxy.keys import CONFIG, COUNTER, METRICS, RESOLVERS, ROLE_POLICIES, STORE, SUMMARIZER
+from proxy.keys import (
+    CHECKPOINTS,
+    CONFIG,
+    COUNTER,
+    METRICS,
+    RESOLVERS,
+    ROLE_POLICIES,
+    STORE,
+    SUMMARIZER,
+)
 from proxy.session import resolve_session_id
 from proxy.summarizer import CallerCredentials, Summarizer, summary_source
 from proxy.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
@@ -98,14 +108,17 @@ def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: s
     return reserved
 
 
-async def _compact(request: web.Request, record: RequestRecord, body: dict[str, Any],
-                   durable: DurableContext, may_call_model: bool) -> compactor.CompactionResult:
+async def _compact(request: web.Request, record: RequestRecord, session_id: str,
+                   body: dict[str, Any], durable: DurableContext,
+                   may_call_model: bool) -> compactor.CompactionResult:
     app = request.app
     model = body.get("model")
     role, policy = app[ROLE_POLICIES].select(
         request.headers, model if isinstance(model, str) else None
     )
     record.role = role
+    sticky = app[CONFIG].compaction.sticky
+    checkpoint = await app[CHECKPOINTS].load(session_id, role) if sticky else None
     try:
         result = await compactor.compact_context_async(
             body["messages"],
@@ -114,13 +127,18 @@ async def _compact(request: web.Request, record: RequestRecord, body: dict[str, 
             summarizer=_summarizer(request, policy, may_call_model),
             counter=app[COUNTER],
             reserved_tokens=_reserved_tokens(app, body, durable.text),
+            checkpoint=checkpoint,
+            sticky=sticky,
         )
     except (compactor.ToolProtocolError, compactor.MessageViewLimitExceeded):
-        raise
+        raise  # the documented rejections (ToolProtocolError is a ValueError too)
     except (TypeError, ValueError) as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
         raise RequestRejected(400, "invalid_request_error", f"messages: {exc}",
                               reason="invalid_messages") from None
+    # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
+    if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:
+        await app[CHECKPOINTS].save(session_id, role, result.checkpoint)
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
@@ -134,10 +152,11 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
     body = parse_body(raw)
-    record.session_id = resolve_session_id(request.headers, body, config.session.header)
-    structlog.contextvars.bind_contextvars(session_id=record.session_id)
-    durable = await load_durable_context(app, record.session_id)
-    result = await _compact(request, record, body, durable, may_call_model)
+    session_id = resolve_session_id(request.headers, body, config.session.header)
+    record.session_id = session_id
+    structlog.contextvars.bind_contextvars(session_id=session_id)
+    durable = await load_durable_context(app, session_id)
+    result = await _compact(request, record, session_id, body, durable, may_call_model)
 
     headers = upstream_request_headers(request.headers)
     if not result.changed and not durable.text:

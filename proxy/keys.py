@@ -6,22 +6,22 @@ by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import aiohttp
 from aiohttp import web
 
 from compactor import CachingCounter
 from policies import RolePolicies
+from proxy.checkpoints import SessionCheckpoints
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
 from proxy.sources import ResolverPool
 from proxy.store import StateStore
-
-if TYPE_CHECKING:
-    from proxy.summarizer import ProviderSummarizer
+from proxy.summarizer import ProviderSummarizer
 
 __all__ = [
+    "CHECKPOINTS",
     "CONFIG",
     "COUNTER",
     "METRICS",
@@ -45,7 +45,9 @@ COUNTER: Final = web.AppKey("token_counter", CachingCounter)
 ROLE_POLICIES: Final = web.AppKey("role_policies", RolePolicies)
 #: One source-pointer resolver per recent session (authorized by the source-access policy).
 RESOLVERS: Final = web.AppKey("resolvers", ResolverPool)
+#: Sticky-compaction checkpoints per session and role.
+CHECKPOINTS: Final = web.AppKey("checkpoints", SessionCheckpoints)
 #: The app's Prometheus metrics (own registry).
 METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 #: The L4 summary client; absent when ``summary.enabled`` is false.
-SUMMARIZER: Final[web.AppKey[ProviderSummarizer]] = web.AppKey("summarizer")
+SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)

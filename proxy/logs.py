@@ -92,7 +92,7 @@ class Redactor:
         if isinstance(value, str):
             return True, self._clean_str(value)
         if isinstance(value, (list, tuple)):
-            items = []
+            items: list[object] = []
             for item in value:
                 if item is None or isinstance(item, (bool, int, float)):
                     items.append(item)

@@ -147,7 +147,7 @@ class ProviderSummarizer:
             _log.warning("summary_failed", error_class=type(exc).__name__)
             return None
         text = "".join(
-            block.text for block in message.content if getattr(block, "type", None) == "text"
+            block.text for block in message.content if isinstance(block, anthropic.types.TextBlock)
         ).strip()
         if not text:
             _log.warning("summary_failed", error_class="EmptySummary")

@@ -230,3 +230,18 @@ async def async_sdk(proxy: RunningProxy) -> Any:
         yield client
     finally:
         await client.close()
+
+
+def first_text(message: anthropic.types.Message) -> str:
+    """The text of a response's first block (which must be a text block)."""
+    block = message.content[0]
+    assert isinstance(block, anthropic.types.TextBlock)
+    return block.text
+
+
+def error_of(exc: anthropic.APIStatusError) -> dict[str, Any]:
+    """The ``error`` object of an SDK exception's Anthropic error body."""
+    body = exc.body
+    assert isinstance(body, dict) and body.get("type") == "error"
+    error: dict[str, Any] = body["error"]
+    return error

@@ -18,6 +18,8 @@ from tests.conftest import (
     ProxyFactory,
     RunningProxy,
     UpstreamServer,
+    error_of,
+    first_text,
     load_corpus_body,
     log_lines_for,
     user_text,
@@ -30,7 +32,7 @@ LOW_THRESHOLDS = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
                   "summary_keep_recent": 4}
 
 
-def read_turns(count: int, result_chars: int = 3000) -> list[dict[str, Any]]:
+def read_turns(count: int, result_chars: int = 3000) -> list[Any]:
     """A first user message, then ``count`` Read calls with large results, then a question."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": user_text("fix the parser")}]
     for index in range(count):
@@ -69,12 +71,13 @@ def test_corpus_conversation_is_compacted_and_accepted_by_the_provider(
     proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 20000,
                                           "hard_limit_tokens": 60000}})
     body = load_corpus_body(CCTRACE)
+    body["model"] = MODEL  # the recorded model id is deprecated in this SDK
     body["messages"][-1]["content"].append({"type": "text", "text": user_text("continue")})
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         raw = client.messages.with_raw_response.create(**body)
         message = raw.parse()
-    assert message.content[0].type == "text"
+    assert first_text(message)
     before = int(raw.headers["x-compact-tokens-before"])
     after = int(raw.headers["x-compact-tokens-after"])
     assert after < 20000 < before
@@ -197,12 +200,12 @@ def test_durable_block_is_appended_last_to_system_with_verified_statuses(
                                 "source_rank": 1, "conflict_key": None}],
     })
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
-    request = {"model": MODEL, "max_tokens": 32, "system": "You are helpful.",
+    request: dict[str, Any] = {"model": MODEL, "max_tokens": 32, "system": "You are helpful.",
                "messages": [{"role": "user", "content": user_text("when do we deploy?")}],
                "extra_headers": {"x-compact-session-id": "sess-d"}}
     with client:
-        client.messages.create(**request)  # type: ignore[arg-type]
-        client.messages.create(**request)  # type: ignore[arg-type]
+        client.messages.create(**request)
+        client.messages.create(**request)
     first, second = forwarded(upstream_server)
     assert first["system"][0] == {"type": "text", "text": "You are helpful."}
     block = first["system"][-1]
@@ -220,7 +223,7 @@ def test_durable_block_is_appended_last_to_system_with_verified_statuses(
     assert first["messages"] == request["messages"]
 
 
-def thinking_history() -> list[dict[str, Any]]:
+def thinking_history() -> list[Any]:
     """A long tool loop whose assistant turns start with signed thinking blocks."""
     messages = read_turns(8)
     for message in messages:
@@ -239,14 +242,14 @@ def test_thinking_binding_opt_out_is_added_only_when_the_proxy_changed_the_prefi
     unless the client chose a binding behaviour itself."""
     proxy = proxy_factory({"compaction": {**LOW_THRESHOLDS, "keep_recent_messages": 6},
                            "summary": {"enabled": False}})
-    thinking: dict[str, Any] = {"type": "enabled", "budget_tokens": 1024}
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
     if client_binding is not None:
         thinking["block_binding"] = client_binding
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         raw = client.messages.with_raw_response.create(
-            model=MODEL, max_tokens=2048, thinking=thinking,  # type: ignore[arg-type]
-            messages=thinking_history(),  # type: ignore[arg-type]
+            model=MODEL, max_tokens=2048, thinking=thinking,
+            messages=thinking_history(),
             extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"},
         )
     assert raw.headers["x-compact-layers"] != ""
@@ -271,7 +274,7 @@ def test_no_binding_opt_out_when_nothing_was_rewritten(
     with client:
         client.messages.create(model=MODEL, max_tokens=2048,
                                thinking={"type": "enabled", "budget_tokens": 1024},
-                               messages=messages)  # type: ignore[arg-type]
+                               messages=messages)
     recorded = upstream_server.upstream.message_requests[-1]
     assert recorded.body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
     assert "anthropic-beta" not in recorded.headers
@@ -292,9 +295,9 @@ def test_l4_summary_comes_from_the_provider_once_then_from_the_cache(
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         first = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
-                                                         messages=messages)  # type: ignore[arg-type]
+                                                         messages=messages)
         second = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
-                                                          messages=messages)  # type: ignore[arg-type]
+                                                          messages=messages)
     assert "L4" in first.headers["x-compact-layers"].split(",")
     assert first.headers["x-compact-layers"] == second.headers["x-compact-layers"]
     calls = summary_calls(upstream_server)
@@ -323,7 +326,7 @@ def test_failed_summary_keeps_the_history_and_the_request_still_succeeds(
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
-                                                       messages=messages)  # type: ignore[arg-type]
+                                                       messages=messages)
     assert raw.http_response.status_code == 200
     assert "L4" not in raw.headers["x-compact-layers"].split(",")
     assert len(summary_calls(upstream_server)) == 1
@@ -347,8 +350,8 @@ def test_failed_summary_over_the_hard_limit_is_blocked(
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client, pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model=MODEL, max_tokens=64,
-                               messages=read_turns(12))  # type: ignore[arg-type]
-    compaction = caught.value.body["error"]["compaction"]  # type: ignore[index]
+                               messages=read_turns(12))
+    compaction = error_of(caught.value)["compaction"]
     assert compaction["error"] == "MessageViewLimitExceeded"
     assert compaction["layers"][-1] == "L4"
     assert forwarded(upstream_server) == []
@@ -364,12 +367,12 @@ def test_count_tokens_counts_the_view_the_next_message_sends_without_calling_a_m
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         uncached = client.messages.count_tokens(model=MODEL,
-                                                messages=messages)  # type: ignore[arg-type]
+                                                messages=messages)
         assert summary_calls(upstream_server) == []
         client.messages.create(model=MODEL, max_tokens=64,
-                               messages=messages)  # type: ignore[arg-type]
+                               messages=messages)
         cached = client.messages.with_raw_response.count_tokens(
-            model=MODEL, messages=messages)  # type: ignore[arg-type]
+            model=MODEL, messages=messages)
     assert len(summary_calls(upstream_server)) == 1
     assert "L4" in cached.headers["x-compact-layers"].split(",")
     counted = [r.body for r in upstream_server.upstream.requests
@@ -377,3 +380,32 @@ def test_count_tokens_counts_the_view_the_next_message_sends_without_calling_a_m
     assert len(counted) == 2
     assert counted[1]["messages"] == forwarded(upstream_server)[0]["messages"]
     assert cached.parse().input_tokens < uncached.input_tokens
+
+
+def test_sticky_compaction_reuses_the_compacted_prefix_across_requests_and_restarts(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """A history that only grows gets the byte-identical compacted prefix plus its new turns,
+    also from a new proxy process on the same store."""
+    proxy = proxy_factory({"compaction": LOW_THRESHOLDS, "summary": {"enabled": False}})
+    history = read_turns(10)
+    grown = [*history, {"role": "assistant", "content": "Done reading."},
+             {"role": "user", "content": user_text("and then?")}]
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        client.messages.create(model=MODEL, max_tokens=16, messages=history,
+                               extra_headers={"x-compact-session-id": "sticky-1"})
+        client.messages.create(model=MODEL, max_tokens=16, messages=grown,
+                               extra_headers={"x-compact-session-id": "sticky-1"})
+    restarted = proxy_factory({"compaction": LOW_THRESHOLDS, "summary": {"enabled": False},
+                               "store": {"path": proxy.config.store.path}})
+    client = anthropic.Anthropic(base_url=restarted.base_url, api_key=TEST_API_KEY,
+                                 max_retries=0)
+    with client:
+        client.messages.create(model=MODEL, max_tokens=16, messages=grown,
+                               extra_headers={"x-compact-session-id": "sticky-1"})
+    first, second, third = (body["messages"] for body in forwarded(upstream_server))
+    assert len(first) < len(history)
+    assert second[: len(first)] == first
+    assert second[len(first):] == grown[len(history):]
+    assert third == second

@@ -19,6 +19,8 @@ from tests.conftest import (
     ProxyFactory,
     RunningProxy,
     UpstreamServer,
+    error_of,
+    first_text,
     log_lines_for,
     user_text,
 )
@@ -106,7 +108,7 @@ async def test_chunked_body_over_the_limit_is_refused_while_reading(
     assert upstream_server.upstream.requests == []
 
 
-def tool_use_turns(answer_id: str) -> list[dict[str, Any]]:
+def tool_use_turns(answer_id: str) -> list[Any]:
     """A tool call whose result names ``answer_id``."""
     return [
         {"role": "user", "content": user_text("read the file")},
@@ -125,7 +127,7 @@ def test_broken_tool_protocol_is_refused_with_the_documented_shape(
     """A result answering an unknown id: 400 naming the id, ``compaction`` fields, a blocked log."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk.messages.create(model=MODEL, max_tokens=16, messages=tool_use_turns("toolu_99"))
-    error = caught.value.body["error"]  # type: ignore[index]
+    error = error_of(caught.value)
     assert error["type"] == "invalid_request_error"
     assert "toolu_" in error["message"] and "ToolProtocolError" in error["message"]
     compaction = error["compaction"]
@@ -149,11 +151,11 @@ def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
                                           "hard_limit_tokens": 200},
                            "summary": {"enabled": False}})
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
-    messages = [{"role": "user", "content": user_text("z" * 4000)}]
+    messages: list[Any] = [{"role": "user", "content": user_text("z" * 4000)}]
     with client, pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model=MODEL, max_tokens=16, messages=messages,
                                extra_headers={"x-compact-session-id": "sess-hard-limit"})
-    error = caught.value.body["error"]  # type: ignore[index]
+    error = error_of(caught.value)
     compaction = error["compaction"]
     assert set(compaction) == {"error", "tokens_before", "tokens_after", "hard_limit", "layers"}
     assert compaction["error"] == "MessageViewLimitExceeded"
@@ -193,20 +195,20 @@ def test_unreachable_provider_is_502_and_the_proxy_recovers_when_it_returns(
     port = free_port()
     proxy = proxy_factory(upstream_url=f"http://127.0.0.1:{port}")
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
-    messages = [{"role": "user", "content": user_text("anyone there?")}]
+    messages: list[Any] = [{"role": "user", "content": user_text("anyone there?")}]
     with client:
         with pytest.raises(anthropic.InternalServerError) as caught:
             client.messages.create(model=MODEL, max_tokens=16, messages=messages)
         assert caught.value.status_code == 502
-        assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
-        assert "unreachable" in caught.value.body["error"]["message"]  # type: ignore[index]
+        assert error_of(caught.value)["type"] == "api_error"
+        assert "unreachable" in error_of(caught.value)["message"]
         upstream = FakeUpstream()
         runner, _ = servers.run(start_fake_upstream(upstream, port=port))
         try:
             message = client.messages.create(model=MODEL, max_tokens=16, messages=messages)
         finally:
             servers.run(runner.cleanup())
-    assert message.content[0].text == "Fake upstream reply: I saw 1 message."  # type: ignore[union-attr]
+    assert first_text(message) == "Fake upstream reply: I saw 1 message."
     assert len(upstream.message_requests) == 1
 
 
@@ -222,8 +224,8 @@ def test_provider_timeout_is_504(
         client.messages.create(model=MODEL, max_tokens=16,
                                messages=[{"role": "user", "content": user_text("slow")}])
     assert caught.value.status_code == 504
-    assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
-    assert "timeout" in caught.value.body["error"]["message"]  # type: ignore[index]
+    assert error_of(caught.value)["type"] == "api_error"
+    assert "timeout" in error_of(caught.value)["message"]
 
 
 async def test_healthz_answers_ok(proxy: RunningProxy) -> None:

@@ -10,12 +10,12 @@ import anthropic
 import pytest
 
 from proxy.fake_upstream import Reply
-from tests.conftest import TEST_API_KEY, RunningProxy, UpstreamServer, user_text
+from tests.conftest import TEST_API_KEY, RunningProxy, UpstreamServer, first_text, user_text
 
 MODEL = "claude-sonnet-4-5"
 
 
-def small_messages() -> list[dict[str, Any]]:
+def small_messages() -> list[Any]:
     """A one-turn conversation."""
     return [{"role": "user", "content": user_text("say hello")}]
 
@@ -27,8 +27,7 @@ def test_small_request_passes_through_with_the_sync_sdk(
     raw = sdk.messages.with_raw_response.create(model=MODEL, max_tokens=64,
                                                 messages=small_messages())
     message = raw.parse()
-    assert message.content[0].type == "text"
-    assert message.content[0].text == "Fake upstream reply: I saw 1 message."
+    assert first_text(message) == "Fake upstream reply: I saw 1 message."
     seen = upstream_server.upstream.message_requests
     assert len(seen) == 1
     assert seen[0].body["messages"] == small_messages()
@@ -43,7 +42,7 @@ async def test_small_request_passes_through_with_the_async_sdk(
     """The async SDK gets the same pass-through as the sync one."""
     message = await async_sdk.messages.create(model=MODEL, max_tokens=64,
                                               messages=small_messages())
-    assert message.content[0].text == "Fake upstream reply: I saw 1 message."
+    assert first_text(message) == "Fake upstream reply: I saw 1 message."
     assert upstream_server.upstream.message_requests[0].body["messages"] == small_messages()
 
 

@@ -32,32 +32,32 @@ ADMIN_TOKEN = "admin-hygiene-token-9c1e5b2d"
 
 def run_workload(client: anthropic.Anthropic, upstream_server: UpstreamServer) -> None:
     """Send one request down every path that writes log lines."""
-    small = [{"role": "user", "content": user_text("hello")}]
-    client.messages.create(model=MODEL, max_tokens=16, messages=small)  # type: ignore[arg-type]
+    small: list[Any] = [{"role": "user", "content": user_text("hello")}]
+    client.messages.create(model=MODEL, max_tokens=16, messages=small)
     with client.messages.stream(model=MODEL, max_tokens=16,
-                                messages=small) as stream:  # type: ignore[arg-type]
+                                messages=small) as stream:
         stream.get_final_message()
     long_history = read_turns(12)
-    client.messages.create(model=MODEL, max_tokens=16, messages=long_history,  # type: ignore[arg-type]
+    client.messages.create(model=MODEL, max_tokens=16, messages=long_history,
                            extra_headers={"x-compact-session-id": "hygiene"})
-    client.messages.count_tokens(model=MODEL, messages=long_history)  # type: ignore[arg-type]
+    client.messages.count_tokens(model=MODEL, messages=long_history)
     upstream_server.upstream.push(Reply.api_error(500, "api_error", "boom"))
-    client.messages.create(model=MODEL, max_tokens=16,  # type: ignore[arg-type]
+    client.messages.create(model=MODEL, max_tokens=16,
                            messages=read_turns(13))
     upstream_server.upstream.push(Reply.text("cut", fault=Fault("cut_after_events",
                                                                 after_events=2)))
     with pytest.raises(anthropic.APIStatusError):
         with client.messages.stream(model=MODEL, max_tokens=16,
-                                    messages=small) as stream:  # type: ignore[arg-type]
+                                    messages=small) as stream:
             stream.get_final_message()
     bad_protocol = [*small, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_x", "name": "Read", "input": {"file_path": "/a"}}]},
         {"role": "user", "content": user_text("no result")}]
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model=MODEL, max_tokens=16,
-                               messages=bad_protocol)  # type: ignore[arg-type]
+                               messages=bad_protocol)
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model=MODEL, max_tokens=16,  # type: ignore[arg-type]
+        client.messages.create(model=MODEL, max_tokens=16,
                                messages=[{"role": "user", "content": user_text("q" * 400_000)}])
     client.models.list()
 

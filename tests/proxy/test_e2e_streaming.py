@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import aiohttp
 import anthropic
@@ -14,7 +15,7 @@ from proxy.fake_upstream import Fault, Reply
 from tests.conftest import TEST_API_KEY, RunningProxy, UpstreamServer, user_text
 
 MODEL = "claude-sonnet-4-5"
-MESSAGES = [{"role": "user", "content": user_text("stream please")}]
+MESSAGES: list[Any] = [{"role": "user", "content": user_text("stream please")}]
 # message_start, ping, content_block_start, 3 text deltas, content_block_stop,
 # message_delta, message_stop.
 EVENTS_PER_TEXT_REPLY = 9

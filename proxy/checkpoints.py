@@ -1,0 +1,74 @@
+"""Sticky-compaction checkpoints per session and role: in memory first, the store behind.
+
+A checkpoint (:class:`compactor.CompactionCheckpoint`) holds the compacted view of a session's
+history so far; while the history only grows, the next request reuses that exact prefix (so
+the provider's prompt cache keeps hitting) instead of compacting afresh. The in-memory copy
+keeps the checkpoint's fast per-process fingerprints; the store's copy survives a restart.
+Checkpoints are an optimisation only: a store failure is logged and compaction starts afresh.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Final
+
+import structlog
+
+import compactor
+from proxy.store import StateStore, StoreError
+
+__all__ = ["CHECKPOINT_RECORD_PREFIX", "SessionCheckpoints"]
+
+_log = structlog.get_logger("proxy.checkpoints")
+
+#: Record kind in the store: ``checkpoint:<role>`` (a subagent sharing its parent's session
+#: id keeps its own checkpoint).
+CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"
+DEFAULT_MAX_ENTRIES: Final = 1024
+
+
+class SessionCheckpoints:
+    """The latest checkpoint of each recent (session, role). Used from the event loop only.
+
+    Args:
+        store: where checkpoints are persisted (``put_record`` / ``get_record``).
+        max_entries: how many checkpoints to keep in memory.
+    """
+
+    def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        self._store = store
+        self._max_entries = max_entries
+        self._memory: OrderedDict[tuple[str, str], compactor.CompactionCheckpoint] = OrderedDict()
+
+    def _remember(self, key: tuple[str, str], checkpoint: compactor.CompactionCheckpoint) -> None:
+        self._memory[key] = checkpoint
+        self._memory.move_to_end(key)
+        if len(self._memory) > self._max_entries:
+            self._memory.popitem(last=False)
+
+    async def load(self, session_id: str, role: str) -> compactor.CompactionCheckpoint | None:
+        """The checkpoint to try for this request, or ``None``."""
+        key = (session_id, role)
+        found = self._memory.get(key)
+        if found is not None:
+            self._memory.move_to_end(key)
+            return found
+        try:
+            data = await self._store.get_record(session_id, CHECKPOINT_RECORD_PREFIX + role)
+        except StoreError as exc:
+            _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
+            return None
+        checkpoint = compactor.CompactionCheckpoint.from_bytes(data) if data else None
+        if checkpoint is not None:
+            self._remember(key, checkpoint)
+        return checkpoint
+
+    async def save(self, session_id: str, role: str,
+                   checkpoint: compactor.CompactionCheckpoint) -> None:
+        """Keep ``checkpoint`` as the session's latest (memory and store)."""
+        self._remember((session_id, role), checkpoint)
+        try:
+            await self._store.put_record(session_id, CHECKPOINT_RECORD_PREFIX + role,
+                                         checkpoint.to_bytes())
+        except StoreError as exc:
+            _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)
