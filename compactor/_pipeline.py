@@ -35,13 +35,18 @@ S = TypeVar("S")
 
 
 class PolicyLike(Protocol):
-    """What the pipeline reads of ``policies.CompactionPolicy``."""
+    """What the pipeline reads of ``policies.CompactionPolicy`` (read-only)."""
 
-    soft_threshold_tokens: int
-    hard_limit_tokens: int
-    max_tool_result_tokens: int
-    keep_recent_messages: int
-    summary_keep_recent: int
+    @property
+    def soft_threshold_tokens(self) -> int: ...
+    @property
+    def hard_limit_tokens(self) -> int: ...
+    @property
+    def max_tool_result_tokens(self) -> int: ...
+    @property
+    def keep_recent_messages(self) -> int: ...
+    @property
+    def summary_keep_recent(self) -> int: ...
 
 
 @dataclass(frozen=True)
