@@ -47,6 +47,10 @@ COMPACTION: Final = {
     "summary_keep_recent": 4,
     "token_counter": "tiktoken",
 }
+# Claude Code marks its subagents with this header; the demo's subagent role has L4 off, so
+# its history is pruned by L3 instead of summarised.
+SUBAGENT_HEADER: Final = "x-claude-code-agent-id"
+SUBAGENT_ROLE: Final = {"summary_enabled": False, "keep_recent_messages": 8}
 
 
 def _source_file(version: int) -> str:
@@ -75,6 +79,11 @@ class Step:
     tool_input: dict[str, Any]
     output: str
     note: str
+
+
+def _subagent_plan() -> list[Step]:
+    return [Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
+                 f"subagent reads chapter {n}") for n in range(1, 11)]
 
 
 def _plan() -> list[Step]:
@@ -154,6 +163,27 @@ def _audit_lines(logs: io.StringIO, event: str) -> list[dict[str, Any]]:
     return lines
 
 
+async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
+                upstream: FakeUpstream, plan: list[Step], seen_layers: set[str],
+                headers: dict[str, str]) -> None:
+    """Play ``plan`` through the proxy: one request per step, printing what compaction did."""
+    for n, step in enumerate(plan, start=1):
+        tool_id = f"toolu_demo_{len(agent.history):03d}"
+        agent.planned = Reply.tool_call(step.name, step.tool_input, tool_use_id=tool_id,
+                                        text=f"Next: {step.note}.")
+        messages: Any = agent.history
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=1024, messages=messages, extra_headers=headers)
+        message = await raw.parse()
+        seen_layers.update(filter(None, raw.headers.get("x-compact-layers", "").split(",")))
+        _print_row(out, n, raw.headers, step.note,
+                   len(upstream.message_requests[-1].body["messages"]))
+        agent.history.append({"role": "assistant",
+                              "content": [b.model_dump(exclude_none=True) for b in message.content]})
+        agent.history.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool_id, "content": step.output}]})
+
+
 async def _run(out: TextIO) -> int:
     token = secrets.token_hex(16)
     os.environ[ADMIN_TOKEN_ENV] = token
@@ -166,6 +196,7 @@ async def _run(out: TextIO) -> int:
             "listen": {"host": "127.0.0.1", "port": 0},
             "upstream": {"base_url": upstream_url},
             "compaction": COMPACTION,
+            "policies": {"roles": {"subagent": SUBAGENT_ROLE}},
             "store": {"path": str(root / "state.db")},
             "sources": {"transcript_root": str(root / "transcripts"),
                         "artifact_root": str(root / "artifacts")},
@@ -199,27 +230,21 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     agent.history.append({"role": "user",
                           "content": "Fix the failing test in tests/test_parser.py."})
     try:
-        for n, step in enumerate(_plan(), start=1):
-            tool_id = f"toolu_demo_{n:03d}"
-            agent.planned = Reply.tool_call(step.name, step.tool_input, tool_use_id=tool_id,
-                                            text=f"Next: {step.note}.")
-            raw = await client.messages.with_raw_response.create(
-                model=MODEL, max_tokens=1024, messages=agent.history)
-            message = await raw.parse()
-            layers = raw.headers.get("x-compact-layers", "")
-            seen_layers.update(filter(None, layers.split(",")))
-            _print_row(out, n, raw.headers, step.note,
-                       len(upstream.message_requests[-1].body["messages"]))
-            agent.history.append({"role": "assistant",
-                                  "content": [b.model_dump(exclude_none=True) for b in message.content]})
-            agent.history.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": tool_id, "content": step.output}]})
+        out.write("main agent (role main: L1-L4, sticky):\n")
+        await _play(out, client, agent, upstream, _plan(), seen_layers, {})
         last_system = upstream.message_requests[-1].body.get("system") or []
         durable = last_system[-1]["text"] if last_system else ""
         out.write("\ndurable context appended to system on every request (excerpt):\n")
         for line in durable.splitlines():
             if "source_status=" in line:
-                out.write(f"    {line[:150]}\n")
+                out.write(f"    {line.strip()}\n")
+        out.write(f"\na subagent ({SUBAGENT_HEADER} header, role subagent: L4 off, "
+                  f"keep {SUBAGENT_ROLE['keep_recent_messages']} recent):\n")
+        subagent = Agent(history=[{"role": "user", "content": "Summarise the docs chapters."}])
+        upstream.script = subagent.script
+        await _play(out, client, subagent, upstream, _subagent_plan(), seen_layers,
+                    {SUBAGENT_HEADER: "agent-docs-1", "x-compact-session-id": "demo-subagent"})
+        upstream.script = agent.script
         summaries = [r for r in upstream.message_requests
                      if "compact-proxy-summarizer" in json.dumps(r.body.get("system"))]
         out.write(f"\nsummary calls made by L4: {len(summaries)}\n")
@@ -227,11 +252,11 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
         out.write("\nthe user now pastes a 60,000-line build log into the chat:\n")
         agent.planned = Reply.text("Looking at the log.")
         paste = "\n".join(f"build step {k}: compiling unit {k} ... ok" for k in range(60_000))
+        pasted: Any = [*agent.history[:-1],
+                       {"role": "user", "content": [*agent.history[-1]["content"],
+                                                    {"type": "text", "text": paste}]}]
         try:
-            await client.messages.create(model=MODEL, max_tokens=1024, messages=[
-                *agent.history[:-1],
-                {"role": "user", "content": [*agent.history[-1]["content"],
-                                             {"type": "text", "text": paste}]}])
+            await client.messages.create(model=MODEL, max_tokens=1024, messages=pasted)
         except anthropic.BadRequestError as exc:
             body = exc.body if isinstance(exc.body, dict) else {}
             error = body.get("error", {}) if isinstance(body, dict) else {}

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from compactor import (
@@ -137,6 +137,56 @@ def is_summary(message: dict[str, Any]) -> bool:
     return any(str(b.get("text", "")).startswith(SUMMARY_TAG) for b in blocks)
 
 
+# -- compactor bugs these properties found (reported; see the xfail reasons) -----------------
+# Each is the minimal example, written out so the failing tests fail at once and the same way.
+
+_WIDE = 10**9
+_RESULT_247 = "\n".join(f"zq0001 alpha output line {i:05d}" for i in range(8))  # 247 characters
+
+
+def _one_call(result: str) -> History:
+    return History([
+        {"role": "user", "content": "zq0001 hello there"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]},
+    ], ("zq0001 hello there", result))
+
+
+# L1 cuts a 201-285 character result to a 100-character head, an ~85-character marker and a
+# 100-character tail (MIN_PART_CHARS floors the budget at 200): the "cut" result is longer.
+L1_GROWS = Scenario(_one_call(_RESULT_247), CompactionPolicy(
+    soft_threshold_tokens=1, hard_limit_tokens=_WIDE, max_tool_result_tokens=20), "none")
+# L1 counts a result it cannot shorten (<= 200 characters, over max_tool_result_tokens) as
+# changed: "L1" is reported applied while the view is unchanged, on every pass.
+L1_NOOP_APPLIED = Scenario(_one_call("zq0001 alpha output line 00000"), CompactionPolicy(
+    soft_threshold_tokens=1, hard_limit_tokens=_WIDE, max_tool_result_tokens=1), "none")
+# L1's own output is still over a small budget, so a second pass cuts the cut text again.
+L1_RECUTS = Scenario(_one_call("\n".join(f"zq0001 alpha output line {i:05d}" for i in range(40))),
+                     CompactionPolicy(soft_threshold_tokens=1, hard_limit_tokens=_WIDE,
+                                      max_tool_result_tokens=1), "none")
+# L4 puts the kept role-system message between the summary and the kept turns; L3 counts it
+# in keep_recent_messages, so a second pass drops the summary message itself.
+_LONG = "zq0001 " + "echo " * 80
+L3_DROPS_SUMMARY = Scenario(History([
+    {"role": "user", "content": "zq0001 fix the build"},
+    {"role": "assistant", "content": "zq0001 looking"},
+    {"role": "system", "content": "zq0001 be brief"},
+    {"role": "user", "content": _LONG},
+    {"role": "assistant", "content": "zq0001 done"},
+    {"role": "user", "content": "zq0001 thanks"},
+], ("zq0001 fix the build", "zq0001 looking", "zq0001 be brief", _LONG, "zq0001 done",
+    "zq0001 thanks")), CompactionPolicy(soft_threshold_tokens=1, hard_limit_tokens=_WIDE,
+                                        keep_recent_messages=3, summary_keep_recent=2), "short")
+
+L1_GROWTH_BUG = ("compactor bug (reported): L1 makes a 201-285 character tool result longer "
+                 "(head 100 + marker ~85 + tail 100), so tokens_after > tokens_before")
+SECOND_PASS_BUG = ("compactor bugs (reported): L1 re-cuts its own output and reports a result it "
+                   "cannot shorten as changed; L3 drops L4's summary on a second pass when a "
+                   "role-system message sits among the kept turns")
+
+
 # -- the generator itself ------------------------------------------------------------------
 
 
@@ -175,8 +225,10 @@ def test_compaction_never_mutates_the_input(scenario: Scenario, deep_copy: bool)
     assert scenario.messages == before
 
 
+@pytest.mark.xfail(strict=True, reason=L1_GROWTH_BUG)
 @PROPERTY
 @given(scenarios(hard="large"))
+@example(L1_GROWS)
 def test_tokens_never_grow_overall_or_in_any_layer(scenario: Scenario) -> None:
     """tokens_after <= tokens_before for the whole run and for every layer that ran."""
     result = scenario.run()
@@ -199,8 +251,12 @@ def test_view_below_soft_threshold_is_returned_unchanged(scenario: Scenario) -> 
     assert result.tokens_before == result.tokens_after == tokens
 
 
+@pytest.mark.xfail(strict=True, reason=SECOND_PASS_BUG)
 @PROPERTY
 @given(scenarios(hard="large", summarisers=("none", "short")))
+@example(L1_NOOP_APPLIED).xfail(raises=AssertionError, reason="L1 reports a no-op as applied")
+@example(L1_RECUTS).xfail(raises=AssertionError, reason="L1 re-cuts its own output")
+@example(L3_DROPS_SUMMARY).xfail(raises=AssertionError, reason="L3 drops the L4 summary")
 def test_second_pass_over_a_compacted_view_changes_nothing(scenario: Scenario) -> None:
     """Compacting the compacted view again returns it unchanged (a fixpoint)."""
     first = scenario.run()

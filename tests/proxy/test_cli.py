@@ -38,7 +38,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
+        # No key and no base URL from the developer's shell: the commands must work without.
         if k not in ("COMPACT_PROXY_CONFIG", "COMPACT_PROXY_ADMIN_TOKEN")
+        and not k.startswith("ANTHROPIC_")
     }
     env.update(extra)
     return env
@@ -260,14 +262,20 @@ def test_fake_upstream_command_serves_on_the_given_port(tmp_path: Path) -> None:
     assert proc.returncode == 0
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("proxy.demo") is None, reason="proxy.demo is not written yet"
-)
 def test_demo_command_runs_offline_and_exits_0(tmp_path: Path) -> None:
-    """demo runs the offline scenario end to end and exits 0."""
+    """demo shows every layer, the durable block and a blocked request, offline, exit 0."""
     result = run(["demo"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip()
+    out = result.stdout
+    for layer in ("L1", "L2", "L3", "L4"):
+        assert f"layers {layer}" in out or f",{layer}" in out
+    assert "layers seen at work: L1, L2, L3, L4" in out
+    assert "source_status=available" in out and "source_status=missing" in out
+    assert "blocked: 400 prompt is too long:" in out
+    audit = json.loads(out.split("audit log line:", 1)[1].strip().splitlines()[0])
+    assert audit["event"] == "request_blocked"
+    assert audit["reason"] == "MessageViewLimitExceeded"
+    assert audit["tokens_after"] >= audit["hard_limit"]
 
 
 @pytest.mark.parametrize(
