@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 __all__ = [
+    "MALFORMED_SSE_EVENT",
+    "MALFORMED_SSE_TAIL",
     "Fault",
     "FaultKind",
     "PromptCache",
@@ -48,13 +50,20 @@ TEXT_FRAGMENTS: Final = 3
 JSON_FRAGMENTS: Final = 3
 PREFIX_CHUNK: Final = 64 * 1024
 
-FaultKind = Literal["cut_after_events", "hang_before_first_byte", "close_connection", "error_event"]
+FaultKind = Literal["cut_after_events", "hang_before_first_byte", "close_connection", "error_event",
+                    "slow_first_byte", "malformed_sse"]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "cut_after_events",
     "hang_before_first_byte",
     "close_connection",
     "error_event",
+    "slow_first_byte",
+    "malformed_sse",
 )
+#: What ``malformed_sse`` sends after its valid events: a ``data`` line that is not JSON, then
+#: bytes that are not SSE at all (no field name, not UTF-8, no terminating blank line).
+MALFORMED_SSE_EVENT: Final = b'event: content_block_delta\ndata: {"type": "content_block_delta", <<not json\n\n'
+MALFORMED_SSE_TAIL: Final = b"\x00\xff\xfe garbage that is not an SSE field"
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,10 @@ class Fault:
         ``close_connection``: close the connection without any response.
         ``error_event``: stream ``after_events`` events, then an ``event: error`` carrying
             ``error`` (default ``overloaded_error``), then end the stream normally.
+        ``slow_first_byte``: wait ``hang_s`` seconds, then answer normally.
+        ``malformed_sse``: stream ``after_events`` events, then :data:`MALFORMED_SSE_EVENT`
+            and :data:`MALFORMED_SSE_TAIL`, then end the stream normally (no
+            ``message_stop``); a non-streaming request gets a body that is not JSON.
     """
 
     kind: FaultKind

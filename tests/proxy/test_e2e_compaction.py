@@ -409,3 +409,37 @@ def test_sticky_compaction_reuses_the_compacted_prefix_across_requests_and_resta
     assert second[: len(first)] == first
     assert second[len(first):] == grown[len(history):]
     assert third == second
+
+
+def test_durable_state_never_enters_a_summary_or_a_summary_merge(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Across several L4 crossings (each merging the previous summary with newly aged-out
+    messages), no summary call carries the durable facts, while every forwarded request does."""
+    proxy = proxy_factory({"compaction": SUMMARY_POLICY},
+                          admin_token="admin-e2e-token-merge-9c1d")
+    marker = "DURABLE-FACT-ONLY-IN-SYSTEM-41b7"
+    admin_put(proxy, "merge-1", {"facts": [{
+        "fact_id": "f1", "content": f"{marker}: the release branch is frozen",
+        "source_pointer": "transcript:merge-1:1", "last_confirmed_at": "2026-01-01T00:00:00Z"}]})
+    history: list[Any] = [{"role": "user", "content": user_text("fix the parser")}]
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        for index in range(40):
+            tool_id = f"toolu_m{index:03d}"
+            history += [
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": f"Reading file {index}."},
+                    {"type": "tool_use", "id": tool_id, "name": "Read",
+                     "input": {"file_path": f"/src/mod{index}.py"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_id,
+                                              "content": f"# module {index}\n" + "code\n" * 120}]},
+            ]
+            client.messages.create(model=MODEL, max_tokens=16, messages=history,
+                                   extra_headers={"x-compact-session-id": "merge-1"})
+    calls = summary_calls(upstream_server)
+    assert len(calls) >= 2  # at least one merge of a previous summary with new messages
+    assert any("compact-proxy-summary" in json.dumps(c.body["messages"]) for c in calls[1:])
+    assert all(marker not in json.dumps(c.body) for c in calls)
+    sent = forwarded(upstream_server)
+    assert sent and all(marker in json.dumps(body["system"]) for body in sent)

@@ -1,0 +1,388 @@
+"""The shared store backend: one Redis server, safe for any number of proxy processes.
+
+Theory of operation
+-------------------
+*Layout.* Every key starts with ``key_prefix`` (default ``compact-proxy:``), so several
+deployments can share one database. Because the variable part (the session id) always comes
+last, two namespaces can never collide, whatever characters a session id holds:
+
+- ``<prefix>state:<session_id>``: a hash ``{version, state, updated_at}``; ``state`` is the
+  canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
+- ``<prefix>summary:text``: a hash ``key -> summary text``;
+  ``<prefix>summary:order``: a sorted set of the same keys scored by insertion sequence, and
+  ``<prefix>summary:seq``: the counter that hands out those sequence numbers;
+- ``<prefix>record:<session_id>``: a hash ``kind -> bytes``.
+
+*Compare-and-swap in one script.* Redis runs a Lua script atomically: no other client's
+command runs between its first and its last step. The write script reads the current version,
+compares it with the caller's and writes the new hash, so of several writers racing from the
+same version (in this process or another) exactly one wins; the others get the new version
+back and raise :class:`~proxy.store.base.VersionConflict`. The delete and the summary-cache
+scripts (insert if absent, then evict the oldest beyond the bound) are atomic the same way.
+Scripts are sent once and then called by their SHA (``EVALSHA``; redis-py reloads them if the
+server forgot them).
+
+*One server.* All the keys a script touches are named in ``KEYS``, but the summary keys do
+not share a hash slot, so Redis Cluster is not supported; a single server (or a primary with
+replicas) is.
+
+*Durability* is whatever the server is configured for (RDB snapshots, AOF). The summaries and
+records are caches; a lost admin write shows up as an older version, so the admin's next
+``If-Match`` gets a clean 409 rather than a silent overwrite.
+
+*Never garbage.* A state hash that does not decode (missing field, bad version, bad JSON, a
+state that does not validate, a key of another type) raises
+:class:`~proxy.store.base.CorruptStateError`. Every other Redis failure is a
+:class:`~proxy.store.base.StoreError` whose message names the server without its password.
+
+Everything in ``__all__`` gets re-exported by ``proxy.store``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from compactor import DurableContextState
+
+from .base import CorruptStateError, StoredState, StoreError, VersionConflict
+
+__all__ = ["RedisStateStore"]
+
+#: Decoded states kept to skip re-validating an unchanged hash on every request.
+_DECODE_CACHE_SIZE: Final = 1024
+
+# KEYS[1] = state hash; ARGV = expected version ("" = must not exist), state JSON, updated_at.
+# Returns {1, new_version} on success, {0, current_version} on a conflict (-1: no state),
+# {-1, 0} when the stored version is not a positive integer.
+_PUT_STATE_LUA: Final = """
+local current = redis.call('HGET', KEYS[1], 'version')
+local cur = -1
+if current then
+    cur = tonumber(current)
+    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
+end
+local expected = -1
+if ARGV[1] ~= '' then expected = tonumber(ARGV[1]) end
+if cur ~= expected then return {0, cur} end
+local new = 1
+if cur > 0 then new = cur + 1 end
+redis.call('HSET', KEYS[1], 'version', new, 'state', ARGV[2], 'updated_at', ARGV[3])
+return {1, new}
+"""
+
+# KEYS[1] = state hash; ARGV[1] = expected version ("" = any).
+# Returns {1, 0} when deleted, {0, 0} when no state existed, {2, current} on a conflict,
+# {-1, 0} when the stored version is not a positive integer.
+_DELETE_STATE_LUA: Final = """
+local current = redis.call('HGET', KEYS[1], 'version')
+if not current then
+    if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
+    return {0, 0}
+end
+local cur = tonumber(current)
+if ARGV[1] ~= '' then
+    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
+    if cur ~= tonumber(ARGV[1]) then return {2, cur} end
+end
+redis.call('DEL', KEYS[1])
+return {1, 0}
+"""
+
+# KEYS = text hash, order zset, sequence counter; ARGV = key, text, max entries.
+# Content-addressed: a key already cached keeps its text and its age. Then everything but the
+# newest ``max`` entries (by insertion sequence) is evicted.
+_PUT_SUMMARY_LUA: Final = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+    local seq = redis.call('INCR', KEYS[3])
+    redis.call('ZADD', KEYS[2], seq, ARGV[1])
+end
+local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
+if excess > 0 then
+    local oldest = redis.call('ZRANGE', KEYS[2], 0, excess - 1)
+    redis.call('HDEL', KEYS[1], unpack(oldest))
+    redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1)
+end
+return 0
+"""
+
+
+def _encode_state(state: DurableContextState) -> str:
+    # Canonical form: the same state always gives the same text, so an unchanged hash can be
+    # recognised by string comparison in the decode cache.
+    return json.dumps(state.to_dict(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for error messages and logs."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparseable redis url>"
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+class RedisStateStore:
+    """The :class:`~proxy.store.base.StateStore` backed by a Redis server.
+
+    Construction does no I/O (the connection pool connects lazily); :meth:`open` also PINGs
+    the server, which is what the service should call at startup so an unreachable server
+    fails before anything is served.
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or
+            ``unix:///path/to/socket[?db=N]``; redis-py options in the query string (e.g.
+            ``?socket_timeout=2``) win over the defaults below.
+        max_summaries: how many summaries the cache keeps before evicting the oldest.
+        key_prefix: the prefix of every key this store reads or writes.
+        timeout_s: connect and per-command socket timeout.
+
+    Raises:
+        ValueError: a bound is out of range, the prefix is empty or the URL is not a Redis URL.
+    """
+
+    def __init__(self, url: str, *, max_summaries: int = 1000,
+                 key_prefix: str = "compact-proxy:", timeout_s: float = 5.0) -> None:
+        if max_summaries < 1:
+            raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
+        if not key_prefix:
+            raise ValueError("key_prefix must not be empty")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.url = redacted_url(url)
+        self.max_summaries = max_summaries
+        self.key_prefix = key_prefix
+        try:
+            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+                url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+            )
+        except ValueError as exc:
+            # redis-py's messages name the scheme or option, never the URL itself.
+            raise ValueError(f"invalid redis url {self.url}: {exc}") from None
+        self._put_state_script = self._redis.register_script(_PUT_STATE_LUA)
+        self._delete_state_script = self._redis.register_script(_DELETE_STATE_LUA)
+        self._put_summary_script = self._redis.register_script(_PUT_SUMMARY_LUA)
+        self._summary_keys = [f"{key_prefix}summary:text", f"{key_prefix}summary:order",
+                              f"{key_prefix}summary:seq"]
+        self._closed = False
+        # Only touched from the event loop, between awaits: no lock needed.
+        self._decoded: OrderedDict[str, tuple[bytes, StoredState]] = OrderedDict()
+
+    @classmethod
+    async def open(cls, url: str, *, max_summaries: int = 1000,
+                   key_prefix: str = "compact-proxy:", timeout_s: float = 5.0
+                   ) -> RedisStateStore:
+        """Create the store and PING the server now; raise :class:`StoreError` if it fails."""
+        store = cls(url, max_summaries=max_summaries, key_prefix=key_prefix,
+                    timeout_s=timeout_s)
+        try:
+            await store.ping()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    def state_key(self, session_id: str) -> str:
+        """The Redis key of the session's state hash."""
+        return f"{self.key_prefix}state:{session_id}"
+
+    def record_key(self, session_id: str) -> str:
+        """The Redis key of the session's record hash."""
+        return f"{self.key_prefix}record:{session_id}"
+
+    # -- the async interface -------------------------------------------------------------
+
+    async def ping(self) -> None:
+        """Check that the server answers; raise :class:`StoreError` if not."""
+        self._check_open()
+        try:
+            await self._redis.ping()
+        except RedisError as exc:
+            raise self._error("connect", exc) from None
+
+    async def get_state(self, session_id: str) -> StoredState | None:
+        """Return the session's current state, or ``None`` when it has none."""
+        self._check_open()
+        try:
+            version, state_json, updated_at = await self._redis.hmget(
+                self.state_key(session_id), ["version", "state", "updated_at"]
+            )
+        except ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):
+                raise CorruptStateError(session_id, "the state key is not a hash") from None
+            raise self._error("read state", exc) from exc
+        except RedisError as exc:
+            raise self._error("read state", exc) from exc
+        if version is None and state_json is None and updated_at is None:
+            self._decoded.pop(session_id, None)
+            return None
+        cached = self._decoded.get(session_id)
+        if (cached is not None and cached[0] == state_json
+                and str(cached[1].version).encode() == version
+                and cached[1].updated_at.isoformat().encode() == updated_at):
+            self._decoded.move_to_end(session_id)
+            return cached[1]
+        stored = self._decode(session_id, version, state_json, updated_at)
+        assert isinstance(state_json, bytes)
+        self._remember(stored, state_json)
+        return stored
+
+    async def put_state(self, session_id: str, state: DurableContextState,
+                        expected_version: int | None) -> StoredState:
+        """Compare-and-swap write; see :meth:`proxy.store.base.StateStore.put_state`."""
+        if not isinstance(state, DurableContextState):
+            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        self._check_open()
+        state_json = _encode_state(state)
+        when = _now()
+        expected = "" if expected_version is None else str(int(expected_version))
+        try:
+            outcome, version = await self._put_state_script(
+                keys=[self.state_key(session_id)], args=[expected, state_json, when.isoformat()]
+            )
+        except RedisError as exc:
+            raise self._write_error(session_id, "write state", exc) from exc
+        if outcome == -1:
+            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        if outcome == 0:
+            raise VersionConflict(session_id, expected_version, None if version < 0 else version)
+        stored = StoredState(session_id=session_id, version=int(version), state=state,
+                             updated_at=when)
+        self._remember(stored, state_json.encode())
+        return stored
+
+    async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
+        """Delete the state; see :meth:`proxy.store.base.StateStore.delete_state`."""
+        self._check_open()
+        expected = "" if expected_version is None else str(int(expected_version))
+        try:
+            outcome, current = await self._delete_state_script(
+                keys=[self.state_key(session_id)], args=[expected]
+            )
+        except RedisError as exc:
+            raise self._write_error(session_id, "delete state", exc) from exc
+        self._decoded.pop(session_id, None)
+        if outcome == -1:
+            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        if outcome == 2:
+            raise VersionConflict(session_id, expected_version, int(current))
+        return bool(outcome == 1)
+
+    async def get_summary(self, key: str) -> str | None:
+        """Return the cached summary stored under ``key``, or ``None``."""
+        self._check_open()
+        try:
+            raw = await self._redis.hget(self._summary_keys[0], key)
+        except RedisError as exc:
+            raise self._error("read summary", exc) from exc
+        if raw is None:
+            return None
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptStateError(f"<summary {key}>", "summary text is not UTF-8") from None
+
+    async def put_summary(self, key: str, text: str) -> None:
+        """Cache ``text`` under ``key``, evicting the oldest entries beyond ``max_summaries``."""
+        self._check_open()
+        try:
+            await self._put_summary_script(keys=self._summary_keys,
+                                           args=[key, text, self.max_summaries])
+        except RedisError as exc:
+            raise self._error("write summary", exc) from exc
+
+    async def get_record(self, session_id: str, kind: str) -> bytes | None:
+        """Return the opaque compaction record ``kind`` of the session, or ``None``."""
+        self._check_open()
+        try:
+            raw = await self._redis.hget(self.record_key(session_id), kind)
+        except RedisError as exc:
+            raise self._error("read record", exc) from exc
+        return None if raw is None else bytes(raw)
+
+    async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
+        """Store (replace) the opaque compaction record ``kind`` of the session."""
+        self._check_open()
+        try:
+            await self._redis.hset(self.record_key(session_id), kind, bytes(data))
+        except RedisError as exc:
+            raise self._error("write record", exc) from exc
+
+    async def close(self) -> None:
+        """Close the connection pool; idempotent. Later calls raise :class:`StoreError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._decoded.clear()
+        await self._redis.aclose()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"redis store {self.url} is closed")
+
+    def _error(self, action: str, exc: RedisError) -> StoreError:
+        # redis-py's messages name the host and the failure, never the URL's password.
+        what = "cannot connect" if action == "connect" else f"{action} failed"
+        return StoreError(f"redis store {self.url}: {what}: {exc}")
+
+    def _write_error(self, session_id: str, action: str, exc: RedisError) -> StoreError:
+        if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
+            return CorruptStateError(session_id, "the state key is not a hash")
+        return self._error(action, exc)
+
+    def _decode(self, session_id: str, version: object, state_json: object,
+                updated_at: object) -> StoredState:
+        for name, value in (("version", version), ("state", state_json),
+                            ("updated_at", updated_at)):
+            if not isinstance(value, bytes):
+                raise CorruptStateError(session_id, f"field {name!r} is missing")
+        assert isinstance(version, bytes) and isinstance(state_json, bytes)
+        assert isinstance(updated_at, bytes)
+        try:
+            number = int(version)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise CorruptStateError(session_id, "version is not an integer >= 1")
+        try:
+            data: Any = json.loads(state_json)
+        except ValueError as exc:
+            # UnicodeDecodeError is a ValueError too.
+            raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise CorruptStateError(session_id, "state is not a JSON object")
+        try:
+            state = DurableContextState.from_dict(data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
+        try:
+            when = datetime.fromisoformat(updated_at.decode("utf-8"))
+        except ValueError:
+            raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
+        if when.tzinfo is None:
+            raise CorruptStateError(session_id, "updated_at has no timezone")
+        return StoredState(session_id=session_id, version=number, state=state, updated_at=when)
+
+    def _remember(self, stored: StoredState, state_json: bytes) -> None:
+        self._decoded[stored.session_id] = (state_json, stored)
+        self._decoded.move_to_end(stored.session_id)
+        while len(self._decoded) > _DECODE_CACHE_SIZE:
+            self._decoded.popitem(last=False)
