@@ -9,6 +9,7 @@ bytes, so the provider's prompt cache keeps hitting on later requests.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ._blocks import CLIENT_RESULT, UNCUTTABLE, Message
@@ -26,9 +27,18 @@ def _marker(removed_chars: int, original_chars: int) -> str:
             f"of this tool result ...]\n\n")
 
 
+# L1's own output: never cut again (a second pass must change nothing).
+_OWN_MARKER = re.compile(r"\n\n\[\.\.\. compact-proxy truncated [\d,]+ of [\d,]+ characters "
+                         r"of this tool result \.\.\.\]\n\n")
+
+
 def _cut_text(text: str, budget_chars: int) -> str:
-    """``text`` cut to about ``budget_chars``: a head, a marker, a tail, on line breaks."""
-    if len(text) <= budget_chars:
+    """``text`` cut to about ``budget_chars``: a head, a marker, a tail, on line breaks.
+
+    Returns ``text`` itself when it is within the budget, was cut by L1 already, or when
+    cutting would not make it shorter (the marker costs characters too).
+    """
+    if len(text) <= budget_chars or _OWN_MARKER.search(text):
         return text
     head_len = max(MIN_PART_CHARS // 2, int(budget_chars * HEAD_SHARE))
     tail_len = max(MIN_PART_CHARS // 2, budget_chars - head_len)
@@ -41,7 +51,8 @@ def _cut_text(text: str, budget_chars: int) -> str:
         tail_start = newline + 1
     if tail_start <= head_len:
         return text
-    return text[:head_len] + _marker(tail_start - head_len, len(text)) + text[tail_start:]
+    cut = text[:head_len] + _marker(tail_start - head_len, len(text)) + text[tail_start:]
+    return cut if len(cut) < len(text) else text
 
 
 def _text_parts(content: object) -> list[tuple[int | None, str]]:
@@ -79,6 +90,8 @@ def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict
         if new_tokens <= max_tokens:
             break
         ratio *= max_tokens / new_tokens * 0.9
+    if all(new_parts[pos] is text for pos, text in parts):
+        return None  # nothing could be shortened: the block stays as it is
     content = block.get("content")
     if isinstance(content, str):
         return {**block, "content": new_parts[None]}

