@@ -64,10 +64,21 @@ def _token_counter(config: Config) -> compactor.CachingCounter:
 
 
 def _new_store(config: Config) -> StateStore:
+    # No I/O yet: _store_ctx makes the first call at startup, which opens the file and checks
+    # its schema (sqlite) or reaches the server (redis).
     if config.store.backend == "sqlite":
-        # No I/O yet: the file is opened (and its schema checked) by _store_ctx at startup.
         return SQLiteStateStore(config.store.path)
-    raise ConfigError("store.backend", f"{config.store.backend} is not available in this build; use sqlite")
+    if config.store.backend == "redis":
+        # Imported here so only this branch depends on the redis backend.
+        from proxy.store import RedisStateStore
+
+        # StoreConfig._validate guarantees a url for the redis backend.
+        assert config.store.url is not None
+        try:
+            return RedisStateStore(config.store.url)
+        except ValueError as exc:
+            raise ConfigError("store.url", str(exc)) from None
+    raise ConfigError("store.backend", f"{config.store.backend} is not available in this build")
 
 
 def _store_ctx(store: StateStore, owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -158,7 +169,8 @@ async def start_proxy(config: Config, *, store: StateStore | None = None
         await runner.setup()
     except StoreError as exc:
         await runner.cleanup()
-        raise ConfigError("store.path", f"cannot open the state store: {exc}") from None
+        key = "store.url" if config.store.backend == "redis" else "store.path"
+        raise ConfigError(key, f"cannot open the state store: {exc}") from None
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     try:
         await site.start()

@@ -1,12 +1,14 @@
 """The per-session store: durable context state with versioned writes, plus the compaction
 caches. Handlers depend on :class:`StateStore` only; :class:`SQLiteStateStore` is the
-embedded backend."""
+embedded backend, :class:`RedisStateStore` the one several proxy processes can share."""
 
 from .base import CorruptStateError, StateStore, StoredState, StoreError, VersionConflict
+from .redis import RedisStateStore
 from .sqlite import SQLiteStateStore
 
 __all__ = [
     "CorruptStateError",
+    "RedisStateStore",
     "SQLiteStateStore",
     "StateStore",
     "StoreError",

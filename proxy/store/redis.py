@@ -60,34 +60,32 @@ _DECODE_CACHE_SIZE: Final = 1024
 
 # KEYS[1] = state hash; ARGV = expected version ("" = must not exist), state JSON, updated_at.
 # Returns {1, new_version} on success, {0, current_version} on a conflict (-1: no state),
-# {-1, 0} when the stored version is not a positive integer.
+# {-1, 0} when the key holds something that is not a state with a positive integer version.
 _PUT_STATE_LUA: Final = """
 local current = redis.call('HGET', KEYS[1], 'version')
-local cur = -1
-if current then
-    cur = tonumber(current)
-    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
-end
-local expected = -1
-if ARGV[1] ~= '' then expected = tonumber(ARGV[1]) end
-if cur ~= expected then return {0, cur} end
 local new = 1
-if cur > 0 then new = cur + 1 end
+if current then
+    local cur = tonumber(current)
+    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
+    if ARGV[1] == '' or tonumber(ARGV[1]) ~= cur then return {0, cur} end
+    new = cur + 1
+else
+    if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
+    if ARGV[1] ~= '' then return {0, -1} end
+end
 redis.call('HSET', KEYS[1], 'version', new, 'state', ARGV[2], 'updated_at', ARGV[3])
 return {1, new}
 """
 
 # KEYS[1] = state hash; ARGV[1] = expected version ("" = any).
 # Returns {1, 0} when deleted, {0, 0} when no state existed, {2, current} on a conflict,
-# {-1, 0} when the stored version is not a positive integer.
+# {-1, 0} when a version is expected but the stored one is not a positive integer. Without an
+# expected version anything under the key goes, so a DELETE can always clear a broken state.
 _DELETE_STATE_LUA: Final = """
-local current = redis.call('HGET', KEYS[1], 'version')
-if not current then
-    if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-    return {0, 0}
-end
-local cur = tonumber(current)
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
 if ARGV[1] ~= '' then
+    if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return {-1, 0} end
+    local cur = tonumber(redis.call('HGET', KEYS[1], 'version'))
     if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
     if cur ~= tonumber(ARGV[1]) then return {2, cur} end
 end
@@ -105,8 +103,10 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
 end
 local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
 if excess > 0 then
-    local oldest = redis.call('ZRANGE', KEYS[2], 0, excess - 1)
-    redis.call('HDEL', KEYS[1], unpack(oldest))
+    -- One HDEL per key: unpack() of a long list would overflow Lua's stack.
+    for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, excess - 1)) do
+        redis.call('HDEL', KEYS[1], old)
+    end
     redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1)
 end
 return 0
@@ -122,6 +122,16 @@ def _encode_state(state: DurableContextState) -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+#: A state hash's ``version``, ``state`` and ``updated_at`` fields as read (``None``: absent).
+_RawState = tuple[bytes | None, bytes | None, bytes | None]
+
+
+def _as_bytes(value: bytes | str | None) -> bytes | None:
+    # The client is built with decode_responses=False, so replies are bytes; the str branch
+    # only satisfies redis-py's types (which allow both).
+    return value.encode("utf-8") if isinstance(value, str) else value
 
 
 def redacted_url(url: str) -> str:
@@ -182,7 +192,8 @@ class RedisStateStore:
                               f"{key_prefix}summary:seq"]
         self._closed = False
         # Only touched from the event loop, between awaits: no lock needed.
-        self._decoded: OrderedDict[str, tuple[bytes, StoredState]] = OrderedDict()
+        # session id -> (the raw hash fields it was decoded from, the decoded state).
+        self._decoded: OrderedDict[str, tuple[_RawState, StoredState]] = OrderedDict()
 
     @classmethod
     async def open(cls, url: str, *, max_summaries: int = 1000,
@@ -220,7 +231,7 @@ class RedisStateStore:
         """Return the session's current state, or ``None`` when it has none."""
         self._check_open()
         try:
-            version, state_json, updated_at = await self._redis.hmget(
+            values = await self._redis.hmget(
                 self.state_key(session_id), ["version", "state", "updated_at"]
             )
         except ResponseError as exc:
@@ -229,18 +240,18 @@ class RedisStateStore:
             raise self._error("read state", exc) from exc
         except RedisError as exc:
             raise self._error("read state", exc) from exc
-        if version is None and state_json is None and updated_at is None:
+        version, state_json, updated_at = raw = (
+            _as_bytes(values[0]), _as_bytes(values[1]), _as_bytes(values[2])
+        )
+        if raw == (None, None, None):
             self._decoded.pop(session_id, None)
             return None
         cached = self._decoded.get(session_id)
-        if (cached is not None and cached[0] == state_json
-                and str(cached[1].version).encode() == version
-                and cached[1].updated_at.isoformat().encode() == updated_at):
+        if cached is not None and cached[0] == raw:
             self._decoded.move_to_end(session_id)
             return cached[1]
         stored = self._decode(session_id, version, state_json, updated_at)
-        assert isinstance(state_json, bytes)
-        self._remember(stored, state_json)
+        self._remember(stored, raw)
         return stored
 
     async def put_state(self, session_id: str, state: DurableContextState,
@@ -251,10 +262,11 @@ class RedisStateStore:
         self._check_open()
         state_json = _encode_state(state)
         when = _now()
+        when_text = when.isoformat()
         expected = "" if expected_version is None else str(int(expected_version))
         try:
             outcome, version = await self._put_state_script(
-                keys=[self.state_key(session_id)], args=[expected, state_json, when.isoformat()]
+                keys=[self.state_key(session_id)], args=[expected, state_json, when_text]
             )
         except RedisError as exc:
             raise self._write_error(session_id, "write state", exc) from exc
@@ -264,7 +276,8 @@ class RedisStateStore:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
         stored = StoredState(session_id=session_id, version=int(version), state=state,
                              updated_at=when)
-        self._remember(stored, state_json.encode())
+        self._remember(stored, (str(stored.version).encode(), state_json.encode(),
+                                when_text.encode()))
         return stored
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
@@ -291,10 +304,11 @@ class RedisStateStore:
             raw = await self._redis.hget(self._summary_keys[0], key)
         except RedisError as exc:
             raise self._error("read summary", exc) from exc
-        if raw is None:
+        text = _as_bytes(raw)
+        if text is None:
             return None
         try:
-            return bytes(raw).decode("utf-8")
+            return text.decode("utf-8")
         except UnicodeDecodeError:
             raise CorruptStateError(f"<summary {key}>", "summary text is not UTF-8") from None
 
@@ -314,7 +328,7 @@ class RedisStateStore:
             raw = await self._redis.hget(self.record_key(session_id), kind)
         except RedisError as exc:
             raise self._error("read record", exc) from exc
-        return None if raw is None else bytes(raw)
+        return _as_bytes(raw)
 
     async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
         """Store (replace) the opaque compaction record ``kind`` of the session."""
@@ -340,22 +354,21 @@ class RedisStateStore:
 
     def _error(self, action: str, exc: RedisError) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.
-        what = "cannot connect" if action == "connect" else f"{action} failed"
-        return StoreError(f"redis store {self.url}: {what}: {exc}")
+        return StoreError(f"redis store {self.url}: cannot {action}: {exc}")
 
     def _write_error(self, session_id: str, action: str, exc: RedisError) -> StoreError:
         if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
             return CorruptStateError(session_id, "the state key is not a hash")
         return self._error(action, exc)
 
-    def _decode(self, session_id: str, version: object, state_json: object,
-                updated_at: object) -> StoredState:
-        for name, value in (("version", version), ("state", state_json),
-                            ("updated_at", updated_at)):
-            if not isinstance(value, bytes):
-                raise CorruptStateError(session_id, f"field {name!r} is missing")
-        assert isinstance(version, bytes) and isinstance(state_json, bytes)
-        assert isinstance(updated_at, bytes)
+    def _decode(self, session_id: str, version: bytes | None, state_json: bytes | None,
+                updated_at: bytes | None) -> StoredState:
+        if version is None:
+            raise CorruptStateError(session_id, "field 'version' is missing")
+        if state_json is None:
+            raise CorruptStateError(session_id, "field 'state' is missing")
+        if updated_at is None:
+            raise CorruptStateError(session_id, "field 'updated_at' is missing")
         try:
             number = int(version)
         except ValueError:
@@ -381,8 +394,8 @@ class RedisStateStore:
             raise CorruptStateError(session_id, "updated_at has no timezone")
         return StoredState(session_id=session_id, version=number, state=state, updated_at=when)
 
-    def _remember(self, stored: StoredState, state_json: bytes) -> None:
-        self._decoded[stored.session_id] = (state_json, stored)
+    def _remember(self, stored: StoredState, raw: _RawState) -> None:
+        self._decoded[stored.session_id] = (raw, stored)
         self._decoded.move_to_end(stored.session_id)
         while len(self._decoded) > _DECODE_CACHE_SIZE:
             self._decoded.popitem(last=False)
