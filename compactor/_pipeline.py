@@ -21,6 +21,8 @@ from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
 from ._protocol import validate_tool_protocol
+from ._blocks import first_user_index
+from ._fingerprint import fingerprint
 from ._sticky import CompactionCheckpoint, policy_key
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
@@ -79,7 +81,9 @@ class CompactionResult:
     """The compacted view and what it took.
 
     Attributes:
-        messages: the view to send (a new list; the caller's objects are never mutated).
+        messages: the view to send. The caller's objects are never mutated; with
+            ``copy=False`` unchanged messages (or, when nothing ran, the whole list) are the
+            caller's own objects.
         durable_state: the durable state, exactly as given (it bypasses every layer).
         tokens_before: tokens of the input, reserved tokens included.
         tokens_after: tokens of the view.
@@ -200,7 +204,8 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
             # messages (with their oversized tool results cut, as L1 always would).
             fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
                                              policy.max_tool_result_tokens)
-            view = raw.derive([*checkpoint.view, *fresh.messages])
+            view = raw.derive([*_with_raw_head(checkpoint.view, messages, raw.prints),
+                               *fresh.messages])
             base_layers, reused = checkpoint.layers, True
             if view.total() < soft:
                 return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
@@ -223,6 +228,20 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
                                                     tuple(sorted(layers)), prints)
     return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
                    summary_request, new_checkpoint, reused=reused)
+
+
+def _with_raw_head(view: list[dict[str, Any]], raw: list[dict[str, Any]],
+                   raw_prints: list[int]) -> list[dict[str, Any]]:
+    """The checkpoint's view with its head (through the first user message) taken from this
+    request: the same messages, but with the cache markers the client put on them now, so the
+    original intent goes out verbatim."""
+    first = first_user_index(raw)
+    if first is None or first >= len(view):
+        return view
+    head = raw[: first + 1]
+    if [fingerprint(m) for m in view[: first + 1]] != raw_prints[: first + 1]:
+        return view
+    return [*head, *view[first + 1:]]
 
 
 def _finish(view: View, durable_state: Any, policy: PolicyLike, tokens_before: int,

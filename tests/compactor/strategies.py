@@ -33,10 +33,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 __all__ = [
-    "History",
     "MAX_CACHE_CONTROL",
     "READ_PATHS",
     "WORDS",
+    "History",
     "histories",
     "png_block",
 ]

@@ -21,8 +21,13 @@ from typing import Any
 
 import pytest
 
-from compactor import CompactionResult, ToolProtocolError, compact_context, estimate_tokens
-from compactor import validate_tool_protocol
+from compactor import (
+    CompactionResult,
+    ToolProtocolError,
+    compact_context,
+    estimate_tokens,
+    validate_tool_protocol,
+)
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import ProviderRuleError, check_messages_request
 
