@@ -31,7 +31,8 @@ class ToolProtocolError(ValueError):
         self.tool_use_id = tool_use_id
         self.message_index = message_index
         self.detail = detail
-        text = f"tool protocol violation ({kind}) for tool_use_id {tool_use_id!r} at messages.{message_index}"
+        text = (f"tool protocol violation ({kind}) for tool_use_id {tool_use_id!r} "
+                f"at messages.{message_index}")
         if detail:
             text += f": {detail}"
         super().__init__(text)

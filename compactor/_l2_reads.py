@@ -10,7 +10,8 @@ interaction — its use and its result together.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from ._protocol import Interaction
 from ._view import View, drop_pairs

@@ -2,8 +2,9 @@
 
 Keeps every message up to and including the first user message (the original intent, kept
 verbatim), every message whose role is neither user nor assistant, a summary L4 wrote, and
-the most recent ``keep_recent_messages``; drops the rest. An interaction that crosses the cut (its use
-dropped, its result kept) is removed whole, and a message left empty goes with it.
+the most recent ``keep_recent_messages``; drops the rest. An interaction that crosses the
+cut (its use dropped, its result kept) is removed whole, and a message left empty goes with
+it.
 """
 
 from __future__ import annotations

@@ -12,17 +12,18 @@ model (``count_tokens``) answers from a cache or with None. No I/O happens here.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from ._blocks import first_user_index
 from ._errors import MessageViewLimitExceeded
+from ._fingerprint import fingerprint
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
 from ._protocol import validate_tool_protocol
-from ._blocks import first_user_index
-from ._fingerprint import fingerprint
 from ._sticky import CompactionCheckpoint, policy_key
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View

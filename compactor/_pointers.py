@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import TypeAlias, Union
+from typing import TypeAlias
 from urllib.parse import unquote
 
 __all__ = [
@@ -173,7 +173,7 @@ class ArtifactPointer:
         return f"artifact:{self.session_id}:{self.filename}:{self.sha256}"
 
 
-SourcePointer: TypeAlias = Union[TranscriptPointer, ArtifactPointer]
+SourcePointer: TypeAlias = TranscriptPointer | ArtifactPointer
 """Either kind of parsed pointer; ``str()`` of one gives its canonical string."""
 
 

@@ -136,7 +136,8 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
                         raise ToolProtocolError("out_of_order", tool_use_id, index,
                                                 "tool_result comes before its tool_use")
                     raise ToolProtocolError("not_adjacent", tool_use_id, index,
-                                            "tool_result is not in the message right after its tool_use")
+                                            "tool_result is not in the message right after "
+                                            "its tool_use")
                 if seen_other:
                     raise ToolProtocolError("out_of_order", tool_use_id, index,
                                             "tool_result blocks must come first in their message")

@@ -38,7 +38,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ._resolver import SourceResolution
@@ -89,7 +89,7 @@ def _token(text: str) -> str:
 
 def _utc(value: datetime) -> str:
     """ISO 8601 in UTC with a ``Z`` suffix; the same instant always gives the same text."""
-    return value.astimezone(timezone.utc).replace(tzinfo=None).isoformat() + "Z"
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
 
 
 def _status(resolution: SourceResolution) -> str:

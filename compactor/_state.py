@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 __all__ = [
@@ -62,7 +62,7 @@ def _check_timestamp(field: str, value: object) -> datetime:
         raise ValueError(f"{field}: timestamp has no timezone")
     try:
         # The renderer shows UTC; a year-1 time east of UTC has no UTC equivalent.
-        value.astimezone(timezone.utc)
+        value.astimezone(UTC)
     except OverflowError:
         raise ValueError(f"{field}: timestamp is out of range once converted to UTC") from None
     return value
@@ -442,7 +442,7 @@ def capture_retrieval_evidence(
             ``source_rank``, or repeats a ``memory_id``; the message starts with
             ``hits[<index>].<field>``.
     """
-    captured_default = now if now is not None else datetime.now(timezone.utc)
+    captured_default = now if now is not None else datetime.now(UTC)
     result: list[RetrievalEvidence] = []
     seen: set[str] = set()
     for index, hit in enumerate(hits):

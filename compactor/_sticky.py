@@ -51,7 +51,8 @@ class CompactionCheckpoint:
 
     @classmethod
     def build(cls, raw: list[Message], view: list[Message], policy_key: str,
-              layers: tuple[str, ...], fingerprints: list[int] | None = None) -> "CompactionCheckpoint":
+              layers: tuple[str, ...], fingerprints: list[int] | None = None,
+              ) -> CompactionCheckpoint:
         """A checkpoint covering all of ``raw``."""
         prints = tuple(fingerprints) if fingerprints is not None else tuple(
             fingerprint(m) for m in raw)
@@ -73,10 +74,11 @@ class CompactionCheckpoint:
         return json.dumps({"format": CHECKPOINT_FORMAT, "covered": self.covered,
                            "view": self.view, "digests": list(self.digests),
                            "policy_key": self.policy_key, "layers": list(self.layers)},
-                          ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+                          ensure_ascii=False, separators=(",", ":"),
+                          ).encode("utf-8", "surrogatepass")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "CompactionCheckpoint | None":
+    def from_bytes(cls, data: bytes) -> CompactionCheckpoint | None:
         """The checkpoint stored in ``data``, or None when it is unreadable or outdated."""
         try:
             raw = json.loads(data.decode("utf-8", "surrogatepass"))

@@ -210,13 +210,13 @@ class CachingCounter:
         if count_texts is None:
             return
         texts: dict[int, str] = {}
-        for message, print_ in zip(messages, prints):
+        for message, print_ in zip(messages, prints, strict=True):
             if ("m", print_) not in self._cache:
                 _long_texts(message.get("content"), texts)
         fresh = [t for h, t in texts.items() if ("s", h) not in self._cache]
         if sum(map(len, fresh)) < _PREFETCH_MIN_TOTAL:
             return
-        for text, tokens in zip(fresh, count_texts(fresh)):
+        for text, tokens in zip(fresh, count_texts(fresh), strict=True):
             self._store(("s", hash(text)), tokens)
 
     def count_value(self, value: object) -> int:
@@ -324,7 +324,8 @@ def _long_texts(value: object, found: dict[int, str]) -> None:
                 _long_texts(value[key], found)
 
 
-def estimate_tokens(messages: list[dict[str, Any]], counter: TokenCounter | CachingCounter | None = None) -> int:
+def estimate_tokens(messages: list[dict[str, Any]],
+                    counter: TokenCounter | CachingCounter | None = None) -> int:
     """Tokens of a ``messages`` list (default: the 4-characters estimate)."""
     caching = counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
     return sum(caching.count_message(message) for message in messages)

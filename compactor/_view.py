@@ -7,7 +7,8 @@ token count per message and re-counts only the messages a layer replaced.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ._blocks import (
     CLIENT_RESULT,
@@ -45,15 +46,16 @@ class View:
         if tokens is None:
             counter.prefetch(messages, self.prints)
         self.tokens = tokens if tokens is not None else [
-            counter.count_message(m, p) for m, p in zip(messages, self.prints)]
+            counter.count_message(m, p) for m, p in zip(messages, self.prints, strict=True)]
 
     def total(self) -> int:
         """Tokens of the whole view, reserved tokens included."""
         return self.reserved + sum(self.tokens)
 
-    def derive(self, messages: list[Message]) -> "View":
+    def derive(self, messages: list[Message]) -> View:
         """A new view over ``messages``; counts of messages kept from this view are reused."""
-        known = {id(m): (p, t) for m, p, t in zip(self.messages, self.prints, self.tokens)}
+        known = {id(m): (p, t) for m, p, t in zip(self.messages, self.prints, self.tokens,
+                                                           strict=True)}
         prints, tokens = [], []
         for message in messages:
             found = known.get(id(message))
@@ -131,7 +133,8 @@ def tidy(messages: list[Message]) -> list[Message]:
     return out
 
 
-def _neighbour_role(messages: Iterable[Message], *, reverse: bool, skip_empty: bool = False) -> str | None:
+def _neighbour_role(messages: Iterable[Message], *, reverse: bool,
+                    skip_empty: bool = False) -> str | None:
     sequence = list(messages)
     if reverse:
         sequence.reverse()
