@@ -204,7 +204,13 @@ class SourcePointerResolver:
     # --- transcripts ----------------------------------------------------------------------
 
     def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
-        path = os.path.join(self._transcript_root, pointer.session_id + ".jsonl")
+        name = pointer.session_id + ".jsonl"
+        path = os.path.join(self._transcript_root, name)
+        # The transcript must be that very file: a link to another session's transcript
+        # (inside the root or not) is refused.
+        real_root = os.path.realpath(self._transcript_root)
+        if os.path.realpath(path) != os.path.join(real_root, name) and os.path.lexists(path):
+            raise _Outcome("denied", "the transcript is a link to another file")
 
         def scan(handle: io.FileIO) -> str:
             # Not closed separately: closing the raw handle is enough, and it must stay
@@ -236,7 +242,15 @@ class SourcePointerResolver:
     # --- artifacts ------------------------------------------------------------------------
 
     def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
-        path = os.path.join(self._artifact_root, pointer.session_id, pointer.filename)
+        # Containment is per session: a link (symbolic or hard) into another session's
+        # folder must not pass for this session's artifact.
+        real_root = os.path.realpath(self._artifact_root)
+        session_dir = os.path.join(real_root, pointer.session_id)
+        linked = os.path.realpath(os.path.join(self._artifact_root, pointer.session_id))
+        if linked != session_dir and os.path.lexists(
+                os.path.join(self._artifact_root, pointer.session_id)):
+            raise _Outcome("denied", "the session folder is a link")
+        path = os.path.join(session_dir, pointer.filename)
 
         def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
@@ -247,7 +261,7 @@ class SourcePointerResolver:
                 raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
             return digest
 
-        return self._lookup(self._artifact_root, path, str(pointer), verify)
+        return self._lookup(session_dir, path, str(pointer), verify)
 
     # --- shared ---------------------------------------------------------------------------
 
@@ -332,6 +346,10 @@ class _ContainedFile:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise _Outcome("corrupt", "not a regular file")
+            if info.st_nlink > 1:
+                # A hard link cannot be told apart from the file it shares: it may be another
+                # session's or lie outside the root.
+                raise _Outcome("denied", "the file has more than one hard link")
             handle = io.FileIO(fd, "rb", closefd=True)
         except BaseException:
             os.close(fd)

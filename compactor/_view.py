@@ -18,6 +18,7 @@ from ._blocks import (
     THINKING,
     Message,
     blocks_of,
+    first_user_index,
     is_empty_content,
     is_server_result,
 )
@@ -119,9 +120,11 @@ def tidy(messages: list[Message]) -> list[Message]:
         _strip_trailing_thinking(m) if m.get("role") == "assistant" and i != last else m
         for i, m in enumerate(messages)
     ]
+    intent = first_user_index(messages)  # the original intent is never dropped
     out: list[Message] = []
     for index, message in enumerate(kept):
-        if not (is_empty_content(message) and message.get("role") in DROPPABLE_ROLES):
+        if index == intent or not (is_empty_content(message)
+                                   and message.get("role") in DROPPABLE_ROLES):
             out.append(message)
             continue
         if message.get("role") == "user":

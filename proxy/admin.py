@@ -203,6 +203,8 @@ def _parse_state(body: bytes, session_id: str,
         return _bad_request("body: must be UTF-8 encoded JSON")
     except ValueError as exc:
         return _bad_request(f"body: not valid JSON ({exc})")
+    except RecursionError:
+        return _bad_request("body: not valid JSON (nested too deeply)")
     if not isinstance(data, dict):
         return _bad_request(f"body: must be a JSON object, got {type(data).__name__}")
     # session_id and version are what GET returns; a client may send them back unchanged.

@@ -44,6 +44,16 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class _NotJSONConstant(ValueError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(name)
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NotJSONConstant(name)
+
+
 def _invalid(message: str, reason: str) -> RequestRejected:
     return RequestRejected(400, "invalid_request_error", message, reason=reason)
 
@@ -61,7 +71,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise _invalid(f"request body is not valid UTF-8 (byte {exc.start})", "bad_json") from None
     try:
-        body = json.loads(text)
+        # NaN / Infinity are not JSON (RFC 8259); Python would accept them and dump_body would
+        # write them back out, so the provider would get a body that is not JSON.
+        body = json.loads(text, parse_constant=_reject_constant)
+    except _NotJSONConstant as exc:
+        raise _invalid(f"request body is not valid JSON: {exc.name} is not a JSON value",
+                       "bad_json") from None
     except json.JSONDecodeError as exc:
         raise _invalid(
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterable
 from typing import Final
@@ -146,6 +147,28 @@ class SSEFramer:
         return bool(self._pending)
 
 
+# An SSE ``event:`` field at the start of a line (a JSON ``data`` value never holds a raw
+# newline, so text inside the data cannot match).
+_EVENT_NAME: Final = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
+
+
+class _StreamWatch:
+    """The event names seen in a relayed Messages stream: the last one, and any ``error``."""
+
+    __slots__ = ("last_event", "provider_error")
+
+    def __init__(self) -> None:
+        self.last_event = b""
+        self.provider_error = False
+
+    def see(self, data: bytes) -> None:
+        """Note the ``event:`` names in ``data`` (complete events, as relayed)."""
+        names = _EVENT_NAME.findall(data)
+        if names:
+            self.last_event = names[-1]
+            self.provider_error = self.provider_error or b"error" in names
+
+
 def sse_error_event(error_type: str, message: str) -> bytes:
     """An ``event: error`` carrying an Anthropic error object (what SDKs raise on)."""
     data = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
@@ -233,6 +256,11 @@ async def _relay(request: web.Request, record: RequestRecord,
     response.headers.extend(_downstream_headers(upstream.headers, framed=framer is not None))
     response.headers.update(record.response_headers())
     await response.prepare(request)
+    # A Messages stream is complete only with ``message_stop``; one that carried the
+    # provider's own ``error`` event failed. Either is noted from the event names of what was
+    # relayed (one regex scan per chunk), so neither is counted as a success.
+    watch = (_StreamWatch() if framer is not None and record.route == "messages"
+             and upstream.status == 200 else None)
     while True:
         try:
             chunk = await upstream.content.readany()
@@ -241,14 +269,32 @@ async def _relay(request: web.Request, record: RequestRecord,
         if not chunk:
             break
         out = framer.feed(chunk) if framer is not None else chunk
+        if watch is not None and out:
+            watch.see(out)
         if out and not await _write(response, record, out):
             return response
-    if framer is not None:
-        rest = framer.flush()
-        if rest and not await _write(response, record, rest):
+    rest = framer.flush() if framer is not None else b""
+    if rest and not await _write(response, record, rest):
+        return response
+    if watch is not None and rest:
+        watch.see(rest)
+    if watch is not None and watch.provider_error:
+        record.outcome = "upstream_error_event"
+    elif watch is not None and watch.last_event != b"message_stop":
+        # Ended cleanly but early, or in bytes that are not SSE: say so in the stream's own
+        # terms, so the client does not take a partial answer for a whole one.
+        _log.warning("upstream_stream_incomplete")
+        record.outcome = "stream_failed"
+        event = sse_error_event(
+            "api_error", "upstream provider stream ended before message_stop (incomplete)"
+        )
+        # Bytes after the last blank line would otherwise run into the error event.
+        if not await _write(response, record, b"\n\n" + event if rest else event):
             return response
+    else:
+        # A provider error relayed as it came is not a success either.
+        record.outcome = "forwarded" if upstream.status < 400 else "upstream_error"
     await response.write_eof()
-    record.outcome = "forwarded"
     return response
 
 

@@ -51,7 +51,7 @@ JSON_FRAGMENTS: Final = 3
 PREFIX_CHUNK: Final = 64 * 1024
 
 FaultKind = Literal["cut_after_events", "hang_before_first_byte", "close_connection", "error_event",
-                    "slow_first_byte", "malformed_sse"]
+                    "slow_first_byte", "malformed_sse", "cut_mid_event"]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "cut_after_events",
     "hang_before_first_byte",
@@ -59,10 +59,13 @@ FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "error_event",
     "slow_first_byte",
     "malformed_sse",
+    "cut_mid_event",
 )
 #: What ``malformed_sse`` sends after its valid events: a ``data`` line that is not JSON, then
 #: bytes that are not SSE at all (no field name, not UTF-8, no terminating blank line).
-MALFORMED_SSE_EVENT: Final = b'event: content_block_delta\ndata: {"type": "content_block_delta", <<not json\n\n'
+MALFORMED_SSE_EVENT: Final = (
+    b'event: content_block_delta\ndata: {"type": "content_block_delta", <<not json\n\n'
+)
 MALFORMED_SSE_TAIL: Final = b"\x00\xff\xfe garbage that is not an SSE field"
 
 
@@ -81,6 +84,8 @@ class Fault:
         ``malformed_sse``: stream ``after_events`` events, then :data:`MALFORMED_SSE_EVENT`
             and :data:`MALFORMED_SSE_TAIL`, then end the stream normally (no
             ``message_stop``); a non-streaming request gets a body that is not JSON.
+        ``cut_mid_event``: stream ``after_events`` events, then the first half of the next
+            one's bytes, then drop the connection (non-streaming: as ``cut_after_events``).
     """
 
     kind: FaultKind

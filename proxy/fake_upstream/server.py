@@ -29,6 +29,8 @@ from aiohttp import web
 
 from .records import RecordedRequest
 from .replies import (
+    MALFORMED_SSE_EVENT,
+    MALFORMED_SSE_TAIL,
     Fault,
     PromptCache,
     Reply,
@@ -316,7 +318,7 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
     if fault is not None and fault.kind == "close_connection":
         _drop_connection(request)
         return web.Response(status=500)  # never reaches the client: the connection is gone
-    if fault is not None and fault.kind == "hang_before_first_byte":
+    if fault is not None and fault.kind in ("hang_before_first_byte", "slow_first_byte"):
         try:
             await _pause(request, fault.hang_s)
         except asyncio.CancelledError:
@@ -338,8 +340,11 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
                             usage=usage)
     if body.get("stream") is True:
         return await _stream(request, upstream, reply, message)
-    if fault is not None and fault.kind == "cut_after_events":
+    if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
         return await _cut_json(request, reply, message)
+    if fault is not None and fault.kind == "malformed_sse":
+        return web.Response(body=MALFORMED_SSE_EVENT, status=reply.status, headers={
+            **reply.headers, "content-type": "application/json"})
     return web.json_response(message, status=reply.status, headers=reply.headers)
 
 
@@ -370,11 +375,14 @@ async def _stream(
     events = stream_events(message)
     fault: Fault | None = reply.fault
     stop_at = fault.after_events if fault is not None and fault.kind in (
-        "cut_after_events", "error_event") else None
+        "cut_after_events", "error_event", "malformed_sse", "cut_mid_event") else None
     try:
         await response.prepare(request)
         for index, (name, data) in enumerate(events):
             if index == stop_at:
+                if fault is not None and fault.kind == "cut_mid_event":
+                    encoded = encode_event(name, data)
+                    await response.write(encoded[: len(encoded) // 2])
                 break
             if index and reply.event_delay_s:
                 await _pause(request, reply.event_delay_s)
@@ -382,6 +390,10 @@ async def _stream(
             upstream.events_sent += 1
         if fault is not None and fault.kind == "error_event":
             await response.write(encode_event("error", fault.error_payload()))
+            upstream.events_sent += 1
+        if fault is not None and fault.kind == "malformed_sse":
+            await response.write(MALFORMED_SSE_EVENT)
+            await response.write(MALFORMED_SSE_TAIL)
             upstream.events_sent += 1
     except asyncio.CancelledError:
         upstream.cancelled += 1
@@ -391,7 +403,7 @@ async def _stream(
         # returning lets it notice the disconnect and drop the connection quietly.
         upstream.cancelled += 1
         return response
-    if fault is not None and fault.kind == "cut_after_events":
+    if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
         _drop_connection(request)
         return response
     await response.write_eof()

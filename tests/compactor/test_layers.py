@@ -275,3 +275,12 @@ def test_l4_summarises_what_l3_would_have_dropped() -> None:
     seen: list[str] = []
     compact_context(messages, None, policy=POLICY, summarizer=lambda s: seen.append(s) or "sum")
     assert "make step1" in seen[0]  # outside L3's window of 6, inside L4's middle
+
+
+def test_l3_keeps_a_first_user_message_even_when_its_content_is_empty() -> None:
+    """The original intent is kept as it is, even when it is (invalidly) empty."""
+    messages = [{"role": "user", "content": ""}]
+    for n in range(6):
+        messages += [assistant(f"answer {n}"), user(f"question {n}")]
+    view, _ = _l3(messages, 3)
+    assert view.messages[0] is messages[0]

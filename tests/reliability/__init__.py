@@ -1,0 +1,1 @@
+"""Reliability and security tests (issue #5): faults, leaks, load, durability, hostile input."""

@@ -1,0 +1,187 @@
+"""Source-pointer tricks that ``tests/compactor/test_resolver.py`` does not cover (hard links,
+links into another session's files), and the end-to-end check that a forged pointer written
+through the admin API renders as denied / missing in the system block the provider gets.
+
+Containment is per session: a symbolic or hard link planted in session s1's folder never
+yields ``available`` evidence for s2's (or an outside) file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import compactor
+from policies import SourceAccessPolicy
+from tests.conftest import ProxyFactory, UpstreamServer, user_text
+from tests.reliability.conftest import RELIABILITY_ADMIN_TOKEN
+
+SECRET = b"s2's private numbers\n"
+SECRET_SHA = hashlib.sha256(SECRET).hexdigest()
+OUTSIDE = b"a file outside every root\n"
+OUTSIDE_SHA = hashlib.sha256(OUTSIDE).hexdigest()
+def event(seq: int, session: str) -> str:
+    """One transcript line."""
+    return json.dumps({"sequence": seq, "session_id": session, "event_id": f"e{seq}"})
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    """Transcript and artifact roots with session s2's files and an outside file."""
+    troot, aroot = tmp_path / "t", tmp_path / "a"
+    (aroot / "s1").mkdir(parents=True)
+    (aroot / "s2").mkdir(parents=True)
+    troot.mkdir()
+    (aroot / "s2" / "secret.txt").write_bytes(SECRET)
+    (troot / "s2.jsonl").write_text(event(1, "s2") + "\n")
+    (tmp_path / "outside.txt").write_bytes(OUTSIDE)
+    return troot, aroot
+
+
+def resolve_as_s1(roots: tuple[Path, Path], pointer: str) -> compactor.SourceResolution:
+    """Resolve ``pointer`` for session s1 under the default (own-session) policy."""
+    authorize = SourceAccessPolicy().authorizer("s1")
+    return compactor.SourcePointerResolver(str(roots[0]), str(roots[1]), authorize).resolve(pointer)
+
+
+def test_another_sessions_pointer_is_denied(roots: tuple[Path, Path]) -> None:
+    """s1 naming s2's artifact or transcript directly: denied, no evidence."""
+    for pointer in (f"artifact:s2:secret.txt:{SECRET_SHA}", "transcript:s2:1"):
+        result = resolve_as_s1(roots, pointer)
+        assert (result.status, result.evidence_sha256) == ("denied", None)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_transcript_linked_to_another_sessions_is_never_available(
+    roots: tuple[Path, Path], link: str
+) -> None:
+    """s1.jsonl as a link to s2.jsonl: its events name s2, so it is not s1's evidence."""
+    target, planted = roots[0] / "s2.jsonl", roots[0] / "s1.jsonl"
+    (planted.symlink_to if link == "symlink" else planted.hardlink_to)(target)
+    result = resolve_as_s1(roots, "transcript:s1:1")
+    assert result.status != "available" and result.evidence_sha256 is None
+
+
+def test_artifact_hardlink_to_another_sessions_file_is_not_available(
+    roots: tuple[Path, Path]
+) -> None:
+    """A hard link in s1's folder to s2's file must not give s1 evidence of s2's data."""
+    os.link(roots[1] / "s2" / "secret.txt", roots[1] / "s1" / "copy.txt")
+    result = resolve_as_s1(roots, f"artifact:s1:copy.txt:{SECRET_SHA}")
+    assert result.status != "available"
+
+
+def test_artifact_hardlink_to_a_file_outside_the_root_is_not_available(
+    roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A hard link to a file outside every root (a link out of the root) must be refused."""
+    os.link(tmp_path / "outside.txt", roots[1] / "s1" / "out.txt")
+    result = resolve_as_s1(roots, f"artifact:s1:out.txt:{OUTSIDE_SHA}")
+    assert result.status != "available"
+
+
+def test_artifact_symlink_to_another_sessions_file_is_not_available(
+    roots: tuple[Path, Path]
+) -> None:
+    """A symlink in s1's folder to ../s2/secret.txt stays inside the root, yet is s2's."""
+    (roots[1] / "s1" / "alias.txt").symlink_to(Path("..") / "s2" / "secret.txt")
+    result = resolve_as_s1(roots, f"artifact:s1:alias.txt:{SECRET_SHA}")
+    assert result.status != "available"
+
+
+def test_transcript_symlink_to_another_sessions_transcript_is_denied(
+    roots: tuple[Path, Path]
+) -> None:
+    """s1.jsonl linked to s2.jsonl (inside the root) is another session's file: denied."""
+    (roots[0] / "s2.jsonl").write_text(event(1, "s2") + "\n")
+    (roots[0] / "s1.jsonl").symlink_to(roots[0] / "s2.jsonl")
+    assert resolve_as_s1(roots, "transcript:s1:1").status == "denied"
+
+
+def test_session_folder_symlinked_to_another_sessions_folder_is_denied(
+    roots: tuple[Path, Path]
+) -> None:
+    """An s3 folder that is a link to s2's folder gives s3 nothing of s2's."""
+    (roots[1] / "s3").symlink_to(roots[1] / "s2", target_is_directory=True)
+    resolver = compactor.SourcePointerResolver(roots[0], roots[1], lambda p: True)
+    assert resolver.resolve(f"artifact:s3:secret.txt:{SECRET_SHA}").status == "denied"
+
+
+# -- end to end: a forged pointer in an admin PUT ------------------------------------------
+
+
+async def forged_state_system_block(proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
+                                    overrides: dict[str, Any]) -> str:
+    """PUT a state for s1 whose pointers name s2's files, a traversal and a missing file,
+    send one message as s1, and return the system text the provider received."""
+    proxy = proxy_factory(overrides, admin_token=RELIABILITY_ADMIN_TOKEN)
+    (proxy.artifact_root / "s2").mkdir()
+    (proxy.artifact_root / "s2" / "secret.txt").write_bytes(SECRET)
+    (proxy.transcript_root / "s2.jsonl").write_text(event(1, "s2") + "\n")
+    when = "2025-03-01T12:00:00Z"
+    pointers = {"f-cross-artifact": f"artifact:s2:secret.txt:{SECRET_SHA}",
+                "f-cross-transcript": "transcript:s2:1",
+                "f-missing": f"artifact:s1:nothing.txt:{SECRET_SHA}"}
+    state = {"facts": [{"fact_id": k, "content": f"forged {k}", "source_pointer": v,
+                        "last_confirmed_at": when} for k, v in pointers.items()],
+             "pending_items": [], "retrieval_evidence": []}
+    auth = {"Authorization": f"Bearer {RELIABILITY_ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{proxy.base_url}/admin/sessions/s1/state", json=state,
+                            headers=auth) as resp:
+            assert resp.status == 201, await resp.text()
+        forged = f"artifact:s1:../s2/secret.txt:{SECRET_SHA}"
+        traversal = {**state, "facts": [{**state["facts"][0], "fact_id": "f-traversal",
+                                         "source_pointer": forged}]}
+        async with http.put(f"{proxy.base_url}/admin/sessions/s1b/state", json=traversal,
+                            headers=auth) as resp:
+            traversal_status = resp.status
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 8,
+                "messages": [{"role": "user", "content": user_text("what do you know?")}]}
+        async with http.post(f"{proxy.base_url}/v1/messages", json=body,
+                             headers={"x-api-key": "k", "x-compact-session-id": "s1"}) as resp:
+            assert resp.status == 200
+    # A traversal is either refused at the door or stored and rendered as denied.
+    assert traversal_status in (201, 400)
+    system = upstream_server.upstream.message_requests[-1].body["system"]
+    text: str = system[-1]["text"]
+    return text
+
+
+def item_line(block: str, item_id: str) -> str:
+    """The rendered line(s) of one item."""
+    lines = [line for line in block.splitlines() if item_id in line]
+    assert lines, block
+    return " ".join(lines)
+
+
+async def test_forged_pointers_in_an_admin_put_render_as_denied_or_missing(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Default policy: s2's files named in s1's state show denied, a missing one missing; no
+    evidence digest of s2's file reaches the provider."""
+    block = await forged_state_system_block(proxy_factory, upstream_server, {})
+    assert "evidence_sha256=" not in block
+    for item in ("f-cross-artifact", "f-cross-transcript"):
+        assert "source_status=denied evidence_unavailable=true" in item_line(block, item)
+    assert "source_status=missing evidence_unavailable=true" in item_line(block, "f-missing")
+    assert "available" not in block.replace("evidence_unavailable", "")
+
+
+async def test_cross_session_sources_resolve_only_when_the_policy_allows(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """``policies.source_access.allow_cross_session: true``: the same pointers are verified."""
+    block = await forged_state_system_block(
+        proxy_factory, upstream_server,
+        {"policies": {"source_access": {"allow_cross_session": True}}})
+    assert f"source_status=available evidence_sha256={SECRET_SHA}" in item_line(
+        block, "f-cross-artifact")
+    assert "source_status=available" in item_line(block, "f-cross-transcript")
+    assert "source_status=missing" in item_line(block, "f-missing")
