@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ._blocks import first_user_index
-from ._errors import MessageViewLimitExceeded
+from ._errors import MessageViewLimitExceeded, ToolProtocolError
 from ._fingerprint import fingerprint
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
-from ._protocol import validate_tool_protocol
+from ._protocol import Interaction, check_shape, validate_tool_protocol
 from ._sticky import CompactionCheckpoint, policy_key
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
@@ -190,7 +190,7 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
            counter: CachingCounter, reserved_tokens: int, summaries: bool,
            checkpoint: CompactionCheckpoint | None, sticky: bool,
            ) -> Generator[SummaryRequest, str | None, CompactionResult]:
-    interactions = validate_tool_protocol(messages)
+    check_shape(messages)
     raw = View(messages, counter, reserved_tokens)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
@@ -198,20 +198,23 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
     base_layers: tuple[str, ...] = ()
     prints = raw.prints
     key = policy_key(policy)
-    if sticky:
-        if (checkpoint is not None and checkpoint.policy_key == key
-                and checkpoint.matches(messages, prints)):
-            # The history extends the checkpoint's: its compacted prefix, then the new
-            # messages (with their oversized tool results cut, as L1 always would).
-            fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
-                                             policy.max_tool_result_tokens)
-            view = raw.derive([*_with_raw_head(checkpoint.view, messages, raw.prints),
-                               *fresh.messages])
-            base_layers, reused = checkpoint.layers, True
-            if view.total() < soft:
-                return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
-                               checkpoint, reused=True)
-            interactions = validate_tool_protocol(view.messages)
+    if (sticky and checkpoint is not None and checkpoint.policy_key == key
+            and checkpoint.matches(messages, prints)):
+        # The history extends the checkpoint's: its compacted prefix, then the new messages
+        # (with their oversized tool results cut, as L1 always would). The covered prefix
+        # was validated when the checkpoint was made; the view the provider will get is
+        # validated now, so a warm request does not re-walk the whole history.
+        fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
+                                         policy.max_tool_result_tokens)
+        head = _with_raw_head(checkpoint.view, messages, raw.prints)
+        view = raw.derive([*head, *fresh.messages])
+        base_layers, reused = checkpoint.layers, True
+        interactions = _validate_extension(view.messages, len(head), checkpoint.covered)
+        if view.total() < soft:
+            return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
+                           checkpoint, reused=True)
+    else:
+        interactions = validate_tool_protocol(messages)
     # Crossing the soft threshold: compact. In sticky mode, clear enough at once that the
     # next crossing is far away.
     stop_below = soft
@@ -229,6 +232,19 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
                                                     tuple(sorted(layers)), prints)
     return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
                    summary_request, new_checkpoint, reused=reused)
+
+
+def _validate_extension(view: list[dict[str, Any]], prefix_len: int,
+                        covered: int) -> dict[str, Interaction]:
+    """Validate a reused prefix plus new messages, naming errors by their index in the
+    client's own history."""
+    try:
+        return validate_tool_protocol(view)
+    except ToolProtocolError as error:
+        index = error.message_index
+        if index >= prefix_len:
+            index = index - prefix_len + covered
+        raise ToolProtocolError(error.kind, error.tool_use_id, index, error.detail) from None
 
 
 def _with_raw_head(view: list[dict[str, Any]], raw: list[dict[str, Any]],

@@ -52,7 +52,8 @@ class Interaction:
     is_error: bool
 
 
-def _check_shape(messages: object) -> list[Message]:
+def check_shape(messages: object) -> list[Message]:
+    """Raise ValueError when ``messages`` is not a list of message objects with valid content."""
     if not isinstance(messages, list):
         raise ValueError("messages: must be a list")
     for index, message in enumerate(messages):
@@ -86,7 +87,7 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
             ``out_of_order`` or ``not_adjacent``, the id and the message index.
         ValueError: when a message or block is not an object, or an id is absent.
     """
-    _check_shape(messages)
+    check_shape(messages)
     # One pre-scan of every use and result position, so a violation can be classified
     # (an unanswered use answered later is ``not_adjacent``, not ``missing``).
     use_at: dict[str, int] = {}

@@ -40,7 +40,7 @@ from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
 from proxy.routes import setup_routes
 from proxy.sources import ResolverPool
-from proxy.store import SQLiteStateStore, StateStore, StoreError
+from proxy.store import CachedStateReads, SQLiteStateStore, StateStore, StoreError
 from proxy.summarizer import ProviderSummarizer
 
 __all__ = ["create_app", "run_server", "start_proxy"]
@@ -142,7 +142,9 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
     app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
                                   config.source_access())
     app[METRICS] = ProxyMetrics()
-    app[STORE] = store if store is not None else _new_store(config)
+    # The request path reads the session's state on every call; the admin API writes
+    # through the same object, so its changes are seen at once.
+    app[STORE] = CachedStateReads(store if store is not None else _new_store(config))
     app[CHECKPOINTS] = SessionCheckpoints(app[STORE])
     app.cleanup_ctx.append(_store_ctx(app[STORE], owned=store is None))
     app.cleanup_ctx.append(_upstream_ctx)

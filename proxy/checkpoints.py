@@ -38,9 +38,12 @@ class SessionCheckpoints:
     def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._store = store
         self._max_entries = max_entries
-        self._memory: OrderedDict[tuple[str, str], compactor.CompactionCheckpoint] = OrderedDict()
+        # None: the store has no checkpoint for it (asked once; this process writes them).
+        self._memory: OrderedDict[tuple[str, str],
+                                  compactor.CompactionCheckpoint | None] = OrderedDict()
 
-    def _remember(self, key: tuple[str, str], checkpoint: compactor.CompactionCheckpoint) -> None:
+    def _remember(self, key: tuple[str, str],
+                  checkpoint: compactor.CompactionCheckpoint | None) -> None:
         self._memory[key] = checkpoint
         self._memory.move_to_end(key)
         if len(self._memory) > self._max_entries:
@@ -49,18 +52,16 @@ class SessionCheckpoints:
     async def load(self, session_id: str, role: str) -> compactor.CompactionCheckpoint | None:
         """The checkpoint to try for this request, or ``None``."""
         key = (session_id, role)
-        found = self._memory.get(key)
-        if found is not None:
+        if key in self._memory:
             self._memory.move_to_end(key)
-            return found
+            return self._memory[key]
         try:
             data = await self._store.get_record(session_id, CHECKPOINT_RECORD_PREFIX + role)
         except StoreError as exc:
             _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
             return None
         checkpoint = compactor.CompactionCheckpoint.from_bytes(data) if data else None
-        if checkpoint is not None:
-            self._remember(key, checkpoint)
+        self._remember(key, checkpoint)
         return checkpoint
 
     async def save(self, session_id: str, role: str,

@@ -3,10 +3,12 @@ caches. Handlers depend on :class:`StateStore` only; :class:`SQLiteStateStore` i
 embedded backend, :class:`RedisStateStore` the one several proxy processes can share."""
 
 from .base import CorruptStateError, StateStore, StoredState, StoreError, VersionConflict
+from .read_cache import CachedStateReads
 from .redis import RedisStateStore
 from .sqlite import SQLiteStateStore
 
 __all__ = [
+    "CachedStateReads",
     "CorruptStateError",
     "RedisStateStore",
     "SQLiteStateStore",

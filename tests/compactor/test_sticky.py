@@ -165,3 +165,20 @@ def test_the_first_user_message_survives_every_sticky_request() -> None:
         result = session.send(messages)
         assert result.messages[0] == intent
         assert sum(is_summary_message(m) for m in result.messages) <= 1
+
+
+def test_a_broken_new_turn_is_rejected_with_its_index_in_the_clients_history() -> None:
+    """A reused prefix does not hide a protocol error in the new messages, and the error
+    names the message by its position in what the client sent."""
+    import pytest
+
+    from compactor import ToolProtocolError
+
+    from .builders import assistant, tool_use
+
+    session = Session()
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    broken = [*messages, assistant(tool_use("toolu_dangling")), user("no result for it")]
+    with pytest.raises(ToolProtocolError) as caught:
+        session.send(broken)
+    assert (caught.value.kind, caught.value.message_index) == ("missing", len(messages))
