@@ -16,7 +16,13 @@ import statistics
 import time
 from typing import Any
 
-from compactor import CachingCounter, Chars4Counter, TiktokenCounter, compact_context, estimate_tokens
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    TiktokenCounter,
+    compact_context,
+    estimate_tokens,
+)
 from policies import CompactionPolicy
 
 
