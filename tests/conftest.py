@@ -25,8 +25,8 @@ from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
 from proxy.logs import configure_logging, reset_logging
+from tests.paths import CORPUS
 
-CORPUS = Path("/work/shared/corpus/real")
 #: The API key every e2e test sends; it must never appear in a log line.
 TEST_API_KEY = "sk-ant-api03-e2e-test-key-0123456789abcdef"
 #: Placed in every e2e prompt; it must never appear in a log line either.
@@ -95,7 +95,7 @@ def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[st
 
 
 def load_corpus_body(name: str) -> dict[str, Any]:
-    """One corpus conversation (``/work/shared/corpus/real/<name>``) as a request body."""
+    """One corpus conversation (``../shared/corpus/real/<name>``) as a request body."""
     body: dict[str, Any] = json.loads((CORPUS / name).read_text(encoding="utf-8"))
     return body
 

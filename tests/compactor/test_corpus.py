@@ -1,6 +1,6 @@
 """The real corpus through the pipeline, and the broken corpus through the validator.
 
-Every conversation in ``/work/shared/corpus/real/*.json`` and ``repaired/*.json`` is compacted at
+Every conversation in ``../shared/corpus/real/*.json`` and ``repaired/*.json`` is compacted at
 soft thresholds of 50 % and 20 % of its own token size (hard limit far away) with a deterministic
 summariser, and every view must pass ``assert_valid_view``. Every file in ``invalid/`` must be
 rejected by ``validate_tool_protocol`` with the kind, id and position its ``manifest.json`` entry
@@ -30,10 +30,10 @@ from compactor import (
 )
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import ProviderRuleError, check_messages_request
+from tests.paths import CORPUS
 
 from .invariants import assert_valid_view
 
-CORPUS = Path("/work/shared/corpus/real")
 FRACTIONS = (0.5, 0.2)
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")

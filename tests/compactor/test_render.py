@@ -6,7 +6,6 @@ import copy
 import json
 import re
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +19,8 @@ from compactor._state import (
     RetrievalEvidence,
     capture_retrieval_evidence,
 )
+from tests.paths import CORPUS
 
-CORPUS = Path("/work/shared/corpus/real")
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 SHA_A = "a" * 64
 SHA_B = "b" * 64

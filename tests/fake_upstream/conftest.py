@@ -13,8 +13,6 @@ import pytest
 
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
 
-CORPUS = Path("/work/shared/corpus/real")
-
 
 def corpus_bodies(folder: Path) -> list[Any]:
     """The corpus request bodies of one folder as pytest params, named by file."""

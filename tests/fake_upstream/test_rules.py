@@ -17,7 +17,9 @@ from proxy.fake_upstream import (
     check_messages_request,
 )
 
-from .conftest import CORPUS, corpus_bodies, load_body
+from tests.paths import CORPUS
+
+from .conftest import corpus_bodies, load_body
 
 CC = {"type": "ephemeral"}
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from policies import ROLE_NAMES, CompactionPolicy, RolePolicies, RoleRule
-
-CORPUS = Path("/work/shared/corpus/real")
+from tests.paths import CORPUS
 
 MAIN = CompactionPolicy()
 SUBAGENT = CompactionPolicy(soft_threshold_tokens=40_000, hard_limit_tokens=60_000)
