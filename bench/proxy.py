@@ -66,6 +66,7 @@ from aiohttp import web  # noqa: E402
 
 from bench.stamped_upstream import CONTEXT_WINDOW, DELAY_HEADER, STAMP_FIELD  # noqa: E402
 from compactor import CachingCounter, TiktokenCounter  # noqa: E402
+from compactor._fingerprint import strip_cache_control  # noqa: E402
 from proxy.fake_upstream import (  # noqa: E402
     SUMMARIZER_MARKER,
     FakeUpstream,
@@ -1172,15 +1173,6 @@ async def measure_streams(client: aiohttp.ClientSession, proxy: Service, upstrea
 
 
 # -- part 4: the agent session ----------------------------------------------------------------
-
-
-def strip_cache_control(value: Any) -> Any:
-    """``value`` without ``cache_control`` fields, at any depth."""
-    if isinstance(value, dict):
-        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [strip_cache_control(v) for v in value]
-    return value
 
 
 @dataclass

@@ -21,12 +21,12 @@ durable context; losing them only costs a recomputation:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from compactor import DurableContextState
+from compactor import DurableContextState
 
 __all__ = [
     "CorruptStateError",
@@ -145,3 +145,29 @@ class StateStore(Protocol):
     async def close(self) -> None:
         """Release the backend's resources; later calls raise :class:`StoreError`."""
         ...
+
+
+def decode_state(session_id: str, version: int, state_json: str | bytes,
+                 updated_at: str) -> StoredState:
+    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
+
+    Shared by every backend: whatever the row's encoding, the state must be a JSON object
+    that validates as a ``DurableContextState`` and ``updated_at`` an ISO time with a zone.
+    """
+    try:
+        data = json.loads(state_json)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CorruptStateError(session_id, "state is not a JSON object")
+    try:
+        state = DurableContextState.from_dict(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
+    try:
+        when = datetime.fromisoformat(updated_at)
+    except ValueError:
+        raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
+    if when.tzinfo is None:
+        raise CorruptStateError(session_id, "updated_at has no timezone")
+    return StoredState(session_id=session_id, version=version, state=state, updated_at=when)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -51,7 +51,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from compactor import DurableContextState
 
-from .base import CorruptStateError, StoredState, StoreError, VersionConflict
+from .base import CorruptStateError, StoredState, StoreError, VersionConflict, decode_state
 
 __all__ = ["RedisStateStore"]
 
@@ -376,23 +376,10 @@ class RedisStateStore:
         if number < 1:
             raise CorruptStateError(session_id, "version is not an integer >= 1")
         try:
-            data: Any = json.loads(state_json)
-        except ValueError as exc:
-            # UnicodeDecodeError is a ValueError too.
-            raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise CorruptStateError(session_id, "state is not a JSON object")
-        try:
-            state = DurableContextState.from_dict(data)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
-        try:
-            when = datetime.fromisoformat(updated_at.decode("utf-8"))
-        except ValueError:
-            raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
-        if when.tzinfo is None:
-            raise CorruptStateError(session_id, "updated_at has no timezone")
-        return StoredState(session_id=session_id, version=number, state=state, updated_at=when)
+            stamp = updated_at.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
+        return decode_state(session_id, number, state_json, stamp)
 
     def _remember(self, stored: StoredState, raw: _RawState) -> None:
         self._decoded[stored.session_id] = (raw, stored)

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from compactor import DurableContextState
 
-from .base import CorruptStateError, StoredState, StoreError, VersionConflict
+from .base import CorruptStateError, StoredState, StoreError, VersionConflict, decode_state
 
 __all__ = ["SQLiteStateStore"]
 
@@ -278,23 +278,7 @@ class SQLiteStateStore:
             raise CorruptStateError(session_id, f"version is {version!r}, not an integer >= 1")
         if not isinstance(state_json, str):
             raise CorruptStateError(session_id, f"state_json is {type(state_json).__name__}")
-        try:
-            data = json.loads(state_json)
-        except ValueError as exc:
-            raise CorruptStateError(session_id, f"state_json is not JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise CorruptStateError(session_id, "state_json is not a JSON object")
-        try:
-            state = DurableContextState.from_dict(data)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
-        try:
-            when = datetime.fromisoformat(str(updated_at))
-        except ValueError:
-            raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
-        if when.tzinfo is None:
-            raise CorruptStateError(session_id, "updated_at has no timezone")
-        return StoredState(session_id=session_id, version=version, state=state, updated_at=when)
+        return decode_state(session_id, version, state_json, str(updated_at))
 
     def _remember(self, stored: StoredState, state_json: str) -> None:
         self._decoded[stored.session_id] = (state_json, stored)

@@ -88,6 +88,11 @@ def run_writer_until(db: Path, session_id: str, commits: int) -> int:
                 break
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+        # The writer runs ahead of this reader: what it printed before dying is still in the
+        # pipe. The last of those lines is the last version it reported committed.
+        for raw in process.stdout.read().splitlines():
+            if raw.startswith(b"committed "):
+                last = int(raw.split()[1])
     finally:
         timer.cancel()
         process.stdout.close()
