@@ -32,8 +32,6 @@ __all__ = ["CompactionCheckpoint", "CompactionResult", "LayerOutcome", "SummaryR
            "compact_context",
            "compact_context_async", "compact_if_needed"]
 
-LAYER_ORDER = ("L1", "L2", "L3", "L4")
-
 S = TypeVar("S")
 
 

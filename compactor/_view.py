@@ -17,7 +17,6 @@ from ._blocks import (
     SERVER_USES,
     THINKING,
     Message,
-    blocks_of,
     first_user_index,
     is_empty_content,
     is_server_result,
@@ -150,7 +149,3 @@ def _neighbour_role(messages: Iterable[Message], *, reverse: bool,
         return str(role)
     return None
 
-
-def content_ids(message: Message) -> set[str]:
-    """Ids of every use and result block in ``message``."""
-    return {pid for pid in (_pair_id(b) for b in blocks_of(message)) if pid is not None}
