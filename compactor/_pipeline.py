@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from ._blocks import first_user_index
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
@@ -29,10 +29,7 @@ from ._tokens import CachingCounter, TokenCounter
 from ._view import View
 
 __all__ = ["CompactionCheckpoint", "CompactionResult", "LayerOutcome", "SummaryRequest",
-           "compact_context",
-           "compact_context_async", "compact_if_needed"]
-
-S = TypeVar("S")
+           "compact_context", "compact_context_async", "compact_if_needed"]
 
 
 class PolicyLike(Protocol):
@@ -204,10 +201,10 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
         # validated now, so a warm request does not re-walk the whole history.
         fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
                                          policy.max_tool_result_tokens)
-        head = _with_raw_head(checkpoint.view, messages, raw.prints)
-        view = raw.derive([*head, *fresh.messages])
+        prefix = _with_raw_head(checkpoint.view, messages, raw.prints)
+        view = raw.derive([*prefix, *fresh.messages])
         base_layers, reused = checkpoint.layers, True
-        interactions = _validate_extension(view.messages, len(head), checkpoint.covered)
+        interactions = _validate_extension(view.messages, len(prefix), checkpoint.covered)
         if view.total() < soft:
             return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
                            checkpoint, reused=True)
