@@ -1,12 +1,11 @@
-"""The Redis state store, against a real ``redis-server``: versioned CAS writes, races between
-tasks and between processes, the key layout, corrupt values, the compaction caches, connection
-failures, and the proxy serving from it end to end."""
+"""What only the Redis state store does, against a real ``redis-server``: the key layout and
+prefixes, corrupt values, connection failures and URL redaction, and the proxy serving from
+it end to end. The StateStore contract it shares with SQLite is in test_store_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -17,25 +16,13 @@ import anthropic
 import pytest
 import redis.asyncio as aioredis
 
-from compactor import DurableContextState
 from proxy.app import start_proxy
 from proxy.config import Config, ConfigError
-from proxy.store import (
-    CorruptStateError,
-    RedisStateStore,
-    StateStore,
-    StoreError,
-    VersionConflict,
-)
+from proxy.store import CorruptStateError, RedisStateStore, StoreError
 from proxy.store.redis import redacted_url
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
-from tests.proxy.test_store_sqlite import make_state
+from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import free_port
-
-
-def unique_prefix() -> str:
-    """A key prefix no other test uses, so tests sharing the server never see each other."""
-    return f"test-{uuid.uuid4().hex}:"
 
 
 @pytest.fixture
@@ -52,125 +39,6 @@ async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
     yield client
     await client.aclose()
-
-
-# --- basic CAS semantics ----------------------------------------------------------------
-
-
-async def test_store_implements_the_state_store_protocol(store: RedisStateStore) -> None:
-    """The Redis backend is usable wherever a StateStore is expected."""
-    assert isinstance(store, StateStore)
-
-
-async def test_first_put_creates_version_one_that_get_returns(store: RedisStateStore) -> None:
-    """Creating a state yields version 1, and get returns the same state and version."""
-    assert await store.get_state("s1") is None
-    written = await store.put_state("s1", make_state(), expected_version=None)
-    assert (written.session_id, written.version) == ("s1", 1)
-    assert written.updated_at.tzinfo is not None
-    read = await store.get_state("s1")
-    assert read is not None
-    assert (read.version, read.state, read.updated_at) == (1, make_state(), written.updated_at)
-
-
-async def test_put_with_current_version_replaces_and_increments(store: RedisStateStore) -> None:
-    """A write naming the current version replaces the state with version + 1."""
-    await store.put_state("s1", make_state("a"), None)
-    second = await store.put_state("s1", make_state("b", facts=3), expected_version=1)
-    third = await store.put_state("s1", DurableContextState(), expected_version=2)
-    assert (second.version, third.version) == (2, 3)
-    read = await store.get_state("s1")
-    assert read is not None and read.version == 3 and read.state.is_empty
-
-
-async def test_create_conflicts_when_a_state_exists(store: RedisStateStore) -> None:
-    """expected_version=None on an existing state raises VersionConflict and keeps it."""
-    await store.put_state("s1", make_state("a"), None)
-    with pytest.raises(VersionConflict) as info:
-        await store.put_state("s1", make_state("b"), None)
-    assert (info.value.expected_version, info.value.current_version) == (None, 1)
-    read = await store.get_state("s1")
-    assert read is not None and read.state == make_state("a")
-
-
-async def test_stale_version_conflicts_and_keeps_state(store: RedisStateStore) -> None:
-    """A write naming an old version raises VersionConflict carrying the current version."""
-    await store.put_state("s1", make_state("a"), None)
-    await store.put_state("s1", make_state("b"), 1)
-    with pytest.raises(VersionConflict) as info:
-        await store.put_state("s1", make_state("c"), 1)
-    assert (info.value.session_id, info.value.current_version) == ("s1", 2)
-    read = await store.get_state("s1")
-    assert read is not None and (read.version, read.state) == (2, make_state("b"))
-
-
-async def test_update_of_a_missing_state_conflicts(store: RedisStateStore) -> None:
-    """Naming a version when no state exists is a conflict with current_version None."""
-    with pytest.raises(VersionConflict) as info:
-        await store.put_state("s1", make_state(), 3)
-    assert info.value.current_version is None
-    assert await store.get_state("s1") is None
-
-
-async def test_negative_expected_version_never_matches_a_missing_state(
-    store: RedisStateStore,
-) -> None:
-    """Only expected_version=None creates; any number on a missing state is a conflict."""
-    for expected in (-1, 0):
-        with pytest.raises(VersionConflict):
-            await store.put_state("s1", make_state(), expected)
-    assert await store.get_state("s1") is None
-
-
-async def test_delete_reports_whether_a_state_existed(store: RedisStateStore) -> None:
-    """delete_state removes the state, returns True, and False once nothing is left."""
-    await store.put_state("s1", make_state(), None)
-    assert await store.delete_state("s1") is True
-    assert await store.get_state("s1") is None
-    assert await store.delete_state("s1") is False
-
-
-async def test_delete_with_stale_version_keeps_state(store: RedisStateStore) -> None:
-    """delete_state with a wrong expected version raises and deletes nothing."""
-    await store.put_state("s1", make_state(), None)
-    await store.put_state("s1", make_state("b"), 1)
-    with pytest.raises(VersionConflict) as info:
-        await store.delete_state("s1", expected_version=1)
-    assert info.value.current_version == 2
-    assert await store.get_state("s1") is not None
-    assert await store.delete_state("s1", expected_version=2) is True
-    assert await store.get_state("s1") is None
-
-
-async def test_recreated_state_starts_again_at_version_one(store: RedisStateStore) -> None:
-    """After a delete, a new state is version 1 and get returns the new content."""
-    await store.put_state("s1", make_state("old"), None)
-    assert (await store.get_state("s1")) is not None  # warm the decode cache
-    await store.delete_state("s1")
-    await store.put_state("s1", make_state("new"), None)
-    read = await store.get_state("s1")
-    assert read is not None and (read.version, read.state) == (1, make_state("new"))
-
-
-async def test_sessions_are_independent(store: RedisStateStore) -> None:
-    """Writes to one session neither change nor conflict with another."""
-    await store.put_state("s1", make_state("a"), None)
-    await store.put_state("s2", make_state("b"), None)
-    await store.put_state("s1", make_state("c"), 1)
-    s2 = await store.get_state("s2")
-    assert s2 is not None and (s2.version, s2.state) == (1, make_state("b"))
-
-
-async def test_session_ids_with_separators_do_not_collide(store: RedisStateStore) -> None:
-    """Ids containing ':' or looking like other key kinds map to distinct keys."""
-    ids = ["a", "a:b", "record:a", "summary:text", "ü/ñ 🙂"]
-    for index, sid in enumerate(ids):
-        await store.put_state(sid, make_state(f"t{index}"), None)
-        await store.put_record(sid, "kind", sid.encode())
-    for index, sid in enumerate(ids):
-        read = await store.get_state(sid)
-        assert read is not None and (read.version, read.state) == (1, make_state(f"t{index}"))
-        assert await store.get_record(sid, "kind") == sid.encode()
 
 
 # --- the server -------------------------------------------------------------------------
@@ -190,21 +58,6 @@ async def test_state_is_stored_as_a_hash_of_version_json_and_timestamp(
     assert datetime.fromisoformat(updated_at.decode()) == written.updated_at
 
 
-async def test_state_persists_across_store_instances(redis_url: str) -> None:
-    """A state written, then read by a new store on the same server and prefix, is identical."""
-    prefix = unique_prefix()
-    first = await RedisStateStore.open(redis_url, key_prefix=prefix)
-    await first.put_state("s1", make_state("a", facts=5), None)
-    await first.put_state("s1", make_state("b", facts=2), 1)
-    await first.close()
-    second = await RedisStateStore.open(redis_url, key_prefix=prefix)
-    try:
-        read = await second.get_state("s1")
-        assert read is not None and (read.version, read.state) == (2, make_state("b", facts=2))
-    finally:
-        await second.close()
-
-
 async def test_key_prefixes_separate_deployments(redis_url: str) -> None:
     """Two stores with different prefixes on one server share nothing."""
     a = await RedisStateStore.open(redis_url, key_prefix=unique_prefix())
@@ -215,26 +68,6 @@ async def test_key_prefixes_separate_deployments(redis_url: str) -> None:
         assert await b.get_state("s1") is None
         assert await b.get_summary("k") is None
         assert (await b.put_state("s1", make_state("b"), None)).version == 1
-    finally:
-        await a.close()
-        await b.close()
-
-
-async def test_two_instances_see_each_others_writes(redis_url: str) -> None:
-    """A second store's write is visible to the first, even after the first cached it."""
-    prefix = unique_prefix()
-    a = await RedisStateStore.open(redis_url, key_prefix=prefix)
-    b = await RedisStateStore.open(redis_url, key_prefix=prefix)
-    try:
-        await a.put_state("s1", make_state("a"), None)
-        assert (await a.get_state("s1")) is not None
-        await b.put_state("s1", make_state("b"), 1)
-        read = await a.get_state("s1")
-        assert read is not None and (read.version, read.state) == (2, make_state("b"))
-        with pytest.raises(VersionConflict):
-            await a.put_state("s1", make_state("c"), 1)
-        await b.delete_state("s1")
-        assert await a.get_state("s1") is None
     finally:
         await a.close()
         await b.close()
@@ -309,17 +142,6 @@ async def test_hash_without_a_version_is_never_overwritten(
     assert await raw.hgetall(f"{store.key_prefix}state:bad") == {b"state": b"{}"}
 
 
-async def test_closed_store_refuses_calls(redis_url: str) -> None:
-    """Every call after close raises StoreError; close itself is idempotent."""
-    closed = await RedisStateStore.open(redis_url, key_prefix=unique_prefix())
-    await closed.close()
-    await closed.close()
-    with pytest.raises(StoreError, match="closed"):
-        await closed.get_state("s1")
-    with pytest.raises(StoreError, match="closed"):
-        await closed.put_summary("k", "v")
-
-
 async def test_unreachable_server_raises_a_clean_store_error() -> None:
     """Opening a store on a port nobody listens on: StoreError naming the address, no secret."""
     port = free_port()
@@ -357,168 +179,6 @@ def test_invalid_construction_arguments_are_refused() -> None:
         RedisStateStore("redis://h/", key_prefix="")
     with pytest.raises(ValueError, match="max_summaries"):
         RedisStateStore("redis://h/", max_summaries=0)
-
-
-# --- races ------------------------------------------------------------------------------
-
-
-async def test_racing_tasks_get_exactly_one_winner(store: RedisStateStore) -> None:
-    """20 tasks writing from the same version: one succeeds, 19 get VersionConflict."""
-    await store.put_state("s1", make_state("base"), None)
-
-    async def attempt(i: int) -> int | VersionConflict:
-        try:
-            return (await store.put_state("s1", make_state(f"t{i}"), 1)).version
-        except VersionConflict as exc:
-            return exc
-
-    results = await asyncio.gather(*(attempt(i) for i in range(20)))
-    winners = [r for r in results if isinstance(r, int)]
-    losers = [r for r in results if isinstance(r, VersionConflict)]
-    assert winners == [2]
-    assert len(losers) == 19 and all(c.current_version == 2 for c in losers)
-    read = await store.get_state("s1")
-    assert read is not None and read.version == 2
-    assert read.state in {make_state(f"t{i}") for i in range(20)}
-
-
-async def test_racing_creations_get_exactly_one_winner(store: RedisStateStore) -> None:
-    """20 tasks creating the same session: exactly one creates version 1."""
-    results = await asyncio.gather(
-        *(store.put_state("s1", make_state(f"t{i}"), None) for i in range(20)),
-        return_exceptions=True,
-    )
-    assert sum(1 for r in results if not isinstance(r, BaseException)) == 1
-    assert sum(1 for r in results if isinstance(r, VersionConflict)) == 19
-
-
-def _race_in_process(url: str, prefix: str, attempts: int, barrier: Any, results: Any) -> None:
-    """Child process body: race to create, then keep trying read-then-CAS writes."""
-
-    async def run() -> tuple[list[int], int]:
-        store = await RedisStateStore.open(url, key_prefix=prefix)
-        won: list[int] = []
-        conflicts = 0
-        try:
-            barrier.wait()
-            for i in range(attempts):
-                current = await store.get_state("shared") if i else None
-                expected = None if current is None else current.version
-                try:
-                    stored = await store.put_state("shared", make_state(f"p{i}"), expected)
-                    won.append(stored.version)
-                except VersionConflict:
-                    conflicts += 1
-        finally:
-            await store.close()
-        return won, conflicts
-
-    results.put(asyncio.run(run()))
-
-
-async def test_racing_processes_get_one_winner_per_version(redis_url: str) -> None:
-    """4 processes with their own stores on one server: each version is won exactly once."""
-    prefix = unique_prefix()
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_race_in_process, args=(redis_url, prefix, 30, barrier, queue))
-             for _ in range(4)]
-    for proc in procs:
-        proc.start()
-    loop = asyncio.get_running_loop()
-    outcomes = [await loop.run_in_executor(None, queue.get, True, 60) for _ in procs]
-    for proc in procs:
-        await loop.run_in_executor(None, proc.join, 30)
-        assert proc.exitcode == 0
-    won = sorted(v for versions, _ in outcomes for v in versions)
-    # Every process first tries to create: exactly one of those four attempts wins.
-    assert sum(1 for versions, _ in outcomes if versions[:1] == [1]) == 1
-    assert won == list(range(1, len(won) + 1))
-    assert sum(len(v) + c for v, c in outcomes) == 4 * 30
-    check = await RedisStateStore.open(redis_url, key_prefix=prefix)
-    try:
-        final = await check.get_state("shared")
-        assert final is not None and final.version == len(won)
-    finally:
-        await check.close()
-
-
-# --- caches -----------------------------------------------------------------------------
-
-
-async def test_summary_round_trips_and_misses_are_none(store: RedisStateStore) -> None:
-    """A stored summary comes back by key (unicode intact); an unknown key gives None."""
-    await store.put_summary("sha256:abc", "the user asked for a refactor — ünïcode 🙂")
-    assert await store.get_summary("sha256:abc") == "the user asked for a refactor — ünïcode 🙂"
-    assert await store.get_summary("sha256:other") is None
-
-
-async def test_summary_cache_keeps_only_the_newest_entries(
-    redis_url: str, raw: aioredis.Redis
-) -> None:
-    """Beyond max_summaries entries the oldest are evicted, the newest kept, nothing leaks."""
-    small = await RedisStateStore.open(redis_url, max_summaries=5, key_prefix=unique_prefix())
-    try:
-        for i in range(12):
-            await small.put_summary(f"k{i}", f"summary {i}")
-        kept = [i for i in range(12) if await small.get_summary(f"k{i}") is not None]
-        assert kept == [7, 8, 9, 10, 11]
-        assert await raw.hlen(f"{small.key_prefix}summary:text") == 5
-        assert await raw.zcard(f"{small.key_prefix}summary:order") == 5
-    finally:
-        await small.close()
-
-
-async def test_summary_put_of_a_cached_key_keeps_the_first_text_and_age(
-    redis_url: str,
-) -> None:
-    """Content-addressed: a second put neither replaces the text nor makes the key younger."""
-    small = await RedisStateStore.open(redis_url, max_summaries=2, key_prefix=unique_prefix())
-    try:
-        await small.put_summary("k", "first")
-        await small.put_summary("k2", "other")
-        await small.put_summary("k", "second")
-        assert await small.get_summary("k") == "first"
-        await small.put_summary("k3", "newest")
-        assert await small.get_summary("k") is None
-        assert [await small.get_summary(k) for k in ("k2", "k3")] == ["other", "newest"]
-    finally:
-        await small.close()
-
-
-async def test_concurrent_summary_puts_stay_within_the_bound(
-    redis_url: str, raw: aioredis.Redis
-) -> None:
-    """50 concurrent puts of distinct keys leave exactly max_summaries entries."""
-    small = await RedisStateStore.open(redis_url, max_summaries=10, key_prefix=unique_prefix())
-    try:
-        await asyncio.gather(*(small.put_summary(f"k{i}", f"s{i}") for i in range(50)))
-        assert await raw.hlen(f"{small.key_prefix}summary:text") == 10
-        assert await raw.zcard(f"{small.key_prefix}summary:order") == 10
-    finally:
-        await small.close()
-
-
-async def test_records_round_trip_per_session_and_kind(store: RedisStateStore) -> None:
-    """Records are opaque bytes keyed by (session, kind); a put replaces the old bytes."""
-    await store.put_record("s1", "l4-spans", b"\x00\x01binary\xff")
-    await store.put_record("s1", "other", b"x")
-    await store.put_record("s2", "l4-spans", b"y")
-    await store.put_record("s1", "l4-spans", b"replaced\x00")
-    assert await store.get_record("s1", "l4-spans") == b"replaced\x00"
-    assert await store.get_record("s1", "other") == b"x"
-    assert await store.get_record("s2", "l4-spans") == b"y"
-    assert await store.get_record("s3", "l4-spans") is None
-    assert await store.get_record("s1", "missing-kind") is None
-
-
-async def test_caches_survive_a_state_delete(store: RedisStateStore) -> None:
-    """Deleting the durable state leaves the session's compaction records alone."""
-    await store.put_state("s1", make_state(), None)
-    await store.put_record("s1", "l4-spans", b"data")
-    await store.delete_state("s1")
-    assert await store.get_record("s1", "l4-spans") == b"data"
 
 
 # --- the proxy on Redis -----------------------------------------------------------------
