@@ -69,6 +69,17 @@ class CompactionCheckpoint:
         # Made by another process (a restart): compare the stable digests instead.
         return all(stable_digest(raw[i]) == d for i, d in enumerate(self.digests))
 
+    @staticmethod
+    def conversation_key(messages: object) -> str:
+        """A short stable id of the conversation ``messages`` belong to: its first user message
+        (``cache_control`` ignored). Parallel conversations of one session — subagents
+        sharing their parent's session id — each keep a checkpoint of their own under it."""
+        if isinstance(messages, list):
+            for message in messages:
+                if isinstance(message, dict) and message.get("role") == "user":
+                    return stable_digest(message)[:16]
+        return "none"
+
     def to_bytes(self) -> bytes:
         """Serialised for the session store (fingerprints are process-local: not kept)."""
         return json.dumps({"format": CHECKPOINT_FORMAT, "covered": self.covered,

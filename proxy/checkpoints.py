@@ -1,4 +1,8 @@
-"""Sticky-compaction checkpoints per session and role: in memory first, the store behind.
+"""Sticky-compaction checkpoints per session and lane: in memory first, the store behind.
+
+A *lane* is one conversation within a session: the role plus the conversation's key
+(:meth:`compactor.CompactionCheckpoint.conversation_key`), so a subagent — or several in
+parallel — sharing its parent's session id keeps a checkpoint of its own.
 
 A checkpoint (:class:`compactor.CompactionCheckpoint`) holds the compacted view of a session's
 history so far; while the history only grows, the next request reuses that exact prefix (so
@@ -21,14 +25,13 @@ __all__ = ["CHECKPOINT_RECORD_PREFIX", "SessionCheckpoints"]
 
 _log = structlog.get_logger("proxy.checkpoints")
 
-#: Record kind in the store: ``checkpoint:<role>`` (a subagent sharing its parent's session
-#: id keeps its own checkpoint).
+#: Record kind in the store: ``checkpoint:<lane>``.
 CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"
 DEFAULT_MAX_ENTRIES: Final = 1024
 
 
 class SessionCheckpoints:
-    """The latest checkpoint of each recent (session, role). Used from the event loop only.
+    """The latest checkpoint of each recent (session, lane). Used from the event loop only.
 
     Args:
         store: where checkpoints are persisted (``put_record`` / ``get_record``).
@@ -49,14 +52,14 @@ class SessionCheckpoints:
         if len(self._memory) > self._max_entries:
             self._memory.popitem(last=False)
 
-    async def load(self, session_id: str, role: str) -> compactor.CompactionCheckpoint | None:
+    async def load(self, session_id: str, lane: str) -> compactor.CompactionCheckpoint | None:
         """The checkpoint to try for this request, or ``None``."""
-        key = (session_id, role)
+        key = (session_id, lane)
         if key in self._memory:
             self._memory.move_to_end(key)
             return self._memory[key]
         try:
-            data = await self._store.get_record(session_id, CHECKPOINT_RECORD_PREFIX + role)
+            data = await self._store.get_record(session_id, CHECKPOINT_RECORD_PREFIX + lane)
         except StoreError as exc:
             _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
             return None
@@ -64,12 +67,12 @@ class SessionCheckpoints:
         self._remember(key, checkpoint)
         return checkpoint
 
-    async def save(self, session_id: str, role: str,
+    async def save(self, session_id: str, lane: str,
                    checkpoint: compactor.CompactionCheckpoint) -> None:
         """Keep ``checkpoint`` as the session's latest (memory and store)."""
-        self._remember((session_id, role), checkpoint)
+        self._remember((session_id, lane), checkpoint)
         try:
-            await self._store.put_record(session_id, CHECKPOINT_RECORD_PREFIX + role,
+            await self._store.put_record(session_id, CHECKPOINT_RECORD_PREFIX + lane,
                                          checkpoint.to_bytes())
         except StoreError as exc:
             _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)

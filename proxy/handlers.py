@@ -118,7 +118,8 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
     )
     record.role = role
     sticky = app[CONFIG].compaction.sticky
-    checkpoint = await app[CHECKPOINTS].load(session_id, role) if sticky else None
+    lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
+    checkpoint = await app[CHECKPOINTS].load(session_id, lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
             body["messages"],
@@ -138,7 +139,7 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
                               reason="invalid_messages") from None
     # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
     if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:
-        await app[CHECKPOINTS].save(session_id, role, result.checkpoint)
+        await app[CHECKPOINTS].save(session_id, lane, result.checkpoint)
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)

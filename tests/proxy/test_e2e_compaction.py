@@ -443,3 +443,31 @@ def test_durable_state_never_enters_a_summary_or_a_summary_merge(
     assert all(marker not in json.dumps(c.body) for c in calls)
     sent = forwarded(upstream_server)
     assert sent and all(marker in json.dumps(body["system"]) for body in sent)
+
+
+def test_parallel_conversations_in_one_session_keep_their_own_sticky_prefix(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Two subagents sharing their parent's session id, interleaved, each get their own
+    compacted prefix reused (neither evicts the other's checkpoint)."""
+    proxy = proxy_factory({"compaction": LOW_THRESHOLDS, "summary": {"enabled": False}})
+
+    def conversation(task: str) -> tuple[list[Any], list[Any]]:
+        history = read_turns(10)
+        history[0] = {"role": "user", "content": user_text(task)}
+        grown = [*history, {"role": "assistant", "content": "Done reading."},
+                 {"role": "user", "content": user_text("and then?")}]
+        return history, grown
+
+    first_a, grown_a = conversation("subagent A: map the parser")
+    first_b, grown_b = conversation("subagent B: map the lexer")
+    headers = {"x-compact-session-id": "parent-1", "x-claude-code-agent-id": "agent"}
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        for messages in (first_a, first_b, grown_a, grown_b):
+            client.messages.create(model=MODEL, max_tokens=16, messages=messages,
+                                   extra_headers=headers)
+    sent_a1, sent_b1, sent_a2, sent_b2 = (body["messages"] for body in forwarded(upstream_server))
+    assert len(sent_a1) < len(first_a) and len(sent_b1) < len(first_b)
+    assert sent_a2[: len(sent_a1)] == sent_a1 and sent_a2[len(sent_a1):] == grown_a[len(first_a):]
+    assert sent_b2[: len(sent_b1)] == sent_b1 and sent_b2[len(sent_b1):] == grown_b[len(first_b):]
