@@ -161,6 +161,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error, blocked = _from_limit(exc)
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
+    except RecursionError:
+        # JSON nested deeper than any step that walks it (hashing, counting, validating)
+        # can follow: the client's body, not a proxy failure.
+        error = RequestRejected(400, "invalid_request_error",
+                                "request body is nested too deeply to process",
+                                reason="too_deep")
+        blocked = _Blocked(error.reason)
     except ProxyError as exc:
         _note_outcome(request, exc.reason)
         _log.warning("upstream_failed", reason=exc.reason, status=exc.status)

@@ -215,6 +215,7 @@ HOSTILE_BODIES: list[tuple[str, bytes, str]] = [
      b'[{"type": "text", "text": "x", "w": -Infinity}]}]}', "proxy_refused"),
     ("deep nesting 100k", nested(100_000), "proxy_refused"),
     ("deep nesting 900", nested(900), "proxy_refused"),
+    ("deep nesting 500", nested(500), "proxy_refused"),
     ("duplicate keys", json.dumps({"model": MODEL, "max_tokens": 8}).encode()[:-1]
      + b', "messages": [], "messages": [{"role": "user", "content": "hi"}]}', "forwarded"),
     ("messages not a list", b'{"model": "m", "max_tokens": 8, "messages": "hi"}',
