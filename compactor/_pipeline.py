@@ -195,6 +195,9 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
     key = policy_key(policy)
     if (sticky and checkpoint is not None and checkpoint.policy_key == key
             and checkpoint.matches(messages, prints)):
+        # A checkpoint read back from the store (a restart) matched by its stable digests:
+        # give it this process's fingerprints, so later requests match by those alone.
+        checkpoint = checkpoint.with_fingerprints(prints[: checkpoint.covered])
         # The history extends the checkpoint's: its compacted prefix, then the new messages
         # (with their oversized tool results cut, as L1 always would). The covered prefix
         # was validated when the checkpoint was made; the view the provider will get is

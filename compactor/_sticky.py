@@ -16,7 +16,7 @@ breakpoints to the newest messages every turn, and a marker is not content.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._blocks import Message
@@ -59,6 +59,13 @@ class CompactionCheckpoint:
         return cls(len(raw), [strip_cache_control(m) for m in view],
                    tuple(stable_digest(m) for m in raw), policy_key, tuple(layers),
                    prints, PROCESS_SALT)
+
+    def with_fingerprints(self, fingerprints: list[int]) -> CompactionCheckpoint:
+        """This checkpoint, carrying this process's fingerprints of its covered messages
+        (itself when it already does)."""
+        if self.salt == PROCESS_SALT and len(self.fingerprints) == self.covered:
+            return self
+        return replace(self, fingerprints=tuple(fingerprints), salt=PROCESS_SALT)
 
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
         """True when ``raw`` starts with exactly the messages this checkpoint covers."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from compactor import CachingCounter, CompactionCheckpoint, Chars4Counter, compact_context
-from compactor._l4_summary import is_summary_message
+from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, compact_context
 from compactor._fingerprint import strip_cache_control
+from compactor._l4_summary import is_summary_message
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import check_messages_request
 
@@ -182,3 +182,17 @@ def test_a_broken_new_turn_is_rejected_with_its_index_in_the_clients_history() -
     with pytest.raises(ToolProtocolError) as caught:
         session.send(broken)
     assert (caught.value.kind, caught.value.message_index) == ("missing", len(messages))
+
+
+def test_a_restored_checkpoint_is_matched_by_digest_once_then_by_fingerprint() -> None:
+    """After a restart the first warm request returns the checkpoint with this process's
+    fingerprints; the next one reuses that very object (no digest walk, nothing to save)."""
+    session = Session()
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    assert session.checkpoint is not None
+    session.checkpoint = CompactionCheckpoint.from_bytes(session.checkpoint.to_bytes())
+    messages = _turn(messages, n)
+    first = session.send(messages)
+    assert first.reused_checkpoint and len(first.checkpoint.fingerprints) == first.checkpoint.covered
+    second = session.send(_turn(messages, n + 1))
+    assert second.reused_checkpoint and second.checkpoint is first.checkpoint
