@@ -135,7 +135,12 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
     """
     if config.upstream.base_url is None:
         raise ConfigError("upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)")
-    app = web.Application(middlewares=[request_context_middleware, error_middleware])
+    # Request bodies are never decoded by the server (whatever runner serves the app: the
+    # handler arguments are the app's): other paths relay the client's compressed bytes with
+    # the Content-Encoding and Content-Length that describe them, and /v1/messages and
+    # count_tokens decode (under the size limit) in proxy.body.read_body.
+    app = web.Application(middlewares=[request_context_middleware, error_middleware],
+                          handler_args={"auto_decompress": False})
     app[CONFIG] = config
     app[COUNTER] = _token_counter(config)
     app[ROLE_POLICIES] = config.role_policies()

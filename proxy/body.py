@@ -3,18 +3,26 @@
 The size limit is enforced twice: a declared ``Content-Length`` over the limit is refused
 before a byte is read, and a body without one (chunked) is refused as soon as what has
 arrived passes the limit, so a large body is never held in memory whole.
+
+A body sent with a ``Content-Encoding`` is decoded here, as it arrives (the proxy's server
+does not decode request bodies, see :func:`proxy.app.create_app`, so every other path relays
+the client's compressed bytes exactly). The decoded size is held to the same limit, so a small
+body that inflates to gigabytes is refused long before it does; what is forwarded is the
+decoded (or rewritten) body, without ``Content-Encoding``, its length computed on the way out.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Protocol
 
 from aiohttp import web
 
 from proxy.errors import RequestRejected
 
-__all__ = ["dump_body", "parse_body", "read_body"]
+__all__ = ["SUPPORTED_ENCODINGS", "dump_body", "parse_body", "read_body"]
 
 
 def _too_large(limit: int) -> RequestRejected:
@@ -25,22 +33,172 @@ def _too_large(limit: int) -> RequestRejected:
     )
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole request body, at most ``limit`` bytes.
+class _BodyDecoder(Protocol):
+    """Decodes one content coding incrementally, never producing more than it is allowed."""
+
+    def feed(self, data: bytes, budget: int) -> bytes:
+        """The output of ``data``; :class:`_Overflow` once it would pass ``budget`` bytes."""
+
+    def finish(self) -> None:
+        """Raise :class:`_Undecodable` when the compressed stream is incomplete."""
+
+
+class _Overflow(Exception):
+    """The decoded body passed the size limit."""
+
+
+class _Undecodable(Exception):
+    """The body is not valid data of its content coding."""
+
+
+class _ZlibDecoder:
+    """``gzip`` (concatenated members allowed) or ``deflate`` (RFC 9110: the zlib format; a raw
+    DEFLATE stream, which some clients send instead, is recognised by its first byte)."""
+
+    __slots__ = ("_coding", "_inflater")
+
+    def __init__(self, coding: str) -> None:
+        self._coding = coding
+        self._inflater: Any = None  # zlib's decompress object (created on the first byte)
+
+    def _current(self, data: bytes) -> Any:
+        inflater = self._inflater
+        if inflater is None or inflater.eof:
+            if inflater is not None and self._coding == "deflate":
+                raise _Undecodable("data after the end of the compressed stream")
+            if self._coding == "gzip":
+                wbits = 16 + zlib.MAX_WBITS
+            else:
+                wbits = zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS
+            inflater = self._inflater = zlib.decompressobj(wbits=wbits)
+        return inflater
+
+    def feed(self, data: bytes, budget: int) -> bytes:
+        out = bytearray()
+        while data:
+            inflater = self._current(data)
+            try:
+                # At most one byte past the budget: enough to know it is exceeded.
+                out += inflater.decompress(data, budget - len(out) + 1)
+            except zlib.error as exc:
+                raise _Undecodable(str(exc)) from None
+            if len(out) > budget:
+                raise _Overflow
+            data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+        return bytes(out)
+
+    def finish(self) -> None:
+        if self._inflater is not None and not self._inflater.eof:
+            raise _Undecodable("the compressed data ends early")
+
+
+class _AiohttpDecoder:
+    """``br`` / ``zstd`` through aiohttp's own decompressors (present when their libraries are:
+    Brotli or brotlicffi, backports.zstd or Python 3.14)."""
+
+    __slots__ = ("_decompressor",)
+
+    def __init__(self, decompressor: Any) -> None:
+        self._decompressor = decompressor
+
+    def feed(self, data: bytes, budget: int) -> bytes:
+        decompressor = self._decompressor
+        try:
+            out = bytearray(decompressor.decompress_sync(data, budget + 1))
+            while len(out) <= budget and decompressor.data_available:
+                more = decompressor.decompress_sync(b"", budget - len(out) + 1)
+                if not more:
+                    break
+                out += more
+        except Exception as exc:  # noqa: BLE001 - each library has its own error class
+            raise _Undecodable(type(exc).__name__) from None
+        if len(out) > budget:
+            raise _Overflow
+        return bytes(out)
+
+    def finish(self) -> None:
+        """A truncated stream shows as JSON that ends early."""
+
+
+def _optional_decoders() -> dict[str, Callable[[], _BodyDecoder]]:
+    try:
+        from aiohttp import compression_utils as codecs
+    except ImportError:  # pragma: no cover - present in every aiohttp this project supports
+        return {}
+    found: dict[str, Callable[[], _BodyDecoder]] = {}
+    if getattr(codecs, "HAS_BROTLI", False) and hasattr(codecs, "BrotliDecompressor"):
+        found["br"] = lambda: _AiohttpDecoder(codecs.BrotliDecompressor())
+    if getattr(codecs, "HAS_ZSTD", False) and hasattr(codecs, "ZSTDDecompressor"):
+        found["zstd"] = lambda: _AiohttpDecoder(codecs.ZSTDDecompressor())
+    return found
+
+
+_DECODERS: Final[dict[str, Callable[[], _BodyDecoder]]] = {
+    "gzip": lambda: _ZlibDecoder("gzip"),
+    "x-gzip": lambda: _ZlibDecoder("gzip"),
+    "deflate": lambda: _ZlibDecoder("deflate"),
+    **_optional_decoders(),
+}
+#: The content codings a ``/v1/messages`` or ``count_tokens`` body may arrive in.
+SUPPORTED_ENCODINGS: Final = ("identity", *_DECODERS)
+
+
+def _decoder_for(values: Iterable[str]) -> tuple[str, _BodyDecoder] | None:
+    """The decoder for the request's ``Content-Encoding`` (``None``: no coding, or identity).
 
     Raises:
-        RequestRejected: 413 ``request_too_large`` when the body is, or declares to be, larger.
+        RequestRejected: 415 when the coding is unknown here, or more than one is stacked.
     """
+    label = ", ".join(values)
+    codings = [c.strip().lower() for c in label.split(",") if c.strip()]
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        return None
+    if len(codings) > 1:
+        problem = "more than one coding is not supported"
+    elif codings[0] not in _DECODERS:
+        problem = "is not supported"
+    else:
+        return codings[0], _DECODERS[codings[0]]()
+    raise RequestRejected(
+        415, "invalid_request_error",
+        f"Content-Encoding {label!r} {problem} (supported: {', '.join(SUPPORTED_ENCODINGS)})",
+        reason="unsupported_encoding",
+    )
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole request body, decoded from its ``Content-Encoding``, at most ``limit`` bytes
+    as sent and at most ``limit`` bytes decoded.
+
+    Raises:
+        RequestRejected: 413 ``request_too_large`` when the body is, declares to be, or
+            decodes to more; 415 for a content coding the proxy cannot decode; 400 when the
+            body is not valid data of its coding.
+    """
+    decoding = _decoder_for(request.headers.getall("Content-Encoding", ()))
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    size = decoded = 0
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            if decoding is not None:
+                chunk = decoding[1].feed(chunk, limit - decoded)
+                decoded += len(chunk)
+            chunks.append(chunk)
+        if decoding is not None:
+            decoding[1].finish()
+    except _Overflow:
+        raise _too_large(limit) from None
+    except _Undecodable as exc:
+        assert decoding is not None
+        raise _invalid(f"request body is not valid {decoding[0]} data ({exc})",
+                       "bad_encoding") from None
     return b"".join(chunks)
 
 
@@ -90,7 +248,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         )
     messages = body.get("messages")
     if not isinstance(messages, list):
-        problem = "is missing" if "messages" not in body else f"must be a list, got {_json_type(messages)}"
+        problem = ("is missing" if "messages" not in body
+                   else f"must be a list, got {_json_type(messages)}")
         raise _invalid(f"messages: {problem}", "messages_not_list")
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):

@@ -160,6 +160,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     result = await _compact(request, record, session_id, body, durable, may_call_model)
 
     headers = upstream_request_headers(request.headers)
+    headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
     if not result.changed and not durable.text:
         # Nothing to rewrite: the client's bytes go out as they came.
         return await forward(request, record, body=raw, headers=headers)
