@@ -7,7 +7,14 @@ strict validator the compactor's property tests use. :class:`FakeUpstream` serve
 """
 
 from .records import RecordedRequest
-from .replies import Fault, Reply, text_block, thinking_block, tool_use_block
+from .replies import (
+    Fault,
+    Reply,
+    redacted_thinking_block,
+    text_block,
+    thinking_block,
+    tool_use_block,
+)
 from .rules import (
     ProviderRuleError,
     cache_control_count,
@@ -16,6 +23,7 @@ from .rules import (
 )
 from .scripts import SUMMARIZER_MARKER, Script, default_script, summary_text
 from .server import FakeUpstream, run_fake_upstream, start_fake_upstream
+from .signatures import sign_thinking
 
 __all__ = [
     "SUMMARIZER_MARKER",
@@ -29,7 +37,9 @@ __all__ = [
     "check_count_tokens_request",
     "check_messages_request",
     "default_script",
+    "redacted_thinking_block",
     "run_fake_upstream",
+    "sign_thinking",
     "start_fake_upstream",
     "summary_text",
     "text_block",

@@ -6,6 +6,11 @@ timing and faults); :func:`build_message` turns it into the provider's ``Message
 ``content_block_start`` / ``content_block_delta`` … / ``content_block_stop`` per block,
 ``message_delta`` with cumulative usage, ``message_stop``).
 
+Thinking the fake produces is signed the fake's way (:mod:`.signatures`): a ``thinking`` block
+without a ``signature`` gets ``fakesig.…``, so a client that sends it back unchanged passes the
+"cannot be modified" rule and one that edits it does not; :func:`redacted_thinking_block` makes
+a verifiable ``redacted_thinking``. Explicit signatures are served as given (opaque).
+
 Token numbers are deterministic estimates: the canonical JSON of ``tools``, ``system`` and
 ``messages`` (in the provider's prefix order) divided by four. :class:`PromptCache` simulates
 the prompt cache by remembering the canonical prompts of recent requests per API key and
@@ -22,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from .signatures import redacted_data, sign_thinking
+
 __all__ = [
     "MALFORMED_SSE_EVENT",
     "MALFORMED_SSE_TAIL",
@@ -35,6 +42,7 @@ __all__ = [
     "encode_event",
     "estimate_tokens",
     "output_tokens",
+    "redacted_thinking_block",
     "stream_events",
     "text_block",
     "thinking_block",
@@ -188,9 +196,25 @@ def text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def thinking_block(thinking: str, signature: str) -> dict[str, Any]:
-    """A ``thinking`` content block with its (opaque) signature."""
+def thinking_block(thinking: str, signature: str | None = None) -> dict[str, Any]:
+    """A ``thinking`` content block; without ``signature`` the fake signs it itself
+    (``fakesig.…``, verified when it comes back), with one it is served as given (opaque)."""
+    if signature is None:
+        signature = sign_thinking(thinking)
     return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
+def redacted_thinking_block(payload: str) -> dict[str, Any]:
+    """A ``redacted_thinking`` block whose ``data`` the fake can verify when it comes back."""
+    return {"type": "redacted_thinking", "data": redacted_data(payload)}
+
+
+def _signed(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A reply block as served: a ``thinking`` block without a signature gets the fake's."""
+    served = dict(block)
+    if served.get("type") == "thinking" and served.get("signature") is None:
+        served["signature"] = sign_thinking(str(served.get("thinking", "")))
+    return served
 
 
 def tool_use_block(tool_use_id: str, name: str, tool_input: Mapping[str, Any]) -> dict[str, Any]:
@@ -310,7 +334,7 @@ def build_message(reply: Reply, *, message_id: str, model: str, usage: Usage) ->
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [dict(block) for block in reply.content],
+        "content": [_signed(block) for block in reply.content],
         "stop_reason": reply.stop_reason,
         "stop_sequence": reply.stop_sequence,
         "usage": {

@@ -4,9 +4,15 @@
 (``/work/shared/reference/messages-api.md`` §5) and the ``messages.N`` / ``messages.N.content.M``
 path of the first violation, or returns ``None``. The compactor's property tests use it as the
 strict judge of what a forwarded view must satisfy; the fake upstream uses it to answer 400.
+``tests/PROVIDER_RULES.md`` lists every §5 rule, its text and the test that shows it.
 
-Theory of operation. The checks run in one pass over ``messages`` in order, so the error reported
-is the one at the lowest position, as the real API does. Two things are carried between messages:
+Theory of operation. Top-level fields are checked first (``model``, ``max_tokens``, ``stream``,
+``system``, ``tools``, ``context_management`` against ``thinking``), then ``messages`` in one
+pass in order, so the error reported is the one at the lowest position, as the real API does;
+the ``cache_control`` count comes last. Before the pass, three positions are located (a cheap
+scan that never raises; malformed messages are left to the pass): the final non-``system``
+message, the latest ``assistant`` message, and, with thinking on, the *opener* of the turn in
+progress (below). Two things are carried between messages:
 
 * the set of every id-carrying block seen so far (``tool_use`` ids are unique per request);
 * the ``tool_use`` ids of the previous non-system message, which the next non-system message must
@@ -18,6 +24,23 @@ is the one at the lowest position, as the real API does. Two things are carried 
 Server-side tool pairs never cross a message: a ``*_tool_result`` must find its
 ``server_tool_use`` / ``mcp_tool_use`` earlier in the same assistant message.
 
+Thinking. *On* means ``thinking.type`` is ``enabled`` or ``adaptive``; *off* means ``thinking``
+is absent, null or ``{"type": "disabled"}``; any other value is unknown and neither rule that
+depends on it applies (forward compatibility). Every assistant message that holds thinking must
+start with it and none may end with it (not even a final prefill). The rest, on messages as sent
+(never merged), role ``system`` messages skipped:
+
+* *tool loop* (thinking on): a tool loop is in progress when the final message is a ``user``
+  message holding at least one ``tool_result``. The turn in progress begins after the last
+  ``user`` message holding no ``tool_result`` (the first ``user`` message if there is no other);
+  its opener is the first ``assistant`` message after that point, and the opener's
+  ``content[0]`` must be ``thinking`` or ``redacted_thinking`` (a string content counts as
+  ``text``). Later assistant messages of the same loop are not bound.
+* *disabled prefill* (thinking off): a final ``assistant`` message may hold no thinking at all.
+* *cannot be modified*: in the latest ``assistant`` message, a block carrying the fake's own
+  signature format (:mod:`.signatures`) must verify; any other signature is opaque and accepted.
+* ``clear_thinking_20251015`` in ``context_management.edits`` needs thinking on.
+
 Unknown top-level fields and unknown block types pass untouched (forward compatibility).
 
 Everything in ``__all__`` gets re-exported.
@@ -27,7 +50,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
+
+from .signatures import block_intact
 
 __all__ = [
     "ProviderRuleError",
@@ -52,6 +77,14 @@ SERVER_USE_TYPES: Final = ("server_tool_use", "mcp_tool_use")
 TOOL_ID_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]+$")
 TOOL_ID_PATTERN_TEXT: Final = "^[a-zA-Z0-9_-]+$"
 CUSTOM_TOOL_TYPES: Final = (None, "custom")
+# ``thinking.type`` values that turn thinking on, and off (absent or null is off as well).
+THINKING_ON_TYPES: Final = ("enabled", "adaptive")
+THINKING_OFF_TYPES: Final = ("disabled",)
+# The context-management edit that only works with thinking on.
+CLEAR_THINKING_EDIT: Final = "clear_thinking_20251015"
+EXTENDED_THINKING_DOCS: Final = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+
+ThinkingMode = Literal["on", "off", "unknown"]
 
 # -- the provider's own wording (reference §5); {placeholders} are filled per violation -------
 
@@ -98,6 +131,26 @@ MSG_THINKING_LAST: Final = (
     "messages.{n}: The final block in an assistant message cannot be `{kind}`."
 )
 MSG_SIGNATURE: Final = "messages.{n}.content.{m}: Invalid `signature` in `thinking` block."
+# Kilo-Org/kilocode#5219 (2026-01-20), verbatim, the provider's typo "preceeding" included.
+MSG_TOOL_LOOP_THINKING: Final = (
+    "messages.{n}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+    "`{found}`. When `thinking` is enabled, a final `assistant` message must start with a "
+    "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We "
+    "recommend you include thinking blocks from previous turns. To avoid this requirement, "
+    "disable `thinking`. Please consult our documentation at " + EXTENDED_THINKING_DOCS
+)
+MSG_THINKING_DISABLED_FINAL: Final = (
+    "messages.{n}.content.{m}: When thinking is disabled, an `assistant` message in the final "
+    "position cannot contain `thinking`. To use thinking blocks, enable `thinking` in your "
+    "request."
+)
+MSG_THINKING_MODIFIED: Final = (
+    "messages.{n}.content.{m}: `thinking` or `redacted_thinking` blocks in the latest assistant "
+    "message cannot be modified. These blocks must remain as they were in the original response."
+)
+MSG_CLEAR_THINKING: Final = (
+    "`" + CLEAR_THINKING_EDIT + "` strategy requires `thinking` to be enabled"
+)
 MSG_CACHE_CONTROL: Final = (
     "A maximum of " + str(MAX_CACHE_CONTROL) + " blocks with cache_control may be provided. "
     "Found {found}."
@@ -223,7 +276,9 @@ def _check_max_tokens(body: Mapping[str, Any]) -> None:
 def _check_common(body: Mapping[str, Any]) -> None:
     _check_system(body)
     _check_tools(body)
-    _check_messages(body)
+    mode = thinking_mode(body)
+    _check_context_management(body, mode)
+    _check_messages(body, mode)
     found = cache_control_count(body)
     if found > MAX_CACHE_CONTROL:
         raise _fail(MSG_CACHE_CONTROL.format(found=found))
@@ -271,10 +326,33 @@ def _check_tools(body: Mapping[str, Any]) -> None:
         names.add(name)
 
 
+def thinking_mode(body: Mapping[str, Any]) -> ThinkingMode:
+    """``on`` (``enabled`` / ``adaptive``), ``off`` (absent, null, ``disabled``) or ``unknown``."""
+    thinking = body.get("thinking")
+    if thinking is None:
+        return "off"
+    kind = thinking.get("type") if isinstance(thinking, Mapping) else None
+    if kind in THINKING_ON_TYPES:
+        return "on"
+    if kind in THINKING_OFF_TYPES:
+        return "off"
+    return "unknown"
+
+
+def _check_context_management(body: Mapping[str, Any], mode: ThinkingMode) -> None:
+    management = body.get("context_management")
+    edits = management.get("edits") if isinstance(management, Mapping) else None
+    if mode != "off" or not isinstance(edits, list):
+        return
+    if any(isinstance(edit, Mapping) and edit.get("type") == CLEAR_THINKING_EDIT
+           for edit in edits):
+        raise _fail(MSG_CLEAR_THINKING)
+
+
 # -- messages -------------------------------------------------------------------------------
 
 
-def _check_messages(body: Mapping[str, Any]) -> None:
+def _check_messages(body: Mapping[str, Any], mode: ThinkingMode) -> None:
     if "messages" not in body:
         raise _fail("messages: Field required")
     messages = body["messages"]
@@ -289,6 +367,10 @@ def _check_messages(body: Mapping[str, Any]) -> None:
         )
 
     last = len(messages) - 1
+    roles = [_role_of(message) for message in messages]
+    final = _last_index(roles, ("user", "assistant"))
+    latest_assistant = _last_index(roles, ("assistant",))
+    opener = _tool_loop_opener(messages, roles) if mode == "on" else None
     seen_ids: set[str] = set()
     # Tool-use ids of the previous non-system message, and where it sits.
     pending_uses: list[str] = []
@@ -311,7 +393,13 @@ def _check_messages(body: Mapping[str, Any]) -> None:
 
         _check_content_present(n, content, final_assistant=(n == last and role == "assistant"))
         blocks = content if isinstance(content, list) else []
-        uses = _check_blocks(n, blocks, role, seen_ids, is_final=(n == last))
+        if n == final and role == "assistant" and mode == "off":
+            _check_no_thinking(n, blocks)
+        uses = _check_blocks(n, blocks, role, seen_ids)
+        if n == latest_assistant:
+            _check_unmodified(n, blocks)
+        if n == opener:
+            _check_opener(n, content)
 
         if pending_uses:
             answered = _results_of(blocks) if role == "user" else set()
@@ -392,7 +480,7 @@ def _check_plain_blocks(n: int, content: object, role: str) -> None:
 
 
 def _check_blocks(
-    n: int, blocks: Sequence[object], role: str, seen_ids: set[str], *, is_final: bool
+    n: int, blocks: Sequence[object], role: str, seen_ids: set[str]
 ) -> list[str]:
     """Per-block rules of a user/assistant message; returns its ``tool_use`` ids in order."""
     uses: list[str] = []
@@ -434,10 +522,70 @@ def _check_blocks(
         if first_type not in THINKING_TYPES:
             raise _fail(MSG_THINKING_FIRST.format(n=n, found=first_type))
         last_type = _block_type(n, len(blocks) - 1, blocks[-1])
-        # Only a final assistant message (a prefill) may stop on its thinking.
-        if last_type in THINKING_TYPES and not is_final:
+        # Not even a final assistant message (a prefill) may stop on its thinking.
+        if last_type in THINKING_TYPES:
             raise _fail(MSG_THINKING_LAST.format(n=n, kind=last_type))
     return uses
+
+
+# -- thinking rules that depend on the message's place in the request ----------------------
+
+
+def _role_of(message: object) -> str | None:
+    role = message.get("role") if isinstance(message, Mapping) else None
+    return role if isinstance(role, str) else None
+
+
+def _last_index(roles: Sequence[str | None], wanted: Sequence[str]) -> int | None:
+    for n in range(len(roles) - 1, -1, -1):
+        if roles[n] in wanted:
+            return n
+    return None
+
+
+def _holds_result(message: object) -> bool:
+    content = message.get("content") if isinstance(message, Mapping) else None
+    return isinstance(content, list) and any(
+        isinstance(block, Mapping) and block.get("type") == CLIENT_RESULT_TYPE
+        for block in content
+    )
+
+
+def _tool_loop_opener(messages: Sequence[object], roles: Sequence[str | None]) -> int | None:
+    """The index of the assistant message that opens the turn in progress, when the request is
+    in the middle of a tool loop (its final non-system message is a user message holding a
+    ``tool_result``); ``None`` otherwise. See the module docstring."""
+    turns = [n for n, role in enumerate(roles) if role in ("user", "assistant")]
+    if not turns or roles[turns[-1]] != "user" or not _holds_result(messages[turns[-1]]):
+        return None
+    users = [n for n in turns if roles[n] == "user"]
+    real_turns = [n for n in users if not _holds_result(messages[n])]
+    start = real_turns[-1] if real_turns else users[0]
+    return next((n for n in turns if n > start and roles[n] == "assistant"), None)
+
+
+def _check_opener(n: int, content: object) -> None:
+    if isinstance(content, str):
+        found = "text"
+    elif isinstance(content, list) and content:
+        found = _block_type(n, 0, content[0])
+    else:
+        return
+    if found not in THINKING_TYPES:
+        raise _fail(MSG_TOOL_LOOP_THINKING.format(n=n, found=found))
+
+
+def _check_no_thinking(n: int, blocks: Sequence[object]) -> None:
+    for m, block in enumerate(blocks):
+        if isinstance(block, Mapping) and block.get("type") in THINKING_TYPES:
+            raise _fail(MSG_THINKING_DISABLED_FINAL.format(n=n, m=m))
+
+
+def _check_unmodified(n: int, blocks: Sequence[object]) -> None:
+    for m, block in enumerate(blocks):
+        assert isinstance(block, Mapping)
+        if block.get("type") in THINKING_TYPES and not block_intact(block):
+            raise _fail(MSG_THINKING_MODIFIED.format(n=n, m=m))
 
 
 def _check_use(

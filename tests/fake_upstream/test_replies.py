@@ -14,6 +14,8 @@ from proxy.fake_upstream import (
     RecordedRequest,
     Reply,
     default_script,
+    redacted_thinking_block,
+    sign_thinking,
     summary_text,
     text_block,
     thinking_block,
@@ -49,6 +51,23 @@ def test_message_json_has_the_provider_shape() -> None:
         "usage": {"input_tokens": 10, "cache_creation_input_tokens": 2,
                   "cache_read_input_tokens": 30, "output_tokens": 1, "service_tier": "standard"},
     }
+
+
+def test_thinking_the_fake_produces_is_signed_and_explicit_signatures_are_kept() -> None:
+    """A thinking block without a signature is served with the fake's own (``fakesig.`` + HMAC
+    of its text), in JSON and in the signature_delta; an explicit signature is served as is."""
+    unsigned = {"type": "thinking", "thinking": "Look first."}
+    message = _message(unsigned, thinking_block("Then edit."), thinking_block("x", "EqQBreal"),
+                       redacted_thinking_block("secret"), text_block("ok"))
+    signatures = [block.get("signature") for block in message["content"][:3]]
+    assert signatures == [sign_thinking("Look first."), sign_thinking("Then edit."), "EqQBreal"]
+    assert signatures[0] != sign_thinking("Look first!")
+    assert signatures[0].startswith("fakesig.")
+    assert message["content"][3]["data"].startswith("fakeredacted.")
+    assert "secret" not in message["content"][3]["data"]
+    deltas = [data["delta"]["signature"] for name, data in stream_events(message)
+              if name == "content_block_delta" and data["delta"]["type"] == "signature_delta"]
+    assert deltas == signatures
 
 
 def _replay(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:

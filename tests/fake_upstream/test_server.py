@@ -21,6 +21,7 @@ from proxy.fake_upstream import (
     Fault,
     RecordedRequest,
     Reply,
+    redacted_thinking_block,
     run_fake_upstream,
     start_fake_upstream,
     text_block,
@@ -165,6 +166,46 @@ async def test_rule_violation_surfaces_as_bad_request_with_the_rule_text(
         "toolu_1.")
     assert caught.value.request_id == error["request_id"]
     assert upstream.queue == type(upstream.queue)()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_fake_signed_thinking_round_trips_and_an_edit_is_refused(
+    upstream: FakeUpstream, client: anthropic.AsyncAnthropic, stream: bool,
+) -> None:
+    """The fake signs the thinking it produces; sent back unchanged in the tool loop it passes,
+    edited it is a 400 with the provider's "cannot be modified" sentence."""
+    upstream.push(Reply(content=(thinking_block("Check the test first."),
+                                 redacted_thinking_block("hidden step"),
+                                 tool_use_block("toolu_01", "Read", {"path": "a.py"})),
+                        stop_reason="tool_use"),
+                  Reply.text("Fine."))
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    if stream:
+        async with client.messages.stream(model=MODEL, max_tokens=2048, messages=HELLO,
+                                          thinking=thinking) as events:
+            first = await events.get_final_message()
+    else:
+        first = await client.messages.create(model=MODEL, max_tokens=2048, messages=HELLO,
+                                             thinking=thinking)
+    blocks = [block.model_dump(exclude_none=True) for block in first.content]
+    assert blocks[0]["signature"].startswith("fakesig.")
+    assert blocks[1]["data"].startswith("fakeredacted.")
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
+                                           "content": "print(1)"}]}
+    history: list[Any] = [*HELLO, {"role": "assistant", "content": blocks}, answer]
+    second = await client.messages.create(model=MODEL, max_tokens=2048, messages=history,
+                                          thinking=thinking)
+    assert second.content[0].type == "text"
+    edited = [{**blocks[0], "thinking": "Check the test first, then lint."}, *blocks[1:]]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(
+            model=MODEL, max_tokens=2048, thinking=thinking,
+            messages=[*HELLO, {"role": "assistant", "content": edited}, answer])
+    error: Any = caught.value.body
+    assert error["error"]["message"] == (
+        "messages.1.content.0: `thinking` or `redacted_thinking` blocks in the latest assistant "
+        "message cannot be modified. These blocks must remain as they were in the original "
+        "response.")
 
 
 async def test_invalid_json_is_a_400(http: aiohttp.ClientSession) -> None:
