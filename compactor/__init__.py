@@ -25,6 +25,14 @@ from ._pointers import (
 from ._protocol import Interaction, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import SourcePointerResolver, SourceResolution, resolve_durable_sources
+from ._session_ids import (
+    MAX_SESSION_ID_CHARS,
+    SESSION_ID_PATTERN,
+    SESSION_ID_RULE,
+    check_session_id,
+    is_session_id,
+    session_id_problem,
+)
 from ._state import (
     DurableContextState,
     DurableFact,
@@ -44,9 +52,12 @@ __all__ = [
     "DurableFact",
     "Interaction",
     "LayerOutcome",
+    "MAX_SESSION_ID_CHARS",
     "MessageViewLimitExceeded",
     "PendingItem",
     "RetrievalEvidence",
+    "SESSION_ID_PATTERN",
+    "SESSION_ID_RULE",
     "SourcePointer",
     "SourcePointerResolver",
     "SourceResolution",
@@ -57,12 +68,15 @@ __all__ = [
     "TranscriptPointer",
     "append_to_system",
     "capture_retrieval_evidence",
+    "check_session_id",
     "compact_context",
     "compact_context_async",
     "compact_if_needed",
     "estimate_tokens",
+    "is_session_id",
     "parse_source_pointer",
     "render_durable_context",
     "resolve_durable_sources",
+    "session_id_problem",
     "validate_tool_protocol",
 ]

@@ -8,8 +8,9 @@ Two schemes exist::
 
 Theory of operation: a pointer names a file under an operator-controlled root, so every
 part that becomes a path component is checked here, before anything touches the disk. A
-session id is one or more runs of ``[A-Za-z0-9_-]`` joined by single dots (so never ``.``,
-``..``, a leading or trailing dot), at most 128 characters. A filename is one path
+session id follows the one rule for session ids (:mod:`compactor._session_ids`): one or more
+runs of ``[A-Za-z0-9_-]`` joined by single dots (so never ``.``, ``..``, a leading or
+trailing dot), at most 128 characters. A filename is one path
 component: no ``/``, ``\\``, ``:``, NUL, no control or invisible formatting characters,
 never ``.`` or ``..``, at most 255 UTF-8 bytes, and the same holds for its percent-decoded
 form (so ``..%2Fetc`` is refused even though nothing here decodes it: some other layer
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import TypeAlias
 from urllib.parse import unquote
 
+from ._session_ids import check_session_id
+
 __all__ = [
     "TranscriptPointer",
     "ArtifactPointer",
@@ -36,13 +39,11 @@ __all__ = [
     "parse_source_pointer",
 ]
 
-MAX_SESSION_ID_CHARS = 128
 MAX_FILENAME_BYTES = 255
 # Sequences are ordinary 64-bit counters; the cap also keeps int() away from its
 # digit-count limit on absurd input.
 MAX_SEQUENCE = 2**63 - 1
 
-_SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*", re.ASCII)
 _SEQUENCE_RE = re.compile(r"[1-9][0-9]*", re.ASCII)
 _SHA256_RE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}", re.ASCII)
 
@@ -66,20 +67,6 @@ class UnsupportedPointerError(ValueError):
     def __init__(self, scheme: str) -> None:
         self.scheme = scheme
         super().__init__(f"unsupported source pointer scheme {scheme!r}")
-
-
-def _check_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str):
-        raise ValueError(f"session_id must be a string, got {type(session_id).__name__}")
-    if not session_id:
-        raise ValueError("session_id is empty")
-    if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise ValueError(f"session_id is longer than {MAX_SESSION_ID_CHARS} characters")
-    if not _SESSION_ID_RE.fullmatch(session_id):
-        raise ValueError(
-            f"session_id {session_id!r} is not made of [A-Za-z0-9_-] runs joined by single dots"
-        )
-    return session_id
 
 
 def _filename_problem(name: str) -> str | None:
@@ -134,7 +121,7 @@ class TranscriptPointer:
     sequence: int
 
     def __post_init__(self) -> None:
-        _check_session_id(self.session_id)
+        check_session_id(self.session_id)
         seq = self.sequence
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise ValueError(f"sequence must be an integer, got {type(seq).__name__}")
@@ -164,7 +151,7 @@ class ArtifactPointer:
     sha256: str
 
     def __post_init__(self) -> None:
-        _check_session_id(self.session_id)
+        check_session_id(self.session_id)
         _check_filename(self.filename)
         if not isinstance(self.sha256, str) or not _SHA256_RE.fullmatch(self.sha256):
             raise ValueError("sha256 must be 12 or 64 lowercase hex characters")
@@ -208,7 +195,7 @@ def parse_source_pointer(s: str) -> SourcePointer:
                 f"(session_id, sequence), got {len(parts)}"
             )
         session_id, seq_text = parts
-        _check_session_id(session_id)
+        check_session_id(session_id)
         if not _SEQUENCE_RE.fullmatch(seq_text) or len(seq_text) > len(str(MAX_SEQUENCE)):
             raise ValueError(
                 f"sequence {seq_text!r} is not a positive decimal integer "

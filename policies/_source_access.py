@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._session_ids import check_session_id
+
 __all__ = ["SourceAccessPolicy", "own_session_only"]
 
 
@@ -30,12 +32,6 @@ class SessionScoped(Protocol):
         ...
 
 
-def _check_session_id(field: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field}: must be a non-empty session id string, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class SourceAccessPolicy:
     """The source-access rule of a deployment.
@@ -46,7 +42,7 @@ class SourceAccessPolicy:
 
     Raises:
         ValueError: ``allow_cross_session`` is not a bool, or ``shared_sessions`` is not a
-            list/tuple of non-empty strings.
+            list/tuple of session ids (the one rule: ``policies._session_ids``).
     """
 
     allow_cross_session: bool
@@ -67,16 +63,16 @@ class SourceAccessPolicy:
                 f"shared_sessions: must be a list of session ids, got {type(shared).__name__}"
             )
         for index, sid in enumerate(shared):
-            _check_session_id(f"shared_sessions[{index}]", sid)
+            check_session_id(sid, f"shared_sessions[{index}]")
         object.__setattr__(self, "shared_sessions", tuple(shared))
 
     def authorizer(self, requesting_session_id: str) -> Callable[[SessionScoped], bool]:
         """The ``authorize`` callable for a resolver serving ``requesting_session_id``.
 
         Raises:
-            ValueError: ``requesting_session_id`` is empty or not a string.
+            ValueError: ``requesting_session_id`` is not a valid session id.
         """
-        requester = _check_session_id("requesting_session_id", requesting_session_id)
+        requester = check_session_id(requesting_session_id, "requesting_session_id")
         if self.allow_cross_session:
             return _allow_any
         readable = frozenset((requester, *self.shared_sessions))

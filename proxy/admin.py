@@ -35,7 +35,7 @@ from typing import Any, Final
 import structlog
 from aiohttp import web
 
-from compactor import DurableContextState
+from compactor import SESSION_ID_RULE, DurableContextState, session_id_problem
 
 from .store import StateStore, StoredState, StoreError, VersionConflict
 
@@ -56,7 +56,6 @@ ADMIN_TOKEN_KEY: Final[web.AppKey[bytes]] = web.AppKey("admin_token", bytes)
 MAX_ADMIN_BODY_BYTES: Final = 1024 * 1024
 
 _STATE_PATH: Final = "/admin/sessions/{sid}/state"
-_SESSION_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _IF_MATCH: Final = re.compile(r'"([1-9][0-9]{0,18})"')
 _STATE_FIELDS: Final = ("facts", "pending_items", "retrieval_evidence")
 _ALLOWED_METHODS: Final = "GET, HEAD, PUT, DELETE"
@@ -149,10 +148,11 @@ def _unauthorized() -> web.Response:
 
 def _session_id(request: web.Request) -> str | web.Response:
     sid = request.match_info["sid"]
-    if not _SESSION_ID.fullmatch(sid) or sid in (".", ".."):
-        return _bad_request(
-            "session id: must be 1-200 characters of A-Z a-z 0-9 _ . : - and not '.' or '..'"
-        )
+    # The one rule for session ids (compactor.check_session_id): the proxy serves exactly
+    # these, and only these can be named by the pointers of the state stored here.
+    problem = session_id_problem(sid)
+    if problem is not None:
+        return _bad_request(f"session id: {problem}; a session id is {SESSION_ID_RULE}")
     return sid
 
 

@@ -14,6 +14,7 @@ decoded (or rewritten) body, without ``Content-Encoding``, its length computed o
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
@@ -216,22 +217,76 @@ def _invalid(message: str, reason: str) -> RequestRejected:
     return RequestRejected(400, "invalid_request_error", message, reason=reason)
 
 
+class _OutOfRange:
+    """Stands in, while parsing, for a number no float or int holds (``1e400``, 5000 digits)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _number_parsers() -> tuple[list[_OutOfRange], Callable[[str], Any], Callable[[str], Any]]:
+    found: list[_OutOfRange] = []
+
+    def parse_float(text: str) -> Any:
+        value = float(text)
+        if math.isfinite(value):
+            return value
+        found.append(_OutOfRange(text))  # would be Infinity, which is not JSON
+        return found[-1]
+
+    def parse_int(text: str) -> Any:
+        try:
+            return int(text)
+        except ValueError:  # longer than the interpreter converts (sys.int_info)
+            found.append(_OutOfRange(text))
+            return found[-1]
+
+    return found, parse_float, parse_int
+
+
+def _path_of(root: Any, target: object) -> str:
+    """The dotted JSON path (``messages.3.content.1.input.x``) of ``target`` inside ``root``.
+
+    Iterative: the parsed body may be as deep as the JSON parser allows.
+    """
+    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        value, path = stack.pop()
+        if value is target:
+            return ".".join(path) or "request body"
+        if isinstance(value, dict):
+            stack.extend((item, (*path, str(key))) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, (*path, str(index))) for index, item in enumerate(value))
+    return "request body"  # pragma: no cover - the target came from this very parse
+
+
+def _number_text(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object whose ``messages`` is a list of objects.
 
     Raises:
         RequestRejected: 400 ``invalid_request_error`` naming the problem: not UTF-8, not
-            JSON, not an object, ``messages`` missing or not a list, a message not an object,
-            ``system`` neither a string nor a list.
+            JSON, a number out of range (by its JSON path), not an object, ``messages``
+            missing or not a list, a message not an object, ``system`` neither a string nor
+            a list.
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _invalid(f"request body is not valid UTF-8 (byte {exc.start})", "bad_json") from None
+    out_of_range, parse_float, parse_int = _number_parsers()
     try:
         # NaN / Infinity are not JSON (RFC 8259); Python would accept them and dump_body would
-        # write them back out, so the provider would get a body that is not JSON.
-        body = json.loads(text, parse_constant=_reject_constant)
+        # write them back out, so the provider would get a body that is not JSON. A number
+        # too large for a float (1e400) would do the same as infinity: refused below.
+        body = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float,
+                          parse_int=parse_int)
     except _NotJSONConstant as exc:
         raise _invalid(f"request body is not valid JSON: {exc.name} is not a JSON value",
                        "bad_json") from None
@@ -242,6 +297,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise _invalid("request body is not valid JSON: nested too deeply", "bad_json") from None
+    if out_of_range:
+        first = out_of_range[0]
+        raise _invalid(f"{_path_of(body, first)}: number {_number_text(first.text)} "
+                       "is out of range", "number_out_of_range")
     if not isinstance(body, dict):
         raise _invalid(
             f"request body must be a JSON object, got {_json_type(body)}", "body_not_object"
@@ -281,10 +340,16 @@ def _json_type(value: object) -> str:
 
 
 def dump_body(body: dict[str, Any]) -> bytes:
-    """The body as compact UTF-8 JSON (serialised once, as forwarded)."""
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    """The body as compact UTF-8 JSON (serialised once, as forwarded).
+
+    Raises:
+        ValueError: the body holds a NaN or an infinity (never written out as ``NaN`` /
+            ``Infinity``, which are not JSON; :func:`parse_body` lets none in).
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         # A lone surrogate arrived as a \uXXXX escape; only an escape can carry it back out.
-        return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        return json.dumps(body, ensure_ascii=True, separators=(",", ":"),
+                          allow_nan=False).encode("ascii")

@@ -27,6 +27,7 @@ import yaml
 
 from policies._compaction import DEFAULT_READ_TOOLS, CompactionPolicy, ReadToolSpec
 from policies._roles import DEFAULT_ROLE_RULES, ROLE_NAMES, RolePolicies, RoleRule
+from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from policies._source_access import SourceAccessPolicy
 
 __all__ = [
@@ -222,9 +223,11 @@ def _string_list(item: _Check) -> _Check:
 
 def _session_id(value: Any) -> str:
     text: str = _string()(value)
-    # The same strictness as source-pointer ids (SPEC §7).
-    if text in (".", "..") or any(ch in text for ch in "/\\:"):
-        raise _Invalid(f"is not a valid session id: {text!r}")
+    # The one rule for session ids (the same as compactor.check_session_id's).
+    problem = session_id_problem(text)
+    if problem is not None:
+        raise _Invalid(f"is not a valid session id ({problem}; a session id is "
+                       f"{SESSION_ID_RULE}): {text!r}")
     return text
 
 

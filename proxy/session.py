@@ -8,9 +8,14 @@ First that applies:
    string itself;
 4. ``conv-`` + a stable hash of the conversation's first message and ``system``.
 
-A candidate that is empty, longer than :data:`MAX_SESSION_ID_CHARS` or holds control
-characters is skipped (it could not be echoed in ``x-compact-session-id``), and the next rule
-applies.
+Every id follows the one rule for session ids (:func:`compactor.check_session_id`: runs of
+``A-Z a-z 0-9 _ -`` joined by single dots, at most 128 characters), so whatever session is
+served can also be given durable state whose pointers resolve. A value of the configured
+header that is not a valid id is refused (400 ``invalid_request_error`` naming the header and
+the rule): the client chose that id, and serving another session instead would silently hide
+its state. A candidate from ``X-Claude-Code-Session-Id`` or ``metadata.user_id`` that is not
+a valid id is skipped, and the next rule applies. The derived ``conv-`` id is valid by
+construction.
 """
 
 from __future__ import annotations
@@ -20,22 +25,16 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["CLAUDE_CODE_SESSION_HEADER", "MAX_SESSION_ID_CHARS", "resolve_session_id"]
+from compactor import SESSION_ID_RULE, is_session_id, session_id_problem
+from proxy.errors import RequestRejected
+
+__all__ = ["CLAUDE_CODE_SESSION_HEADER", "resolve_session_id"]
 
 CLAUDE_CODE_SESSION_HEADER: Final = "x-claude-code-session-id"
-MAX_SESSION_ID_CHARS: Final = 512
 
 
 def _usable(value: object) -> str | None:
-    if not isinstance(value, str):
-        return None
-    value = value.strip()
-    if not value or len(value) > MAX_SESSION_ID_CHARS:
-        return None
-    # Printable ASCII only: the id goes back out in a response header.
-    if not all(" " <= ch <= "~" for ch in value):
-        return None
-    return value
+    return value if isinstance(value, str) and is_session_id(value) else None
 
 
 def _from_user_id(user_id: object) -> str | None:
@@ -74,11 +73,26 @@ def resolve_session_id(headers: Mapping[str, str], body: Mapping[str, Any],
         headers: the request headers (a case-insensitive mapping, e.g. aiohttp's).
         body: the parsed JSON body.
         configured_header: ``session.header`` from the config.
+
+    Raises:
+        RequestRejected: 400 ``invalid_request_error``: the configured header is present but
+            its value is not a valid session id.
     """
-    for name in (configured_header, CLAUDE_CODE_SESSION_HEADER):
-        found = _usable(headers.get(name))
-        if found is not None:
-            return found
+    chosen = headers.get(configured_header)
+    if chosen is not None:
+        problem = session_id_problem(chosen)
+        if problem is not None:
+            # The value is the client's own; the message names the header and the rule only.
+            raise RequestRejected(
+                400, "invalid_request_error",
+                f"{configured_header}: not a valid session id ({problem}); "
+                f"a session id is {SESSION_ID_RULE}",
+                reason="invalid_session_id",
+            )
+        return chosen
+    found = _usable(headers.get(CLAUDE_CODE_SESSION_HEADER))
+    if found is not None:
+        return found
     metadata = body.get("metadata")
     if isinstance(metadata, dict):
         found = _from_user_id(metadata.get("user_id"))

@@ -55,7 +55,7 @@ def test_valid_pointer_parses_and_prints_back_canonically(text: str, expected: o
         ("transcript:s1:١", "positive decimal"),  # Arabic-Indic digit one
         ("transcript:s1:" + "9" * 5000, "positive decimal"),
         ("transcript:s1:9223372036854775808", "sequence must be between"),
-        ("transcript::1", "session_id is empty"),
+        ("transcript::1", "session_id: is empty"),
         # session id traversal and odd characters
         ("transcript:.:1", "session_id"),
         ("transcript:..:1", "session_id"),
@@ -67,7 +67,7 @@ def test_valid_pointer_parses_and_prints_back_canonically(text: str, expected: o
         ("transcript:..%2F..%2Fetc:1", "session_id"),
         ("transcript:a\x00b:1", "session_id"),
         ("transcript:a b:1", "session_id"),
-        ("transcript:" + "a" * 129 + ":1", "longer than 128"),
+        ("transcript:" + "a" * 129 + ":1", "more than 128"),
         # artifact grammar
         (f"artifact:s1:{HEX12}", "3 fields"),
         (f"artifact:s1:a:b:{HEX12}", "3 fields"),

@@ -253,3 +253,52 @@ async def test_metrics_count_requests_by_route_and_outcome(
     assert 'compact_proxy_requests_total{outcome="forwarded",route="messages"} 1.0' in text
     assert 'compact_proxy_requests_total{outcome="blocked",route="messages"} 1.0' in text
     assert 'compact_proxy_upstream_latency_seconds_count{route="messages"} 1.0' in text
+
+
+def out_of_range_body(number: str) -> bytes:
+    """A body with ``number`` (as written) inside a tool input, deep in the history."""
+    body = {"model": MODEL, "max_tokens": 16, "messages": [
+        {"role": "user", "content": user_text("compute")},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "calling"},
+            {"type": "tool_use", "id": "toolu_01", "name": "Calc", "input": {"x": "NUMBER"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": "r" * 3000}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": user_text("and?")},
+    ]}
+    return json.dumps(body).replace('"NUMBER"', number).encode()
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1E+400", "123456789e999", "9" * 5000])
+async def test_numbers_out_of_range_are_refused_naming_their_path(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, number: str
+) -> None:
+    """A number no float or int can hold (``1e400`` would become ``Infinity``, not JSON):
+    400 naming the number's JSON path; never forwarded, even when the body would be rewritten."""
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 300,
+                                          "max_tool_result_tokens": 40,
+                                          "keep_recent_messages": 2},
+                           "summary": {"enabled": False}})
+    status, _, body = await post_raw(proxy, out_of_range_body(number))
+    message = assert_invalid_request(status, body)
+    assert message.startswith("messages.1.content.1.input.x: number ")
+    assert message.endswith(" is out of range")
+    if len(number) < 40:
+        assert message == f"messages.1.content.1.input.x: number {number} is out of range"
+    assert upstream_server.upstream.requests == []
+
+
+async def test_numbers_in_range_are_forwarded(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Large but finite numbers (``1e300``, a 300-digit integer) go through, compacted or not."""
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 300,
+                                          "max_tool_result_tokens": 40,
+                                          "keep_recent_messages": 2},
+                           "summary": {"enabled": False}})
+    for number in ("1e300", "7" * 300):
+        status, _, body = await post_raw(proxy, out_of_range_body(number))
+        assert status == 200, body
+        forwarded = upstream_server.upstream.message_requests[-1].body
+        assert forwarded["messages"][1]["content"][1]["input"]["x"] == json.loads(number)

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+from compactor import SESSION_ID_RULE
+from proxy.errors import RequestRejected
 from proxy.session import resolve_session_id
 
 HEADER = "x-compact-session-id"
@@ -25,15 +27,18 @@ def with_user_id(user_id: object) -> dict[str, Any]:
      with_user_id("meta"), "configured"),
     ({"X-Claude-Code-Session-Id": "cc"}, with_user_id("meta"), "cc"),
     ({}, with_user_id(json.dumps({"device_id": "d", "session_id": "inner"})), "inner"),
-    ({}, with_user_id(json.dumps({"device_id": "d"})), json.dumps({"device_id": "d"})),
     ({}, with_user_id("user_abc_account__session_123"), "user_abc_account__session_123"),
-    ({"X-Compact-Session-Id": "  "}, with_user_id("meta"), "meta"),
+    ({"X-Claude-Code-Session-Id": "not valid"}, with_user_id("meta"), "meta"),
+    ({}, with_user_id(json.dumps({"device_id": "d", "session_id": "a:b"})), "conv-"),
 ])
 def test_first_applicable_rule_names_the_session(
     headers: dict[str, str], body: dict[str, Any], expected: str
 ) -> None:
-    """Configured header, then Claude Code's header, then metadata.user_id (inner session_id)."""
-    assert resolve_session_id(CIMultiDict(headers), body, HEADER) == expected
+    """Configured header, then Claude Code's header, then metadata.user_id (inner session_id);
+    a candidate that is not a valid session id is skipped (``conv-`` stands for the derived
+    id)."""
+    found = resolve_session_id(CIMultiDict(headers), body, HEADER)
+    assert found.startswith("conv-") if expected == "conv-" else found == expected
 
 
 def test_a_custom_configured_header_is_honoured() -> None:
@@ -54,7 +59,25 @@ def test_derived_id_is_stable_and_depends_on_first_message_and_system() -> None:
     assert resolve_session_id(CIMultiDict(), other_system, HEADER) != first
 
 
-@pytest.mark.parametrize("bad", ["line\nbreak", "x" * 600, ""])
-def test_unusable_candidates_fall_through_to_the_next_rule(bad: str) -> None:
-    """A candidate with control characters, too long or empty is skipped."""
+@pytest.mark.parametrize("bad", ["line\nbreak", "x" * 129, "", "team alpha", "a:b", "..",
+                                 json.dumps({"device_id": "d"})])
+def test_invalid_candidates_fall_through_to_the_next_rule(bad: str) -> None:
+    """A ``metadata.user_id`` or ``X-Claude-Code-Session-Id`` that is not a valid session id
+    is skipped."""
     assert resolve_session_id(CIMultiDict(), with_user_id(bad), HEADER).startswith("conv-")
+    headers = CIMultiDict({"X-Claude-Code-Session-Id": bad})
+    assert resolve_session_id(headers, with_user_id("meta"), HEADER) == "meta"
+
+
+@pytest.mark.parametrize("bad", ["team alpha", "a:b", "", "  ", "x" * 129, "été"])
+def test_an_invalid_configured_header_is_a_400_naming_header_and_rule(bad: str) -> None:
+    """The configured header is the client's deliberate choice: an invalid value is refused,
+    never silently replaced by the next rule's id."""
+    headers = CIMultiDict({"X-Tenant-Session": bad, "X-Claude-Code-Session-Id": "cc"})
+    with pytest.raises(RequestRejected) as info:
+        resolve_session_id(headers, with_user_id("meta"), "x-tenant-session")
+    rejected = info.value
+    assert (rejected.status, rejected.error_type) == (400, "invalid_request_error")
+    assert rejected.reason == "invalid_session_id"
+    assert rejected.message.startswith("x-tenant-session: not a valid session id")
+    assert SESSION_ID_RULE in rejected.message
