@@ -39,7 +39,12 @@ class ToolProtocolError(ValueError):
 
 
 class MessageViewLimitExceeded(Exception):
-    """The view is still at or above the hard limit after every layer that could run."""
+    """The view is still at or above the hard limit after every layer that could run.
+
+    Its text is exactly the provider's own ``prompt is too long: N tokens > M maximum`` (N the
+    tokens after compaction, M the hard limit), which clients parse; the layers and the count
+    before compaction are in the attributes.
+    """
 
     def __init__(self, *, tokens_before: int, tokens_after: int, hard_limit: int,
                  layers_applied: tuple[str, ...]) -> None:
@@ -47,8 +52,4 @@ class MessageViewLimitExceeded(Exception):
         self.tokens_after = tokens_after
         self.hard_limit = hard_limit
         self.layers_applied = tuple(layers_applied)
-        layers = ",".join(self.layers_applied) or "none"
-        super().__init__(
-            f"prompt is too long: {tokens_after} tokens after compaction ({layers}) "
-            f">= hard limit {hard_limit} (MessageViewLimitExceeded)"
-        )
+        super().__init__(f"prompt is too long: {tokens_after} tokens > {hard_limit} maximum")

@@ -115,8 +115,8 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded) -> tuple[RequestRejecte
     rejected = RequestRejected(
         400,
         "invalid_request_error",
-        f"prompt is too long: {exc.tokens_after} tokens after compaction "
-        f"({','.join(layers)}) >= hard limit {exc.hard_limit} (MessageViewLimitExceeded)",
+        # The provider's own pattern, exactly: clients parse it. The details are below.
+        f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
         reason="MessageViewLimitExceeded",
         compaction={"error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
                     "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit,

@@ -53,7 +53,8 @@ def test_the_hard_limit_raises_with_counts_and_layers_but_no_text() -> None:
     assert error.tokens_after >= error.hard_limit == 2_000
     assert error.tokens_before >= error.tokens_after
     assert error.layers_applied == ("L1", "L2", "L3")
-    assert "SECRET" not in str(error) and str(error).startswith("prompt is too long:")
+    assert "SECRET" not in str(error)
+    assert str(error) == f"prompt is too long: {error.tokens_after} tokens > 2000 maximum"
 
 
 def test_the_callers_messages_are_never_mutated() -> None:
