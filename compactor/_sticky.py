@@ -15,7 +15,10 @@ breakpoints to the newest messages every turn, and a marker is not content.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,7 +38,8 @@ class CompactionCheckpoint:
         covered: how many raw messages the view stands for.
         view: the compacted view of those messages, without ``cache_control`` markers.
         digests: a stable digest per covered raw message (survives a restart).
-        policy_key: the thresholds it was made with; other thresholds start afresh.
+        policy_key: :func:`policy_key` of the policy it was made with; any other policy
+            starts afresh.
         layers: the layers whose effect the view carries.
         fingerprints: fast per-process fingerprints of the covered messages.
         salt: the process salt the fingerprints were made under.
@@ -112,8 +116,44 @@ class CompactionCheckpoint:
         return checkpoint
 
 
+#: The version of :func:`policy_key`'s derivation; bump it when the derivation changes, so keys
+#: made the old way never match (a checkpoint under an old key: compaction starts afresh).
+POLICY_KEY_FORMAT = 2
+
+
 def policy_key(policy: Any) -> str:
-    """The thresholds of a policy as a short string (a checkpoint is valid for these only)."""
-    fields = ("soft_threshold_tokens", "hard_limit_tokens", "max_tool_result_tokens",
-              "keep_recent_messages", "summary_keep_recent")
-    return ",".join(str(getattr(policy, f, "")) for f in fields)
+    """A short stable key of the whole policy (a checkpoint is valid for this policy only).
+
+    Derived from every field of the frozen policy dataclass (nested ones such as
+    ``ReadToolSpec`` included), so no field can be forgotten: the fields' values as canonical
+    JSON, hashed with sha256. Equal policies give equal keys in every process (no ``hash()``,
+    no salt); ``p2-<32 hex>``, where ``p2`` is :data:`POLICY_KEY_FORMAT`.
+
+    Raises:
+        TypeError: ``policy`` is not a dataclass instance, or a field holds a value that has
+            no canonical JSON form (bump the format and teach :func:`_canonical` about it).
+    """
+    if not dataclasses.is_dataclass(policy) or isinstance(policy, type):
+        raise TypeError(f"policy must be a dataclass instance, got {type(policy).__name__}")
+    text = json.dumps(_canonical(policy), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"p{POLICY_KEY_FORMAT}-{digest[:32]}"
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` as plain JSON data, the same for equal values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out["__type__"] = type(value).__qualname__
+        return out
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        # 1 == 1.0, so both spell 1; NaN and infinities are refused by json.dumps.
+        return int(value) if value.is_integer() else value
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    raise TypeError(f"policy_key: no canonical form for a {type(value).__name__} value")
