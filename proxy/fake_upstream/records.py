@@ -22,8 +22,10 @@ class RecordedRequest:
         query_string: the raw query string (``""`` when there is none).
         headers: a copy of the request headers, names lower-cased (repeated headers joined
             with ``", "``).
-        body: the parsed JSON body, or ``None`` when it was empty or not JSON.
-        raw_length: the size of the raw body in bytes.
+        body: the parsed JSON body (``Content-Encoding`` undone), or ``None`` when it was
+            empty, did not decode as labelled, or was not strict JSON.
+        raw_length: the size of the raw body in bytes, as received on the wire (still
+            encoded).
         request_id: the ``request-id`` the fake upstream answered with.
         api_key: the credential the request carried (``x-api-key`` or the bearer token), or
             ``""``.

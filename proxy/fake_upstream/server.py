@@ -5,7 +5,13 @@ Routes: ``POST /v1/messages`` (JSON, or SSE with ``"stream": true``; any query s
 ``POST /v1/messages/count_tokens``, ``GET /v1/models`` and ``GET /v1/models/{id}``; anything
 else is ``404 not_found_error``. Every request needs ``x-api-key`` or ``Authorization: Bearer``
 (any value). Every response carries ``request-id`` and the ``anthropic-ratelimit-requests-*``
-headers; every error has the Anthropic shape with a top-level ``request_id``.
+headers; every error has the Anthropic shape with a top-level ``request_id``, except the 413 of a
+body over 32 MiB, which is the edge's own ``{"error": {"type": "request_too_large", …}}``.
+
+The body is read as the raw wire bytes: the app must be served with aiohttp's request
+decompression off (``auto_decompress=False``, as :func:`start_fake_upstream` does) so that
+:mod:`.wire` can undo ``Content-Encoding`` itself and refuse a body that disagrees with it, and
+parse strict JSON (no ``NaN``, no lone surrogates, UTF-8 only).
 
 State lives on a :class:`FakeUpstream` instance reached through a typed ``web.AppKey``; there are
 no module globals, so several fake upstreams can run side by side in one test.
@@ -21,6 +27,7 @@ import json
 import signal
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -47,6 +54,7 @@ from .rules import (
     check_messages_request,
 )
 from .scripts import Script, default_script
+from .wire import MAX_BODY_BYTES, MSG_TOO_LARGE, decode_content, parse_json_strict
 
 __all__ = ["DEFAULT_MODELS", "FakeUpstream", "run_fake_upstream", "start_fake_upstream"]
 
@@ -57,8 +65,6 @@ RATE_LIMIT_REQUESTS: Final = 4_000
 # How often a pause re-checks whether the client is still connected.
 DISCONNECT_POLL_S: Final = 0.02
 SHUTDOWN_TIMEOUT_S: Final = 2.0
-# The provider refuses bodies over 32 MB with 413 request_too_large.
-MAX_BODY_BYTES: Final = 32 * 1024 * 1024
 
 DEFAULT_MODELS: Final[tuple[Mapping[str, Any], ...]] = (
     {"type": "model", "id": "claude-opus-4-5", "display_name": "Claude Opus 4.5",
@@ -73,7 +79,6 @@ DEFAULT_MODELS: Final[tuple[Mapping[str, Any], ...]] = (
 _HTTP_ERROR_TYPES: Final[Mapping[int, str]] = {
     404: "not_found_error",
     405: "not_found_error",
-    413: "request_too_large",
 }
 
 
@@ -148,7 +153,11 @@ class FakeUpstream:
         }
 
     def make_app(self) -> web.Application:
-        """A fresh aiohttp application serving this fake upstream."""
+        """A fresh aiohttp application serving this fake upstream.
+
+        Serve it with ``auto_decompress=False`` (as :func:`start_fake_upstream` does): the app
+        decodes ``Content-Encoding`` itself.
+        """
         app = web.Application(middlewares=[_error_middleware], client_max_size=MAX_BODY_BYTES)
         app[UPSTREAM_KEY] = self
         app.on_response_prepare.append(_add_common_headers)
@@ -160,9 +169,18 @@ class FakeUpstream:
         return app
 
 
+@dataclass(frozen=True)
+class _Body:
+    """The request body as the handlers need it: decoded size and why it is refused, if so."""
+
+    length: int
+    error: ProviderRuleError | None
+
+
 UPSTREAM_KEY: Final = web.AppKey("fake_upstream", FakeUpstream)
 _REQUEST_ID_KEY: Final = web.RequestKey("fake_upstream_request_id", str)
 _RECORD_KEY: Final = web.RequestKey("fake_upstream_record", RecordedRequest)
+_BODY_KEY: Final = web.RequestKey("fake_upstream_body", _Body)
 
 
 # -- request plumbing ---------------------------------------------------------------------------
@@ -185,13 +203,24 @@ def _copy_headers(request: web.Request) -> dict[str, str]:
     return headers
 
 
-def _parse_json(raw: bytes) -> Any:
-    if not raw:
-        return None
+def _decode_body(request: web.Request, raw: bytes) -> tuple[Any, _Body]:
+    """The parsed body (``None`` when empty or refused) and what the handlers need to know."""
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
+        data = decode_content(raw, request.headers.getall("Content-Encoding", ()))
+    except ProviderRuleError as exc:
+        return None, _Body(len(raw), exc)
+    if not data:
+        return None, _Body(0, None)
+    try:
+        return parse_json_strict(data), _Body(len(data), None)
+    except ProviderRuleError as exc:
+        return None, _Body(len(data), exc)
+
+
+def _too_large_response() -> web.Response:
+    # The edge answers this one, before the API: no top-level ``type`` and no ``request_id``.
+    return web.json_response(
+        {"error": {"type": "request_too_large", "message": MSG_TOO_LARGE}}, status=413)
 
 
 def _error_response(
@@ -217,9 +246,10 @@ async def _error_middleware(
         try:
             raw = await request.read()
         finally:
+            parsed, request[_BODY_KEY] = _decode_body(request, raw)
             record = RecordedRequest(
                 method=request.method, path=request.path, query_string=request.query_string,
-                headers=_copy_headers(request), body=_parse_json(raw), raw_length=len(raw),
+                headers=_copy_headers(request), body=parsed, raw_length=len(raw),
                 request_id=request_id, api_key=api_key,
             )
             request[_RECORD_KEY] = record
@@ -228,8 +258,12 @@ async def _error_middleware(
             raise ProviderRuleError("x-api-key header is required", 401, "authentication_error")
         return await handler(request)
     except ProviderRuleError as exc:
+        if exc.status == 413:
+            return _too_large_response()
         return web.json_response(exc.error_body(request_id), status=exc.status)
     except web.HTTPException as exc:
+        if exc.status == 413:
+            return _too_large_response()
         error_type = _HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error")
         status = 404 if error_type == "not_found_error" else exc.status
         message = f"{request.method} {request.path}: {exc.reason}"
@@ -252,13 +286,13 @@ async def _add_common_headers(request: web.Request, response: web.StreamResponse
 
 
 def _json_object(request: web.Request) -> dict[str, Any]:
-    record = request[_RECORD_KEY]
-    if record.raw_length == 0:
+    """The request's JSON object, or the provider's refusal of its bytes, encoding or shape."""
+    received = request[_BODY_KEY]
+    if received.error is not None:
+        raise received.error
+    if received.length == 0:
         raise ProviderRuleError("body: a JSON object is required")
-    if record.body is None:
-        raise ProviderRuleError("There was an error parsing the body of your request: "
-                                "it is not valid JSON")
-    body = record.body
+    body = request[_RECORD_KEY].body
     if not isinstance(body, dict):
         raise ProviderRuleError(
             f"body: Input should be a valid dictionary (got {type(body).__name__})"
@@ -486,6 +520,8 @@ async def start_fake_upstream(
     runner = web.AppRunner(
         upstream.make_app(), handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         access_log=None,
+        # The fake judges the body as sent: it undoes Content-Encoding itself (.wire).
+        auto_decompress=False,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
