@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ._protocol import Interaction
+from ._turns import protected_indices
 from ._view import View, drop_pairs
 
 __all__: list[str] = []
@@ -54,9 +55,11 @@ def drop_superseded_reads(view: View, interactions: dict[str, Interaction],
 
     A read is superseded when a read with the same key sits in a *later* assistant message;
     parallel reads in one message are left alone, so the latest assistant turn is never
-    edited.
+    edited. A read in the opener of the turn in progress stays (see ``_turns``): dropping it
+    could leave that message only its thinking, and then remove it.
     """
     specs = tuple(read_tools)
+    protected = protected_indices(view.messages)
     latest: dict[tuple[str, ...], int] = {}
     keyed: list[tuple[str, tuple[str, ...], int]] = []
     for interaction in interactions.values():
@@ -65,7 +68,7 @@ def drop_superseded_reads(view: View, interactions: dict[str, Interaction],
             continue
         keyed.append((interaction.tool_use_id, key, interaction.use_index))
         latest[key] = max(latest.get(key, -1), interaction.use_index)
-    superseded = {tid for tid, key, at in keyed if at < latest[key]}
+    superseded = {tid for tid, key, at in keyed if at < latest[key] and at not in protected}
     if not superseded:
         return view, 0
     return view.derive(drop_pairs(view.messages, superseded)), len(superseded)

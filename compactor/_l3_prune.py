@@ -1,20 +1,34 @@
 """L3 — prune old messages, keeping the original intent and the recent turns.
 
 Keeps every message up to and including the first user message (the original intent, kept
-verbatim), every message whose role is neither user nor assistant, a summary L4 wrote, and
-the most recent ``keep_recent_messages``; drops the rest. An interaction that crosses the
-cut (its use dropped, its result kept) is removed whole, and a message left empty goes with
-it.
+verbatim), every message whose role is neither user nor assistant, a summary L4 wrote (and the
+call its answer-message answers, when the summary is attached to one), the opener of the turn
+in progress with its answer (see ``_turns``), and the most recent ``keep_recent_messages``,
+moved back so that no exchange is split; drops the rest. An interaction that still crosses the
+cut (its use dropped, its result kept) is removed whole, and a message left empty goes with it.
 """
 
 from __future__ import annotations
 
 from ._blocks import DROPPABLE_ROLES, first_user_index
-from ._l4_summary import is_summary_message
+from ._l4_summary import recent_start, holds_summary
 from ._protocol import Interaction
+from ._turns import protected_indices
 from ._view import View, drop_pairs, tidy
 
 __all__: list[str] = []
+
+
+def _kept_anyway(view: View, interactions: dict[str, Interaction]) -> set[int]:
+    """Messages L3 never drops besides the head and the tail."""
+    messages = view.messages
+    kept = set(protected_indices(messages))
+    # A summary L4 wrote stands for everything before it: pruning it would lose that
+    # history without a summary, so it stays like the first message.
+    summaries = {i for i, m in enumerate(messages) if holds_summary(m)}
+    kept |= summaries
+    kept |= {it.use_index for it in interactions.values() if it.result_index in summaries}
+    return kept
 
 
 def prune_old_messages(view: View, interactions: dict[str, Interaction],
@@ -25,12 +39,10 @@ def prune_old_messages(view: View, interactions: dict[str, Interaction],
     if first is None:
         return view, 0
     # The last message is the turn being answered: it always stays.
-    tail_start = max(first + 1, len(messages) - max(1, keep_recent))
-    # A summary L4 wrote stands for everything before it: pruning it would lose that
-    # history without a summary, so it stays like the first message.
+    tail_start = recent_start(messages, interactions, first, keep_recent)
+    kept_anyway = _kept_anyway(view, interactions)
     dropped = {i for i in range(first + 1, tail_start)
-               if messages[i].get("role") in DROPPABLE_ROLES
-               and not is_summary_message(messages[i])}
+               if messages[i].get("role") in DROPPABLE_ROLES and i not in kept_anyway}
     if not dropped:
         return view, 0
     crossing = {

@@ -15,6 +15,7 @@ from typing import Any
 
 from ._blocks import DROPPABLE_ROLES, THINKING, UNCUTTABLE, Message, blocks_of, first_user_index
 from ._protocol import Interaction
+from ._turns import protected_opening
 from ._view import View
 
 __all__ = ["SummaryRequest"]
@@ -41,20 +42,45 @@ class SummaryRequest:
 
 @dataclass(frozen=True)
 class SummaryPlan:
-    """Where L4 cuts: ``head`` kept verbatim, ``middle`` summarised, ``kept`` kept after."""
+    """Where L4 cuts: ``head`` kept verbatim, ``middle`` summarised, ``kept_after`` kept after.
+
+    ``attach`` says where the summary goes: a message of its own after ``head`` (False), or a
+    text block at the end of ``head``'s last message (True) — that message is the answer to the
+    opener of the turn in progress, which must stay the turn's first message (see ``_turns``).
+    """
 
     head: list[Message]
     middle: list[Message]
     kept_after: list[Message]
     request: SummaryRequest
+    attach: bool = False
+
+
+def _is_summary_block(block: dict[str, Any]) -> bool:
+    text = block.get("text")
+    return block.get("type") == "text" and isinstance(text, str) and text.startswith(_SUMMARY_OPEN)
 
 
 def is_summary_message(message: Message) -> bool:
     """True for a message L4 wrote."""
     blocks = blocks_of(message)
-    return (message.get("role") == "user" and len(blocks) == 1
-            and isinstance(blocks[0].get("text"), str)
-            and blocks[0]["text"].startswith(_SUMMARY_OPEN))
+    return message.get("role") == "user" and len(blocks) == 1 and _is_summary_block(blocks[0])
+
+
+def holds_summary(message: Message) -> bool:
+    """True for a message L4 wrote, or one L4 attached its summary to."""
+    return message.get("role") == "user" and any(_is_summary_block(b) for b in blocks_of(message))
+
+
+def _detach_summary(message: Message) -> tuple[Message, Message | None]:
+    """``message`` without an attached summary block, and that summary as a message of its
+    own (None when it holds none)."""
+    blocks = blocks_of(message)
+    found = [b for b in blocks if _is_summary_block(b)]
+    if not found or is_summary_message(message):
+        return message, None
+    rest = [b for b in blocks if not _is_summary_block(b)]
+    return {**message, "content": rest}, {"role": "user", "content": found}
 
 
 def _for_summary(block: dict[str, Any]) -> dict[str, Any] | None:
@@ -81,17 +107,10 @@ def _summary_input(middle: list[Message]) -> str:
     return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
 
 
-def plan_summary(view: View, interactions: dict[str, Interaction],
-                 keep_recent: int) -> SummaryPlan | None:
-    """Decide the span to summarise, or None when there is nothing worth summarising.
-
-    The recent boundary moves back until no interaction is split by it, so the kept turns
-    start with a complete exchange.
-    """
-    messages = view.messages
-    first = first_user_index(messages)
-    if first is None:
-        return None
+def recent_start(messages: list[Message], interactions: dict[str, Interaction], first: int,
+                keep_recent: int) -> int:
+    """Where the kept recent turns start: ``keep_recent`` from the end, moved back until no
+    interaction is split by it, so the kept turns start with a complete exchange."""
     tail_start = max(first + 1, len(messages) - max(1, keep_recent))
     moved = True
     while moved and tail_start > first + 1:
@@ -100,30 +119,66 @@ def plan_summary(view: View, interactions: dict[str, Interaction],
             if it.result_index is not None and it.use_index < tail_start <= it.result_index:
                 tail_start = max(first + 1, it.use_index)
                 moved = True
-    middle_all = messages[first + 1:tail_start]
-    middle = [m for m in middle_all if m.get("role") in DROPPABLE_ROLES]
+    return tail_start
+
+
+def plan_summary(view: View, interactions: dict[str, Interaction],
+                 keep_recent: int) -> SummaryPlan | None:
+    """Decide the span to summarise, or None when there is nothing worth summarising.
+
+    When the opener of the turn in progress (and its answer) would fall inside the span, they
+    stay, right after the original intent, and the summary is attached to the answer: the
+    turn still starts with its thinking, and nothing but tool answers stands between it and
+    the recent turns.
+    """
+    messages = view.messages
+    first = first_user_index(messages)
+    if first is None:
+        return None
+    tail_start = recent_start(messages, interactions, first, keep_recent)
+    head = messages[: first + 1]
+    span = list(range(first + 1, tail_start))
+    earlier: list[Message] = []
+    opening = protected_opening(messages)
+    attach = opening is not None and first < opening[0] and opening[1] < tail_start
+    if attach:
+        assert opening is not None
+        opener, answer = opening
+        anchor, earlier_summary = _detach_summary(messages[answer])
+        head = [*head, messages[opener], anchor]
+        earlier = [earlier_summary] if earlier_summary is not None else []
+        span = [i for i in span if i not in (opener, answer)]
+    middle = earlier + [messages[i] for i in span if messages[i].get("role") in DROPPABLE_ROLES]
     if not middle or (len(middle) == 1 and is_summary_message(middle[0])):
         return None
-    others = [m for m in middle_all if m.get("role") not in DROPPABLE_ROLES]
+    others = [messages[i] for i in span if messages[i].get("role") not in DROPPABLE_ROLES]
     payload = _summary_input(middle)
     request = SummaryRequest(
         messages_json=payload,
         cache_key=hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest(),
         message_count=len(middle),
     )
-    return SummaryPlan(messages[: first + 1], middle, others + messages[tail_start:], request)
+    return SummaryPlan(head, middle, others + messages[tail_start:], request, attach)
+
+
+def _summary_block(text: str, message_count: int) -> dict[str, Any]:
+    body = text.strip()
+    return {"type": "text", "text": (
+        f'{_SUMMARY_OPEN}messages="{message_count}">\n'
+        "Summary of earlier conversation, written when it was compacted to fit the context "
+        f"window:\n{body}\n</{SUMMARY_TAG}>")}
 
 
 def summary_message(text: str, message_count: int) -> Message:
     """The user message that stands for the summarised span."""
-    body = text.strip()
-    return {"role": "user", "content": [{"type": "text", "text": (
-        f'{_SUMMARY_OPEN}messages="{message_count}">\n'
-        "Summary of earlier conversation, written when it was compacted to fit the context "
-        f"window:\n{body}\n</{SUMMARY_TAG}>")}]}
+    return {"role": "user", "content": [_summary_block(text, message_count)]}
 
 
 def apply_summary(view: View, plan: SummaryPlan, text: str) -> View:
     """L4's view: head, the summary, then the kept messages."""
-    message = summary_message(text, plan.request.message_count)
-    return view.derive([*plan.head, message, *plan.kept_after])
+    block = _summary_block(text, plan.request.message_count)
+    if plan.attach:
+        *before, anchor = plan.head
+        head = [*before, {**anchor, "content": [*blocks_of(anchor), block]}]
+        return view.derive([*head, *plan.kept_after])
+    return view.derive([*plan.head, {"role": "user", "content": [block]}, *plan.kept_after])

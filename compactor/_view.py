@@ -26,10 +26,6 @@ from ._tokens import CachingCounter
 
 __all__: list[str] = []
 
-# What stands in for a user turn whose every block was removed when deleting it would put two
-# assistant messages side by side. Never empty or whitespace (the provider rejects both).
-REMOVED_RESULTS_PLACEHOLDER = "[compact-proxy: tool results removed from this turn]"
-
 
 class View:
     """``messages`` with a fingerprint and a token count per message, and the tokens reserved
@@ -110,8 +106,10 @@ def tidy(messages: list[Message]) -> list[Message]:
 
     * an assistant message may not end with a thinking block, and one holding nothing but
       thinking says nothing: trailing thinking goes, then such a message goes;
-    * an empty message goes, except a user message between two assistant messages, which
-      becomes a short placeholder so the roles still alternate there;
+    * an empty message goes; an empty user message between two assistant messages was the
+      answer to calls that were all removed, so the rest of the assistant message before it
+      goes too: the exchange goes whole, and no made-up user turn stands in for it (a user
+      text there would end the assistant's turn in the provider's eyes, see ``_turns``);
     * the final assistant message (a prefill) is left as it is.
     """
     last = len(messages) - 1
@@ -127,12 +125,20 @@ def tidy(messages: list[Message]) -> list[Message]:
             out.append(message)
             continue
         if message.get("role") == "user":
-            before = _neighbour_role(out, reverse=True)
+            before = _neighbour_at(out, reverse=True)
             after = _neighbour_role(kept[index + 1:], reverse=False, skip_empty=True)
-            if before == "assistant" and after == "assistant":
-                out.append({**message, "content": [
-                    {"type": "text", "text": REMOVED_RESULTS_PLACEHOLDER}]})
+            if (before is not None and out[before].get("role") == "assistant"
+                    and after == "assistant"):
+                del out[before]
     return out
+
+
+def _neighbour_at(messages: list[Message], *, reverse: bool) -> int | None:
+    order = range(len(messages) - 1, -1, -1) if reverse else range(len(messages))
+    for index in order:
+        if messages[index].get("role") in DROPPABLE_ROLES:
+            return index
+    return None
 
 
 def _neighbour_role(messages: Iterable[Message], *, reverse: bool,

@@ -37,8 +37,10 @@ __all__ = [
     "READ_PATHS",
     "WORDS",
     "History",
+    "Session",
     "histories",
     "png_block",
+    "sessions",
 ]
 
 Message = dict[str, Any]
@@ -246,3 +248,81 @@ def histories(draw: st.DrawFn, *, min_turns: int = 0, max_turns: int = 12) -> Hi
             messages.append(_system_message(draw, budget))  # between a call and its results
         messages.append(_user_answer(draw, budget, call_ids))
     return History(messages, tuple(budget.texts))
+
+
+@dataclass(frozen=True)
+class Session:
+    """A generated agent session: its messages, whether thinking is on, and its texts."""
+
+    messages: list[Message]
+    thinking: bool
+    texts: tuple[str, ...]
+
+    def body(self) -> dict[str, Any]:
+        """The request body a client would send for it."""
+        body: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 4096,
+                                "messages": self.messages}
+        if self.thinking:
+            body["thinking"] = {"type": "enabled", "budget_tokens": 2048}
+        return body
+
+
+def _loop_step(draw: st.DrawFn, budget: _Budget, *, think: bool) -> tuple[Message, list[str]]:
+    """One assistant message of a tool loop (at least one client call) and its call ids."""
+    blocks: list[Block] = _thinking_prefix(draw, budget) if think else []
+    if draw(st.booleans()):
+        blocks.append(_text_block(draw, budget))
+    if draw(st.integers(0, 5)) == 0:
+        blocks.extend(_server_pair(draw, budget))
+    calls = [_tool_call(draw, budget) for _ in range(draw(st.sampled_from((1, 1, 1, 2, 3))))]
+    blocks.extend(calls)
+    return {"role": "assistant", "content": blocks}, [c["id"] for c in calls]
+
+
+def _loop_answer(draw: st.DrawFn, budget: _Budget, call_ids: list[str]) -> Message:
+    """The results of a loop step; sometimes with text after them (as Claude Code appends
+    reminders), never without a result."""
+    blocks = [_tool_result(draw, budget, use_id) for use_id in draw(st.permutations(call_ids))]
+    if draw(st.integers(0, 4)) == 0:
+        blocks.append(_text_block(draw, budget))
+    return {"role": "user", "content": blocks}
+
+
+@st.composite
+def sessions(draw: st.DrawFn, *, thinking: bool | None = None, max_turns: int = 4,
+             max_steps: int = 10) -> Session:
+    """A session shaped like a real agent's: turns, each a person's message and then one
+    assistant turn that is a tool loop of several steps, ending with a text answer — except,
+    often, the last turn, still in progress (the request ends on tool results).
+
+    With thinking on, each turn's first assistant message starts with thinking (and, with
+    interleaved thinking, drawn per session, every step does), as the model answers.
+    """
+    think = draw(st.booleans()) if thinking is None else thinking
+    interleaved = think and draw(st.booleans())
+    budget = _Budget(marker=f"zq{draw(st.integers(0, 9999)):04d}")
+    messages: list[Message] = [{"role": "user", "content": _text(draw, budget, min_words=3)}]
+    turns = draw(st.integers(1, max_turns))
+    for turn in range(turns):
+        if turn:
+            messages.append({"role": "user", "content": [_text_block(draw, budget)]})
+        steps = draw(st.integers(0, max_steps))
+        for step in range(steps):
+            if draw(st.integers(0, 9)) == 0:
+                messages.append(_system_message(draw, budget))
+            assistant, call_ids = _loop_step(draw, budget,
+                                             think=think and (step == 0 or interleaved))
+            messages.append(assistant)
+            messages.append(_loop_answer(draw, budget, call_ids))
+        last_turn = turn == turns - 1
+        if last_turn and steps and draw(st.integers(0, 3)) != 0:
+            break  # the turn is still in progress: the request ends on tool results
+        closing: list[Block] = []
+        if think and (steps == 0 or interleaved):
+            closing.extend(_thinking_prefix(draw, budget))
+        closing.append(_text_block(draw, budget))
+        messages.append({"role": "assistant", "content": closing})
+        if last_turn:
+            messages.append({"role": "user", "content": _text(draw, budget)})
+    return Session(messages, think, tuple(budget.texts))
+

@@ -12,7 +12,7 @@ from compactor._l1_truncate import truncate_tool_results
 from compactor._l2_reads import drop_superseded_reads
 from compactor._l3_prune import prune_old_messages
 from compactor._l4_summary import is_summary_message
-from compactor._view import REMOVED_RESULTS_PLACEHOLDER, View
+from compactor._view import View
 from policies import DEFAULT_READ_TOOLS, CompactionPolicy
 from proxy.fake_upstream.rules import check_messages_request
 
@@ -24,8 +24,11 @@ def _view(messages: list) -> View:
     return View(messages, CachingCounter(Chars4Counter()))
 
 
-def _valid(messages: list) -> None:
-    check_messages_request({"model": "m", "max_tokens": 10, "messages": messages})
+def _valid(messages: list, *, thinking_on: bool = False) -> None:
+    body = {"model": "m", "max_tokens": 2048, "messages": messages}
+    if thinking_on:
+        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    check_messages_request(body)
 
 
 # -- L1 ---------------------------------------------------------------------------------------
@@ -136,26 +139,40 @@ def test_l2_leaves_parallel_reads_in_the_latest_message_alone() -> None:
     assert _l2(messages)[1] == 0
 
 
-def test_l2_keeps_roles_alternating_when_a_turn_loses_all_its_results() -> None:
-    """A user turn emptied between two assistant turns becomes a placeholder, not a gap."""
+def test_l2_drops_an_exchange_whose_calls_all_went_whole() -> None:
+    """A user turn emptied between two assistant turns goes with the rest of the assistant
+    turn it answered: no made-up user text stands in for it (it would end the turn)."""
     messages = [user("go"),
                 assistant("Reading.", read_call("r1", "/a.py")), user(tool_result("r1", "old")),
                 assistant("Again.", read_call("r2", "/a.py")), user(tool_result("r2", "new"))]
     view, _ = _l2(messages)
-    assert [m["role"] for m in view.messages] == ["user", "assistant", "user", "assistant", "user"]
-    assert view.messages[2]["content"][0]["text"] == REMOVED_RESULTS_PLACEHOLDER
+    assert [m["role"] for m in view.messages] == ["user", "assistant", "user"]
+    assert view.messages[1]["content"][0]["text"] == "Again."
     _valid(view.messages)
 
 
-def test_l2_drops_an_assistant_turn_left_with_only_thinking() -> None:
-    """A turn of thinking plus the superseded call goes entirely, with its results turn."""
+def test_l2_drops_an_earlier_turn_left_with_only_thinking() -> None:
+    """In a finished turn, a message of thinking plus the superseded call goes entirely, with
+    its results turn."""
     messages = [user("go"),
                 assistant(thinking(), read_call("r1", "/a.py")), user(tool_result("r1", "old")),
+                assistant("Done."), user("now check again"),
                 assistant(thinking("again", "sig2"), read_call("r2", "/a.py")),
                 user(tool_result("r2", "new"))]
     view, _ = _l2(messages)
-    assert len(view.messages) == 3 and view.messages[1]["content"][0]["signature"] == "sig2"
+    assert len(view.messages) == 5 and view.messages[3]["content"][0]["signature"] == "sig2"
     _valid(view.messages)
+
+
+def test_l2_keeps_the_read_in_the_opener_of_the_turn_in_progress() -> None:
+    """A tool loop is one turn: its opener holds the only thinking block, and the provider
+    wants the turn in progress to start with it. L2 leaves that opener's read alone."""
+    messages = [user("go"),
+                assistant(thinking(), read_call("r1", "/a.py")), user(tool_result("r1", "old")),
+                assistant("Again.", read_call("r2", "/a.py")), user(tool_result("r2", "new"))]
+    view, changed = _l2(messages)
+    assert changed == 0 and view.messages == messages
+    _valid(view.messages, thinking_on=True)
 
 
 # -- L3 ---------------------------------------------------------------------------------------
@@ -176,12 +193,21 @@ def test_l3_keeps_the_first_user_message_and_the_recent_window() -> None:
     _valid(view.messages)
 
 
-def test_l3_removes_an_interaction_crossing_the_cut_atomically() -> None:
-    """A kept result whose call was dropped goes too, and its empty turn with it."""
+def test_l3_moves_the_cut_back_to_a_whole_exchange() -> None:
+    """A window that would start at a result starts at its call instead: the exchange stays
+    whole, and the kept turns never start with a stray answer."""
     messages = [user("go"), *exchange("t1"), *exchange("t2"), *exchange("t3")]
     view, _ = _l3(messages, 3)  # window starts at the t2 result
-    assert "t2" not in json.dumps(view.messages)
-    assert [m["role"] for m in view.messages] == ["user", "assistant", "user"]
+    assert "t1" not in json.dumps(view.messages)
+    assert view.messages[1:] == messages[3:]
+    _valid(view.messages)
+
+
+def test_l3_keeps_only_the_last_exchange_when_asked_for_one_message() -> None:
+    """keep_recent=1 keeps the last message and the call it answers, nothing else."""
+    messages = [user("go"), *exchange("t1"), *exchange("t2"), *exchange("t3")]
+    view, dropped = _l3(messages, 1)
+    assert view.messages == [messages[0], *messages[-2:]] and dropped == 4
     _valid(view.messages)
 
 

@@ -339,14 +339,25 @@ def test_failing_summariser_loses_nothing_l3_would_not(scenario: Scenario) -> No
 @PROPERTY
 @given(scenarios(summarisers=("short",), hard="large", min_turns=4, l4_wins=True))
 def test_working_summariser_replaces_the_middle_with_one_summary(scenario: Scenario) -> None:
-    """When L4 applies, the view holds exactly one summary message right after the intent."""
+    """When L4 applies, the view holds exactly one summary: a message right after the intent,
+    or — when the turn in progress opened with thinking inside the summarised span — a block
+    at the end of that opener's answer, which follows the intent directly."""
     result = scenario.run()
     assert_valid_view(scenario.messages, result)
     summaries = [i for i, m in enumerate(result.messages) if is_summary(m)]
     if "L4" in result.layers_applied:
         assert len(summaries) == 1
         intent = result.messages.index(first_user(scenario.messages))  # type: ignore[arg-type]
-        assert summaries[0] == intent + 1
+        at = summaries[0]
+        if at == intent + 1:
+            assert not any(b.get("type") == "tool_result"
+                           for b in result.messages[at]["content"])
+        else:
+            assert at == intent + 2
+            opener, answer = result.messages[intent + 1], result.messages[at]
+            assert opener["content"][0]["type"] in ("thinking", "redacted_thinking")
+            assert answer["content"][0]["type"] == "tool_result"
+            assert is_summary({"content": answer["content"][-1:]})
         assert result.summary_request is not None
     else:
         assert summaries == []
