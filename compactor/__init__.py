@@ -3,10 +3,11 @@
 No aiohttp, no network: pure functions over a Messages API ``messages`` view, the durable
 context state types, the source-pointer resolver (the only part that reads files) and the
 renderer. The public names are those of SPEC section 7, plus the async pipeline driver the
-proxy uses.
+proxy uses and :class:`MessageShapeError` (the one exception a caller answers with a 400 for
+``messages`` of the wrong shape; a ``ValueError``).
 """
 
-from ._errors import MessageViewLimitExceeded, ToolProtocolError
+from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
 from ._pipeline import (
     CompactionCheckpoint,
     CompactionResult,
@@ -53,6 +54,7 @@ __all__ = [
     "Interaction",
     "LayerOutcome",
     "MAX_SESSION_ID_CHARS",
+    "MessageShapeError",
     "MessageViewLimitExceeded",
     "PendingItem",
     "RetrievalEvidence",

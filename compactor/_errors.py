@@ -1,5 +1,8 @@
-"""The two exceptions that end a compaction on purpose. Both carry data, never message text,
+"""The exceptions that end a compaction on purpose. Each carries data, never message text,
 so the proxy can build its error body and its audit line from the fields alone.
+
+:class:`MessageShapeError` and :class:`ToolProtocolError` are the client's mistakes (a 400);
+any other exception out of the compactor is a bug in it.
 
 Everything in ``__all__`` gets re-exported.
 """
@@ -8,7 +11,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["ToolProtocolError", "MessageViewLimitExceeded", "ProtocolErrorKind"]
+__all__ = ["MessageShapeError", "ToolProtocolError", "MessageViewLimitExceeded",
+           "ProtocolErrorKind"]
+
+
+class MessageShapeError(ValueError):
+    """``messages`` does not have the shape of the Messages API: not a list, a message or a
+    block that is not an object, a content of the wrong type, a tool call without its id.
+
+    A ``ValueError`` (as before it existed), but its own class, so a caller can refuse the
+    request for it alone and treat any other ``ValueError`` as the bug it is.
+
+    Attributes:
+        path: where, as a JSON path into the request (``messages.3.content.1``).
+        problem: what is wrong there (``must be an object``); names types, never values.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
 
 ProtocolErrorKind = Literal["missing", "unknown", "duplicate", "out_of_order", "not_adjacent"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, SERVER_USES, Message, blocks_of, is_server_result
-from ._errors import ProtocolErrorKind, ToolProtocolError
+from ._errors import MessageShapeError, ProtocolErrorKind, ToolProtocolError
 
 __all__ = ["Interaction", "validate_tool_protocol"]
 
@@ -53,26 +53,32 @@ class Interaction:
 
 
 def check_shape(messages: object) -> list[Message]:
-    """Raise ValueError when ``messages`` is not a list of message objects with valid content."""
+    """``messages``, checked to be a list of message objects with valid content.
+
+    Raises:
+        MessageShapeError: naming the first place that is not (``messages.3.content.1``).
+    """
     if not isinstance(messages, list):
-        raise ValueError("messages: must be a list")
+        raise MessageShapeError("messages", "must be a list")
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"messages.{index}: must be an object")
+            raise MessageShapeError(f"messages.{index}", "must be an object")
         content = message.get("content")
         if isinstance(content, list):
             for position, block in enumerate(content):
                 if not isinstance(block, dict):
-                    raise ValueError(f"messages.{index}.content.{position}: must be an object")
+                    raise MessageShapeError(f"messages.{index}.content.{position}",
+                                            "must be an object")
         elif not isinstance(content, str):
-            raise ValueError(f"messages.{index}.content: must be a string or a list of blocks")
+            raise MessageShapeError(f"messages.{index}.content",
+                                    "must be a string or a list of blocks")
     return messages
 
 
 def _id_of(block: dict[str, Any], field: str, index: int) -> str:
     value = block.get(field)
     if not isinstance(value, str) or not value:
-        raise ValueError(f"messages.{index}: {block.get('type')} block has no {field}")
+        raise MessageShapeError(f"messages.{index}", f"{block.get('type')} block has no {field}")
     return value
 
 
@@ -85,7 +91,8 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
     Raises:
         ToolProtocolError: with ``kind`` ``missing``, ``unknown``, ``duplicate``,
             ``out_of_order`` or ``not_adjacent``, the id and the message index.
-        ValueError: when a message or block is not an object, or an id is absent.
+        MessageShapeError: a message or block is not an object, or an id is absent (a
+            ``ValueError``).
     """
     check_shape(messages)
     # One pre-scan of every use and result position, so a violation can be classified

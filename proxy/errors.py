@@ -180,9 +180,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               f"compact-proxy session store failed ({type(exc).__name__})",
                               headers=_compact_headers(request))
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
+        # A bug (in a layer, in the proxy), whatever its class: never blamed on the client.
+        # The traceback goes to the server's log only, as frames (proxy.logs keeps where it
+        # failed, never what the exception said); the client gets a generic 500.
         _note_outcome(request, "internal_error")
         _log.error("request_failed", error_class=type(exc).__name__,
-                   error_location=_location(exc))
+                   error_location=_location(exc), exc_info=exc)
         return error_response(500, "api_error",
                               f"compact-proxy internal error ({type(exc).__name__})",
                               headers=_compact_headers(request))

@@ -131,11 +131,10 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
             checkpoint=checkpoint,
             sticky=sticky,
         )
-    except (compactor.ToolProtocolError, compactor.MessageViewLimitExceeded):
-        raise  # the documented rejections (ToolProtocolError is a ValueError too)
-    except (TypeError, ValueError) as exc:
+    except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
-        raise RequestRejected(400, "invalid_request_error", f"messages: {exc}",
+        # Any other exception is a bug in a layer: the error middleware's 500, never a 400.
+        raise RequestRejected(400, "invalid_request_error", str(exc),
                               reason="invalid_messages") from None
     # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
     if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:

@@ -8,7 +8,9 @@ One JSON object per line (or a console rendering) from both structlog and the st
 :class:`Redactor` is an allow-list: a field whose name is not in :data:`SAFE_KEYS` is dropped
 (its name is listed under ``redacted``), a value that is not a scalar or a list of scalars is
 dropped, a string that looks like a credential (or equals a configured secret) is blanked and
-long strings are cut. Code that logs a prompt by mistake therefore logs nothing of it.
+long strings are cut. Code that logs a prompt by mistake therefore logs nothing of it. An
+``exc_info`` becomes ``error_class`` and ``traceback`` (its frames as ``file:line in function``,
+then the class), never the exception's message.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import traceback
 from collections.abc import Iterable, MutableMapping
 from typing import Any, Final, TextIO
 
@@ -34,8 +37,8 @@ SAFE_KEYS: Final = frozenset({
     "request_id", "session_id", "role", "route", "method", "status", "outcome",
     "tokens_before", "tokens_after", "layers", "upstream_status", "duration_ms",
     "reason", "hard_limit", "kind", "tool_use_id", "message_index",
-    # failures: class names and code locations only
-    "error", "error_class", "error_location", "detail",
+    # failures: class names and code locations only (``traceback``: frames, see Redactor)
+    "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state
     "layer", "saved", "cached", "summary_model", "durable_items",
     "version", "expected_version", "created", "action",
@@ -51,6 +54,8 @@ _REDACTED: Final = "[redacted]"
 _HANDLER_NAME: Final = "compact-proxy"
 _LEADING: Final = ("timestamp", "level", "event")
 _MAX_STRING: Final = 256
+_MAX_FRAMES: Final = 64  # lines of a logged traceback
+_MAX_CHAIN: Final = 8  # exceptions followed through __cause__ / __context__
 
 # What a credential looks like on the wire: Anthropic/OpenAI-style keys, HTTP auth schemes,
 # JWTs, and "name=value" pairs of the usual secret names.
@@ -122,16 +127,46 @@ class Redactor:
                 out[key] = cleaned
             else:
                 dropped.append(key)
-        # A traceback can quote data; keep only the exception's class.
-        if isinstance(exc_info, tuple) and exc_info and isinstance(exc_info[0], type):
-            out.setdefault("error_class", exc_info[0].__name__)
-        elif isinstance(exc_info, BaseException):
-            out.setdefault("error_class", type(exc_info).__name__)
-        elif exc_info is True and sys.exc_info()[0] is not None:
-            out.setdefault("error_class", sys.exc_info()[0].__name__)  # type: ignore[union-attr]
+        # A traceback's text can quote data (the exception's message, a repr): keep the
+        # exception's class and where it was raised, frame by frame, and nothing it said.
+        exc = _exception_of(exc_info)
+        if exc is not None:
+            out.setdefault("error_class", type(exc).__name__)
+            out["traceback"] = [self._clean_str(line) for line in _frames(exc)]
         if dropped:
             out["redacted"] = sorted(dropped)
         return out
+
+
+def _exception_of(exc_info: object) -> BaseException | None:
+    """The exception an ``exc_info`` value stands for (a tuple, an exception, ``True``)."""
+    if isinstance(exc_info, tuple) and len(exc_info) == 3:
+        return exc_info[1] if isinstance(exc_info[1], BaseException) else None
+    if isinstance(exc_info, BaseException):
+        return exc_info
+    if exc_info is True:
+        return sys.exc_info()[1]
+    return None
+
+
+def _frames(exc: BaseException) -> list[str]:
+    """``file:line in function`` for each frame, then the exception's class; a cause (or the
+    exception being handled) first, as Python prints it. File names are cut to their last
+    two parts (``compactor/_pipeline.py``). At most :data:`_MAX_FRAMES` lines, the innermost
+    kept."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < _MAX_CHAIN and all(current is not c for c in chain):
+        chain.append(current)
+        current = current.__cause__ if current.__cause__ is not None else (
+            None if current.__suppress_context__ else current.__context__)
+    lines: list[str] = []
+    for link in reversed(chain):
+        for frame in traceback.extract_tb(link.__traceback__):
+            name = "/".join(frame.filename.replace("\\", "/").rsplit("/", 2)[-2:])
+            lines.append(f"{name}:{frame.lineno} in {frame.name}")
+        lines.append(type(link).__name__)
+    return lines[-_MAX_FRAMES:]
 
 
 def _renderer(config: LoggingConfig) -> Processor:

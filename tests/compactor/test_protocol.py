@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from compactor import ToolProtocolError, validate_tool_protocol
+from compactor import MessageShapeError, ToolProtocolError, validate_tool_protocol
 
-from .builders import (assistant, server_pair, system_message, text, thinking, tool_result,
-                       tool_use, user)
+from .builders import (
+    assistant,
+    server_pair,
+    system_message,
+    text,
+    thinking,
+    tool_result,
+    tool_use,
+    user,
+)
 
 
 def test_parallel_calls_answered_in_any_order_are_accepted() -> None:
@@ -82,7 +90,8 @@ def test_role_system_messages_are_transparent_between_use_and_result() -> None:
     ([user("q"), assistant({"type": "web_search_tool_result", "tool_use_id": "s9", "content": []})],
      "unknown", "s9", 1),
     ([user("q"), assistant({"type": "web_search_tool_result", "tool_use_id": "s1", "content": []},
-                           {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}})],
+                           {"type": "server_tool_use", "id": "s1", "name": "web_search",
+                            "input": {}})],
      "out_of_order", "s1", 1),
 ])
 def test_violations_raise_with_kind_id_and_index(messages: list, kind: str, tool_use_id: str,
@@ -106,3 +115,25 @@ def test_malformed_shapes_raise_value_error_naming_the_place(messages: object) -
     """A message or block that is not an object is a ValueError, not a crash."""
     with pytest.raises(ValueError, match="messages"):
         validate_tool_protocol(messages)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("messages", "path", "problem"), [
+    ("not a list", "messages", "must be a list"),
+    ([42], "messages.0", "must be an object"),
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, 7]}],
+     "messages.0.content.1", "must be an object"),
+    ([{"role": "user", "content": None}], "messages.0.content",
+     "must be a string or a list of blocks"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "name": "Read", "input": {}}]}],
+     "messages.1", "tool_use block has no id"),
+])
+def test_malformed_shapes_raise_the_dedicated_shape_error(messages: object, path: str,
+                                                          problem: str) -> None:
+    """The client's own mistake is a MessageShapeError (still a ValueError) carrying where and
+    what, so a caller can tell it from a bug that happens to raise ValueError."""
+    with pytest.raises(MessageShapeError) as caught:
+        validate_tool_protocol(messages)  # type: ignore[arg-type]
+    assert (caught.value.path, caught.value.problem) == (path, problem)
+    assert str(caught.value) == f"{path}: {problem}"
+    assert isinstance(caught.value, ValueError)

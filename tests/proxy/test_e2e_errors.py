@@ -15,6 +15,7 @@ import pytest
 
 from proxy.fake_upstream import FakeUpstream, Fault, Reply, start_fake_upstream
 from tests.conftest import (
+    PROMPT_MARKER,
     TEST_API_KEY,
     LoopThread,
     ProxyFactory,
@@ -305,3 +306,77 @@ async def test_numbers_in_range_are_forwarded(
         assert status == 200, body
         forwarded = upstream_server.upstream.message_requests[-1].body
         assert forwarded["messages"][1]["content"][1]["input"]["x"] == json.loads(number)
+
+
+COMPACTING = {"compaction": {"soft_threshold_tokens": 300, "max_tool_result_tokens": 40,
+                             "keep_recent_messages": 2},
+              "summary": {"enabled": False}}
+
+
+@pytest.mark.parametrize("error_class", [TypeError, ValueError])
+async def test_a_bug_inside_a_layer_is_a_500_not_the_clients_fault(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any,
+    monkeypatch: pytest.MonkeyPatch, error_class: type[Exception],
+) -> None:
+    """A layer that raises (fault injected into L1): 500 ``api_error`` with a generic message,
+    nothing forwarded, and a server-side log line with the traceback's frames but not the
+    exception's text."""
+    import compactor._pipeline
+
+    def broken_layer(*args: Any, **kwargs: Any) -> Any:
+        raise error_class(f"layer bug while reading {PROMPT_MARKER}")
+
+    monkeypatch.setattr(compactor._pipeline, "truncate_tool_results", broken_layer)
+    proxy = proxy_factory(COMPACTING)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base_url}/v1/messages", data=out_of_range_body("1"),
+                             headers=HEADERS) as resp:
+            status, raw = resp.status, await resp.read()
+            request_id = resp.headers["x-compact-request-id"]
+    body = json.loads(raw)
+    assert status == 500
+    assert body == {"type": "error", "error": {
+        "type": "api_error", "message": f"compact-proxy internal error ({error_class.__name__})"}}
+    assert PROMPT_MARKER.encode() not in raw and b"Traceback" not in raw
+    assert b"layer bug" not in raw
+    assert upstream_server.upstream.requests == []
+    lines = log_lines_for(proxy_log, request_id)
+    failed = [line for line in lines if line["event"] == "request_failed"]
+    assert len(failed) == 1
+    assert failed[0]["error_class"] == error_class.__name__
+    frames = failed[0]["traceback"]
+    assert frames[-1] == error_class.__name__
+    assert any(frame.startswith("compactor/_pipeline.py:") for frame in frames)
+    assert any(frame.endswith(" in broken_layer") for frame in frames)
+    assert any(frame.startswith("proxy/handlers.py:") for frame in frames)
+    assert "layer bug" not in json.dumps(lines) and PROMPT_MARKER not in json.dumps(lines)
+    completed = [line for line in lines if line["event"] == "request_completed"]
+    assert completed[0]["outcome"] == "internal_error"
+
+
+@pytest.mark.parametrize(("messages", "named"), [
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}, "not a block"]}],
+     "messages.0.content.1: must be an object"),
+    ([{"role": "user", "content": 5}], "messages.0.content: must be a string or a list"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "name": "Read", "input": {}}]},
+      {"role": "user", "content": "go"}],
+     "messages.1: tool_use block has no id"),
+])
+async def test_a_message_of_the_wrong_shape_is_still_a_400(
+    proxy: RunningProxy, upstream_server: UpstreamServer, proxy_log: Any,
+    messages: list[Any], named: str,
+) -> None:
+    """The client's own mistake (a block that is not an object, content of the wrong type, a
+    tool_use without id): 400 ``invalid_request_error`` naming the place, never forwarded."""
+    data = json.dumps({"model": MODEL, "max_tokens": 16, "messages": messages}).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base_url}/v1/messages", data=data,
+                             headers=HEADERS) as resp:
+            status, body = resp.status, await resp.json()
+            request_id = resp.headers["x-compact-request-id"]
+    assert assert_invalid_request(status, body).startswith(named)
+    assert upstream_server.upstream.requests == []
+    blocked = [line for line in log_lines_for(proxy_log, request_id)
+               if line["event"] == "request_blocked"]
+    assert [line["reason"] for line in blocked] == ["invalid_messages"]

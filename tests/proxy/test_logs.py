@@ -45,10 +45,41 @@ def test_nested_values_are_dropped_and_long_strings_cut() -> None:
     assert "layers" not in out and out["redacted"] == ["layers"]
 
 
-def test_exception_info_becomes_the_class_name_only() -> None:
-    """``exc_info`` is replaced by ``error_class``; no traceback text survives."""
+def _raise_key_error() -> None:
+    raise KeyError("message text")
+
+
+@pytest.mark.parametrize("form", ["tuple", "exception"])
+def test_exception_info_becomes_the_class_and_the_frames_only(form: str) -> None:
+    """``exc_info`` becomes ``error_class`` and ``traceback`` (``file:line in function``
+    for every frame, then the class): where it failed, never what the exception said."""
     try:
-        raise KeyError("message text")
-    except KeyError as exc:
-        out = redact({"event": "x", "exc_info": (type(exc), exc, exc.__traceback__)})
-    assert out == {"event": "x", "error_class": "KeyError"}
+        try:
+            _raise_key_error()
+        except KeyError:
+            raise ValueError("more message text") from None
+    except ValueError as exc:
+        info: object = (type(exc), exc, exc.__traceback__) if form == "tuple" else exc
+        out = redact({"event": "x", "exc_info": info})
+    assert set(out) == {"event", "error_class", "traceback"}
+    assert out["error_class"] == "ValueError"
+    frames = out["traceback"]
+    assert frames[-1] == "ValueError"
+    assert any(f.startswith("proxy/test_logs.py:") and f.endswith(" in "
+               "test_exception_info_becomes_the_class_and_the_frames_only") for f in frames)
+    assert "message text" not in repr(out)
+
+
+def test_a_chained_exception_shows_its_cause_frames_first() -> None:
+    """``raise ... from exc``: the cause's frames and class, then the exception's."""
+    try:
+        try:
+            _raise_key_error()
+        except KeyError as cause:
+            raise ValueError("more message text") from cause
+    except ValueError as exc:
+        out = redact({"event": "x", "exc_info": exc})
+    frames = out["traceback"]
+    assert frames.index("KeyError") < frames.index("ValueError") == len(frames) - 1
+    assert any(f.endswith(" in _raise_key_error") for f in frames)
+    assert "message text" not in repr(out)
