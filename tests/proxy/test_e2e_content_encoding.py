@@ -149,6 +149,7 @@ async def test_compressed_passthrough_body_is_relayed_as_the_clients_bytes(
     assert record.path == "/v1/messages/batches"
     assert record.headers["content-encoding"] == "gzip"
     assert record.headers["content-length"] == str(len(packed))
+    assert record.raw_length == len(packed)  # on the wire: the client's compressed bytes
     # The provider decoded what it got: the client's whole body, nothing cut.
     assert record.body == json.loads(payload)
 
