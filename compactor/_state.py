@@ -9,6 +9,11 @@ Validation errors are ``ValueError`` whose message starts with the field path (`
 ...`` from a single item, ``facts[1].last_confirmed_at: ...`` from the state or from
 :meth:`DurableContextState.from_dict`), because the admin API answers 400 with that message.
 
+Timestamps (``last_confirmed_at``, ``captured_at``) may be given as an aware ``datetime`` or
+as an ISO 8601 string with an offset or ``Z``; the attribute always holds the aware
+``datetime``, so the two forms give equal items, the same JSON and the same rendering. A
+naive timestamp (a ``datetime`` or a string without an offset) is refused.
+
 Source pointers are stored as given (non-empty strings); their syntax is checked when they
 are resolved, where a bad one becomes a ``denied`` or ``unsupported`` status instead of an
 error, so a state written today still loads when a new scheme appears tomorrow.
@@ -56,7 +61,8 @@ def _check_text(field: str, value: object) -> str:
 def _check_timestamp(field: str, value: object) -> datetime:
     if not isinstance(value, datetime):
         raise ValueError(
-            f"{field}: must be a timezone-aware datetime, got {type(value).__name__}"
+            f"{field}: must be a timezone-aware datetime or an ISO 8601 string with a "
+            f"timezone, got {type(value).__name__}"
         )
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{field}: timestamp has no timezone")
@@ -96,6 +102,15 @@ def _parse_timestamp(field: str, value: object) -> datetime:
     return _check_timestamp(field, parsed)
 
 
+def _timestamp(field: str, value: object) -> datetime:
+    """A construction-time timestamp: an aware ``datetime``, or an ISO 8601 string with an
+    offset or ``Z`` (the seed's form), parsed to one. Either way the result is an aware
+    ``datetime``, so there is one representation afterwards."""
+    if isinstance(value, str):
+        return _parse_timestamp(field, value)
+    return _check_timestamp(field, value)
+
+
 def _iso(value: datetime) -> str:
     return value.isoformat()
 
@@ -104,7 +119,7 @@ def _iso(value: datetime) -> str:
 # Don't subclass these: from_dict and the renderer rely on the exact field lists.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DurableFact:
     """A fact the operator asserts, with the source it was confirmed against.
 
@@ -112,10 +127,15 @@ class DurableFact:
         fact_id: unique among the state's facts; non-empty.
         content: the fact itself; non-empty.
         source_pointer: where it comes from (``transcript:...`` or ``artifact:...``).
-        last_confirmed_at: when it was last checked; timezone-aware.
+        last_confirmed_at: when it was last checked: a timezone-aware ``datetime`` or an
+            ISO 8601 string with an offset or ``Z`` (``"2026-11-30T10:00:00+00:00"``). The
+            attribute always holds the aware ``datetime`` (a string is parsed, its offset
+            kept), so both forms give equal items, the same :meth:`to_dict` and the same
+            rendering.
 
     Raises:
-        ValueError: a field is invalid; the message starts with the field name.
+        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
+            starts with the field name.
     """
 
     fact_id: str
@@ -123,11 +143,15 @@ class DurableFact:
     source_pointer: str
     last_confirmed_at: datetime
 
-    def __post_init__(self) -> None:
-        _check_id("fact_id", self.fact_id)
-        _check_id("content", self.content)
-        _check_id("source_pointer", self.source_pointer)
-        _check_timestamp("last_confirmed_at", self.last_confirmed_at)
+    # Hand-written so the timestamp parameter may be a string while the field stays a
+    # datetime (the generated __init__ would type it as the field).
+    def __init__(self, fact_id: str, content: str, source_pointer: str,
+                 last_confirmed_at: datetime | str) -> None:
+        object.__setattr__(self, "fact_id", _check_id("fact_id", fact_id))
+        object.__setattr__(self, "content", _check_id("content", content))
+        object.__setattr__(self, "source_pointer", _check_id("source_pointer", source_pointer))
+        object.__setattr__(self, "last_confirmed_at",
+                           _timestamp("last_confirmed_at", last_confirmed_at))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
@@ -150,7 +174,7 @@ class DurableFact:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PendingItem:
     """Something still to be done, with the source that raised it.
 
@@ -158,10 +182,13 @@ class PendingItem:
         item_id: unique among the state's pending items; non-empty.
         description: what is pending; non-empty.
         source_pointer: where it comes from.
-        last_confirmed_at: when it was last checked; timezone-aware.
+        last_confirmed_at: when it was last checked: an aware ``datetime`` or an ISO 8601
+            string with an offset or ``Z``; the attribute always holds the aware
+            ``datetime`` (see :class:`DurableFact`).
 
     Raises:
-        ValueError: a field is invalid; the message starts with the field name.
+        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
+            starts with the field name.
     """
 
     item_id: str
@@ -169,11 +196,13 @@ class PendingItem:
     source_pointer: str
     last_confirmed_at: datetime
 
-    def __post_init__(self) -> None:
-        _check_id("item_id", self.item_id)
-        _check_id("description", self.description)
-        _check_id("source_pointer", self.source_pointer)
-        _check_timestamp("last_confirmed_at", self.last_confirmed_at)
+    def __init__(self, item_id: str, description: str, source_pointer: str,
+                 last_confirmed_at: datetime | str) -> None:
+        object.__setattr__(self, "item_id", _check_id("item_id", item_id))
+        object.__setattr__(self, "description", _check_id("description", description))
+        object.__setattr__(self, "source_pointer", _check_id("source_pointer", source_pointer))
+        object.__setattr__(self, "last_confirmed_at",
+                           _timestamp("last_confirmed_at", last_confirmed_at))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
@@ -196,7 +225,7 @@ class PendingItem:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RetrievalEvidence:
     """A retrieval hit frozen at capture time: identity, provenance, score, rank and the
     conflict decision already made, never the recalled text.
@@ -206,13 +235,16 @@ class RetrievalEvidence:
         source_id: the evidence's source pointer string (same syntax as ``source_pointer``).
         source_type: free provenance text (e.g. ``"transcript"``, ``"doc"``).
         source_title: free provenance text.
-        captured_at: when the hit was captured; timezone-aware.
+        captured_at: when the hit was captured: an aware ``datetime`` or an ISO 8601 string
+            with an offset or ``Z``; the attribute always holds the aware ``datetime`` (see
+            :class:`DurableFact`).
         score: the retriever's score, in [0, 1].
         source_rank: the 1-based rank the retriever gave it.
         conflict_key: set when this hit won a conflict under that key; None otherwise.
 
     Raises:
-        ValueError: a field is invalid; the message starts with the field name.
+        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
+            starts with the field name.
     """
 
     memory_id: str
@@ -224,16 +256,19 @@ class RetrievalEvidence:
     source_rank: int
     conflict_key: str | None = None
 
-    def __post_init__(self) -> None:
-        _check_id("memory_id", self.memory_id)
-        _check_id("source_id", self.source_id)
-        _check_text("source_type", self.source_type)
-        _check_text("source_title", self.source_title)
-        _check_timestamp("captured_at", self.captured_at)
-        object.__setattr__(self, "score", _check_score("score", self.score))
-        _check_rank("source_rank", self.source_rank)
-        if self.conflict_key is not None:
-            _check_id("conflict_key", self.conflict_key)
+    def __init__(self, memory_id: str, source_id: str, source_type: str, source_title: str,
+                 captured_at: datetime | str, score: float, source_rank: int,
+                 conflict_key: str | None = None) -> None:
+        object.__setattr__(self, "memory_id", _check_id("memory_id", memory_id))
+        object.__setattr__(self, "source_id", _check_id("source_id", source_id))
+        object.__setattr__(self, "source_type", _check_text("source_type", source_type))
+        object.__setattr__(self, "source_title", _check_text("source_title", source_title))
+        object.__setattr__(self, "captured_at", _timestamp("captured_at", captured_at))
+        object.__setattr__(self, "score", _check_score("score", score))
+        object.__setattr__(self, "source_rank", _check_rank("source_rank", source_rank))
+        if conflict_key is not None:
+            _check_id("conflict_key", conflict_key)
+        object.__setattr__(self, "conflict_key", conflict_key)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
@@ -466,8 +501,6 @@ def capture_retrieval_evidence(
         try:
             if captured_at is _MISSING or captured_at is None:
                 captured_at = captured_default
-            elif isinstance(captured_at, str):
-                captured_at = _parse_timestamp("captured_at", captured_at)
             evidence = RetrievalEvidence(
                 captured_at=captured_at,
                 conflict_key=None if conflict_key is _MISSING else conflict_key,

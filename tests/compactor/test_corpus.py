@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from compactor import (
+    Chars4Counter,
     CompactionResult,
     ToolProtocolError,
     compact_context,
@@ -90,7 +91,7 @@ def manifest() -> dict[str, dict[str, Any]]:
 def compacted(name: str, fraction: float) -> CompactionResult:
     """``name`` compacted at ``fraction`` of its size (cached: two tests read each result)."""
     messages = load(name)["messages"]
-    soft = max(1, int(estimate_tokens(messages) * fraction))
+    soft = max(1, int(estimate_tokens(messages, Chars4Counter()) * fraction))
     policy = CompactionPolicy(soft_threshold_tokens=soft, hard_limit_tokens=10**9,
                               max_tool_result_tokens=2_000)
     return compact_context(messages, None, policy=policy, summarizer=deterministic_summary)

@@ -84,7 +84,7 @@ def test_durable_state_comes_out_identical() -> None:
 def test_reserved_tokens_count_toward_the_thresholds() -> None:
     """Tokens outside messages (system, tools) can push a view over the soft threshold."""
     messages = _big_results_session()
-    size = estimate_tokens(messages)
+    size = estimate_tokens(messages, Chars4Counter())  # the pipeline's default count
     assert compact_context(messages, None, policy=_policy(size + 10)).layers_applied == ()
     pushed = compact_context(messages, None, policy=_policy(size + 10, max_tool_result_tokens=500),
                              reserved_tokens=20)

@@ -113,7 +113,7 @@ def scenarios(draw: st.DrawFn, *, summarisers: tuple[str, ...] = tuple(SUMMARISE
     history = draw(histories(min_turns=min_turns))
     if l4_wins is None:
         l4_wins = draw(st.integers(0, 3)) == 0
-    tokens = estimate_tokens(history.messages)
+    tokens = estimate_tokens(history.messages, Chars4Counter())  # the pipeline's count
     soft = max(1, int(tokens * draw(st.sampled_from(
         (0.05, 0.2) if l4_wins else (0.05, 0.2, 0.4, 0.6, 0.9, 1.5)))))
     if hard == "any":
@@ -249,7 +249,7 @@ def test_tokens_never_grow_overall_or_in_any_layer(scenario: Scenario) -> None:
 @given(scenarios(hard="large"))
 def test_view_below_soft_threshold_is_returned_unchanged(scenario: Scenario) -> None:
     """A view already below the soft threshold comes back equal, with no layer run."""
-    tokens = estimate_tokens(scenario.messages)
+    tokens = estimate_tokens(scenario.messages, Chars4Counter())  # the pipeline's count
     policy = replace(scenario.policy, soft_threshold_tokens=tokens + 1,
                      hard_limit_tokens=tokens + 2)
     result = compact_context(scenario.messages, STATE, policy=policy,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from compactor._state import (
     capture_retrieval_evidence,
 )
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 NAIVE = datetime(2025, 3, 1, 12, 0)
 
 
@@ -56,8 +56,9 @@ def evidence(memory_id: str = "m1", source_id: str = "transcript:s1:3",
         (lambda: DurableFact("f", "c", "", T0), "source_pointer"),
         (lambda: DurableFact("f", "c", "   ", T0), "source_pointer"),
         (lambda: DurableFact("f", "c", "transcript:s1:1", NAIVE), "last_confirmed_at"),
-        (lambda: DurableFact("f", "c", "transcript:s1:1",
-                             "2025-03-01T12:00:00Z"),  # type: ignore[arg-type]
+        (lambda: DurableFact("f", "c", "transcript:s1:1", "2025-03-01T12:00:00"),
+         "last_confirmed_at"),
+        (lambda: DurableFact("f", "c", "transcript:s1:1", 1700000000),  # type: ignore[arg-type]
          "last_confirmed_at"),
         (lambda: PendingItem("", "d", "transcript:s1:1", T0), "item_id"),
         (lambda: PendingItem("p", "", "transcript:s1:1", T0), "description"),
@@ -177,6 +178,77 @@ def test_source_pointers_are_distinct_in_first_seen_order() -> None:
 def test_is_empty_is_true_only_without_items(state: DurableContextState, empty: bool) -> None:
     """is_empty is True exactly when no kind holds an item."""
     assert state.is_empty is empty
+
+
+# --- timestamps given as ISO 8601 strings -----------------------------------------------
+
+
+def test_the_seeds_string_timestamps_are_accepted() -> None:
+    """The seed's own call works: an ISO 8601 string with an offset (or Z) is a timestamp."""
+    f = DurableFact("f1", "SQLite WAL", "transcript:s1:1", "2026-11-30T10:00:00+00:00")
+    assert f.last_confirmed_at == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    assert isinstance(f.last_confirmed_at, datetime)
+    p = PendingItem("p1", "rotate the key", "transcript:s1:2", "2026-11-30T10:00:00Z")
+    assert p.last_confirmed_at == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    e = RetrievalEvidence("m1", "transcript:s1:3", "transcript", "review",
+                          "2026-11-30T12:00:00+02:00", 0.5, 1)
+    assert e.captured_at == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    assert e.captured_at.utcoffset() == timedelta(hours=2)
+
+
+@pytest.mark.parametrize("stamp", ["2026-11-30T10:00:00+00:00", "2026-11-30T10:00:00Z",
+                                   "2026-11-30T11:00:00+01:00"])
+def test_string_and_datetime_forms_give_the_same_state(stamp: str) -> None:
+    """A string and the equivalent aware datetime: equal items, same to_dict, same rendering."""
+    from compactor import SourceResolution, render_durable_context
+
+    as_datetime = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    by_string = DurableContextState(
+        facts=[DurableFact("f1", "SQLite WAL", "transcript:s1:1", stamp)],
+        pending_items=[PendingItem("p1", "d", "transcript:s1:2", stamp)],
+        retrieval_evidence=[RetrievalEvidence("m1", "transcript:s1:3", "t", "x", stamp, 0.5, 1)])
+    by_datetime = DurableContextState(
+        facts=[DurableFact("f1", "SQLite WAL", "transcript:s1:1", as_datetime)],
+        pending_items=[PendingItem("p1", "d", "transcript:s1:2", as_datetime)],
+        retrieval_evidence=[RetrievalEvidence("m1", "transcript:s1:3", "t", "x", as_datetime,
+                                              0.5, 1)])
+    assert by_string == by_datetime
+    assert by_string.to_dict() == by_datetime.to_dict()
+    assert DurableContextState.from_dict(by_string.to_dict()) == by_datetime
+    resolutions = [SourceResolution(p, "missing", None, "x")
+                   for p in by_string.source_pointers()]
+    rendered = render_durable_context(by_string, source_resolutions=resolutions)
+    assert rendered == render_durable_context(by_datetime, source_resolutions=resolutions)
+    assert "last_confirmed_at=2026-11-30T10:00:00Z" in rendered
+
+
+@pytest.mark.parametrize(("stamp", "problem"), [
+    ("2026-11-30T10:00:00", "timestamp has no timezone"),
+    ("2026-11-30", "timestamp has no timezone"),
+    ("yesterday", "'yesterday' is not an ISO 8601 timestamp"),
+    ("", "'' is not an ISO 8601 timestamp"),
+    ("30/11/2026 10:00 +00:00", "is not an ISO 8601 timestamp"),
+])
+def test_naive_or_non_iso_strings_are_refused_naming_the_field(stamp: str, problem: str) -> None:
+    """A string without a timezone, or not ISO 8601 at all, is refused like a naive datetime."""
+    for build, field in [
+        (lambda: DurableFact("f1", "c", "transcript:s1:1", stamp), "last_confirmed_at"),
+        (lambda: PendingItem("p1", "d", "transcript:s1:2", stamp), "last_confirmed_at"),
+        (lambda: evidence(captured_at=stamp), "captured_at"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            build()
+        assert str(info.value).startswith(f"{field}: ") and problem in str(info.value)
+
+
+def test_replace_keeps_working_with_either_form() -> None:
+    """dataclasses.replace goes through the same construction (string or datetime)."""
+    from dataclasses import replace
+
+    f = DurableFact("f1", "c", "transcript:s1:1", T0)
+    assert replace(f, last_confirmed_at="2025-03-01T12:00:00Z") == f
+    with pytest.raises(ValueError, match="^last_confirmed_at: timestamp has no timezone"):
+        replace(f, last_confirmed_at=NAIVE)
 
 
 # --- JSON form ------------------------------------------------------------------------
@@ -352,16 +424,16 @@ def test_capture_uses_hit_captured_at_when_present() -> None:
         [{**base, "memory_id": "a", "captured_at": earlier},
          {**base, "memory_id": "b", "captured_at": "2025-02-01T00:00:00Z"}], now=T0)
     assert captured[0].captured_at == earlier
-    assert captured[1].captured_at == datetime(2025, 2, 1, tzinfo=timezone.utc)
+    assert captured[1].captured_at == datetime(2025, 2, 1, tzinfo=UTC)
 
 
 def test_capture_defaults_captured_at_to_now_in_utc() -> None:
     """Without captured_at or now=, the capture time is the current time in UTC."""
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     (captured,) = capture_retrieval_evidence(
         [{"memory_id": "m", "source_id": "transcript:s1:1", "source_type": "t",
           "source_title": "x", "score": 0.5, "rank": 3}])
-    after = datetime.now(timezone.utc)
+    after = datetime.now(UTC)
     assert before <= captured.captured_at <= after
     assert captured.captured_at.utcoffset() == timedelta(0)
     assert captured.source_rank == 3

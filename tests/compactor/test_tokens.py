@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import json
 import struct
 import zlib
 
 import pytest
 
 from compactor import CachingCounter, Chars4Counter, TiktokenCounter, estimate_tokens
+from tests.paths import CORPUS
 
 from .builders import long_session, text, tool_result, user
 
@@ -91,8 +93,9 @@ def test_unreadable_image_is_charged_the_maximum() -> None:
 def test_pdf_document_is_estimated_per_page() -> None:
     """A three-page PDF costs three pages, not its byte size."""
     pdf = b"%PDF-1.4\n" + b"1 0 obj << /Type /Pages >>\n" + b"<< /Type /Page >>\n" * 3
+    data = base64.b64encode(pdf + b" " * 90_000).decode()
     block = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
-                                             "data": base64.b64encode(pdf + b" " * 90_000).decode()}}
+                                             "data": data}}
     tokens = CachingCounter(Chars4Counter()).count_value([block])
     assert 3 * 2_000 <= tokens <= 3 * 2_500
 
@@ -119,3 +122,25 @@ def test_counts_are_the_same_for_string_and_block_content() -> None:
     as_string = counter.count_message(user("hello there"))
     as_block = counter.count_message(user(text("hello there")))
     assert abs(as_string - as_block) <= 2
+
+
+def _corpus_histories() -> list[str]:
+    return sorted(p.name for p in CORPUS.glob("*.json") if p.name != "manifest.json")
+
+
+@pytest.mark.parametrize("name", _corpus_histories()[::12])
+def test_estimate_tokens_stays_within_a_few_tokens_of_the_seeds_estimate(name: str) -> None:
+    """Without a counter, estimate_tokens is the seed's ``len(json.dumps(messages)) // 4``
+    (within 1% or 8 tokens, whichever is larger) over real agent histories."""
+    messages = json.loads((CORPUS / name).read_text(encoding="utf-8"))["messages"]
+    seed = len(json.dumps(messages)) // 4
+    assert abs(estimate_tokens(messages) - seed) <= max(8, seed // 100)
+
+
+def test_estimate_tokens_with_a_counter_is_that_counters_count() -> None:
+    """Given a counter, estimate_tokens counts content and framing as the thresholds do."""
+    messages = long_session(5)
+    counter = CachingCounter(Chars4Counter())
+    expected = sum(counter.count_message(m) for m in messages)
+    assert estimate_tokens(messages, Chars4Counter()) == expected
+    assert estimate_tokens(messages, CachingCounter(Chars4Counter())) == expected
