@@ -16,13 +16,12 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._blocks import first_user_index
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
-from ._fingerprint import fingerprint
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import ReadTool, drop_superseded_reads
 from ._l3_prune import prune_old_messages
 from ._l4_summary import SummaryRequest, apply_summary, plan_summary
+from ._markers import reapply_markers
 from ._protocol import Interaction, check_shape, validate_tool_protocol
 from ._sticky import CompactionCheckpoint, policy_key
 from ._tokens import CachingCounter, TokenCounter
@@ -204,7 +203,8 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: PolicyLik
         # validated now, so a warm request does not re-walk the whole history.
         fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], counter),
                                          policy.max_tool_result_tokens)
-        prefix = _with_raw_head(checkpoint.view, messages, raw.prints)
+        prefix = reapply_markers(checkpoint.view, checkpoint.view_prints, messages, prints,
+                                 checkpoint.covered)
         view = raw.derive([*prefix, *fresh.messages])
         base_layers, reused = checkpoint.layers, True
         interactions = _validate_extension(view.messages, len(prefix), checkpoint.covered)
@@ -243,20 +243,6 @@ def _validate_extension(view: list[dict[str, Any]], prefix_len: int,
         if index >= prefix_len:
             index = index - prefix_len + covered
         raise ToolProtocolError(error.kind, error.tool_use_id, index, error.detail) from None
-
-
-def _with_raw_head(view: list[dict[str, Any]], raw: list[dict[str, Any]],
-                   raw_prints: list[int]) -> list[dict[str, Any]]:
-    """The checkpoint's view with its head (through the first user message) taken from this
-    request: the same messages, but with the cache markers the client put on them now, so the
-    original intent goes out verbatim."""
-    first = first_user_index(raw)
-    if first is None or first >= len(view):
-        return view
-    head = raw[: first + 1]
-    if [fingerprint(m) for m in view[: first + 1]] != raw_prints[: first + 1]:
-        return view
-    return [*head, *view[first + 1:]]
 
 
 def _finish(view: View, durable_state: Any, policy: PolicyLike, tokens_before: int,

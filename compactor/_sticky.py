@@ -16,6 +16,7 @@ breakpoints to the newest messages every turn, and a marker is not content.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -63,6 +64,11 @@ class CompactionCheckpoint:
         return cls(len(raw), [strip_cache_control(m) for m in view],
                    tuple(stable_digest(m) for m in raw), policy_key, tuple(layers),
                    prints, PROCESS_SALT)
+
+    @functools.cached_property
+    def view_prints(self) -> list[int]:
+        """This process's fingerprints of :attr:`view` (made once per checkpoint object)."""
+        return [fingerprint(m) for m in self.view]
 
     def with_fingerprints(self, fingerprints: list[int]) -> CompactionCheckpoint:
         """This checkpoint, carrying this process's fingerprints of its covered messages

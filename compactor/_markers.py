@@ -1,0 +1,140 @@
+"""The client's ``cache_control`` markers, put back on a reused compacted prefix.
+
+A checkpoint keeps its compacted view without markers: clients move their breakpoints to the
+newest messages every turn, so yesterday's markers are not today's. When a request reuses the
+prefix, every marker the client put *now* on a block that survived compaction goes back where
+the client put it — on the same block, in the same key position — so a retried request is
+forwarded byte-identical to its first attempt, and a breakpoint on an older message (Claude
+Code marks the previous turn too) still reads the provider's cache.
+
+How a marked block is found in the view:
+
+* a message the layers left as it was is the client's own object, markers and all (matched by
+  its marker-insensitive fingerprint, the k-th from the end among equal ones);
+* a block with an id (``tool_use``, ``server_tool_use``, ``tool_result``, ``*_tool_result``) in
+  a message a layer edited is matched by its id — ids are unique in a request — and its
+  markers merged in (an L1-cut result keeps its marker, as on the first attempt);
+* another block in an edited message is matched inside the view message that holds the same
+  ids, by fingerprint.
+
+A marker on a block that compaction removed is gone with its block; no marker is ever added.
+
+Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._blocks import CLIENT_RESULT, Block, Message
+from ._fingerprint import fingerprint
+
+__all__: list[str] = []
+
+MARKER = "cache_control"
+
+
+def _block_marked(block: Block) -> bool:
+    if MARKER in block:
+        return True
+    inner = block.get("content")
+    return block.get("type") == CLIENT_RESULT and isinstance(inner, list) and any(
+        isinstance(b, dict) and MARKER in b for b in inner)
+
+
+def _marked_blocks(message: Message) -> list[int]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [j for j, block in enumerate(content) if _block_marked(block)]
+
+
+def _id_key(block: Block) -> tuple[str, str] | None:
+    for field in ("id", "tool_use_id"):
+        value = block.get(field)
+        if isinstance(value, str):
+            return field, value
+    return None
+
+
+def _merge(raw: Any, view: Any) -> Any:
+    """``view`` with the markers of ``raw`` at every depth, keys in ``raw``'s order."""
+    if isinstance(raw, dict) and isinstance(view, dict):
+        out = {k: (v if k == MARKER else _merge(v, view[k]))
+               for k, v in raw.items() if k == MARKER or k in view}
+        out.update((k, v) for k, v in view.items() if k not in out)
+        return out
+    if isinstance(raw, list) and isinstance(view, list) and len(raw) == len(view):
+        return [_merge(r, v) for r, v in zip(raw, view, strict=True)]
+    return view
+
+
+def _nth_from_end(prints: Sequence[int], index: int) -> int:
+    return sum(1 for p in prints[index + 1:] if p == prints[index])
+
+
+def _find_from_end(prints: Sequence[int], value: int, nth: int) -> int | None:
+    for j in range(len(prints) - 1, -1, -1):
+        if prints[j] == value:
+            if nth == 0:
+                return j
+            nth -= 1
+    return None
+
+
+def reapply_markers(view: list[Message], view_prints: Sequence[int], raw: list[Message],
+                    raw_prints: Sequence[int], covered: int) -> list[Message]:
+    """``view`` (the compacted form of ``raw[:covered]``, without markers) with the markers
+    those raw messages carry on the blocks that survived; ``view`` itself when they carry
+    none."""
+    marked = [i for i in range(covered) if _marked_blocks(raw[i])]
+    if not marked:
+        return view
+    out = list(view)
+    edited: list[int] = []
+    for i in marked:
+        j = _find_from_end(view_prints, raw_prints[i], _nth_from_end(raw_prints[:covered], i))
+        if j is not None:
+            out[j] = raw[i]  # unchanged: the client's own message, markers where it put them
+        else:
+            edited.append(i)
+    if edited:
+        _merge_into_edited(out, raw, edited)
+    return out
+
+
+def _merge_into_edited(out: list[Message], raw: list[Message], edited: list[int]) -> None:
+    """Put the markers of the marked blocks of ``raw[i]`` (``i`` in ``edited``: messages a
+    layer changed) onto their blocks in ``out``, in place of those messages."""
+    where: dict[tuple[str, str], tuple[int, int]] = {}
+    for j, message in enumerate(out):
+        content = message.get("content")
+        if isinstance(content, list):
+            for k, block in enumerate(content):
+                key = _id_key(block)
+                if key is not None:
+                    where[key] = (j, k)
+    for i in edited:
+        blocks = raw[i]["content"]
+        homes = {where[key][0] for b in blocks if (key := _id_key(b)) is not None and key in where}
+        for position in _marked_blocks(raw[i]):
+            block = blocks[position]
+            key = _id_key(block)
+            target: tuple[int, int] | None = where.get(key) if key is not None else None
+            if target is None and key is None and len(homes) == 1:
+                target = _same_block(out, next(iter(homes)), block)
+            if target is not None:
+                j, k = target
+                content = list(out[j]["content"])
+                content[k] = _merge(block, content[k])
+                out[j] = {**out[j], "content": content}
+
+
+def _same_block(out: list[Message], j: int, block: Block) -> tuple[int, int] | None:
+    wanted = fingerprint(block)
+    for k, candidate in enumerate(out[j]["content"]):
+        if (_id_key(candidate) is None and MARKER not in candidate
+                and fingerprint(candidate) == wanted):
+            return j, k
+    return None
