@@ -11,7 +11,7 @@ cut (its use dropped, its result kept) is removed whole, and a message left empt
 from __future__ import annotations
 
 from ._blocks import DROPPABLE_ROLES, first_user_index
-from ._l4_summary import recent_start, holds_summary
+from ._l4_summary import holds_summary, recent_start
 from ._protocol import Interaction
 from ._turns import protected_indices
 from ._view import View, drop_pairs, tidy

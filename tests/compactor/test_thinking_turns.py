@@ -38,7 +38,16 @@ from compactor._turns import protected_opening
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import ProviderRuleError, check_messages_request
 
-from .builders import assistant, read_call, system_message, text, thinking, tool_result, tool_use, user
+from .builders import (
+    assistant,
+    read_call,
+    system_message,
+    text,
+    thinking,
+    tool_result,
+    tool_use,
+    user,
+)
 from .strategies import Session, sessions
 
 THINKING_ON = {"type": "enabled", "budget_tokens": 2048}
