@@ -471,3 +471,33 @@ def test_parallel_conversations_in_one_session_keep_their_own_sticky_prefix(
     assert len(sent_a1) < len(first_a) and len(sent_b1) < len(first_b)
     assert sent_a2[: len(sent_a1)] == sent_a1 and sent_a2[len(sent_a1):] == grown_a[len(first_a):]
     assert sent_b2[: len(sent_b1)] == sent_b1 and sent_b2[len(sent_b1):] == grown_b[len(first_b):]
+
+
+def test_a_retried_request_is_forwarded_byte_identical_with_every_cache_marker(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """The SDKs retry on 429, 529 and timeouts: the retry repeats a request the session
+    already compacted. It goes out exactly as the first attempt did, its three markers (first
+    message, last tool_result, last message) where the client put them."""
+    proxy = proxy_factory({"compaction": LOW_THRESHOLDS})
+    messages = read_turns(12)
+    messages[0] = {"role": "user", "content": [
+        {"type": "text", "text": user_text("fix the parser"), "cache_control": {"type": "ephemeral"}}]}
+    messages[-2:] = [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_last", "name": "Read", "input": {"file_path": "/x.py"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_last", "content": "x = 1\n" * 900,
+             "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": user_text("go on"), "cache_control": {"type": "ephemeral"}}]}]
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0,
+                                 default_headers={"x-compact-session-id": "retry-session"})
+    with client:
+        first = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
+                                                         messages=messages)
+        retry = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
+                                                         messages=messages)
+    assert first.headers["x-compact-layers"] and retry.headers["x-compact-layers"]
+    sent = upstream_server.upstream.message_requests[-2:]
+    assert json.dumps(sent[0].body) == json.dumps(sent[1].body)
+    assert sent[0].raw_length == sent[1].raw_length
+    assert cache_control_count(sent[1].body) == 3
