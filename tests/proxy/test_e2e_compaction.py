@@ -482,7 +482,8 @@ def test_a_retried_request_is_forwarded_byte_identical_with_every_cache_marker(
     proxy = proxy_factory({"compaction": LOW_THRESHOLDS})
     messages = read_turns(12)
     messages[0] = {"role": "user", "content": [
-        {"type": "text", "text": user_text("fix the parser"), "cache_control": {"type": "ephemeral"}}]}
+        {"type": "text", "text": user_text("fix the parser"),
+         "cache_control": {"type": "ephemeral"}}]}
     messages[-2:] = [{"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_last", "name": "Read", "input": {"file_path": "/x.py"}}]},
         {"role": "user", "content": [
