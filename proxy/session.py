@@ -4,7 +4,8 @@ First that applies:
 
 1. the configured header (default ``x-compact-session-id``);
 2. ``X-Claude-Code-Session-Id``;
-3. ``metadata.user_id``: the ``session_id`` inside it when it is a JSON object string, else the
+3. ``metadata.user_id``: the ``session_id`` inside it when it is a JSON object string, the
+   ``<uuid>`` of Claude Code's older ``user_<hex>_account_<uuid>_session_<uuid>`` form, else the
    string itself;
 4. ``conv-`` + a stable hash of the conversation's first message and ``system``.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -31,6 +33,9 @@ from proxy.errors import RequestRejected
 __all__ = ["CLAUDE_CODE_SESSION_HEADER", "resolve_session_id"]
 
 CLAUDE_CODE_SESSION_HEADER: Final = "x-claude-code-session-id"
+# Claude Code's older user id (reference section 2.3): too long for a session id itself.
+_LEGACY_USER_ID: Final = re.compile(
+    r"user_[0-9a-f]{64}_account_(?:[0-9a-f-]{36})?_session_([0-9a-f-]{36})")
 
 
 def _usable(value: object) -> str | None:
@@ -50,6 +55,9 @@ def _from_user_id(user_id: object) -> str | None:
             inner = _usable(parsed.get("session_id"))
             if inner is not None:
                 return inner
+    legacy = _LEGACY_USER_ID.fullmatch(text)
+    if legacy is not None:
+        return _usable(legacy.group(1))
     return _usable(user_id)
 
 

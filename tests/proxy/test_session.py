@@ -17,6 +17,10 @@ BODY: dict[str, Any] = {"model": "m", "system": "sys",
                         "messages": [{"role": "user", "content": "first"}]}
 
 
+UUID_A = "0f8fad5b-d9cb-469f-a165-70867728950e"
+UUID_B = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
+
+
 def with_user_id(user_id: object) -> dict[str, Any]:
     """BODY with ``metadata.user_id``."""
     return {**BODY, "metadata": {"user_id": user_id}}
@@ -28,6 +32,9 @@ def with_user_id(user_id: object) -> dict[str, Any]:
     ({"X-Claude-Code-Session-Id": "cc"}, with_user_id("meta"), "cc"),
     ({}, with_user_id(json.dumps({"device_id": "d", "session_id": "inner"})), "inner"),
     ({}, with_user_id("user_abc_account__session_123"), "user_abc_account__session_123"),
+    # Claude Code's older form is 159 characters: its session uuid is the session.
+    ({}, with_user_id(f"user_{'ab' * 32}_account_{UUID_A}_session_{UUID_B}"), UUID_B),
+    ({}, with_user_id(f"user_{'ab' * 32}_account__session_{UUID_B}"), UUID_B),
     ({"X-Claude-Code-Session-Id": "not valid"}, with_user_id("meta"), "meta"),
     ({}, with_user_id(json.dumps({"device_id": "d", "session_id": "a:b"})), "conv-"),
 ])
