@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
@@ -23,7 +24,8 @@ from aiohttp import web
 
 from proxy.errors import RequestRejected
 
-__all__ = ["SUPPORTED_ENCODINGS", "dump_body", "parse_body", "read_body"]
+__all__ = ["SUPPORTED_ENCODINGS", "dump_body", "may_hold_lone_surrogates", "parse_body",
+           "read_body", "replace_lone_surrogates"]
 
 
 def _too_large(limit: int) -> RequestRejected:
@@ -353,3 +355,62 @@ def dump_body(body: dict[str, Any]) -> bytes:
         # A lone surrogate arrived as a \uXXXX escape; only an escape can carry it back out.
         return json.dumps(body, ensure_ascii=True, separators=(",", ":"),
                           allow_nan=False).encode("ascii")
+
+
+# A lone UTF-16 surrogate (half of an emoji a tool's output cut in two) can only arrive as a
+# ``\uD8xx``-``\uDFxx`` escape: UTF-8 bytes cannot carry one, and read_body refuses bytes that
+# are not UTF-8. The provider refuses such a body as a whole ("The request body is not valid
+# JSON: no low surrogate in string"), and an agent cannot mend its own history, so the session
+# would be dead for good.
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+# A high-surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_ESCAPE: Final = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_OPAQUE_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
+REPLACEMENT: Final = "\ufffd"
+
+
+def may_hold_lone_surrogates(raw: bytes) -> bool:
+    """Whether the raw body has an unpaired surrogate escape (one byte scan; false for nearly
+    every body, so the walk of :func:`replace_lone_surrogates` is skipped)."""
+    return _LONE_ESCAPE.search(raw) is not None
+
+
+def replace_lone_surrogates(body: dict[str, Any]) -> int:
+    """Replace every lone surrogate in ``body``'s strings by U+FFFD, in place; how many.
+
+    Signed thinking blocks are left as they are (the provider checks them byte for byte);
+    paired surrogates were joined into one character by the parser and are not touched.
+    Iterative: the parsed body may be as deep as the JSON parser allows.
+    """
+    replaced = 0
+
+    def mend(text: str) -> str:
+        nonlocal replaced
+        mended, count = _SURROGATE.subn(REPLACEMENT, text)
+        replaced += count
+        return mended
+
+    stack: list[Any] = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if value.get("type") in _OPAQUE_BLOCKS:
+                continue
+            for key in list(value):
+                item = value[key]
+                if isinstance(item, str):
+                    value[key] = mend(item)
+                else:
+                    stack.append(item)
+                if _SURROGATE.search(key):
+                    value[mend(key)] = value.pop(key)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, str):
+                    value[index] = mend(item)
+                else:
+                    stack.append(item)
+    return replaced
+

@@ -24,7 +24,13 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.body import dump_body, parse_body, read_body
+from proxy.body import (
+    dump_body,
+    may_hold_lone_surrogates,
+    parse_body,
+    read_body,
+    replace_lone_surrogates,
+)
 from proxy.context import RECORD, RequestRecord
 from proxy.errors import RequestRejected
 from proxy.forward import forward, request_body_stream, upstream_request_headers
@@ -43,6 +49,8 @@ from proxy.summarizer import CallerCredentials, Summarizer, summary_source
 from proxy.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
+
+_log = structlog.get_logger("proxy.handlers")
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,9 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
     body = parse_body(raw)
+    mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
+    if mended:
+        _log.warning("lone_surrogates_replaced", replaced=mended)
     session_id = resolve_session_id(request.headers, body, config.session.header)
     record.session_id = session_id
     structlog.contextvars.bind_contextvars(session_id=session_id)
@@ -160,7 +171,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
-    if not result.changed and not durable.text:
+    if not result.changed and not durable.text and not mended:
         # Nothing to rewrite: the client's bytes go out as they came.
         return await forward(request, record, body=raw, headers=headers)
     body["messages"] = result.messages

@@ -41,6 +41,8 @@ SAFE_KEYS: Final = frozenset({
     "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state
     "layer", "saved", "cached", "summary_model", "durable_items",
+    # body repairs
+    "replaced",
     "version", "expected_version", "created", "action",
     "facts", "pending_items", "retrieval_evidence",
     # startup

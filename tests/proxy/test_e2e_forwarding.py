@@ -174,3 +174,32 @@ def test_provider_errors_come_back_with_status_headers_and_body(
         "error": {"type": "rate_limit_error",
                   "message": "Number of request tokens has exceeded your rate limit"},
     }
+
+
+async def test_a_lone_surrogate_is_replaced_so_the_provider_accepts_the_session(
+    proxy: RunningProxy, upstream_server: UpstreamServer, proxy_log: Any
+) -> None:
+    """Half an emoji in a tool's output (``\\ud83d`` alone) makes the provider refuse the whole
+    body ("no low surrogate in string"), for good: the agent resends it every turn. The proxy
+    replaces it by U+FFFD, leaves signed thinking as it is, and says so in its log."""
+    from tests.conftest import read_log
+
+    messages = [
+        {"role": "user", "content": user_text("list the files")},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "ls first", "signature": "sig-1"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "caf\ud83d.txt 😀 ok"}]},
+    ]
+    data = json.dumps({"model": MODEL, "max_tokens": 64, "messages": messages}).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base_url}/v1/messages", data=data, headers={
+                "x-api-key": TEST_API_KEY, "content-type": "application/json"}) as response:
+            assert response.status == 200, await response.text()
+    forwarded = upstream_server.upstream.message_requests[-1].body
+    assert forwarded["messages"][2]["content"][0]["content"] == "caf\ufffd.txt 😀 ok"
+    assert forwarded["messages"][1] == messages[1]
+    lines = [line for line in read_log(proxy_log)
+             if line.get("event") == "lone_surrogates_replaced"]
+    assert lines and lines[-1]["replaced"] == 1
