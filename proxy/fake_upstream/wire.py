@@ -7,9 +7,13 @@ off, see ``server.start_fake_upstream``), so a body that disagrees with its head
 * ``Content-Encoding`` lists the codings applied, in order; they are undone last one first.
   ``identity`` (or no header) is the bytes as they are; ``gzip`` / ``x-gzip`` (several members
   allowed), ``deflate`` (zlib-wrapped or raw), ``br`` when a brotli module is importable and
-  ``zstd`` when a zstandard module is. Bytes that do not decode as labelled are a 400, an
-  encoding outside that list a 415 (both texts are assumptions: no real sample was found).
-* The decoded body may not exceed the same 32 MiB as the wire body (413, the edge's text).
+  ``zstd`` when a zstd one is (``compression.zstd``, ``backports.zstd`` or ``zstandard``; the
+  project depends on brotli and backports.zstd). Bytes that do not decode as labelled are a
+  400, an encoding outside that list a 415 (both texts are assumptions: no real sample was
+  found).
+* The decoded body may not exceed the same 32 MiB as the wire body (413, the edge's text); every
+  decoder stops at that size (except brotlicffi's and the zstandard package's, which have no
+  output limit), so a small bomb never inflates whole.
 * ``Content-Length`` is honoured by the HTTP layer itself: exactly that many bytes are read, so a
   too-small length cuts the JSON (refused below) and a too-large one is never answered.
 * JSON is strict RFC 8259 in UTF-8: no BOM, no ``NaN`` / ``Infinity`` / ``-Infinity``, no number
@@ -126,26 +130,55 @@ def _module(names: Iterable[str]) -> Any:
     return None
 
 
-def _library_decoder(module: Any) -> _Decoder:
-    decompressor = getattr(module, "ZstdDecompressor", None)
-    if decompressor is not None and hasattr(decompressor(), "decompressobj"):  # zstandard
-        def zstandard(data: bytes) -> bytes:
-            reader = decompressor().decompressobj()
-            return bytes(reader.decompress(data))
-        return zstandard
+def _brotli_decoder(module: Any) -> _Decoder:
+    def decode(data: bytes) -> bytes:
+        inflater = module.Decompressor()
+        limit = MAX_BODY_BYTES + 1
+        try:
+            out = bytearray(inflater.process(data, output_buffer_limit=limit))
+        except TypeError:  # brotlicffi and brotli < 1.2: no output limit, decode whole
+            return bytes(module.decompress(data))
+        while not inflater.is_finished() and len(out) <= MAX_BODY_BYTES:
+            more = inflater.process(b"", output_buffer_limit=limit)
+            if not more:
+                break
+            out += more
+        if len(out) > MAX_BODY_BYTES:
+            raise _TooLarge
+        if not inflater.is_finished():
+            raise _Undecodable  # truncated
+        return bytes(out)
+    return decode
 
-    def whole(data: bytes) -> bytes:
-        return bytes(module.decompress(data))
-    return whole
+
+def _zstd_decoder(module: Any) -> _Decoder:
+    if not hasattr(module.ZstdDecompressor(), "eof"):  # the zstandard package: no limit
+        def whole(data: bytes) -> bytes:
+            return bytes(module.ZstdDecompressor().decompressobj().decompress(data))
+        return whole
+
+    def decode(data: bytes) -> bytes:  # compression.zstd (3.14) and its backport: every frame
+        out, rest = bytearray(), data
+        while rest:
+            inflater = module.ZstdDecompressor()
+            out += inflater.decompress(rest, max_length=MAX_BODY_BYTES + 1 - len(out))
+            if len(out) > MAX_BODY_BYTES or not (inflater.eof or inflater.needs_input):
+                raise _TooLarge
+            if not inflater.eof:
+                raise _Undecodable  # truncated
+            rest = inflater.unused_data
+        return bytes(out)
+    return decode
 
 
 def _decoders() -> dict[str, _Decoder]:
     decoders: dict[str, _Decoder] = {name: _gunzip for name in GZIP_NAMES}
     decoders[DEFLATE] = _deflate
-    for coding, names in (("br", BROTLI_MODULES), ("zstd", ZSTD_MODULES)):
-        module = _module(names)
-        if module is not None:
-            decoders[coding] = _library_decoder(module)
+    brotli, zstd = _module(BROTLI_MODULES), _module(ZSTD_MODULES)
+    if brotli is not None:
+        decoders["br"] = _brotli_decoder(brotli)
+    if zstd is not None:
+        decoders["zstd"] = _zstd_decoder(zstd)
     return decoders
 
 

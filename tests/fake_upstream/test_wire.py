@@ -24,6 +24,7 @@ BODY: dict[str, Any] = {"model": MODEL, "max_tokens": 8,
 RAW = json.dumps(BODY).encode()
 KEY = {"x-api-key": "k", "content-type": "application/json"}
 MIB = 1024 * 1024
+TOO_LARGE = {"error": {"type": "request_too_large", "message": "Request exceeds the maximum size"}}
 
 
 async def _post(http: aiohttp.ClientSession, data: bytes, encoding: str | None = None,
@@ -132,35 +133,44 @@ async def test_an_unsupported_content_encoding_is_415(
 async def test_brotli_bodies_are_decoded(
     http: aiohttp.ClientSession,
 ) -> None:
-    """``br`` is decoded (brotli is a dependency of the project)."""
+    """``br`` is decoded (brotli is a dependency of the project); plain or truncated bytes
+    labelled ``br`` are refused, and a stream inflating past 32 MiB is the 413."""
     import brotli
     status, _ = await _post(http, brotli.compress(RAW), "br")
     assert status == 200
-    status, payload = await _post(http, RAW, "br")
-    assert status == 400 and _invalid_request(payload) == _could_not_decode("br")
+    for broken in (RAW, brotli.compress(RAW)[:-3]):
+        status, payload = await _post(http, broken, "br")
+        assert status == 400 and _invalid_request(payload) == _could_not_decode("br")
+    bomb = brotli.compress(json.dumps({**BODY, "padding": "x" * (33 * MIB)}).encode())
+    assert len(bomb) < MIB
+    assert await _post(http, bomb, "br") == (413, TOO_LARGE)
 
 
 async def test_zstd_bodies_are_decoded(
     http: aiohttp.ClientSession,
 ) -> None:
-    """``zstd`` is decoded (backports.zstd below Python 3.14, a dependency of the project)."""
+    """``zstd`` is decoded (backports.zstd below Python 3.14, a dependency of the project), frame
+    after frame; plain or truncated bytes labelled ``zstd`` are refused, and a stream inflating
+    past 32 MiB is the 413."""
     try:
         from compression import zstd  # type: ignore[import-not-found]
     except ImportError:
         from backports import zstd  # type: ignore[import-not-found,no-redef]
-    status, _ = await _post(http, zstd.compress(RAW), "zstd")
-    assert status == 200
-    status, payload = await _post(http, RAW, "zstd")
-    assert status == 400 and _invalid_request(payload) == _could_not_decode("zstd")
+    for packed in (zstd.compress(RAW), zstd.compress(RAW[:30]) + zstd.compress(RAW[30:])):
+        status, _ = await _post(http, packed, "zstd")
+        assert status == 200
+    for broken in (RAW, zstd.compress(RAW)[:-3]):
+        status, payload = await _post(http, broken, "zstd")
+        assert status == 400 and _invalid_request(payload) == _could_not_decode("zstd")
+    bomb = zstd.compress(json.dumps({**BODY, "padding": "x" * (33 * MIB)}).encode())
+    assert len(bomb) < MIB
+    assert await _post(http, bomb, "zstd") == (413, TOO_LARGE)
 
 
 async def test_an_empty_gzip_body_is_an_empty_body(http: aiohttp.ClientSession) -> None:
     """A gzip stream of nothing decodes to an empty body: a JSON object is required."""
     status, payload = await _post(http, gzip.compress(b""), "gzip")
     assert status == 400 and _invalid_request(payload) == "body: a JSON object is required"
-
-
-TOO_LARGE = {"error": {"type": "request_too_large", "message": "Request exceeds the maximum size"}}
 
 
 async def test_a_body_over_32_mib_is_413_request_too_large(
