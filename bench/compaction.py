@@ -19,6 +19,7 @@ from typing import Any
 from compactor import (
     CachingCounter,
     Chars4Counter,
+    CompactionOptions,
     TiktokenCounter,
     compact_context,
     estimate_tokens,
@@ -82,12 +83,14 @@ def run(counter_name: str, repeat: int) -> None:
             fresh = json.loads(json.dumps(history))  # a request parses anew: no cached str hashes
             start = time.perf_counter()
             result = compact_context(fresh, None, policy=policy, counter=counter,
-                                     summarizer=lambda s: "summary", copy=False)
+                                     summarizer=lambda s: "summary",
+                                     options=CompactionOptions(copy=False))
             colds.append((time.perf_counter() - start) * 1000)
             grown = json.loads(json.dumps(grow(history)))
             start = time.perf_counter()
             compact_context(grown, None, policy=policy, counter=counter,
-                            summarizer=lambda s: "summary", copy=False)
+                            summarizer=lambda s: "summary",
+                                     options=CompactionOptions(copy=False))
             warms.append((time.perf_counter() - start) * 1000)
             layers = result.layers_applied
         print(f"{label:>9} {len(history):>9} {tokens:>9} {statistics.median(colds):>8.1f} "

@@ -10,12 +10,14 @@ proxy uses and :class:`MessageShapeError` (the one exception a caller answers wi
 from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
 from ._pipeline import (
     CompactionCheckpoint,
+    CompactionOptions,
     CompactionResult,
     LayerOutcome,
     SummaryRequest,
     compact_context,
     compact_context_async,
     compact_if_needed,
+    summary_cache_key,
 )
 from ._pointers import (
     ArtifactPointer,
@@ -48,6 +50,7 @@ __all__ = [
     "CachingCounter",
     "Chars4Counter",
     "CompactionCheckpoint",
+    "CompactionOptions",
     "CompactionResult",
     "DurableContextState",
     "DurableFact",
@@ -79,6 +82,7 @@ __all__ = [
     "parse_source_pointer",
     "render_durable_context",
     "resolve_durable_sources",
+    "summary_cache_key",
     "session_id_problem",
     "validate_tool_protocol",
 ]

@@ -10,9 +10,13 @@ bytes, so the provider's prompt cache keeps hitting on later requests.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from policies import CompactionPolicy
+
 from ._blocks import CLIENT_RESULT, UNCUTTABLE, Message
+from ._protocol import Interaction
 from ._view import View
 
 __all__: list[str] = []
@@ -104,8 +108,11 @@ def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict
     return {**block, "content": new_content}
 
 
-def truncate_tool_results(view: View, max_tool_result_tokens: int) -> tuple[View, int]:
-    """L1: the view with every oversized tool result truncated, and how many were cut."""
+def truncate_tool_results(view: View, interactions: Mapping[str, Interaction],
+                          policy: CompactionPolicy) -> tuple[View, int]:
+    """L1: the view with every tool result over ``policy.max_tool_result_tokens`` truncated,
+    and how many were cut."""
+    max_tool_result_tokens = policy.max_tool_result_tokens
     changed = 0
     out: list[Message] = []
     for message in view.messages:

@@ -1,17 +1,19 @@
 """L2 — drop file reads that a later read of the same file superseded.
 
 The proxy never sees an agent's private bookkeeping, so a read is recognised from the
-``tool_use`` itself, through the policy's list of read tools (Claude Code's ``Read``, the
-text-editor tool's ``view`` command, a generic ``read_file``). Only successful reads count:
-a failed read neither supersedes nor is superseded. A superseded read goes as a whole
-interaction — its use and its result together.
+``tool_use`` itself, through the policy's list of read tools (``ReadToolSpec``: Claude Code's
+``Read``, the text-editor tool's ``view`` command, a generic ``read_file``). Only successful
+reads count: a failed read neither supersedes nor is superseded. A superseded read goes as a
+whole interaction — its use and its result together.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from policies import CompactionPolicy, ReadToolSpec
 
 from ._protocol import Interaction
 from ._turns import protected_indices
@@ -20,16 +22,8 @@ from ._view import View, drop_pairs
 __all__: list[str] = []
 
 
-class ReadTool(Protocol):
-    """What L2 needs of ``policies.ReadToolSpec``."""
-
-    name: str
-    path_field: str
-    range_fields: tuple[str, ...]
-    command: str | None
-
-
-def read_key(interaction: Interaction, read_tools: Iterable[ReadTool]) -> tuple[str, ...] | None:
+def read_key(interaction: Interaction,
+             read_tools: Iterable[ReadToolSpec]) -> tuple[str, ...] | None:
     """What file (and which part of it) a successful read reads, or None if it is no read."""
     if interaction.kind != "client" or interaction.is_error or interaction.result_index is None:
         return None
@@ -49,8 +43,8 @@ def read_key(interaction: Interaction, read_tools: Iterable[ReadTool]) -> tuple[
     return None
 
 
-def drop_superseded_reads(view: View, interactions: dict[str, Interaction],
-                          read_tools: Iterable[ReadTool]) -> tuple[View, int]:
+def drop_superseded_reads(view: View, interactions: Mapping[str, Interaction],
+                          policy: CompactionPolicy) -> tuple[View, int]:
     """L2: the view without superseded reads, and how many interactions were dropped.
 
     A read is superseded when a read with the same key sits in a *later* assistant message;
@@ -58,7 +52,7 @@ def drop_superseded_reads(view: View, interactions: dict[str, Interaction],
     edited. A read in the opener of the turn in progress stays (see ``_turns``): dropping it
     could leave that message only its thinking, and then remove it.
     """
-    specs = tuple(read_tools)
+    specs = policy.read_tools
     protected = protected_indices(view.messages)
     latest: dict[tuple[str, ...], int] = {}
     keyed: list[tuple[str, tuple[str, ...], int]] = []

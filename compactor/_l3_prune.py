@@ -10,6 +10,10 @@ cut (its use dropped, its result kept) is removed whole, and a message left empt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from policies import CompactionPolicy
+
 from ._blocks import DROPPABLE_ROLES, first_user_index
 from ._l4_summary import holds_summary, recent_start
 from ._protocol import Interaction
@@ -19,7 +23,7 @@ from ._view import View, drop_pairs, tidy
 __all__: list[str] = []
 
 
-def _kept_anyway(view: View, interactions: dict[str, Interaction]) -> set[int]:
+def _kept_anyway(view: View, interactions: Mapping[str, Interaction]) -> set[int]:
     """Messages L3 never drops besides the head and the tail."""
     messages = view.messages
     kept = set(protected_indices(messages))
@@ -31,15 +35,16 @@ def _kept_anyway(view: View, interactions: dict[str, Interaction]) -> set[int]:
     return kept
 
 
-def prune_old_messages(view: View, interactions: dict[str, Interaction],
-                       keep_recent: int) -> tuple[View, int]:
-    """L3: the view without the old middle, and how many messages were dropped."""
+def prune_old_messages(view: View, interactions: Mapping[str, Interaction],
+                       policy: CompactionPolicy) -> tuple[View, int]:
+    """L3: the view without the old middle (all but ``policy.keep_recent_messages``), and how
+    many messages were dropped."""
     messages = view.messages
     first = first_user_index(messages)
     if first is None:
         return view, 0
     # The last message is the turn being answered: it always stays.
-    tail_start = recent_start(messages, interactions, first, keep_recent)
+    tail_start = recent_start(messages, interactions, first, policy.keep_recent_messages)
     kept_anyway = _kept_anyway(view, interactions)
     dropped = {i for i in range(first + 1, tail_start)
                if messages[i].get("role") in DROPPABLE_ROLES and i not in kept_anyway}

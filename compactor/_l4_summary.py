@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,16 @@ from ._protocol import Interaction
 from ._turns import protected_opening
 from ._view import View
 
-__all__ = ["SummaryRequest"]
+__all__ = ["SummaryRequest", "summary_cache_key"]
 
 SUMMARY_TAG = "compact-proxy-summary"
 _SUMMARY_OPEN = f"<{SUMMARY_TAG} "
+
+
+def summary_cache_key(messages_json: str) -> str:
+    """The key to cache a summary of ``messages_json`` by: its sha256 hex (the same span, the
+    same key, in every process)."""
+    return hashlib.sha256(messages_json.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,7 @@ def _summary_input(middle: list[Message]) -> str:
     return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
 
 
-def recent_start(messages: list[Message], interactions: dict[str, Interaction], first: int,
+def recent_start(messages: list[Message], interactions: Mapping[str, Interaction], first: int,
                 keep_recent: int) -> int:
     """Where the kept recent turns start: ``keep_recent`` from the end, moved back until no
     interaction is split by it, so the kept turns start with a complete exchange."""
@@ -122,7 +129,7 @@ def recent_start(messages: list[Message], interactions: dict[str, Interaction], 
     return tail_start
 
 
-def plan_summary(view: View, interactions: dict[str, Interaction],
+def plan_summary(view: View, interactions: Mapping[str, Interaction],
                  keep_recent: int) -> SummaryPlan | None:
     """Decide the span to summarise, or None when there is nothing worth summarising.
 
@@ -155,7 +162,7 @@ def plan_summary(view: View, interactions: dict[str, Interaction],
     payload = _summary_input(middle)
     request = SummaryRequest(
         messages_json=payload,
-        cache_key=hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest(),
+        cache_key=summary_cache_key(payload),
         message_count=len(middle),
     )
     return SummaryPlan(head, middle, others + messages[tail_start:], request, attach)

@@ -23,10 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._blocks import Message
-from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_control
+from policies import CompactionPolicy
 
-__all__ = ["CompactionCheckpoint"]
+from ._blocks import Message
+from ._errors import ToolProtocolError
+from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_control
+from ._l1_truncate import truncate_tool_results
+from ._markers import reapply_markers
+from ._protocol import Interaction, validate_tool_protocol
+from ._view import View
+
+__all__ = ["CompactionCheckpoint"]  # reuse_checkpoint and policy_key are the pipeline's
 
 CHECKPOINT_FORMAT = 1
 
@@ -127,6 +134,7 @@ class CompactionCheckpoint:
 POLICY_KEY_FORMAT = 2
 
 
+@functools.lru_cache(maxsize=256)
 def policy_key(policy: Any) -> str:
     """A short stable key of the whole policy (a checkpoint is valid for this policy only).
 
@@ -163,3 +171,42 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in value.items()}
     raise TypeError(f"policy_key: no canonical form for a {type(value).__name__} value")
+
+
+def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy,
+                     key: str) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
+    """The view of ``raw`` that starts with ``checkpoint``'s compacted prefix, its interaction
+    map and the checkpoint (with this process's fingerprints); None when the checkpoint was
+    made under another policy or ``raw`` does not extend the history it covers.
+
+    The new messages follow the prefix with their oversized tool results cut, as L1 always
+    would; the client's cache markers go back on the prefix (see ``_markers``). The covered
+    prefix was validated when the checkpoint was made, but the view the provider will get is
+    validated now.
+    """
+    messages, prints = raw.messages, raw.prints
+    if checkpoint.policy_key != key or not checkpoint.matches(messages, prints):
+        return None
+    # Read back from the store (a restart), it matched by its stable digests: give it this
+    # process's fingerprints, so later requests match by those alone.
+    checkpoint = checkpoint.with_fingerprints(prints[: checkpoint.covered])
+    fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], raw.counter), {},
+                                     policy)
+    prefix = reapply_markers(checkpoint.view, checkpoint.view_prints, messages, prints,
+                             checkpoint.covered)
+    view = raw.derive([*prefix, *fresh.messages])
+    return view, _validate_extension(view.messages, len(prefix), checkpoint.covered), checkpoint
+
+
+def _validate_extension(view: list[Message], prefix_len: int,
+                        covered: int) -> dict[str, Interaction]:
+    """Validate a reused prefix plus new messages, naming errors by their index in the
+    client's own history."""
+    try:
+        return validate_tool_protocol(view)
+    except ToolProtocolError as error:
+        index = error.message_index
+        if index >= prefix_len:
+            index = index - prefix_len + covered
+        raise ToolProtocolError(error.kind, error.tool_use_id, index, error.detail) from None
+

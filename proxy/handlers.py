@@ -135,9 +135,9 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
             policy=policy,
             summarizer=_summarizer(request, policy, may_call_model),
             counter=app[COUNTER],
-            reserved_tokens=_reserved_tokens(app, body, durable.text),
-            checkpoint=checkpoint,
-            sticky=sticky,
+            options=compactor.CompactionOptions(
+                reserved_tokens=_reserved_tokens(app, body, durable.text),
+                sticky=sticky, checkpoint=checkpoint, copy=False),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.

@@ -16,8 +16,18 @@ from compactor._view import View
 from policies import DEFAULT_READ_TOOLS, CompactionPolicy
 from proxy.fake_upstream.rules import check_messages_request
 
-from .builders import (assistant, exchange, read_call, server_pair, system_message, text,
-                       thinking, tool_result, tool_use, user)
+from .builders import (
+    assistant,
+    exchange,
+    read_call,
+    server_pair,
+    system_message,
+    text,
+    thinking,
+    tool_result,
+    tool_use,
+    user,
+)
 
 
 def _view(messages: list) -> View:
@@ -33,11 +43,16 @@ def _valid(messages: list, *, thinking_on: bool = False) -> None:
 
 # -- L1 ---------------------------------------------------------------------------------------
 
+def _l1(view: View, max_tool_result_tokens: int) -> tuple[View, int]:
+    return truncate_tool_results(view, {}, CompactionPolicy(
+        max_tool_result_tokens=max_tool_result_tokens))
+
+
 def test_l1_keeps_a_head_and_a_larger_tail_and_states_the_original_size() -> None:
     """An oversized result keeps its start and end, with a marker giving the original size."""
     log = "".join(f"line {n:05d}\n" for n in range(5_000))  # 55,000 characters
     messages = [user("go"), *exchange("t1", log)]
-    view, changed = truncate_tool_results(_view(messages), 500)
+    view, changed = _l1(_view(messages), 500)
     result = view.messages[2]["content"][0]["content"]
     assert changed == 1
     assert result.startswith("line 00000\n") and result.endswith("line 04999\n")
@@ -50,7 +65,7 @@ def test_l1_keeps_a_head_and_a_larger_tail_and_states_the_original_size() -> Non
 def test_l1_leaves_results_within_the_budget_untouched() -> None:
     """A result under max_tool_result_tokens is the very same object afterwards."""
     messages = [user("go"), *exchange("t1", "short output")]
-    view, changed = truncate_tool_results(_view(messages), 500)
+    view, changed = _l1(_view(messages), 500)
     assert changed == 0 and view.messages[2] is messages[2]
 
 
@@ -62,7 +77,7 @@ def test_l1_never_cuts_inside_images_or_documents() -> None:
                                                 "data": "d" * 40_000}}
     content = [text("x" * 40_000), image, document]
     messages = [user("go"), assistant(tool_use("t1")), user(tool_result("t1", content))]
-    view, _ = truncate_tool_results(_view(messages), 500)
+    view, _ = _l1(_view(messages), 500)
     new_content = view.messages[2]["content"][0]["content"]
     assert new_content[1] == image and new_content[2] == document
     assert len(new_content[0]["text"]) < 5_000
@@ -71,10 +86,10 @@ def test_l1_never_cuts_inside_images_or_documents() -> None:
 def test_l1_is_deterministic_and_idempotent() -> None:
     """The same block truncates to the same bytes, and truncating again changes nothing."""
     messages = [user("go"), *exchange("t1", "z" * 30_000 + "\n" + "y" * 30_000)]
-    once, _ = truncate_tool_results(_view(messages), 400)
-    again, _ = truncate_tool_results(_view(copy.deepcopy(messages)), 400)
+    once, _ = _l1(_view(messages), 400)
+    again, _ = _l1(_view(copy.deepcopy(messages)), 400)
     assert once.messages == again.messages
-    twice, changed = truncate_tool_results(once, 400)
+    twice, changed = _l1(once, 400)
     assert changed == 0 and twice.messages == once.messages
 
 
@@ -90,7 +105,7 @@ def _reads(*calls: tuple[str, dict, str, bool]) -> list:
 
 def _l2(messages: list) -> tuple[View, int]:
     return drop_superseded_reads(_view(messages), validate_tool_protocol(messages),
-                                 DEFAULT_READ_TOOLS)
+                                 CompactionPolicy(read_tools=DEFAULT_READ_TOOLS))
 
 
 def test_l2_drops_an_earlier_read_of_the_same_file_as_a_whole_interaction() -> None:
@@ -178,7 +193,8 @@ def test_l2_keeps_the_read_in_the_opener_of_the_turn_in_progress() -> None:
 # -- L3 ---------------------------------------------------------------------------------------
 
 def _l3(messages: list, keep: int) -> tuple[View, int]:
-    return prune_old_messages(_view(messages), validate_tool_protocol(messages), keep)
+    return prune_old_messages(_view(messages), validate_tool_protocol(messages),
+                              CompactionPolicy(keep_recent_messages=keep))
 
 
 def test_l3_keeps_the_first_user_message_and_the_recent_window() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from compactor import CompactionCheckpoint, compact_context
+from compactor import CompactionCheckpoint, CompactionOptions, compact_context
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import cache_control_count, check_messages_request
 
@@ -45,7 +45,8 @@ def _marked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _send(messages: list[dict[str, Any]], checkpoint: CompactionCheckpoint | None = None):
-    result = compact_context(messages, None, policy=POLICY, checkpoint=checkpoint, sticky=True,
+    result = compact_context(messages, None, policy=POLICY,
+                             options=CompactionOptions(checkpoint=checkpoint, sticky=True),
                              summarizer=lambda payload: "the summary")
     check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
     return result
@@ -130,11 +131,12 @@ def test_a_marked_block_inside_an_edited_assistant_message() -> None:
     policy = CompactionPolicy(soft_threshold_tokens=2_500, hard_limit_tokens=50_000,
                               max_tool_result_tokens=10**6, keep_recent_messages=40,
                               summary_keep_recent=4)
-    first = compact_context(messages, None, policy=policy, sticky=True)
+    first = compact_context(messages, None, policy=policy,
+                            options=CompactionOptions(sticky=True))
     assert first.layers_applied == ("L2",)
     assert first.messages[1]["content"][0] == {"type": "text", "text": "Reading both.",
                                                "cache_control": MARK}
-    retry = compact_context(copy.deepcopy(messages), None, policy=policy, sticky=True,
-                            checkpoint=first.checkpoint)
+    retry = compact_context(copy.deepcopy(messages), None, policy=policy,
+                            options=CompactionOptions(sticky=True, checkpoint=first.checkpoint))
     assert retry.reused_checkpoint
     assert _bytes(retry.messages) == _bytes(first.messages)

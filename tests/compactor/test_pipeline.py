@@ -6,9 +6,20 @@ import copy
 
 import pytest
 
-from compactor import (CachingCounter, Chars4Counter, MessageViewLimitExceeded, SummaryRequest,
-                       TiktokenCounter, ToolProtocolError, compact_context, compact_context_async,
-                       compact_if_needed, estimate_tokens)
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    CompactionOptions,
+    MessageViewLimitExceeded,
+    SummaryRequest,
+    TiktokenCounter,
+    ToolProtocolError,
+    compact_context,
+    compact_context_async,
+    compact_if_needed,
+    estimate_tokens,
+    summary_cache_key,
+)
 from policies import CompactionPolicy
 
 from .builders import assistant, exchange, tool_use, user
@@ -87,7 +98,7 @@ def test_reserved_tokens_count_toward_the_thresholds() -> None:
     size = estimate_tokens(messages, Chars4Counter())  # the pipeline's default count
     assert compact_context(messages, None, policy=_policy(size + 10)).layers_applied == ()
     pushed = compact_context(messages, None, policy=_policy(size + 10, max_tool_result_tokens=500),
-                             reserved_tokens=20)
+                             options=CompactionOptions(reserved_tokens=20))
     assert pushed.layers_applied == ("L1",) and pushed.tokens_before == size + 20
 
 
@@ -115,11 +126,12 @@ def test_an_already_compact_view_is_left_as_it_is() -> None:
 
 
 async def test_the_async_driver_awaits_the_summariser_with_the_request() -> None:
-    """compact_context_async hands the summariser a SummaryRequest with a cache key."""
-    seen: list[SummaryRequest] = []
+    """compact_context_async hands the summariser the same JSON span as the sync driver; its
+    cache key is summary_cache_key of it, the result's SummaryRequest says the same."""
+    seen: list[str] = []
 
-    async def summarise(request: SummaryRequest) -> str:
-        seen.append(request)
+    async def summarise(messages_json: str) -> str:
+        seen.append(messages_json)
         return "async summary"
 
     messages = [user("go")]
@@ -128,10 +140,13 @@ async def test_the_async_driver_awaits_the_summariser_with_the_request() -> None
     result = await compact_context_async(messages, None, policy=_policy(500, summary_keep_recent=2),
                                          summarizer=summarise)
     assert result.layers_applied[-1] == "L4" and len(seen) == 1
-    assert len(seen[0].cache_key) == 64 and seen[0].message_count == len(messages) - 3
+    request: SummaryRequest | None = result.summary_request
+    assert request is not None and request.messages_json == seen[0]
+    assert len(request.cache_key) == 64 and request.message_count == len(messages) - 3
+    assert summary_cache_key(seen[0]) == request.cache_key
     again = await compact_context_async(messages, None, policy=_policy(500, summary_keep_recent=2),
                                         summarizer=summarise)
-    assert seen[1].cache_key == seen[0].cache_key and again.messages == result.messages
+    assert summary_cache_key(seen[1]) == request.cache_key and again.messages == result.messages
 
 
 def test_a_shared_caching_counter_counts_each_block_once_across_calls() -> None:

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, compact_context
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    CompactionCheckpoint,
+    CompactionOptions,
+    compact_context,
+)
 from compactor._sticky import policy_key
 from policies import DEFAULT_READ_TOOLS, CompactionPolicy, ReadToolSpec
 
@@ -107,8 +113,8 @@ def _turn(messages: list[Any], n: int) -> list[Any]:
 def _send(messages: list[Any], policy: CompactionPolicy,
           checkpoint: CompactionCheckpoint | None) -> Any:
     return compact_context(messages, None, policy=policy, counter=CachingCounter(Chars4Counter()),
-                           summarizer=lambda payload: "a summary", checkpoint=checkpoint,
-                           sticky=True)
+                           summarizer=lambda payload: "a summary",
+                           options=CompactionOptions(checkpoint=checkpoint, sticky=True))
 
 
 def _compacted_session() -> tuple[list[Any], CompactionCheckpoint, int]:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from compactor import (
     Chars4Counter,
+    CompactionOptions,
     CompactionResult,
     DurableContextState,
     DurableFact,
@@ -230,7 +231,7 @@ def test_compacted_view_keeps_every_spec_invariant(scenario: Scenario) -> None:
 def test_compaction_never_mutates_the_input(scenario: Scenario, deep_copy: bool) -> None:
     """The caller's messages are equal to a deep copy taken before, with or without copy=."""
     before = copy.deepcopy(scenario.messages)
-    run_or_limit(scenario, copy=deep_copy)
+    run_or_limit(scenario, options=CompactionOptions(copy=deep_copy))
     assert scenario.messages == before
 
 
@@ -294,7 +295,7 @@ def test_first_user_message_and_durable_state_come_out_identical(scenario: Scena
     copied = scenario.run()
     assert copied.durable_state is STATE
     assert first_user(copied.messages) == first_user(scenario.messages)
-    shared = scenario.run(copy=False)
+    shared = scenario.run(options=CompactionOptions(copy=False))
     assert shared.durable_state is STATE
     assert first_user(shared.messages) is first_user(scenario.messages)
 

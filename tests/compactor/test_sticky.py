@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import copy
 
-from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, compact_context
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    CompactionCheckpoint,
+    CompactionOptions,
+    compact_context,
+)
 from compactor._fingerprint import strip_cache_control
 from compactor._l4_summary import is_summary_message
 from policies import CompactionPolicy
@@ -37,8 +43,9 @@ class Session:
 
     def send(self, messages: list):
         result = compact_context(messages, None, policy=self.policy, counter=self.counter,
-                                 summarizer=self.summarise, checkpoint=self.checkpoint,
-                                 sticky=True)
+                                 summarizer=self.summarise,
+                                 options=CompactionOptions(checkpoint=self.checkpoint,
+                                                           sticky=True))
         check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
         self.checkpoint = result.checkpoint
         return result

@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, compact_context
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    CompactionCheckpoint,
+    CompactionOptions,
+    compact_context,
+)
 from compactor._fingerprint import strip_cache_control
 from policies import CompactionPolicy
 
@@ -35,7 +41,8 @@ def test_every_request_of_a_sticky_session_is_a_valid_view(
     checkpoint: CompactionCheckpoint | None = None
     for request in _requests(history):
         result = compact_context(request, STATE, policy=policy, summarizer=summarizer,
-                                 counter=counter, checkpoint=checkpoint, sticky=True)
+                                 counter=counter,
+                                 options=CompactionOptions(checkpoint=checkpoint, sticky=True))
         assert_valid_view(request, result, counter=Chars4Counter())
         assert result.durable_state is STATE
         if result.reused_checkpoint and result.checkpoint is checkpoint:

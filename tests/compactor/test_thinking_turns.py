@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compactor import (
+    CompactionOptions,
     DurableContextState,
     DurableFact,
     SourceResolution,
@@ -150,11 +151,12 @@ def test_the_next_summary_of_the_same_loop_starts_from_the_attached_one() -> Non
         seen.append(messages_json)
         return f"Summary number {len(seen)}."
 
-    first = compact_context(messages, policy=policy, summarizer=summarise, sticky=True)
+    first = compact_context(messages, policy=policy, summarizer=summarise,
+                            options=CompactionOptions(sticky=True))
     longer = _claude_p_loop(45)  # the same loop, fifteen steps on
     assert longer[: len(messages)] == messages
-    second = compact_context(longer, policy=policy, summarizer=summarise, sticky=True,
-                             checkpoint=first.checkpoint)
+    second = compact_context(longer, policy=policy, summarizer=summarise,
+                             options=CompactionOptions(sticky=True, checkpoint=first.checkpoint))
     assert len(seen) == 2 and "Summary number 1." in seen[1]
     summaries = [b for m in second.messages for b in m["content"] if isinstance(b, dict)
                  and str(b.get("text", "")).startswith("<compact-proxy-summary ")]
@@ -253,6 +255,6 @@ def test_an_agents_sequence_of_requests_is_accepted_at_every_step(
         if messages[end - 1]["role"] != "user":
             continue
         result = compact_context(messages[:end], STATE, policy=policy, summarizer=_summary,
-                                 sticky=True, checkpoint=checkpoint)
+                                 options=CompactionOptions(sticky=True, checkpoint=checkpoint))
         _accepted(session, result.messages)
         checkpoint = result.checkpoint or checkpoint
