@@ -83,8 +83,8 @@ def _find_from_end(prints: Sequence[int], value: int, nth: int) -> int | None:
     return None
 
 
-def reapply_markers(view: list[Message], view_prints: Sequence[int], raw: list[Message],
-                    raw_prints: Sequence[int], covered: int) -> list[Message]:
+def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: list[Message],
+                    raw_fingerprints: Sequence[int], covered: int) -> list[Message]:
     """``view`` (the compacted form of ``raw[:covered]``, without markers) with the markers
     those raw messages carry on the blocks that survived; ``view`` itself when they carry
     none."""
@@ -94,7 +94,8 @@ def reapply_markers(view: list[Message], view_prints: Sequence[int], raw: list[M
     out = list(view)
     edited: list[int] = []
     for i in marked:
-        j = _find_from_end(view_prints, raw_prints[i], _nth_from_end(raw_prints[:covered], i))
+        nth = _nth_from_end(raw_fingerprints[:covered], i)
+        j = _find_from_end(view_fingerprints, raw_fingerprints[i], nth)
         if j is not None:
             out[j] = raw[i]  # unchanged: the client's own message, markers where it put them
         else:

@@ -254,7 +254,7 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     new_checkpoint = checkpoint if reused is not None else None
     if options.sticky and layers and view.messages is not messages:
         new_checkpoint = CompactionCheckpoint.build(messages, view.messages, key,
-                                                    tuple(sorted(layers)), raw.prints)
+                                                    tuple(sorted(layers)), raw.fingerprints)
     return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
                    summary_request, new_checkpoint, reused=reused is not None)
 

@@ -73,7 +73,7 @@ class CompactionCheckpoint:
                    prints, PROCESS_SALT)
 
     @functools.cached_property
-    def view_prints(self) -> list[int]:
+    def view_fingerprints(self) -> list[int]:
         """This process's fingerprints of :attr:`view` (made once per checkpoint object)."""
         return [fingerprint(m) for m in self.view]
 
@@ -184,7 +184,7 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     prefix was validated when the checkpoint was made, but the view the provider will get is
     validated now.
     """
-    messages, prints = raw.messages, raw.prints
+    messages, prints = raw.messages, raw.fingerprints
     if checkpoint.policy_key != key or not checkpoint.matches(messages, prints):
         return None
     # Read back from the store (a restart), it matched by its stable digests: give it this
@@ -192,7 +192,7 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     checkpoint = checkpoint.with_fingerprints(prints[: checkpoint.covered])
     fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], raw.counter), {},
                                      policy)
-    prefix = reapply_markers(checkpoint.view, checkpoint.view_prints, messages, prints,
+    prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              checkpoint.covered)
     view = raw.derive([*prefix, *fresh.messages])
     return view, _validate_extension(view.messages, len(prefix), checkpoint.covered), checkpoint

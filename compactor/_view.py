@@ -31,18 +31,19 @@ class View:
     """``messages`` with a fingerprint and a token count per message, and the tokens reserved
     outside them. Both are computed once per message object."""
 
-    __slots__ = ("messages", "prints", "tokens", "counter", "reserved")
+    __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved")
 
     def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
-                 prints: list[int] | None = None, tokens: list[int] | None = None) -> None:
+                 fingerprints: list[int] | None = None, tokens: list[int] | None = None) -> None:
         self.messages = messages
         self.counter = counter
         self.reserved = reserved
-        self.prints = prints if prints is not None else [fingerprint(m) for m in messages]
+        self.fingerprints = (fingerprints if fingerprints is not None
+                             else [fingerprint(m) for m in messages])
         if tokens is None:
-            counter.prefetch(messages, self.prints)
+            counter.prefetch(messages, self.fingerprints)
         self.tokens = tokens if tokens is not None else [
-            counter.count_message(m, p) for m, p in zip(messages, self.prints, strict=True)]
+            counter.count_message(m, p) for m, p in zip(messages, self.fingerprints, strict=True)]
 
     def total(self) -> int:
         """Tokens of the whole view, reserved tokens included."""
@@ -50,9 +51,10 @@ class View:
 
     def derive(self, messages: list[Message]) -> View:
         """A new view over ``messages``; counts of messages kept from this view are reused."""
-        known = {id(m): (p, t) for m, p, t in zip(self.messages, self.prints, self.tokens,
+        known = {id(m): (p, t) for m, p, t in zip(self.messages, self.fingerprints, self.tokens,
                                                            strict=True)}
-        prints, tokens = [], []
+        prints: list[int] = []
+        tokens: list[int] = []
         for message in messages:
             found = known.get(id(message))
             if found is None:
