@@ -46,10 +46,11 @@ import os
 import re
 import stat
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+from cachetools import LRUCache
 
 from ._pointers import (
     ArtifactPointer,
@@ -167,8 +168,9 @@ class SourcePointerResolver:
         self._authorize = authorize
         self._chunk_size = chunk_size
         self._max_line_bytes = max_line_bytes
-        self._cache_entries = cache_entries
-        self._cache: OrderedDict[_CacheKey, _Cached] = OrderedDict()
+        # cachetools' LRU is not thread-safe; the resolver runs in worker threads.
+        self._cache: LRUCache[_CacheKey, _Cached] | None = (
+            LRUCache(maxsize=cache_entries) if cache_entries else None)
         self._cache_lock = threading.Lock()
 
     def resolve(self, pointer: str) -> SourceResolution:
@@ -292,22 +294,16 @@ class SourcePointerResolver:
             return digest
 
     def _cache_get(self, key: _CacheKey) -> _Cached | None:
-        if not self._cache_entries:
+        if self._cache is None:
             return None
         with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
+            return self._cache.get(key)
 
     def _cache_put(self, key: _CacheKey, value: _Cached) -> None:
-        if not self._cache_entries:
+        if self._cache is None:
             return
         with self._cache_lock:
             self._cache[key] = value
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_entries:
-                self._cache.popitem(last=False)
 
     def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
         """Yield the file's bytes in chunks from one reused buffer (never the whole file)."""
