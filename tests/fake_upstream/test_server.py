@@ -419,10 +419,11 @@ async def test_fault_close_connection_is_a_connection_error(
 async def test_fault_hang_times_the_client_out_and_counts_it(
     upstream: FakeUpstream, client: anthropic.AsyncAnthropic,
 ) -> None:
-    """hang_before_first_byte sends nothing; a client timeout leaves and is counted."""
+    """hang_before_first_byte sends nothing; a client timeout leaves and is counted (1 s, so the
+    request reaches the server first even on a loaded machine)."""
     upstream.push(Reply.text("late", fault=Fault("hang_before_first_byte", hang_s=30)))
     with pytest.raises(anthropic.APITimeoutError):
-        await client.with_options(timeout=0.3).messages.create(model=MODEL, max_tokens=8,
+        await client.with_options(timeout=1.0).messages.create(model=MODEL, max_tokens=8,
                                                                messages=HELLO)
     await _wait_for(lambda: upstream.cancelled == 1)
 
