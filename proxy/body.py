@@ -25,7 +25,7 @@ from aiohttp import web
 from proxy.errors import RequestRejected
 
 __all__ = ["SUPPORTED_ENCODINGS", "dump_body", "may_hold_lone_surrogates", "parse_body",
-           "read_body", "replace_lone_surrogates"]
+           "parse_json_object", "read_body", "replace_lone_surrogates"]
 
 
 def _too_large(limit: int) -> RequestRejected:
@@ -248,8 +248,9 @@ def _number_parsers() -> tuple[list[_OutOfRange], Callable[[str], Any], Callable
     return found, parse_float, parse_int
 
 
-def _path_of(root: Any, target: object) -> str:
-    """The dotted JSON path (``messages.3.content.1.input.x``) of ``target`` inside ``root``.
+def _path_of(root: Any, target: object, what: str) -> str:
+    """The dotted JSON path (``messages.3.content.1.input.x``) of ``target`` inside ``root``
+    (``what`` when it is the root itself).
 
     Iterative: the parsed body may be as deep as the JSON parser allows.
     """
@@ -257,31 +258,34 @@ def _path_of(root: Any, target: object) -> str:
     while stack:
         value, path = stack.pop()
         if value is target:
-            return ".".join(path) or "request body"
+            return ".".join(path) or what
         if isinstance(value, dict):
             stack.extend((item, (*path, str(key))) for key, item in value.items())
         elif isinstance(value, list):
             stack.extend((item, (*path, str(index))) for index, item in enumerate(value))
-    return "request body"  # pragma: no cover - the target came from this very parse
+    return what  # pragma: no cover - the target came from this very parse
 
 
 def _number_text(text: str) -> str:
     return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object whose ``messages`` is a list of objects.
+def parse_json_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
+    """``raw`` as a JSON object, strictly: UTF-8, RFC 8259 JSON (no ``NaN`` / ``Infinity``,
+    no number that a float or an int cannot hold).
+
+    Args:
+        raw: the body's bytes.
+        what: what the messages call the body (``request body``; the admin API's ``body``).
 
     Raises:
         RequestRejected: 400 ``invalid_request_error`` naming the problem: not UTF-8, not
-            JSON, a number out of range (by its JSON path), not an object, ``messages``
-            missing or not a list, a message not an object, ``system`` neither a string nor
-            a list.
+            JSON, a number out of range (by its JSON path), not an object.
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _invalid(f"request body is not valid UTF-8 (byte {exc.start})", "bad_json") from None
+        raise _invalid(f"{what} is not valid UTF-8 (byte {exc.start})", "bad_json") from None
     out_of_range, parse_float, parse_int = _number_parsers()
     try:
         # NaN / Infinity are not JSON (RFC 8259); Python would accept them and dump_body would
@@ -290,23 +294,33 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float,
                           parse_int=parse_int)
     except _NotJSONConstant as exc:
-        raise _invalid(f"request body is not valid JSON: {exc.name} is not a JSON value",
+        raise _invalid(f"{what} is not valid JSON: {exc.name} is not a JSON value",
                        "bad_json") from None
     except json.JSONDecodeError as exc:
         raise _invalid(
-            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             "bad_json",
         ) from None
     except RecursionError:
-        raise _invalid("request body is not valid JSON: nested too deeply", "bad_json") from None
+        raise _invalid(f"{what} is not valid JSON: nested too deeply", "bad_json") from None
     if out_of_range:
         first = out_of_range[0]
-        raise _invalid(f"{_path_of(body, first)}: number {_number_text(first.text)} "
+        raise _invalid(f"{_path_of(body, first, what)}: number {_number_text(first.text)} "
                        "is out of range", "number_out_of_range")
     if not isinstance(body, dict):
-        raise _invalid(
-            f"request body must be a JSON object, got {_json_type(body)}", "body_not_object"
-        )
+        raise _invalid(f"{what} must be a JSON object, got {_json_type(body)}", "body_not_object")
+    return body
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object whose ``messages`` is a list of objects.
+
+    Raises:
+        RequestRejected: 400 ``invalid_request_error`` naming the problem: anything
+            :func:`parse_json_object` refuses, ``messages`` missing or not a list, a message
+            not an object, ``system`` neither a string nor a list.
+    """
+    body = parse_json_object(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         problem = ("is missing" if "messages" not in body

@@ -45,15 +45,18 @@ class ProxyError(Exception):
         message: the client-facing message (never message text or a credential).
         reason: a short machine name for logs and metrics (``bad_json``, ``body_too_large``...).
         compaction: the optional ``error.compaction`` object.
+        headers: extra response headers (``WWW-Authenticate``, ``ETag``, ``Allow``...).
     """
 
     def __init__(self, status: int, error_type: str, message: str, *, reason: str,
-                 compaction: Mapping[str, Any] | None = None) -> None:
+                 compaction: Mapping[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         self.status = status
         self.error_type = error_type
         self.message = message
         self.reason = reason
         self.compaction = dict(compaction) if compaction is not None else None
+        self.headers = dict(headers) if headers is not None else {}
         super().__init__(message)
 
 
@@ -148,8 +151,8 @@ def _compact_headers(request: web.Request) -> dict[str, str]:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn every proxy-level failure into the documented Anthropic error response.
 
-    ``web.HTTPException`` (used by the admin API for 401/404/409) passes through unchanged;
-    cancellation (the client went away) is never caught.
+    ``web.HTTPException`` (aiohttp's own answers) passes through unchanged; cancellation (the
+    client went away) is never caught.
     """
     try:
         return await handler(request)
@@ -172,7 +175,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         _note_outcome(request, exc.reason)
         _log.warning("upstream_failed", reason=exc.reason, status=exc.status)
         return error_response(exc.status, exc.error_type, exc.message,
-                              compaction=exc.compaction, headers=_compact_headers(request))
+                              compaction=exc.compaction,
+                              headers={**_compact_headers(request), **exc.headers})
     except StoreError as exc:
         _note_outcome(request, "store_error")
         _log.error("store_failed", error_class=type(exc).__name__)
@@ -205,7 +209,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status=error.status,
     )
     return error_response(error.status, error.error_type, error.message,
-                          compaction=error.compaction, headers=_compact_headers(request))
+                          compaction=error.compaction,
+                          headers={**_compact_headers(request), **error.headers})
 
 
 def _note_outcome(request: web.Request, outcome: str) -> None:

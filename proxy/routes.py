@@ -1,7 +1,8 @@
 """Every route of the proxy, in one place and in match order.
 
-The catch-all comes last: ``/admin/...`` (answered by the admin API, or 404 when it is off)
-and the proxy's own routes resolve before anything is forwarded.
+The catch-all comes last: ``/admin`` and everything under it (the admin sub-application:
+the admin API, or 404 when it is off) and the proxy's own routes resolve before anything is
+forwarded.
 """
 
 from __future__ import annotations
@@ -34,5 +35,5 @@ def setup_routes(app: web.Application) -> None:
     router.add_post("/v1/messages/count_tokens", count_tokens_handler, name="count_tokens")
     router.add_get("/healthz", healthz_handler, name="healthz")
     router.add_get("/metrics", metrics_handler, name="metrics")
-    setup_admin(app, app[STORE], app[CONFIG].admin_token())
+    setup_admin(app, app[STORE], app[CONFIG].admin_token())  # mounts the /admin sub-app
     router.add_route("*", "/{tail:.*}", passthrough_handler, name="passthrough")

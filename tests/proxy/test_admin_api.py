@@ -3,6 +3,7 @@ auth, the ETag/If-Match flow, validation errors naming the field, and log hygien
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from yarl import URL
 from compactor import SESSION_ID_RULE, DurableContextState
 from proxy.admin import MAX_ADMIN_BODY_BYTES, setup_admin
 from proxy.store import SQLiteStateStore
+from tests.conftest import ProxyFactory, log_lines_for
 
 TOKEN = "tok-7f3a9c1e5b2d4e6f8a0b"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -500,3 +502,86 @@ async def test_admin_logs_hold_counts_but_no_content_and_no_token(admin: Admin) 
     dumped = json.dumps(logs, default=str)
     for secret in (SECRET_FACT, "rotate the key", TOKEN, "guess"):
         assert secret not in dumped
+
+
+# --- the sub-application's edges ----------------------------------------------------------
+
+
+async def test_only_the_admin_prefix_is_claimed(admin: Admin) -> None:
+    """The sub-app owns /admin and what decodes to a path under it, not /administrator."""
+    status, body, _ = await admin.call("GET", "/administrator")
+    assert (status, body) == (299, {"forwarded": "/administrator"})
+    status, body, _ = await admin.call("GET", "/%61dmin/sessions/sess-1/state")
+    assert status == 401
+    assert_error(body, "authentication_error")
+    status, body, _ = await admin.call("GET", "/admin/", headers=AUTH)
+    assert status == 404
+    assert_error(body, "not_found_error")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [(b'{"retrieval_evidence": [{"score": 1e400}]}', "retrieval_evidence.0.score: number"),
+     (b'{"facts": [], "pending_items": ' + b"9" * 5000 + b"}", "pending_items: number"),
+     (b'{"facts": -Infinity}', "body is not valid JSON: -Infinity")],
+    ids=["float-overflow", "huge-int", "minus-infinity"],
+)
+async def test_numbers_json_cannot_carry_are_400_naming_where(
+    admin: Admin, data: bytes, field: str
+) -> None:
+    """The proxy's strict JSON parser: a number out of range is named by its path."""
+    status, body, _ = await admin.call("PUT", STATE_PATH, headers=AUTH, data=data)
+    assert status == 400
+    assert assert_error(body, "invalid_request_error").startswith(field)
+    assert await admin.store.get_state("sess-1") is None
+
+
+# --- mounted in the proxy -----------------------------------------------------------------
+
+
+async def _send(base_url: str, method: str, path: str, headers: dict[str, str],
+                data: bytes | None = None) -> tuple[int, Any, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, base_url + path, headers=headers, data=data) as resp:
+            raw = await resp.read()
+            return resp.status, json.loads(raw) if raw else None, resp.headers
+
+
+async def test_refusals_under_the_proxy_pass_its_middlewares(
+    proxy_factory: ProxyFactory, proxy_log: Any
+) -> None:
+    """Under the proxy an admin refusal carries the request id and leaves one
+    ``request_blocked`` and one ``request_completed`` (route ``admin``) line; the 401 and the
+    405 keep their headers."""
+    proxy = proxy_factory(admin_token=TOKEN)
+    status, body, headers = await _send(proxy.base_url, "GET", STATE_PATH,
+                                        {"Authorization": "Bearer guess"})
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    assert headers["WWW-Authenticate"] == "Bearer"
+    lines = [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
+             if line["event"] in ("request_blocked", "request_completed")]
+    assert [(line["event"], line["status"]) for line in lines] == [
+        ("request_blocked", 401), ("request_completed", 401)]
+    assert lines[0]["reason"] == "admin_unauthorized"
+    assert (lines[1]["route"], lines[1]["outcome"]) == ("admin", "blocked")
+    status, _, headers = await _send(proxy.base_url, "PATCH", STATE_PATH, AUTH)
+    assert status == 405 and "PUT" in headers["Allow"] and headers["x-compact-request-id"]
+
+
+async def test_compressed_put_bodies_are_decoded_under_the_same_limit(
+    proxy_factory: ProxyFactory
+) -> None:
+    """A gzip PUT body is decoded like a /v1/messages one; one inflating past 1 MiB is 413."""
+    proxy = proxy_factory(admin_token=TOKEN)
+    gzipped = with_auth(Content_Encoding="gzip", Content_Type="application/json")
+    status, body, headers = await _send(proxy.base_url, "PUT", STATE_PATH, gzipped,
+                                        gzip.compress(json.dumps(state_body()).encode()))
+    assert (status, headers["ETag"]) == (201, '"1"')
+    assert body["facts"][0]["content"] == SECRET_FACT
+    bomb = gzip.compress(b'{"facts": "' + b"x" * (MAX_ADMIN_BODY_BYTES + 10) + b'"}')
+    status, body, _ = await _send(proxy.base_url, "PUT", STATE_PATH,
+                                  with_auth(Content_Encoding="gzip", If_Match='"1"'), bomb)
+    assert status == 413
+    assert_error(body, "request_too_large")
+    status, body, _ = await _send(proxy.base_url, "GET", STATE_PATH, AUTH)
+    assert (status, body["version"]) == (200, 1)
