@@ -326,7 +326,10 @@ async def test_a_bug_inside_a_layer_is_a_500_not_the_clients_fault(
     def broken_layer(*args: Any, **kwargs: Any) -> Any:
         raise error_class(f"layer bug while reading {PROMPT_MARKER}")
 
-    monkeypatch.setattr(compactor._pipeline, "truncate_tool_results", broken_layer)
+    first, *rest = compactor._pipeline.LAYERS
+    monkeypatch.setattr(compactor._pipeline, "LAYERS",
+                        (compactor._pipeline.Layer(first.name, broken_layer, first.reshapes),
+                         *rest))
     proxy = proxy_factory(COMPACTING)
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.base_url}/v1/messages", data=out_of_range_body("1"),
