@@ -1,16 +1,57 @@
 """Compaction thresholds and the file-read tool list, per deployment.
 
+The five thresholds are declared once, with their limits, in :class:`Thresholds`; the policy
+(:class:`CompactionPolicy`), the ``compaction`` config section and the per-role overrides of
+``proxy.config`` are all derived from it. Every value here is a frozen pydantic dataclass, so
+a bad value is a :class:`ValueError` (pydantic's ``ValidationError``) naming its field.
+
 Everything in ``__all__`` gets re-exported by ``policies/__init__.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Le
+from pydantic import AfterValidator, ConfigDict, Strict, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 __all__ = ["CompactionPolicy", "ReadToolSpec", "DEFAULT_READ_TOOLS"]
 
+#: How every policy value is validated: an unknown field is an error.
+STRICT = ConfigDict(extra="forbid")
 
-@dataclass(frozen=True)
+#: A number of tokens: an integer of at least 1 (``true`` and ``1.0`` are not integers).
+TokenCount = Annotated[int, Strict(), Ge(1)]
+#: A number of messages: an integer of at least 0.
+MessageCount = Annotated[int, Strict(), Ge(0)]
+#: A fraction in (0, 1].
+Ratio = Annotated[float, Strict(), Gt(0), Le(1)]
+
+
+def invalid(field: str | None, problem: str) -> PydanticCustomError:
+    """The error for a bad ``field`` (``None``: the value as a whole).
+
+    The message starts with the field's name, so the ``ValueError`` alone says what is wrong;
+    ``ctx["field"]`` names the field for a reader that reports the location itself.
+    """
+    message = f"{field} {problem}" if field else problem
+    return PydanticCustomError("invalid", "{message}", {"field": field or "", "message": message})
+
+
+def _not_blank(value: str, info: ValidationInfo) -> str:
+    if not value.strip():
+        raise invalid(info.field_name, "must not be empty")
+    return value
+
+
+#: A string with something in it.
+Text = Annotated[str, Strict(), AfterValidator(_not_blank)]
+
+
+@dataclass(frozen=True, config=STRICT)
 class ReadToolSpec:
     """How to recognise a file read from a ``tool_use`` block.
 
@@ -20,17 +61,10 @@ class ReadToolSpec:
     read: two reads supersede each other only when path and range are equal.
     """
 
-    name: str
-    path_field: str
-    range_fields: tuple[str, ...] = ()
-    command: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("ReadToolSpec.name must not be empty")
-        if not self.path_field:
-            raise ValueError("ReadToolSpec.path_field must not be empty")
-        object.__setattr__(self, "range_fields", tuple(self.range_fields))
+    name: Text
+    path_field: Text
+    range_fields: tuple[Text, ...] = ()
+    command: Text | None = None
 
 
 DEFAULT_READ_TOOLS: tuple[ReadToolSpec, ...] = (
@@ -44,17 +78,47 @@ DEFAULT_READ_TOOLS: tuple[ReadToolSpec, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CompactionPolicy:
-    """The thresholds one role compacts with; names follow the ``compaction`` config keys.
+@dataclass(frozen=True, config=STRICT)
+class Thresholds:
+    """The five compaction thresholds, their limits and defaults (SPEC §3 ``compaction``).
 
     Args:
         soft_threshold_tokens: compaction starts at or above this many tokens and stops as
-            soon as the view is below it.
+            soon as the view is below it; always below ``hard_limit_tokens``.
         hard_limit_tokens: a view still at or above this after every layer is rejected.
         max_tool_result_tokens: L1 truncates tool results larger than this.
         keep_recent_messages: L3 keeps this many most recent messages verbatim.
         summary_keep_recent: L4 keeps this many most recent messages verbatim.
+    """
+
+    soft_threshold_tokens: TokenCount = 80_000
+    hard_limit_tokens: TokenCount = 120_000
+    max_tool_result_tokens: TokenCount = 5_000
+    keep_recent_messages: MessageCount = 6
+    summary_keep_recent: MessageCount = 4
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> Thresholds:
+        soft, hard = self.soft_threshold_tokens, self.hard_limit_tokens
+        if soft >= hard:
+            raise PydanticCustomError(
+                "soft_not_below_hard",
+                "{soft_field} must be below {hard_field} ({soft} >= {hard})",
+                {"soft_field": "soft_threshold_tokens", "hard_field": "hard_limit_tokens",
+                 "soft": soft, "hard": hard},
+            )
+        return self
+
+
+#: The names of the five thresholds, in declaration order.
+THRESHOLD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Thresholds))
+
+
+@dataclass(frozen=True, config=STRICT)
+class CompactionPolicy(Thresholds):
+    """The thresholds one role compacts with (see :class:`Thresholds`), and:
+
+    Args:
         read_tools: the tools L2 recognises as file reads.
         summary_enabled: whether L4 may run at all.
         compact_to_ratio: in sticky mode a compaction, once started, goes on until the view
@@ -62,30 +126,6 @@ class CompactionPolicy:
             the next cache miss) is far away — the provider's "clear at least" idea.
     """
 
-    soft_threshold_tokens: int = 80_000
-    hard_limit_tokens: int = 120_000
-    max_tool_result_tokens: int = 5_000
-    keep_recent_messages: int = 6
-    summary_keep_recent: int = 4
-    read_tools: tuple[ReadToolSpec, ...] = field(default=DEFAULT_READ_TOOLS)
-    summary_enabled: bool = True
-    compact_to_ratio: float = 0.7
-
-    def __post_init__(self) -> None:
-        for name in ("soft_threshold_tokens", "hard_limit_tokens", "max_tool_result_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("keep_recent_messages", "summary_keep_recent"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.soft_threshold_tokens >= self.hard_limit_tokens:
-            raise ValueError(
-                "soft_threshold_tokens must be below hard_limit_tokens "
-                f"({self.soft_threshold_tokens} >= {self.hard_limit_tokens})"
-            )
-        ratio = self.compact_to_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-            raise ValueError(f"compact_to_ratio must be in (0, 1], got {ratio!r}")
-        object.__setattr__(self, "read_tools", tuple(self.read_tools))
+    read_tools: tuple[ReadToolSpec, ...] = DEFAULT_READ_TOOLS
+    summary_enabled: Annotated[bool, Strict()] = True
+    compact_to_ratio: Ratio = 0.7

@@ -22,35 +22,61 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Annotated, Literal, get_args
 
-from ._compaction import CompactionPolicy
+from pydantic import AfterValidator, Strict, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from ._compaction import STRICT, CompactionPolicy, invalid
 
 __all__ = ["ROLE_NAMES", "RoleRule", "RolePolicies"]
 
-ROLE_NAMES: tuple[str, ...] = ("main", "subagent", "summary_recovery")
+#: A role's name.
+Role = Literal["main", "subagent", "summary_recovery"]
+ROLE_NAMES: tuple[Role, ...] = get_args(Role)
 
 # An HTTP header name is an RFC 9110 "token".
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
-def _compile(field_name: str, pattern: str | None) -> re.Pattern[str] | None:
-    if pattern is None:
-        return None
-    if not isinstance(pattern, str):
-        raise ValueError(f"{field_name} must be a string, got {type(pattern).__name__}")
+def _role_name(value: str, info: ValidationInfo) -> str:
+    if value not in ROLE_NAMES:
+        raise invalid(info.field_name, f"must be one of {', '.join(ROLE_NAMES)}, got {value!r}")
+    return value
+
+
+def _header_name(value: str, info: ValidationInfo) -> str:
+    if _HEADER_NAME.fullmatch(value) is None:
+        raise invalid(info.field_name, f"must be an HTTP header name, got {value!r}")
+    # Header names are case-insensitive; keep the lower-case form once.
+    return value.lower()
+
+
+def _regex(value: str, info: ValidationInfo) -> str:
     try:
-        return re.compile(pattern)
+        re.compile(value)
     except re.error as exc:
-        raise ValueError(f"{field_name} is not a valid regular expression: {exc}") from None
+        raise invalid(
+            info.field_name, f"is not a valid regular expression ({exc}): {value!r}"
+        ) from None
+    return value
 
 
-@dataclass(frozen=True)
+RoleName = Annotated[str, Strict(), AfterValidator(_role_name)]
+#: An HTTP header name, stored lower-case.
+HeaderName = Annotated[str, Strict(), AfterValidator(_header_name)]
+#: A regular expression (a string that compiles).
+Regex = Annotated[str, Strict(), AfterValidator(_regex)]
+
+
+@pydantic_dataclass(frozen=True, config=STRICT)
 class RoleRule:
     """One rule mapping a request to a role; it matches when every given condition holds.
 
     Args:
         role: the role (one of :data:`ROLE_NAMES`) a matching request gets.
-        header: the request must carry this header (name compared case-insensitively).
+        header: the request must carry this header (name compared case-insensitively, kept
+            lower-case).
         header_pattern: and the header's value must fully match this regex (needs ``header``).
         model_pattern: the body's ``model`` must fully match this regex (a request without a
             string ``model`` does not match).
@@ -60,35 +86,30 @@ class RoleRule:
             a header name that is not an HTTP token, or a bad regex (the message names the field).
     """
 
-    role: str
-    header: str | None = None
-    header_pattern: str | None = None
-    model_pattern: str | None = None
-    _header_key: str | None = field(init=False, repr=False, compare=False)
+    role: RoleName
+    header: HeaderName | None = None
+    header_pattern: Regex | None = None
+    model_pattern: Regex | None = None
     _header_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     _model_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if self.role not in ROLE_NAMES:
-            raise ValueError(f"role must be one of {', '.join(ROLE_NAMES)}, got {self.role!r}")
+    @model_validator(mode="after")
+    def _conditions(self) -> RoleRule:
         if self.header_pattern is not None and self.header is None:
-            raise ValueError("header_pattern needs header")
+            raise invalid(None, "header_pattern needs header")
         if self.header is None and self.model_pattern is None:
-            raise ValueError("a rule needs at least one condition: header or model_pattern")
-        if self.header is not None and (
-            not isinstance(self.header, str) or not _HEADER_NAME.fullmatch(self.header)
-        ):
-            raise ValueError(f"header must be an HTTP header name, got {self.header!r}")
-        object.__setattr__(
-            self, "_header_key", None if self.header is None else self.header.lower()
-        )
-        object.__setattr__(self, "_header_re", _compile("header_pattern", self.header_pattern))
-        object.__setattr__(self, "_model_re", _compile("model_pattern", self.model_pattern))
+            raise invalid(None, "a rule needs at least one condition: header or model_pattern")
+        return self
+
+    def __post_init__(self) -> None:
+        for name, pattern in (("_header_re", self.header_pattern),
+                              ("_model_re", self.model_pattern)):
+            object.__setattr__(self, name, None if pattern is None else re.compile(pattern))
 
     def matches(self, lowered_headers: Mapping[str, str], model: str | None) -> bool:
         """Whether a request with these headers (keys already lower-cased) and model matches."""
-        if self._header_key is not None:
-            value = lowered_headers.get(self._header_key)
+        if self.header is not None:
+            value = lowered_headers.get(self.header)
             if value is None:
                 return False
             if self._header_re is not None and self._header_re.fullmatch(value) is None:

@@ -1,10 +1,14 @@
-"""The typed configuration: YAML parsed once, at startup, into nested frozen dataclasses.
+"""The typed configuration: YAML parsed once, at startup, into nested frozen pydantic dataclasses.
 
-Every section is a frozen dataclass whose fields carry their own check (in the field
-metadata); ``__post_init__`` runs the checks, so a section built directly in Python is held to
-the same rules as one read from YAML. Any problem is one :class:`ConfigError` naming the
-dotted key (``compaction.soft_threshold_tokens``) and the problem; the CLI prints it on one
+Each section declares its keys as annotated fields (type, limits, default); unknown keys are
+refused. A section built directly in Python is held to the same rules as one read from YAML.
+Any problem is one :class:`ConfigError` naming the dotted key (``compaction.soft_threshold_tokens``)
+and the problem, made from pydantic's first error and its location; the CLI prints it on one
 line and exits 2 before anything starts (SPEC §2).
+
+The five compaction thresholds are declared once, in :class:`policies._compaction.Thresholds`:
+:class:`CompactionConfig` extends it, :class:`RoleOverride` makes each of them optional, and
+the per-role :class:`~policies.CompactionPolicy` built from both is one too.
 
 Keys and defaults follow SPEC §3. Extensions: ``limits.max_body_bytes``,
 ``upstream``-independent ``summary.api_key_env`` / ``summary.max_retries``, and the
@@ -13,20 +17,55 @@ Keys and defaults follow SPEC §3. Extensions: ``limits.max_body_bytes``,
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
+import types
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+from dataclasses import field
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    TypeVar,
+    Union,
+    dataclass_transform,
+    get_args,
+    get_origin,
+)
 from urllib.parse import urlsplit
 
 import yaml
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    PlainValidator,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import ErrorDetails
 
-from policies._compaction import DEFAULT_READ_TOOLS, CompactionPolicy, ReadToolSpec
-from policies._roles import DEFAULT_ROLE_RULES, ROLE_NAMES, RolePolicies, RoleRule
+from policies._compaction import (
+    DEFAULT_READ_TOOLS,
+    STRICT,
+    THRESHOLD_NAMES,
+    CompactionPolicy,
+    Ratio,
+    ReadToolSpec,
+    Text,
+    Thresholds,
+    invalid,
+)
+from policies._roles import DEFAULT_ROLE_RULES, ROLE_NAMES, HeaderName, Role, RolePolicies, RoleRule
 from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from policies._source_access import SourceAccessPolicy
 
@@ -78,22 +117,6 @@ class ConfigError(Exception):
         return f"config error: {self.problem}"
 
 
-# --------------------------------------------------------------------------------------
-# Value checks. Each takes the raw value and returns the normalized one or raises _Invalid;
-# the caller knows the key and turns _Invalid into a ConfigError.
-
-class _Invalid(Exception):
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-
-
-_Check = Callable[[Any], Any]
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
 def _shown(value: object) -> str:
     """How a bad value appears in an error: YAML spelling plus its type, never a long text."""
     if value is None:
@@ -112,237 +135,149 @@ def _shown(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _integer(minimum: int, maximum: int | None = None) -> _Check:
-    def check(value: Any) -> int:
-        # bool is an int subclass in Python; `port: true` is still a mistake.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _Invalid(f"must be an integer, got {_shown(value)}")
-        if maximum is not None and not minimum <= value <= maximum:
-            raise _Invalid(f"must be between {minimum} and {maximum}, got {value}")
-        if value < minimum:
-            raise _Invalid(f"must be at least {minimum}, got {value}")
-        return value
+# --------------------------------------------------------------------------------------
+# Value types: the limits pydantic checks itself, plus the checks it has no words for.
 
-    return check
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Bool = Annotated[bool, Strict()]
+Positive = Annotated[int, Strict(), Ge(1)]
+NonNegative = Annotated[int, Strict(), Ge(0)]
+Port = Annotated[int, Strict(), Ge(0), Le(65535)]
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: object, info: ValidationInfo) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"must be a number of seconds, got {_shown(value)}")
+        raise invalid(info.field_name, f"must be a number of seconds, got {_shown(value)}")
     if not math.isfinite(value) or value <= 0:
-        raise _Invalid(f"must be a positive number of seconds, got {value}")
+        raise invalid(info.field_name, f"must be a positive number of seconds, got {value}")
     return float(value)
 
 
-def _ratio(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"must be a number, got {_shown(value)}")
-    if not math.isfinite(value) or not 0 < value <= 1:
-        raise _Invalid(f"must be above 0 and at most 1, got {value}")
-    return float(value)
-
-
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid(f"must be true or false, got {_shown(value)}")
+def _env_name(value: str, info: ValidationInfo) -> str:
+    if _ENV_NAME.fullmatch(value) is None:
+        raise invalid(info.field_name, f"must be an environment variable name, got {value!r}")
     return value
 
 
-def _string(pattern: re.Pattern[str] | None = None, what: str = "") -> _Check:
-    def check(value: Any) -> str:
-        if not isinstance(value, str):
-            raise _Invalid(f"must be a string, got {_shown(value)}")
-        if not value.strip():
-            raise _Invalid("must not be empty")
-        if pattern is not None and pattern.fullmatch(value) is None:
-            raise _Invalid(f"must be {what}, got {value!r}")
-        return value
-
-    return check
-
-
-def _optional(check: _Check) -> _Check:
-    def optional(value: Any) -> Any:
-        return None if value is None else check(value)
-
-    return optional
-
-
-def _choice(*allowed: str) -> _Check:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or value not in allowed:
-            raise _Invalid(f"must be one of {', '.join(allowed)}, got {_shown(value)}")
-        return value
-
-    return check
-
-
-def _url(*schemes: str) -> _Check:
-    def check(value: Any) -> str:
-        text: str = _string()(value)
+def _url(*schemes: str) -> Callable[[str, ValidationInfo], str]:
+    def check(value: str, info: ValidationInfo) -> str:
         try:
-            parts = urlsplit(text)
+            parts = urlsplit(value)
         except ValueError as exc:
-            raise _Invalid(f"is not a valid URL ({exc}): {text!r}") from None
+            raise invalid(info.field_name, f"is not a valid URL ({exc}): {value!r}") from None
         if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "unix"):
-            raise _Invalid(f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {text!r}")
-        return text
+            wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+            raise invalid(info.field_name, f"must be a {wanted} URL, got {value!r}")
+        return value
 
     return check
 
 
-def _header_name(value: Any) -> str:
-    # Header names are case-insensitive; store the lower-case form once.
-    text: str = _string(_HEADER_NAME, "an HTTP header name")(value)
-    return text.lower()
-
-
-def _regex(value: Any) -> str:
-    text: str = _string()(value)
-    try:
-        re.compile(text)
-    except re.error as exc:
-        raise _Invalid(f"is not a valid regular expression ({exc}): {text!r}") from None
-    return text
-
-
-def _string_list(item: _Check) -> _Check:
-    def check(value: Any) -> tuple[Any, ...]:
-        if not isinstance(value, (list, tuple)):
-            raise _Invalid(f"must be a list, got {_shown(value)}")
-        out = []
-        for index, element in enumerate(value):
-            try:
-                out.append(item(element))
-            except _Invalid as exc:
-                raise _Invalid(f"item {index} {exc.problem}") from None
-        return tuple(out)
-
-    return check
-
-
-def _session_id(value: Any) -> str:
-    text: str = _string()(value)
+def _session_id(value: str, info: ValidationInfo) -> str:
     # The one rule for session ids (the same as compactor.check_session_id's).
-    problem = session_id_problem(text)
+    problem = session_id_problem(value)
     if problem is not None:
-        raise _Invalid(f"is not a valid session id ({problem}; a session id is "
-                       f"{SESSION_ID_RULE}): {text!r}")
-    return text
+        raise invalid(info.field_name, f"is not a valid session id ({problem}; a session id "
+                                       f"is {SESSION_ID_RULE}): {value!r}")
+    return value
 
 
-def _checked(key: str, check: _Check, value: Any) -> Any:
-    try:
-        return check(value)
-    except _Invalid as exc:
-        raise ConfigError(key, exc.problem) from None
-
-
-_T = TypeVar("_T")
-
-
-def _opt(default: _T, check: _Check) -> _T:
-    """A dataclass field with a default and the check ``__post_init__`` runs on it."""
-    return field(default=default, metadata={"check": check})
-
-
-class _Section:
-    """Base of the config sections: runs every field's check, then the cross-field checks.
-
-    Subclasses are frozen dataclasses and set :attr:`KEY`, their dotted position.
-    """
-
-    KEY: ClassVar[str] = ""
-
-    def _key(self) -> str:
-        return self.KEY
-
-    def __post_init__(self) -> None:
-        for spec in fields(self):  # type: ignore[arg-type]
-            check = spec.metadata.get("check")
-            if check is not None:
-                value = _checked(f"{self._key()}.{spec.name}", check, getattr(self, spec.name))
-                object.__setattr__(self, spec.name, value)
-        self._validate()
-
-    def _validate(self) -> None:
-        """Checks that span several fields; none by default."""
+Seconds = Annotated[float, PlainValidator(_seconds)]
+EnvName = Annotated[Text, AfterValidator(_env_name)]
+HttpUrl = Annotated[Text, AfterValidator(_url("http", "https"))]
+RedisUrl = Annotated[Text, AfterValidator(_url("redis", "rediss", "unix"))]
+SessionId = Annotated[Text, AfterValidator(_session_id)]
 
 
 # --------------------------------------------------------------------------------------
 # The sections, in SPEC §3 order.
 
-@dataclass(frozen=True)
+_C = TypeVar("_C")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def _section(key: str) -> Callable[[type[_C]], type[_C]]:
+    """Make ``cls`` a frozen pydantic dataclass at dotted position ``key``.
+
+    Built directly in Python (``ListenConfig(port=1)``, ``dataclasses.replace``), a section
+    raises :class:`ConfigError` like a loaded one; nested sections are validated by their
+    parent's validator, which does not go through ``__init__``.
+    """
+
+    def decorate(cls: type[_C]) -> type[_C]:
+        model: Any = pydantic_dataclass(cls, frozen=True, config=STRICT)
+        validate = model.__init__
+
+        @functools.wraps(validate)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                validate(self, *args, **kwargs)
+            except ValidationError as exc:
+                raise _config_error(exc, model, key) from None
+
+        model.__init__ = __init__
+        return model  # type: ignore[no-any-return]
+
+    return decorate
+
+
+class _Section:
+    """Base of the sections: a section given as null (``listen:`` alone) has its defaults."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data: Any) -> Any:
+        return {} if data is None else data
+
+
+@_section("listen")
 class ListenConfig(_Section):
     """Where the proxy listens. ``port`` 0 picks a free port."""
 
-    KEY: ClassVar[str] = "listen"
-    host: str = _opt("127.0.0.1", _string())
-    port: int = _opt(8787, _integer(0, 65535))
+    host: Text = "127.0.0.1"
+    port: Port = 8787
 
 
-@dataclass(frozen=True)
+@_section("limits")
 class LimitsConfig(_Section):
     """Request limits; a body larger than ``max_body_bytes`` gets 413 ``request_too_large``."""
 
-    KEY: ClassVar[str] = "limits"
-    max_body_bytes: int = _opt(32 * 1024 * 1024, _integer(1))
+    max_body_bytes: Positive = 32 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@_section("upstream")
 class UpstreamConfig(_Section):
     """The real provider. ``base_url`` is required by ``serve`` (``None`` only for the demo)."""
 
-    KEY: ClassVar[str] = "upstream"
-    base_url: str | None = _opt(None, _optional(_url("http", "https")))
-    connect_timeout_s: float = _opt(10.0, _seconds)
-    read_timeout_s: float = _opt(600.0, _seconds)
+    base_url: HttpUrl | None = None
+    connect_timeout_s: Seconds = 10.0
+    read_timeout_s: Seconds = 600.0
+
+    def require_base_url(self) -> str:
+        """``base_url``, which serving needs; the one check that it is set.
+
+        Raises:
+            ConfigError: ``upstream.base_url`` is not set.
+        """
+        if self.base_url is None:
+            raise ConfigError(
+                "upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)"
+            )
+        return self.base_url
 
 
-_POLICY_KEYS: tuple[str, ...] = (
-    "soft_threshold_tokens",
-    "hard_limit_tokens",
-    "max_tool_result_tokens",
-    "keep_recent_messages",
-    "summary_keep_recent",
-)
+@_section("compaction")
+class CompactionConfig(Thresholds, _Section):
+    """The compaction thresholds every role starts from (SPEC §3 ``compaction``): the five of
+    :class:`~policies._compaction.Thresholds` (soft below hard), and these."""
+
+    token_counter: Literal["tiktoken", "chars4"] = "tiktoken"
+    sticky: Bool = True
+    compact_to_ratio: Ratio = 0.7
 
 
-def _check_soft_below_hard(
-    soft: int, hard: int, soft_key: str, hard_key: str, blame_soft: bool
-) -> None:
-    if soft < hard:
-        return
-    if blame_soft:
-        raise ConfigError(soft_key, f"must be below {hard_key} ({soft} >= {hard})")
-    raise ConfigError(hard_key, f"must be above {soft_key} ({hard} <= {soft})")
-
-
-@dataclass(frozen=True)
-class CompactionConfig(_Section):
-    """The compaction thresholds every role starts from (SPEC §3 ``compaction``)."""
-
-    KEY: ClassVar[str] = "compaction"
-    soft_threshold_tokens: int = _opt(80_000, _integer(1))
-    hard_limit_tokens: int = _opt(120_000, _integer(1))
-    max_tool_result_tokens: int = _opt(5_000, _integer(1))
-    keep_recent_messages: int = _opt(6, _integer(0))
-    summary_keep_recent: int = _opt(4, _integer(0))
-    token_counter: str = _opt("tiktoken", _choice("tiktoken", "chars4"))
-    sticky: bool = _opt(True, _boolean)
-    compact_to_ratio: float = _opt(0.7, _ratio)
-
-    def _validate(self) -> None:
-        _check_soft_below_hard(
-            self.soft_threshold_tokens,
-            self.hard_limit_tokens,
-            "compaction.soft_threshold_tokens",
-            "compaction.hard_limit_tokens",
-            blame_soft=True,
-        )
-
-
-@dataclass(frozen=True)
+@_section("summary")
 class SummaryConfig(_Section):
     """The L4 summarizer: model and limits of the summary call made through the anthropic SDK.
 
@@ -350,98 +285,105 @@ class SummaryConfig(_Section):
     key itself is never part of the config); ``None`` leaves the choice to the summarizer.
     """
 
-    KEY: ClassVar[str] = "summary"
-    enabled: bool = _opt(True, _boolean)
-    model: str = _opt("claude-haiku-4-5", _string())
-    max_tokens: int = _opt(2048, _integer(1))
-    timeout_s: float = _opt(60.0, _seconds)
-    api_key_env: str | None = _opt(
-        None, _optional(_string(_ENV_NAME, "an environment variable name"))
-    )
-    max_retries: int = _opt(2, _integer(0))
+    enabled: Bool = True
+    model: Text = "claude-haiku-4-5"
+    max_tokens: Positive = 2048
+    timeout_s: Seconds = 60.0
+    api_key_env: EnvName | None = None
+    max_retries: NonNegative = 2
 
 
-@dataclass(frozen=True)
+@_section("store")
 class StoreConfig(_Section):
     """Where per-session state lives: embedded SQLite at ``path``, or Redis at ``url``."""
 
-    KEY: ClassVar[str] = "store"
-    backend: str = _opt("sqlite", _choice("sqlite", "redis"))
-    path: str = _opt("./compact-proxy-state/state.db", _string())
-    url: str | None = _opt(None, _optional(_url("redis", "rediss", "unix")))
+    backend: Literal["sqlite", "redis"] = "sqlite"
+    path: Text = "./compact-proxy-state/state.db"
+    url: RedisUrl | None = None
 
-    def _validate(self) -> None:
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> StoreConfig:
         if self.backend == "redis" and self.url is None:
-            raise ConfigError("store.url", "required when store.backend is redis")
+            raise invalid("url", "required when store.backend is redis")
+        return self
 
 
-@dataclass(frozen=True)
+@_section("sources")
 class SourcesConfig(_Section):
     """The roots the source-pointer resolver reads transcripts and artifacts from."""
 
-    KEY: ClassVar[str] = "sources"
-    transcript_root: str = _opt("./compact-proxy-state/transcripts", _string())
-    artifact_root: str = _opt("./compact-proxy-state/artifacts", _string())
+    transcript_root: Text = "./compact-proxy-state/transcripts"
+    artifact_root: Text = "./compact-proxy-state/artifacts"
 
 
-@dataclass(frozen=True)
+@_section("session")
 class SessionConfig(_Section):
     """The request header that names the session first (SPEC §4); stored lower-case."""
 
-    KEY: ClassVar[str] = "session"
-    header: str = _opt("x-compact-session-id", _header_name)
+    header: HeaderName = "x-compact-session-id"
 
 
-@dataclass(frozen=True)
+@_section("admin")
 class AdminConfig(_Section):
     """The admin API's token, by the name of the environment variable that holds it."""
 
-    KEY: ClassVar[str] = "admin"
-    token_env: str = _opt(
-        "COMPACT_PROXY_ADMIN_TOKEN", _string(_ENV_NAME, "an environment variable name")
-    )
+    token_env: EnvName = "COMPACT_PROXY_ADMIN_TOKEN"
 
 
-@dataclass(frozen=True)
+@_section("logging")
 class LoggingConfig(_Section):
     """structlog output: ``json`` (one object per line) or ``console``, and the level."""
 
-    KEY: ClassVar[str] = "logging"
-    format: str = _opt("json", _choice("json", "console"))
-    level: str = _opt("info", _choice("debug", "info", "warning", "error"))
+    format: Literal["json", "console"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-@dataclass(frozen=True)
-class RoleOverride(_Section):
-    """``policies.roles.<role>``: the compaction keys one role changes, and ``summary_enabled``.
+def _each_optional(base: type[Any]) -> type[Any]:
+    """A frozen dataclass with every field of the pydantic dataclass ``base``, each optional
+    (default ``None``) and otherwise held to the same limits."""
+    specs = [
+        (name, Union[info.rebuild_annotation(), None], field(default=None))  # noqa: UP007
+        for name, info in base.__pydantic_fields__.items()
+    ]
+    return dataclasses.make_dataclass(f"Optional{base.__name__}", specs, frozen=True)
+
+
+@_section("policies.roles")
+class RoleOverride(_each_optional(Thresholds), _Section):  # type: ignore[misc]
+    """``policies.roles.<role>``: the thresholds one role changes, and ``summary_enabled``.
 
     ``None`` means "inherit": the thresholds from the ``compaction`` section, ``summary_enabled``
     from ``summary.enabled`` (``false`` for ``summary_recovery``). ``token_counter`` is global.
     """
 
-    role: str = _opt("main", _choice(*ROLE_NAMES))
-    soft_threshold_tokens: int | None = _opt(None, _optional(_integer(1)))
-    hard_limit_tokens: int | None = _opt(None, _optional(_integer(1)))
-    max_tool_result_tokens: int | None = _opt(None, _optional(_integer(1)))
-    keep_recent_messages: int | None = _opt(None, _optional(_integer(0)))
-    summary_keep_recent: int | None = _opt(None, _optional(_integer(0)))
-    summary_enabled: bool | None = _opt(None, _optional(_boolean))
+    summary_enabled: Bool | None = None
 
-    def _key(self) -> str:
-        return f"policies.roles.{self.role}"
+    #: Keys that belong elsewhere, and where.
+    MISPLACED: ClassVar[Mapping[str, str]] = {
+        "token_counter": "is global; set compaction.token_counter instead",
+    }
 
 
-@dataclass(frozen=True)
+@_section("policies.source_access")
 class SourceAccessConfig(_Section):
     """``policies.source_access``: whether a session may resolve another session's pointers."""
 
-    KEY: ClassVar[str] = "policies.source_access"
-    allow_cross_session: bool = _opt(False, _boolean)
-    shared_sessions: tuple[str, ...] = _opt((), _string_list(_session_id))
+    allow_cross_session: Bool = False
+    shared_sessions: tuple[SessionId, ...] = ()
 
 
-@dataclass(frozen=True)
-class PoliciesConfig:
+def _drop_nulls(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {key: value for key, value in data.items() if value is not None}
+    return data
+
+
+# A key given as null (`rules:`, `range_fields:` with nothing after) has its default.
+_NULLS_ARE_DEFAULTS = BeforeValidator(_drop_nulls)
+
+
+@_section("policies")
+class PoliciesConfig(_Section):
     """The ``policies`` section, with defaults filled in.
 
     Attributes:
@@ -451,26 +393,22 @@ class PoliciesConfig:
         source_access: the source-access settings.
     """
 
-    roles: Mapping[str, RoleOverride] = field(default_factory=dict)
-    rules: tuple[RoleRule, ...] = DEFAULT_ROLE_RULES
-    read_tools: tuple[ReadToolSpec, ...] = DEFAULT_READ_TOOLS
+    roles: Mapping[Role, RoleOverride] = field(default_factory=dict)
+    rules: tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...] = DEFAULT_ROLE_RULES
+    read_tools: tuple[Annotated[ReadToolSpec, _NULLS_ARE_DEFAULTS], ...] = DEFAULT_READ_TOOLS
     source_access: SourceAccessConfig = field(default_factory=SourceAccessConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return _drop_nulls(data)
+
     def __post_init__(self) -> None:
-        for role, override in self.roles.items():
-            if role not in ROLE_NAMES or not isinstance(override, RoleOverride):
-                raise ConfigError(f"policies.roles.{role}", "unknown role")
-            if override.role != role:
-                raise ConfigError(
-                    f"policies.roles.{role}", f"holds the overrides of {override.role!r}"
-                )
-        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
-        object.__setattr__(self, "rules", tuple(self.rules))
-        object.__setattr__(self, "read_tools", tuple(self.read_tools))
+        object.__setattr__(self, "roles", types.MappingProxyType(dict(self.roles)))
 
 
-@dataclass(frozen=True)
-class Config:
+@_section("")
+class Config(_Section):
     """The whole validated configuration; build it with :func:`load_config` or
     :meth:`from_mapping`.
 
@@ -492,22 +430,11 @@ class Config:
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
 
-    SECTIONS: ClassVar[tuple[str, ...]] = (
-        "listen",
-        "limits",
-        "upstream",
-        "compaction",
-        "summary",
-        "store",
-        "sources",
-        "session",
-        "admin",
-        "logging",
-        "policies",
-    )
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_role_policies", _build_role_policies(self))
+        roles = RolePolicies(
+            {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
+        )
+        object.__setattr__(self, "_role_policies", roles)
         access = self.policies.source_access
         try:
             policy = SourceAccessPolicy(
@@ -527,25 +454,16 @@ class Config:
         """
         if data is None:
             data = {}
-        top = _mapping(data, "", "the top level must be a mapping of sections")
-        _reject_unknown(top, cls.SECTIONS, "")
-        config = cls(
-            listen=_section(ListenConfig, top.get("listen"), "listen"),
-            limits=_section(LimitsConfig, top.get("limits"), "limits"),
-            upstream=_section(UpstreamConfig, top.get("upstream"), "upstream"),
-            compaction=_section(CompactionConfig, top.get("compaction"), "compaction"),
-            summary=_section(SummaryConfig, top.get("summary"), "summary"),
-            store=_section(StoreConfig, top.get("store"), "store"),
-            sources=_section(SourcesConfig, top.get("sources"), "sources"),
-            session=_section(SessionConfig, top.get("session"), "session"),
-            admin=_section(AdminConfig, top.get("admin"), "admin"),
-            logging=_section(LoggingConfig, top.get("logging"), "logging"),
-            policies=_parse_policies(top.get("policies")),
-        )
-        if require_upstream and config.upstream.base_url is None:
+        if not isinstance(data, Mapping):
             raise ConfigError(
-                "upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)"
+                "", f"the top level must be a mapping of sections, got {_shown(data)}"
             )
+        try:
+            config = _VALIDATOR.validate_python(data)
+        except ValidationError as exc:
+            raise _config_error(exc, cls, "") from None
+        if require_upstream:
+            config.upstream.require_base_url()
         return config
 
     def role_policies(self) -> RolePolicies:
@@ -577,209 +495,228 @@ class Config:
         shows every role's effective thresholds; feeding the result back to
         :meth:`from_mapping` gives the same effective configuration.
         """
-        out: dict[str, Any] = {
-            name: _section_dict(getattr(self, name)) for name in self.SECTIONS[:-1]
-        }
+        out: dict[str, Any] = _plain(self)
         roles = self._role_policies
         out["policies"] = {
             "roles": {
                 role: {
-                    **{key: getattr(roles.policy_for(role), key) for key in _POLICY_KEYS},
-                    "summary_enabled": roles.policy_for(role).summary_enabled,
+                    **{name: getattr(policy, name) for name in THRESHOLD_NAMES},
+                    "summary_enabled": policy.summary_enabled,
                 }
                 for role in ROLE_NAMES
+                for policy in (roles.policy_for(role),)
             },
-            "rules": [
-                {
-                    key: getattr(rule, key)
-                    for key in _RULE_KEYS
-                    if getattr(rule, key) is not None
-                }
-                for rule in roles.rules
-            ],
-            "read_tools": [
-                {
-                    "name": tool.name,
-                    "path_field": tool.path_field,
-                    "range_fields": list(tool.range_fields),
-                    **({"command": tool.command} if tool.command is not None else {}),
-                }
-                for tool in self.policies.read_tools
-            ],
-            "source_access": _section_dict(self.policies.source_access),
+            "rules": [_plain(rule, omit_none=True) for rule in roles.rules],
+            "read_tools": [_plain(tool, omit_none=True) for tool in self.policies.read_tools],
+            "source_access": _plain(self.policies.source_access),
         }
         return out
 
 
-# --------------------------------------------------------------------------------------
-# Parsing helpers.
-
-_RULE_KEYS: tuple[str, ...] = ("role", "header", "header_pattern", "model_pattern")
-_READ_TOOL_KEYS: tuple[str, ...] = ("name", "path_field", "range_fields", "command")
-_POLICIES_KEYS: tuple[str, ...] = ("roles", "rules", "read_tools", "source_access")
-
-_S = TypeVar("_S", bound=_Section)
+_VALIDATOR: TypeAdapter[Config] = TypeAdapter(Config)
 
 
-def _join(prefix: str, key: object) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def _mapping(value: object, key: str, what: str = "") -> Mapping[Any, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(key, f"{what or 'must be a mapping'}, got {_shown(value)}")
-    return value
-
-
-def _closest(name: str, known: tuple[str, ...]) -> str | None:
-    """The known key a misspelt ``name`` most likely meant: a key it begins, else difflib's."""
-    prefixed = [key for key in known if name and key.startswith(name)]
-    if len(prefixed) == 1:
-        return prefixed[0]
-    close = difflib.get_close_matches(name, known, n=1)
-    return close[0] if close else None
-
-
-def _reject_unknown(data: Mapping[Any, Any], known: tuple[str, ...], prefix: str) -> None:
-    for key in data:
-        if isinstance(key, str) and key in known:
-            continue
-        close = _closest(str(key), known)
-        hint = f"did you mean {close!r}?" if close else f"known keys: {', '.join(known)}"
-        raise ConfigError(_join(prefix, key), f"unknown key ({hint})")
-
-
-def _init_keys(cls: type[Any]) -> tuple[str, ...]:
-    return tuple(spec.name for spec in fields(cls) if spec.init and not spec.name.startswith("_"))
-
-
-def _section(cls: type[_S], raw: object, key: str, **fixed: Any) -> _S:
-    data = _mapping({} if raw is None else raw, key)
-    _reject_unknown(data, tuple(k for k in _init_keys(cls) if k not in fixed), key)
-    return cls(**fixed, **data)
-
-
-def _parse_policies(raw: object) -> PoliciesConfig:
-    data = _mapping({} if raw is None else raw, "policies")
-    _reject_unknown(data, _POLICIES_KEYS, "policies")
-    roles: dict[str, RoleOverride] = {}
-    roles_raw = _mapping({} if data.get("roles") is None else data["roles"], "policies.roles")
-    for role, override in roles_raw.items():
-        if role not in ROLE_NAMES:
-            close = _closest(str(role), ROLE_NAMES)
-            hint = f"did you mean {close!r}?" if close else f"roles are {', '.join(ROLE_NAMES)}"
-            raise ConfigError(f"policies.roles.{role}", f"unknown role ({hint})")
-        if isinstance(override, Mapping) and "token_counter" in override:
-            raise ConfigError(
-                f"policies.roles.{role}.token_counter",
-                "is global; set compaction.token_counter instead",
-            )
-        roles[role] = _section(RoleOverride, override, f"policies.roles.{role}", role=role)
-    rules = DEFAULT_ROLE_RULES if data.get("rules") is None else _parse_rules(data["rules"])
-    read_tools = (
-        DEFAULT_READ_TOOLS
-        if data.get("read_tools") is None
-        else _parse_read_tools(data["read_tools"])
-    )
-    source_access = _section(
-        SourceAccessConfig, data.get("source_access"), "policies.source_access"
-    )
-    return PoliciesConfig(
-        roles=roles, rules=rules, read_tools=read_tools, source_access=source_access
-    )
-
-
-def _items(raw: object, key: str, what: str) -> list[tuple[str, Mapping[Any, Any]]]:
-    if not isinstance(raw, list):
-        raise ConfigError(key, f"must be a list of {what}, got {_shown(raw)}")
-    return [(f"{key}[{i}]", _mapping(item, f"{key}[{i}]")) for i, item in enumerate(raw)]
-
-
-def _required(data: Mapping[Any, Any], name: str, key: str, check: _Check) -> Any:
-    if data.get(name) is None:
-        raise ConfigError(f"{key}.{name}", "required")
-    return _checked(f"{key}.{name}", check, data[name])
-
-
-def _parse_rules(raw: object) -> tuple[RoleRule, ...]:
-    rules = []
-    for key, data in _items(raw, "policies.rules", "rules"):
-        _reject_unknown(data, _RULE_KEYS, key)
-        role = _required(data, "role", key, _choice(*ROLE_NAMES))
-        header = _checked(f"{key}.header", _optional(_header_name), data.get("header"))
-        header_pattern, model_pattern = (
-            _checked(f"{key}.{name}", _optional(_regex), data.get(name))
-            for name in ("header_pattern", "model_pattern")
-        )
-        try:
-            rules.append(RoleRule(role, header, header_pattern, model_pattern))
-        except ValueError as exc:
-            raise ConfigError(key, str(exc)) from None
-    return tuple(rules)
-
-
-def _parse_read_tools(raw: object) -> tuple[ReadToolSpec, ...]:
-    tools = []
-    for key, data in _items(raw, "policies.read_tools", "tools"):
-        _reject_unknown(data, _READ_TOOL_KEYS, key)
-        name = _required(data, "name", key, _string())
-        path_field = _required(data, "path_field", key, _string())
-        range_fields = _checked(
-            f"{key}.range_fields", _string_list(_string()), data.get("range_fields") or []
-        )
-        command = _checked(f"{key}.command", _optional(_string()), data.get("command"))
-        tools.append(ReadToolSpec(name, path_field, range_fields, command))
-    return tuple(tools)
-
-
-def _build_role_policies(config: Config) -> RolePolicies:
-    """Each role's CompactionPolicy: the compaction section, then the role's overrides."""
+def _role_policy(config: Config, role: Role) -> CompactionPolicy:
+    """The role's CompactionPolicy: the compaction section, then the role's overrides."""
     compaction, summary = config.compaction, config.summary
-    policies: dict[str, CompactionPolicy] = {}
-    for role in ROLE_NAMES:
-        values = {key: getattr(compaction, key) for key in _POLICY_KEYS}
-        # A summary_recovery request must never set off another summary call, so that role
-        # starts with L4 off. The other roles follow summary.enabled.
-        summary_enabled = summary.enabled and role != "summary_recovery"
-        override = config.policies.roles.get(role)
-        prefix = f"policies.roles.{role}"
-        if override is not None:
-            for key in _POLICY_KEYS:
-                value = getattr(override, key)
-                if value is not None:
-                    values[key] = value
-            if override.summary_enabled is not None:
-                if override.summary_enabled and not summary.enabled:
-                    raise ConfigError(
-                        f"{prefix}.summary_enabled", "cannot be true while summary.enabled is false"
-                    )
-                summary_enabled = override.summary_enabled
-            soft_own = override.soft_threshold_tokens is not None
-            hard_own = override.hard_limit_tokens is not None
-            _check_soft_below_hard(
-                values["soft_threshold_tokens"],
-                values["hard_limit_tokens"],
-                f"{prefix if soft_own else 'compaction'}.soft_threshold_tokens",
-                f"{prefix if hard_own else 'compaction'}.hard_limit_tokens",
-                blame_soft=soft_own,
-            )
-        try:
-            policies[role] = CompactionPolicy(
-                **values, read_tools=config.policies.read_tools, summary_enabled=summary_enabled,
-                compact_to_ratio=compaction.compact_to_ratio,
-            )
-        except ValueError as exc:
-            raise ConfigError(prefix, str(exc)) from None
-    return RolePolicies(policies, rules=config.policies.rules)
-
-
-def _section_dict(section: object) -> dict[str, Any]:
-    return {
-        spec.name: list(value) if isinstance(value, tuple) else value
-        for spec in fields(section)  # type: ignore[arg-type]
-        if not spec.name.startswith("_")
-        for value in (getattr(section, spec.name),)
+    override = config.policies.roles.get(role)
+    own = {} if override is None else {
+        name: value for name in THRESHOLD_NAMES
+        if (value := getattr(override, name)) is not None
     }
+    # A summary_recovery request must never set off another summary call, so that role
+    # starts with L4 off. The other roles follow summary.enabled.
+    summary_enabled = summary.enabled and role != "summary_recovery"
+    prefix = f"policies.roles.{role}"
+    if override is not None and override.summary_enabled is not None:
+        if override.summary_enabled and not summary.enabled:
+            raise ConfigError(
+                f"{prefix}.summary_enabled", "cannot be true while summary.enabled is false"
+            )
+        summary_enabled = override.summary_enabled
+    try:
+        return CompactionPolicy(
+            **{name: getattr(compaction, name) for name in THRESHOLD_NAMES} | own,
+            read_tools=config.policies.read_tools, summary_enabled=summary_enabled,
+            compact_to_ratio=compaction.compact_to_ratio,
+        )
+    except ValidationError as exc:
+        # Each value is valid on its own; soft < hard may fail across compaction and role.
+        error = exc.errors()[0]
+        if error["type"] != "soft_not_below_hard":
+            raise _config_error(exc, CompactionPolicy, prefix) from None
+        ctx = error["ctx"]
+
+        def key(name: str) -> str:
+            return f"{prefix if name in own else 'compaction'}.{name}"
+
+        raise _soft_not_below_hard(ctx, key(ctx["soft_field"]), key(ctx["hard_field"]),
+                               blame_soft=ctx["soft_field"] in own) from None
+
+
+def _soft_not_below_hard(ctx: Mapping[str, Any], soft_key: str, hard_key: str,
+                     blame_soft: bool) -> ConfigError:
+    soft, hard = ctx["soft"], ctx["hard"]
+    if blame_soft:
+        return ConfigError(soft_key, f"must be below {hard_key} ({soft} >= {hard})")
+    return ConfigError(hard_key, f"must be above {soft_key} ({hard} <= {soft})")
+
+
+# --------------------------------------------------------------------------------------
+# Pydantic's errors as ConfigErrors.
+
+_UNKNOWN_KEY = frozenset({"unexpected_keyword_argument", "extra_forbidden", "invalid_key"})
+_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dataclass_type": "a mapping",
+    "dataclass_args_type": "a mapping",
+    "dict_type": "a mapping",
+    "tuple_type": "a list",
+    "list_type": "a list",
+}
+_BOUNDS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
+def _config_error(exc: ValidationError, root: type[Any], prefix: str) -> ConfigError:
+    """The ConfigError for pydantic's first error (an unknown key first: it explains the rest)
+    in validating ``root`` at dotted position ``prefix``."""
+    errors = exc.errors(include_url=False)
+    error = next((e for e in errors if e["type"] in _UNKNOWN_KEY), errors[0])
+    loc, problem = _problem(error, root)
+    if error["type"] == "soft_not_below_hard":
+        ctx = error["ctx"]
+        soft, hard = (_dotted(prefix, (*loc, ctx[name])) for name in ("soft_field", "hard_field"))
+        return _soft_not_below_hard(ctx, soft, hard, blame_soft=True)
+    return ConfigError(_dotted(prefix, loc), problem)
+
+
+def _dotted(prefix: str, loc: tuple[str | int, ...]) -> str:
+    key = prefix
+    for part in loc:
+        key = f"{key}[{part}]" if isinstance(part, int) else f"{key}.{part}" if key else part
+    return key
+
+
+def _problem(error: ErrorDetails, root: type[Any]) -> tuple[tuple[str | int, ...], str]:
+    """The location the error belongs to and its problem in words."""
+    loc, kind, value = tuple(error["loc"]), error["type"], error["input"]
+    ctx: Mapping[str, Any] = error.get("ctx") or {}
+    if loc and loc[-1] == "[key]":  # a mapping's key: the only such keys are role names
+        roles = get_args(_at(root, loc[:-2], key=True)[0])
+        return (*loc[:-2], str(loc[-2])), _unknown(str(loc[-2]), roles, "role", "roles are")
+    if kind in _UNKNOWN_KEY:
+        name = str(loc[-1])
+        owner, _ = _at(root, loc[:-1])
+        misplaced = getattr(owner, "MISPLACED", {}).get(name)
+        known = tuple(spec.name for spec in dataclasses.fields(owner) if spec.init
+                      ) if dataclasses.is_dataclass(owner) else ()
+        return (*loc[:-1], name), misplaced or _unknown(name, known, "key", "known keys:")
+    annotation, meta = _at(root, loc)
+    item = ""
+    if loc and isinstance(loc[-1], int) and not dataclasses.is_dataclass(annotation):
+        item, loc = f"item {loc[-1]} ", loc[:-1]  # an element of a list of values
+    if kind in _WANTED:
+        wanted = _WANTED[kind]
+        items = get_args(annotation)[:1]
+        if wanted == "a list" and items and dataclasses.is_dataclass(_bare(items[0])[0]):
+            wanted = f"a list of {str(loc[-1]).replace('_', ' ')}"  # a list of rules
+        problem = f"must be {wanted}, got {_shown(value)}"
+    elif kind == "missing":
+        problem = "required"
+    elif kind == "literal_error":
+        choices = get_args(annotation) or (ctx.get("expected", ""),)
+        problem = f"must be one of {', '.join(map(str, choices))}, got {_shown(value)}"
+    elif kind in _BOUNDS:
+        problem = f"must be {_range(meta)}, got {value}"
+    elif kind == "invalid":  # policies.invalid: the message starts with the field's name
+        name = ctx["field"]
+        if name and name not in loc:  # a check of a whole section, about one of its keys
+            loc = (*loc, name)
+        problem = ctx["message"].removeprefix(f"{name} ") if name else ctx["message"]
+    else:
+        problem = error["msg"]
+    return loc, item + problem
+
+
+def _unknown(name: str, known: tuple[str, ...], what: str, listed: str) -> str:
+    """``unknown key (did you mean 'x'?)``: the known name it begins, else difflib's guess,
+    else the ``listed`` known names."""
+    prefixed = [key for key in known if name and key.startswith(name)]
+    close = prefixed if len(prefixed) == 1 else difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"{listed} {', '.join(known)}"
+    return f"unknown {what} ({hint})"
+
+
+def _range(meta: list[Any]) -> str:
+    """The limits in ``meta`` in words: ``at least 1``, ``between 0 and 65535``."""
+    low = next((m for m in meta if isinstance(m, (Ge, Gt))), None)
+    high = next((m for m in meta if isinstance(m, (Le, Lt))), None)
+    if isinstance(low, Ge) and isinstance(high, Le):
+        return f"between {low.ge} and {high.le}"
+    words = [
+        f"at least {low.ge}" if isinstance(low, Ge) else f"above {low.gt}" if low else "",
+        f"at most {high.le}" if isinstance(high, Le) else f"below {high.lt}" if high else "",
+    ]
+    return " and ".join(word for word in words if word)
+
+
+def _at(root: type[Any], loc: tuple[str | int, ...], *, key: bool = False
+        ) -> tuple[Any, list[Any]]:
+    """The type at ``loc`` below ``root`` (a mapping's key type with ``key``), without its
+    ``Optional`` and ``Annotated`` wrappers, and the limits those carried."""
+    annotation: Any = root
+    meta: list[Any] = []
+    for part in loc:
+        annotation, _ = _bare(annotation)
+        fields = getattr(annotation, "__pydantic_fields__", {})
+        if isinstance(part, str) and part in fields:
+            annotation = fields[part].rebuild_annotation()
+        elif get_origin(annotation) is tuple:
+            annotation = get_args(annotation)[0]
+        elif get_origin(annotation) in (dict, Mapping):
+            annotation = get_args(annotation)[1]
+        else:
+            return None, []
+    annotation, meta = _bare(annotation)
+    if key and get_origin(annotation) in (dict, Mapping):
+        annotation, meta = _bare(get_args(annotation)[0])
+    return annotation, meta
+
+
+def _bare(annotation: Any) -> tuple[Any, list[Any]]:
+    meta: list[Any] = []
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            meta.extend(annotation.__metadata__)
+            annotation = annotation.__origin__
+        elif origin in (Union, types.UnionType):
+            args = [arg for arg in get_args(annotation) if arg is not type(None)]
+            if len(args) != 1:
+                return annotation, meta
+            annotation = args[0]
+        else:
+            return annotation, meta
+
+
+def _plain(value: Any, *, omit_none: bool = False) -> Any:
+    """A section (or a value in one) as plain YAML-safe data: lists for tuples, dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            spec.name: _plain(item, omit_none=omit_none)
+            for spec in dataclasses.fields(value)
+            if spec.init
+            for item in (getattr(value, spec.name),)
+            if not (omit_none and item is None)
+        }
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 # --------------------------------------------------------------------------------------

@@ -215,12 +215,11 @@ async def forward(
     """
     app = request.app
     upstream_config = app[CONFIG].upstream
-    assert upstream_config.base_url is not None  # create_app refuses a config without one
     started = time.perf_counter()
     try:
         upstream = await app[UPSTREAM].request(
             request.method,
-            upstream_url(upstream_config.base_url, request),
+            upstream_url(upstream_config.require_base_url(), request),
             data=body,
             headers=headers,
             skip_auto_headers=_AUTO_HEADERS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies import DEFAULT_READ_TOOLS, CompactionPolicy, ReadToolSpec
+from policies._compaction import THRESHOLD_NAMES, Thresholds
 
 
 def test_defaults_are_the_config_defaults() -> None:
@@ -13,6 +14,17 @@ def test_defaults_are_the_config_defaults() -> None:
     assert (policy.soft_threshold_tokens, policy.hard_limit_tokens, policy.max_tool_result_tokens,
             policy.keep_recent_messages, policy.summary_keep_recent) == (80_000, 120_000, 5_000, 6, 4)
     assert policy.read_tools == DEFAULT_READ_TOOLS
+
+
+def test_the_thresholds_are_one_declaration() -> None:
+    """The five thresholds (names, limits, defaults) are Thresholds' fields; the policy adds
+    the rest."""
+    assert THRESHOLD_NAMES == ("soft_threshold_tokens", "hard_limit_tokens",
+                               "max_tool_result_tokens", "keep_recent_messages",
+                               "summary_keep_recent")
+    assert issubclass(CompactionPolicy, Thresholds)
+    policy = CompactionPolicy()
+    assert all(getattr(policy, name) == getattr(Thresholds(), name) for name in THRESHOLD_NAMES)
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [

@@ -18,11 +18,13 @@ from policies import (
     RoleRule,
     SourceAccessPolicy,
 )
+from policies._compaction import THRESHOLD_NAMES, Thresholds
 from proxy.config import (
     CompactionConfig,
     Config,
     ConfigError,
     ListenConfig,
+    RoleOverride,
     StoreConfig,
     UpstreamConfig,
     load_config,
@@ -127,6 +129,46 @@ def test_sections_built_in_python_are_validated_too() -> None:
     with pytest.raises(ConfigError) as info:
         StoreConfig(backend="redis")
     assert info.value.key == "store.url"
+
+
+def test_thresholds_are_declared_once_for_section_overrides_and_policies() -> None:
+    """The compaction section and CompactionPolicy are Thresholds; a role override has each
+    threshold, optional, under the same limits; soft < hard holds for a section built here."""
+    assert issubclass(CompactionConfig, Thresholds) and issubclass(CompactionPolicy, Thresholds)
+    names = [spec.name for spec in dataclasses.fields(RoleOverride)]
+    assert names == [*THRESHOLD_NAMES, "summary_enabled"]
+    assert RoleOverride() == RoleOverride(**dict.fromkeys(names))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        RoleOverride(keep_recent_messages=-1)
+    assert info.value.problem == "must be at least 0, got -1"
+    with pytest.raises(ConfigError) as info:
+        CompactionConfig(soft_threshold_tokens=9, hard_limit_tokens=9)
+    assert str(info.value) == (
+        "config error: compaction.soft_threshold_tokens: must be below "
+        "compaction.hard_limit_tokens (9 >= 9)"
+    )
+
+
+def test_require_base_url_is_the_one_check_of_the_provider() -> None:
+    """upstream.require_base_url() gives the URL, or the ConfigError serve reports."""
+    assert UpstreamConfig(base_url="http://127.0.0.1:9").require_base_url() == "http://127.0.0.1:9"
+    with pytest.raises(ConfigError) as info:
+        Config().upstream.require_base_url()
+    assert str(info.value) == (
+        "config error: upstream.base_url: required (the provider, e.g. https://api.anthropic.com)"
+    )
+
+
+def test_null_keys_of_rules_and_read_tools_mean_their_defaults(tmp_path: Path) -> None:
+    """`model_pattern:` or `range_fields:` with nothing after is the key left out."""
+    text = (
+        "policies:\n"
+        "  rules: [{role: subagent, header: X-A, model_pattern: null}]\n"
+        "  read_tools: [{name: cat, path_field: file, range_fields: null}]\n"
+    )
+    config = load_config(write(tmp_path, text), require_upstream=False)
+    assert config.policies.rules == (RoleRule("subagent", header="x-a"),)
+    assert config.policies.read_tools == (ReadToolSpec("cat", "file"),)
 
 
 def test_replace_revalidates_and_rebuilds_role_policies() -> None:
