@@ -33,6 +33,7 @@ from proxy.keys import (
     RESOLVERS,
     ROLE_POLICIES,
     STORE,
+    SUMMARIES,
     SUMMARIZER,
     UPSTREAM,
 )
@@ -40,7 +41,7 @@ from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
 from proxy.routes import setup_routes
 from proxy.sources import ResolverPool
-from proxy.store import CachedStateReads, SQLiteStateStore, StateStore, StoreError
+from proxy.store import CachedStateReads, SQLiteStateStore, StoreBackend, StoreError
 from proxy.summarizer import ProviderSummarizer
 
 __all__ = ["create_app", "run_server", "start_proxy"]
@@ -63,9 +64,9 @@ def _token_counter(config: Config) -> compactor.CachingCounter:
     return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
 
 
-def _new_store(config: Config) -> StateStore:
-    # No I/O yet: _store_ctx makes the first call at startup, which opens the file and checks
-    # its schema (sqlite) or reaches the server (redis).
+def _new_store(config: Config) -> StoreBackend:
+    # No I/O yet: _store_ctx opens it at startup, which creates the file and checks its
+    # schema (sqlite) or reaches the server (redis).
     if config.store.backend == "sqlite":
         return SQLiteStateStore(config.store.path)
     if config.store.backend == "redis":
@@ -81,12 +82,12 @@ def _new_store(config: Config) -> StateStore:
     raise ConfigError("store.backend", f"{config.store.backend} is not available in this build")
 
 
-def _store_ctx(store: StateStore, owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+def _store_ctx(store: StoreBackend,
+               owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         if owned:
-            # The first call opens the database and checks its schema: a bad store.path
-            # fails here, before the site accepts a connection.
-            await store.get_summary("compact-proxy-startup-check")
+            # A bad store.path or store.url fails here, before the site accepts a connection.
+            await store.open()
         yield
         if owned:
             await store.close()
@@ -121,7 +122,7 @@ async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
     await summarizer.close()
 
 
-def create_app(config: Config, *, store: StateStore | None = None) -> web.Application:
+def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Application:
     """Build the proxy application from a validated config.
 
     Args:
@@ -149,9 +150,11 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
     app[METRICS] = ProxyMetrics()
     # The request path reads the session's state on every call; the admin API writes
     # through the same object, so its changes are seen at once.
-    app[STORE] = CachedStateReads(store if store is not None else _new_store(config))
-    app[CHECKPOINTS] = SessionCheckpoints(app[STORE])
-    app.cleanup_ctx.append(_store_ctx(app[STORE], owned=store is None))
+    backend = store if store is not None else _new_store(config)
+    app[STORE] = CachedStateReads(backend)
+    app[SUMMARIES] = backend
+    app[CHECKPOINTS] = SessionCheckpoints(backend)
+    app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
     app.cleanup_ctx.append(_upstream_ctx)
     if config.summary.enabled:
         app.cleanup_ctx.append(_summarizer_ctx)
@@ -159,7 +162,7 @@ def create_app(config: Config, *, store: StateStore | None = None) -> web.Applic
     return app
 
 
-async def start_proxy(config: Config, *, store: StateStore | None = None
+async def start_proxy(config: Config, *, store: StoreBackend | None = None
                       ) -> tuple[web.AppRunner, str]:
     """Serve a new app on ``config.listen``; returns the runner and the base URL.
 

@@ -13,13 +13,13 @@ Checkpoints are an optimisation only: a store failure is logged and compaction s
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Final
 
 import structlog
+from cachetools import LRUCache
 
 import compactor
-from proxy.store import StateStore, StoreError
+from proxy.store import RecordStore, StoreError
 
 __all__ = ["CHECKPOINT_RECORD_PREFIX", "SessionCheckpoints"]
 
@@ -38,39 +38,34 @@ class SessionCheckpoints:
         max_entries: how many checkpoints to keep in memory.
     """
 
-    def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, store: RecordStore, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._store = store
-        self._max_entries = max_entries
-        # None: the store has no checkpoint for it (asked once; this process writes them).
-        self._memory: OrderedDict[tuple[str, str],
-                                  compactor.CompactionCheckpoint | None] = OrderedDict()
-
-    def _remember(self, key: tuple[str, str],
-                  checkpoint: compactor.CompactionCheckpoint | None) -> None:
-        self._memory[key] = checkpoint
-        self._memory.move_to_end(key)
-        if len(self._memory) > self._max_entries:
-            self._memory.popitem(last=False)
+        # (session, lane) -> its checkpoint, least recently used evicted. None: the store has
+        # no checkpoint for it (asked once; this process writes them).
+        self._memory: LRUCache[tuple[str, str], compactor.CompactionCheckpoint | None] = (
+            LRUCache(maxsize=max_entries)
+        )
 
     async def load(self, session_id: str, lane: str) -> compactor.CompactionCheckpoint | None:
         """The checkpoint to try for this request, or ``None``."""
         key = (session_id, lane)
-        if key in self._memory:
-            self._memory.move_to_end(key)
+        try:
             return self._memory[key]
+        except KeyError:
+            pass
         try:
             data = await self._store.get_record(session_id, CHECKPOINT_RECORD_PREFIX + lane)
         except StoreError as exc:
             _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
             return None
         checkpoint = compactor.CompactionCheckpoint.from_bytes(data) if data else None
-        self._remember(key, checkpoint)
+        self._memory[key] = checkpoint
         return checkpoint
 
     async def save(self, session_id: str, lane: str,
                    checkpoint: compactor.CompactionCheckpoint) -> None:
         """Keep ``checkpoint`` as the session's latest (memory and store)."""
-        self._remember((session_id, lane), checkpoint)
+        self._memory[session_id, lane] = checkpoint
         try:
             await self._store.put_record(session_id, CHECKPOINT_RECORD_PREFIX + lane,
                                          checkpoint.to_bytes())

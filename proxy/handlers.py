@@ -42,6 +42,7 @@ from proxy.keys import (
     RESOLVERS,
     ROLE_POLICIES,
     STORE,
+    SUMMARIES,
     SUMMARIZER,
 )
 from proxy.session import resolve_session_id
@@ -104,7 +105,7 @@ def _summarizer(request: web.Request, policy: CompactionPolicy,
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
     provider = app.get(SUMMARIZER) if may_call_model else None
-    return summary_source(app[STORE], provider, CallerCredentials.from_headers(request.headers))
+    return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers))
 
 
 def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:

@@ -17,7 +17,7 @@ from proxy.checkpoints import SessionCheckpoints
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
 from proxy.sources import ResolverPool
-from proxy.store import StateStore
+from proxy.store import StateStore, SummaryCache
 from proxy.summarizer import ProviderSummarizer
 
 __all__ = [
@@ -28,15 +28,18 @@ __all__ = [
     "RESOLVERS",
     "ROLE_POLICIES",
     "STORE",
+    "SUMMARIES",
     "SUMMARIZER",
     "UPSTREAM",
 ]
 
 #: The validated configuration the app was built from.
 CONFIG: Final = web.AppKey("config", Config)
-#: The per-session store (durable state and the summary cache).
+#: The per-session durable state (reads cached briefly; the admin API writes through it).
 # A Protocol is not a concrete class, so the type lives in the annotation only.
 STORE: Final[web.AppKey[StateStore]] = web.AppKey("store")
+#: The store's summary cache (the store backend itself).
+SUMMARIES: Final[web.AppKey[SummaryCache]] = web.AppKey("summaries")
 #: The one upstream HTTP session (created in a cleanup context).
 UPSTREAM: Final = web.AppKey("upstream_session", aiohttp.ClientSession)
 #: The one token counter of the app, so counts are cached across requests.

@@ -8,7 +8,7 @@ session: the second request of a session re-hashes nothing that did not change.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 from typing import Final
 
 import compactor
@@ -38,19 +38,14 @@ class ResolverPool:
         self._transcript_root = transcript_root
         self._artifact_root = artifact_root
         self._access = access
-        self._max_sessions = max_sessions
-        self._resolvers: OrderedDict[str, compactor.SourcePointerResolver] = OrderedDict()
+        # session id -> its resolver, created on first use; least recently used evicted.
+        self._resolvers = functools.lru_cache(maxsize=max_sessions)(self._new_resolver)
 
     def for_session(self, session_id: str) -> compactor.SourcePointerResolver:
         """The resolver that serves ``session_id`` (created on first use)."""
-        resolver = self._resolvers.get(session_id)
-        if resolver is not None:
-            self._resolvers.move_to_end(session_id)
-            return resolver
-        resolver = compactor.SourcePointerResolver(
+        return self._resolvers(session_id)
+
+    def _new_resolver(self, session_id: str) -> compactor.SourcePointerResolver:
+        return compactor.SourcePointerResolver(
             self._transcript_root, self._artifact_root, self._access.authorizer(session_id)
         )
-        self._resolvers[session_id] = resolver
-        if len(self._resolvers) > self._max_sessions:
-            self._resolvers.popitem(last=False)
-        return resolver

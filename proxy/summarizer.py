@@ -19,7 +19,7 @@ import structlog
 
 import compactor
 from proxy.config import SummaryConfig
-from proxy.store import StateStore
+from proxy.store import SummaryCache
 
 __all__ = [
     "SUMMARIZER_MARKER",
@@ -155,7 +155,7 @@ class ProviderSummarizer:
         return text
 
 
-def summary_source(store: StateStore, provider: ProviderSummarizer | None,
+def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    caller: CallerCredentials) -> Summarizer:
     """The summarizer the compactor gets for one request.
 

@@ -1,7 +1,14 @@
-"""The per-session store interface: what the proxy and the admin API may ask of a backend.
+"""The per-session store interfaces, one per kind of caller, and the errors they raise.
 
-Handlers only ever see :class:`StateStore`; the SQLite backend (``proxy.store.sqlite``) is one
-implementation and a Redis one can be added without touching them.
+A backend (``proxy.store.sqlite``, ``proxy.store.redis``) is one class per engine that
+implements all of them (:class:`StoreBackend`); each caller depends only on the part it uses:
+
+- :class:`StateStore`: the durable state with compare-and-swap writes, for the request path
+  (behind :class:`~proxy.store.read_cache.CachedStateReads`) and the admin API;
+- :class:`SummaryCache`: the content-addressed summary cache, for the summariser;
+- :class:`RecordStore`: opaque per-session records, for the sticky-compaction checkpoints;
+- :class:`StoreBackend`: all three plus :meth:`~StoreBackend.open` (connect and verify, what
+  startup calls) and :meth:`~StoreBackend.close`, for whoever owns the backend.
 
 Theory of operation
 -------------------
@@ -21,18 +28,20 @@ durable context; losing them only costs a recomputation:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from compactor import DurableContextState
 
 __all__ = [
     "CorruptStateError",
+    "RecordStore",
     "StateStore",
+    "StoreBackend",
     "StoreError",
     "StoredState",
+    "SummaryCache",
     "VersionConflict",
 ]
 
@@ -95,7 +104,7 @@ class CorruptStateError(StoreError):
 
 @runtime_checkable
 class StateStore(Protocol):
-    """The async interface every store backend implements.
+    """Durable per-session state with compare-and-swap writes.
 
     All methods may raise :class:`StoreError` when the backend fails.
     """
@@ -126,13 +135,26 @@ class StateStore(Protocol):
         """
         ...
 
+
+@runtime_checkable
+class SummaryCache(Protocol):
+    """The bounded, content-addressed summary cache; may raise :class:`StoreError`."""
+
     async def get_summary(self, key: str) -> str | None:
         """Return the cached summary stored under ``key``, or ``None``."""
         ...
 
     async def put_summary(self, key: str, text: str) -> None:
-        """Cache ``text`` under ``key``, evicting the oldest entries beyond the bound."""
+        """Cache ``text`` under ``key``, evicting the oldest entries beyond the bound.
+
+        A key already cached keeps its first text and its age.
+        """
         ...
+
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """Opaque per-session records by ``(session_id, kind)``; may raise :class:`StoreError`."""
 
     async def get_record(self, session_id: str, kind: str) -> bytes | None:
         """Return the opaque compaction record ``kind`` of the session, or ``None``."""
@@ -142,32 +164,23 @@ class StateStore(Protocol):
         """Store (replace) the opaque compaction record ``kind`` of the session."""
         ...
 
-    async def close(self) -> None:
-        """Release the backend's resources; later calls raise :class:`StoreError`."""
+
+@runtime_checkable
+class StoreBackend(StateStore, SummaryCache, RecordStore, Protocol):
+    """One engine's store: every part above, plus its lifecycle.
+
+    Construction does no I/O; the backend connects lazily on first use, or now with
+    :meth:`open`.
+    """
+
+    async def open(self) -> Self:
+        """Connect and verify the backend now (idempotent); returns the store itself.
+
+        This is what startup calls, so a bad location fails before anything is served.
+        On failure the store is closed and :class:`StoreError` raised.
+        """
         ...
 
-
-def decode_state(session_id: str, version: int, state_json: str | bytes,
-                 updated_at: str) -> StoredState:
-    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
-
-    Shared by every backend: whatever the row's encoding, the state must be a JSON object
-    that validates as a ``DurableContextState`` and ``updated_at`` an ISO time with a zone.
-    """
-    try:
-        data = json.loads(state_json)
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-        raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CorruptStateError(session_id, "state is not a JSON object")
-    try:
-        state = DurableContextState.from_dict(data)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
-    try:
-        when = datetime.fromisoformat(updated_at)
-    except ValueError:
-        raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
-    if when.tzinfo is None:
-        raise CorruptStateError(session_id, "updated_at has no timezone")
-    return StoredState(session_id=session_id, version=version, state=state, updated_at=when)
+    async def close(self) -> None:
+        """Release the backend's resources (idempotent); later calls raise :class:`StoreError`."""
+        ...

@@ -5,13 +5,16 @@ have none: without this, each request pays a round trip to the store's worker th
 Redis) to learn nothing. Reads — present or absent — are remembered for ``ttl_s``; a write or
 delete through this object forgets the session at once, so the admin API of this process is
 seen immediately, and a write by another process sharing the store within ``ttl_s``.
+
+Only the durable state goes through here: the summary cache and the records are reached on
+the backend itself, and the backend's owner opens and closes it.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from typing import Final
+
+from cachetools import TTLCache
 
 from compactor import DurableContextState
 
@@ -24,26 +27,26 @@ DEFAULT_MAX_ENTRIES: Final = 10_000
 
 
 class CachedStateReads:
-    """A :class:`StateStore` that caches ``get_state`` briefly and passes the rest through."""
+    """A :class:`StateStore` that caches another's ``get_state`` briefly and writes through.
+
+    Used from the event loop only. Beyond ``max_entries`` sessions the least recently used
+    entry goes.
+    """
 
     def __init__(self, store: StateStore, *, ttl_s: float = DEFAULT_TTL_S,
                  max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.inner = store
-        self._ttl_s = ttl_s
-        self._max_entries = max_entries
-        self._states: OrderedDict[str, tuple[float, StoredState | None]] = OrderedDict()
+        self._states: TTLCache[str, StoredState | None] = TTLCache(maxsize=max_entries,
+                                                                    ttl=ttl_s)
 
     async def get_state(self, session_id: str) -> StoredState | None:
         """The session's state, from the cache when read less than ``ttl_s`` ago."""
-        now = time.monotonic()
-        found = self._states.get(session_id)
-        if found is not None and now - found[0] < self._ttl_s:
-            return found[1]
+        try:
+            return self._states[session_id]
+        except KeyError:
+            pass
         stored = await self.inner.get_state(session_id)
-        self._states[session_id] = (now, stored)
-        self._states.move_to_end(session_id)
-        if len(self._states) > self._max_entries:
-            self._states.popitem(last=False)
+        self._states[session_id] = stored
         return stored
 
     async def put_state(self, session_id: str, state: DurableContextState,
@@ -62,18 +65,3 @@ class CachedStateReads:
             return await self.inner.delete_state(session_id, expected_version)
         finally:
             self._states.pop(session_id, None)
-
-    async def get_summary(self, key: str) -> str | None:
-        return await self.inner.get_summary(key)
-
-    async def put_summary(self, key: str, text: str) -> None:
-        await self.inner.put_summary(key, text)
-
-    async def get_record(self, session_id: str, kind: str) -> bytes | None:
-        return await self.inner.get_record(session_id, kind)
-
-    async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
-        await self.inner.put_record(session_id, kind, data)
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -35,15 +35,13 @@ state that does not validate, a key of another type) raises
 :class:`~proxy.store.base.CorruptStateError`. Every other Redis failure is a
 :class:`~proxy.store.base.StoreError` whose message names the server without its password.
 
-Everything in ``__all__`` gets re-exported by ``proxy.store``.
+Everything in ``__all__`` gets re-exported by ``proxy.store``, on first use: importing
+``proxy.store`` does not import redis-py; naming ``proxy.store.RedisStateStore`` does.
 """
 
 from __future__ import annotations
 
-import json
-from collections import OrderedDict
-from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -51,12 +49,10 @@ from redis.exceptions import RedisError, ResponseError
 
 from compactor import DurableContextState
 
-from .base import CorruptStateError, StoredState, StoreError, VersionConflict, decode_state
+from ._rows import decode_state, encode_state, utc_now
+from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["RedisStateStore"]
-
-#: Decoded states kept to skip re-validating an unchanged hash on every request.
-_DECODE_CACHE_SIZE: Final = 1024
 
 # KEYS[1] = state hash; ARGV = expected version ("" = must not exist), state JSON, updated_at.
 # Returns {1, new_version} on success, {0, current_version} on a conflict (-1: no state),
@@ -113,21 +109,6 @@ return 0
 """
 
 
-def _encode_state(state: DurableContextState) -> str:
-    # Canonical form: the same state always gives the same text, so an unchanged hash can be
-    # recognised by string comparison in the decode cache.
-    return json.dumps(state.to_dict(), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-#: A state hash's ``version``, ``state`` and ``updated_at`` fields as read (``None``: absent).
-_RawState = tuple[bytes | None, bytes | None, bytes | None]
-
-
 def _as_bytes(value: bytes | str | None) -> bytes | None:
     # The client is built with decode_responses=False, so replies are bytes; the str branch
     # only satisfies redis-py's types (which allow both).
@@ -149,11 +130,11 @@ def redacted_url(url: str) -> str:
 
 
 class RedisStateStore:
-    """The :class:`~proxy.store.base.StateStore` backed by a Redis server.
+    """The :class:`~proxy.store.base.StoreBackend` backed by a Redis server.
 
-    Construction does no I/O (the connection pool connects lazily); :meth:`open` also PINGs
-    the server, which is what the service should call at startup so an unreachable server
-    fails before anything is served.
+    Construction does no I/O (the connection pool connects lazily); :meth:`open` PINGs the
+    server, which is what the service calls at startup so an unreachable server fails before
+    anything is served.
 
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or
@@ -191,23 +172,24 @@ class RedisStateStore:
         self._summary_keys = [f"{key_prefix}summary:text", f"{key_prefix}summary:order",
                               f"{key_prefix}summary:seq"]
         self._closed = False
-        # Only touched from the event loop, between awaits: no lock needed.
-        # session id -> (the raw hash fields it was decoded from, the decoded state).
-        self._decoded: OrderedDict[str, tuple[_RawState, StoredState]] = OrderedDict()
 
-    @classmethod
-    async def open(cls, url: str, *, max_summaries: int = 1000,
-                   key_prefix: str = "compact-proxy:", timeout_s: float = 5.0
-                   ) -> RedisStateStore:
-        """Create the store and PING the server now; raise :class:`StoreError` if it fails."""
-        store = cls(url, max_summaries=max_summaries, key_prefix=key_prefix,
-                    timeout_s=timeout_s)
+    async def open(self) -> Self:
+        """PING the server now; returns the store itself.
+
+        Raises:
+            StoreError: the server does not answer (or refuses the credentials); the store is
+                closed.
+        """
         try:
-            await store.ping()
+            self._check_open()
+            await self._redis.ping()
+        except RedisError as exc:
+            await self.close()
+            raise self._error("connect", exc) from None
         except BaseException:
-            await store.close()
+            await self.close()
             raise
-        return store
+        return self
 
     def state_key(self, session_id: str) -> str:
         """The Redis key of the session's state hash."""
@@ -218,14 +200,6 @@ class RedisStateStore:
         return f"{self.key_prefix}record:{session_id}"
 
     # -- the async interface -------------------------------------------------------------
-
-    async def ping(self) -> None:
-        """Check that the server answers; raise :class:`StoreError` if not."""
-        self._check_open()
-        try:
-            await self._redis.ping()
-        except RedisError as exc:
-            raise self._error("connect", exc) from None
 
     async def get_state(self, session_id: str) -> StoredState | None:
         """Return the session's current state, or ``None`` when it has none."""
@@ -240,19 +214,10 @@ class RedisStateStore:
             raise self._error("read state", exc) from exc
         except RedisError as exc:
             raise self._error("read state", exc) from exc
-        version, state_json, updated_at = raw = (
-            _as_bytes(values[0]), _as_bytes(values[1]), _as_bytes(values[2])
-        )
-        if raw == (None, None, None):
-            self._decoded.pop(session_id, None)
+        version, state_json, updated_at = (_as_bytes(value) for value in values)
+        if version is None and state_json is None and updated_at is None:
             return None
-        cached = self._decoded.get(session_id)
-        if cached is not None and cached[0] == raw:
-            self._decoded.move_to_end(session_id)
-            return cached[1]
-        stored = self._decode(session_id, version, state_json, updated_at)
-        self._remember(stored, raw)
-        return stored
+        return self._decode(session_id, version, state_json, updated_at)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None) -> StoredState:
@@ -260,8 +225,8 @@ class RedisStateStore:
         if not isinstance(state, DurableContextState):
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
         self._check_open()
-        state_json = _encode_state(state)
-        when = _now()
+        state_json = encode_state(state)
+        when = utc_now()
         when_text = when.isoformat()
         expected = "" if expected_version is None else str(int(expected_version))
         try:
@@ -274,11 +239,8 @@ class RedisStateStore:
             raise CorruptStateError(session_id, "stored version is not an integer >= 1")
         if outcome == 0:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
-        stored = StoredState(session_id=session_id, version=int(version), state=state,
-                             updated_at=when)
-        self._remember(stored, (str(stored.version).encode(), state_json.encode(),
-                                when_text.encode()))
-        return stored
+        return StoredState(session_id=session_id, version=int(version), state=state,
+                           updated_at=when)
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
         """Delete the state; see :meth:`proxy.store.base.StateStore.delete_state`."""
@@ -290,7 +252,6 @@ class RedisStateStore:
             )
         except RedisError as exc:
             raise self._write_error(session_id, "delete state", exc) from exc
-        self._decoded.pop(session_id, None)
         if outcome == -1:
             raise CorruptStateError(session_id, "stored version is not an integer >= 1")
         if outcome == 2:
@@ -343,7 +304,6 @@ class RedisStateStore:
         if self._closed:
             return
         self._closed = True
-        self._decoded.clear()
         await self._redis.aclose()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -380,9 +340,3 @@ class RedisStateStore:
         except UnicodeDecodeError:
             raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
         return decode_state(session_id, number, state_json, stamp)
-
-    def _remember(self, stored: StoredState, raw: _RawState) -> None:
-        self._decoded[stored.session_id] = (raw, stored)
-        self._decoded.move_to_end(stored.session_id)
-        while len(self._decoded) > _DECODE_CACHE_SIZE:
-            self._decoded.popitem(last=False)

@@ -5,8 +5,7 @@ Theory of operation
 *One thread owns the connection.* Every sqlite call runs in a single dedicated worker thread
 (a one-worker ``ThreadPoolExecutor``), reached through ``loop.run_in_executor``; the event loop
 never blocks on disk I/O or on another process's lock. Because that one thread does all the
-work, calls are executed in the order they were made and the connection (and the small decode
-cache below) needs no lock.
+work, calls are executed in the order they were made and the connection needs no lock.
 
 *Compare-and-swap in one transaction.* A write opens ``BEGIN IMMEDIATE``, which takes SQLite's
 single write lock up front (waiting up to the busy timeout for another writer, in this process
@@ -22,8 +21,9 @@ records and summaries written on the request path are caches, and an admin write
 rolled back shows up as an older version, so the admin's next ``If-Match`` gets a clean 409
 rather than a silent overwrite. FULL would fsync on every commit of the request path.
 
-*Never garbage.* Rows are decoded through ``DurableContextState.from_dict``; a row that does
-not decode raises :class:`~proxy.store.base.CorruptStateError`.
+*Never garbage.* Rows are decoded through ``DurableContextState.from_dict`` (memoised, see
+:mod:`proxy.store._rows`); a row that does not decode raises
+:class:`~proxy.store.base.CorruptStateError`.
 
 Everything in ``__all__`` gets re-exported by ``proxy.store``.
 """
@@ -33,18 +33,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import sqlite3
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from compactor import DurableContextState
 
-from .base import CorruptStateError, StoredState, StoreError, VersionConflict, decode_state
+from ._rows import decode_state, encode_state, utc_now
+from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
 
@@ -78,27 +76,13 @@ _SCHEMA = (
     ) WITHOUT ROWID""",
 )
 
-#: Decoded states kept to skip re-validating an unchanged row on every request.
-_DECODE_CACHE_SIZE = 1024
-
-
-def _encode_state(state: DurableContextState) -> str:
-    # Canonical form: the same state always gives the same text, so an unchanged row can be
-    # recognised by string comparison in the decode cache.
-    return json.dumps(state.to_dict(), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
 
 class SQLiteStateStore:
-    """The :class:`~proxy.store.base.StateStore` backed by one SQLite file.
+    """The :class:`~proxy.store.base.StoreBackend` backed by one SQLite file.
 
     Construction does no I/O; the file (and its parent directories) is created and the schema
-    checked on first use, or up front by :meth:`open`, which is what the service should call
-    at startup so a bad path fails before anything is served.
+    checked on first use, or up front by :meth:`open`, which is what the service calls at
+    startup so a bad path fails before anything is served.
 
     Args:
         path: the database file.
@@ -119,19 +103,20 @@ class SQLiteStateStore:
         self._closed = False
         # Touched only from the worker thread.
         self._conn: sqlite3.Connection | None = None
-        self._decoded: OrderedDict[str, tuple[str, StoredState]] = OrderedDict()
 
-    @classmethod
-    async def open(cls, path: str | Path, *, max_summaries: int = 1000,
-                   busy_timeout_s: float = 5.0) -> SQLiteStateStore:
-        """Create the store, its file and its schema now; raise :class:`StoreError` if not."""
-        store = cls(path, max_summaries=max_summaries, busy_timeout_s=busy_timeout_s)
+    async def open(self) -> Self:
+        """Create the file and its schema now (idempotent); returns the store itself.
+
+        Raises:
+            StoreError: the file cannot be opened or its schema is not this program's; the
+                store is closed.
+        """
         try:
-            await store._call(store._connection)
+            await self._call(self._connection)
         except BaseException:
-            await store.close()
+            await self.close()
             raise
-        return store
+        return self
 
     # -- the async interface -------------------------------------------------------------
 
@@ -146,7 +131,7 @@ class SQLiteStateStore:
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
         # Encode on the loop thread: it is CPU work on the caller's object, and a state that
         # cannot be encoded fails here, before any lock is taken.
-        return await self._call(self._put_state, session_id, state, _encode_state(state),
+        return await self._call(self._put_state, session_id, state, encode_state(state),
                                 expected_version)
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
@@ -230,7 +215,6 @@ class SQLiteStateStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._decoded.clear()
 
     @contextlib.contextmanager
     def _immediate(self, conn: sqlite3.Connection) -> Iterator[None]:
@@ -261,34 +245,17 @@ class SQLiteStateStore:
                 (session_id,),
             ).fetchone()
         if row is None:
-            self._decoded.pop(session_id, None)
             return None
         version, state_json, updated_at = row
-        cached = self._decoded.get(session_id)
-        if cached is not None and cached[0] == state_json and cached[1].version == version:
-            self._decoded.move_to_end(session_id)
-            return cached[1]
-        stored = self._decode(session_id, version, state_json, updated_at)
-        self._remember(stored, state_json)
-        return stored
-
-    def _decode(self, session_id: str, version: object, state_json: object,
-                updated_at: object) -> StoredState:
         if not isinstance(version, int) or version < 1:
             raise CorruptStateError(session_id, f"version is {version!r}, not an integer >= 1")
         if not isinstance(state_json, str):
             raise CorruptStateError(session_id, f"state_json is {type(state_json).__name__}")
         return decode_state(session_id, version, state_json, str(updated_at))
 
-    def _remember(self, stored: StoredState, state_json: str) -> None:
-        self._decoded[stored.session_id] = (state_json, stored)
-        self._decoded.move_to_end(stored.session_id)
-        while len(self._decoded) > _DECODE_CACHE_SIZE:
-            self._decoded.popitem(last=False)
-
     def _put_state(self, session_id: str, state: DurableContextState, state_json: str,
                    expected_version: int | None) -> StoredState:
-        when = _now()
+        when = utc_now()
         with self._sqlite_errors("write state") as conn, self._immediate(conn):
             row = conn.execute(
                 "SELECT version FROM session_state WHERE session_id = ?", (session_id,)
@@ -304,10 +271,8 @@ class SQLiteStateStore:
                 " state_json = excluded.state_json, updated_at = excluded.updated_at",
                 (session_id, new_version, state_json, when.isoformat()),
             )
-        stored = StoredState(session_id=session_id, version=new_version, state=state,
-                             updated_at=when)
-        self._remember(stored, state_json)
-        return stored
+        return StoredState(session_id=session_id, version=new_version, state=state,
+                           updated_at=when)
 
     def _delete_state(self, session_id: str, expected_version: int | None) -> bool:
         with self._sqlite_errors("delete state") as conn, self._immediate(conn):
@@ -321,7 +286,6 @@ class SQLiteStateStore:
             else:
                 conn.execute("DELETE FROM session_state WHERE session_id = ?", (session_id,))
                 deleted = True
-        self._decoded.pop(session_id, None)
         return deleted
 
     def _get_summary(self, key: str) -> str | None:
@@ -368,5 +332,5 @@ class SQLiteStateStore:
                 " VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
                 " updated_at = excluded.updated_at",
-                (session_id, kind, data, _now().isoformat()),
+                (session_id, kind, data, utc_now().isoformat()),
             )

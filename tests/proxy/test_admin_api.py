@@ -83,7 +83,7 @@ class Admin:
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SQLiteStateStore]:
     """A real SQLite store on a fresh file."""
-    opened = await SQLiteStateStore.open(tmp_path / "admin" / "state.db")
+    opened = await SQLiteStateStore(tmp_path / "admin" / "state.db").open()
     yield opened
     await opened.close()
 

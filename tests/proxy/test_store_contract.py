@@ -1,6 +1,7 @@
-"""The StateStore contract, run against every backend (SQLite on a real file, Redis on a real
-``redis-server``): versioned CAS writes, races between tasks and between processes,
-persistence, several instances on one store, the compaction caches and closing."""
+"""The store contract (every part of StoreBackend), run against every backend (SQLite on a
+real file, Redis on a real ``redis-server``): versioned CAS writes, races between tasks and
+between processes, persistence, several instances on one store, the compaction caches and
+closing."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ import redis.asyncio as aioredis
 
 from compactor import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
 from proxy.store import (
+    RecordStore,
     RedisStateStore,
     SQLiteStateStore,
     StateStore,
+    StoreBackend,
     StoreError,
+    SummaryCache,
     VersionConflict,
 )
 
@@ -63,12 +67,12 @@ class StoreFactory:
     location: str
     key_prefix: str = ""
 
-    async def open(self, *, max_summaries: int = 1000) -> StateStore:
+    async def open(self, *, max_summaries: int = 1000) -> StoreBackend:
         """A new store instance on this test's data."""
         if self.backend == "sqlite":
-            return await SQLiteStateStore.open(self.location, max_summaries=max_summaries)
-        return await RedisStateStore.open(self.location, max_summaries=max_summaries,
-                                          key_prefix=self.key_prefix)
+            return await SQLiteStateStore(self.location, max_summaries=max_summaries).open()
+        return await RedisStateStore(self.location, max_summaries=max_summaries,
+                                     key_prefix=self.key_prefix).open()
 
     async def stored_summary_counts(self) -> tuple[int, ...]:
         """How many entries each of the backend's summary-cache structures holds, read raw."""
@@ -97,7 +101,7 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactor
 
 
 @pytest.fixture
-async def store(store_factory: StoreFactory) -> AsyncIterator[StateStore]:
+async def store(store_factory: StoreFactory) -> AsyncIterator[StoreBackend]:
     """An opened store on this test's fresh data, closed after the test."""
     opened = await store_factory.open()
     yield opened
@@ -107,12 +111,14 @@ async def store(store_factory: StoreFactory) -> AsyncIterator[StateStore]:
 # --- basic CAS semantics ----------------------------------------------------------------
 
 
-async def test_store_implements_the_state_store_protocol(store: StateStore) -> None:
-    """The backend is usable wherever a StateStore is expected."""
+async def test_store_implements_the_state_store_protocol(store: StoreBackend) -> None:
+    """The backend is usable wherever a StateStore (or another part of the store) is expected."""
     assert isinstance(store, StateStore)
+    for part in (SummaryCache, RecordStore, StoreBackend):
+        assert isinstance(store, part)
 
 
-async def test_first_put_creates_version_one_that_get_returns(store: StateStore) -> None:
+async def test_first_put_creates_version_one_that_get_returns(store: StoreBackend) -> None:
     """Creating a state yields version 1, and get returns the same state and version."""
     assert await store.get_state("s1") is None
     written = await store.put_state("s1", make_state(), expected_version=None)
@@ -123,7 +129,7 @@ async def test_first_put_creates_version_one_that_get_returns(store: StateStore)
     assert (read.version, read.state, read.updated_at) == (1, make_state(), written.updated_at)
 
 
-async def test_put_with_current_version_replaces_and_increments(store: StateStore) -> None:
+async def test_put_with_current_version_replaces_and_increments(store: StoreBackend) -> None:
     """A write naming the current version replaces the state with version + 1."""
     await store.put_state("s1", make_state("a"), None)
     second = await store.put_state("s1", make_state("b", facts=3), expected_version=1)
@@ -133,7 +139,7 @@ async def test_put_with_current_version_replaces_and_increments(store: StateStor
     assert read is not None and read.version == 3 and read.state.is_empty
 
 
-async def test_create_conflicts_when_a_state_exists(store: StateStore) -> None:
+async def test_create_conflicts_when_a_state_exists(store: StoreBackend) -> None:
     """expected_version=None on an existing state raises VersionConflict and keeps it."""
     await store.put_state("s1", make_state("a"), None)
     with pytest.raises(VersionConflict) as info:
@@ -143,7 +149,7 @@ async def test_create_conflicts_when_a_state_exists(store: StateStore) -> None:
     assert read is not None and read.state == make_state("a")
 
 
-async def test_stale_version_conflicts_and_keeps_state(store: StateStore) -> None:
+async def test_stale_version_conflicts_and_keeps_state(store: StoreBackend) -> None:
     """A write naming an old version raises VersionConflict carrying the current version."""
     await store.put_state("s1", make_state("a"), None)
     await store.put_state("s1", make_state("b"), 1)
@@ -154,7 +160,7 @@ async def test_stale_version_conflicts_and_keeps_state(store: StateStore) -> Non
     assert read is not None and (read.version, read.state) == (2, make_state("b"))
 
 
-async def test_update_of_a_missing_state_conflicts(store: StateStore) -> None:
+async def test_update_of_a_missing_state_conflicts(store: StoreBackend) -> None:
     """Naming a version when no state exists is a conflict with current_version None."""
     with pytest.raises(VersionConflict) as info:
         await store.put_state("s1", make_state(), 3)
@@ -163,7 +169,7 @@ async def test_update_of_a_missing_state_conflicts(store: StateStore) -> None:
 
 
 async def test_negative_expected_version_never_matches_a_missing_state(
-    store: StateStore,
+    store: StoreBackend,
 ) -> None:
     """Only expected_version=None creates; any number on a missing state is a conflict."""
     for expected in (-1, 0):
@@ -172,7 +178,7 @@ async def test_negative_expected_version_never_matches_a_missing_state(
     assert await store.get_state("s1") is None
 
 
-async def test_delete_reports_whether_a_state_existed(store: StateStore) -> None:
+async def test_delete_reports_whether_a_state_existed(store: StoreBackend) -> None:
     """delete_state removes the state, returns True, and False once nothing is left."""
     await store.put_state("s1", make_state(), None)
     assert await store.delete_state("s1") is True
@@ -180,7 +186,7 @@ async def test_delete_reports_whether_a_state_existed(store: StateStore) -> None
     assert await store.delete_state("s1") is False
 
 
-async def test_delete_with_stale_version_keeps_state(store: StateStore) -> None:
+async def test_delete_with_stale_version_keeps_state(store: StoreBackend) -> None:
     """delete_state with a wrong expected version raises and deletes nothing."""
     await store.put_state("s1", make_state(), None)
     await store.put_state("s1", make_state("b"), 1)
@@ -192,7 +198,7 @@ async def test_delete_with_stale_version_keeps_state(store: StateStore) -> None:
     assert await store.get_state("s1") is None
 
 
-async def test_recreated_state_starts_again_at_version_one(store: StateStore) -> None:
+async def test_recreated_state_starts_again_at_version_one(store: StoreBackend) -> None:
     """After a delete, a new state is version 1 and get returns the new content."""
     await store.put_state("s1", make_state("old"), None)
     assert (await store.get_state("s1")) is not None  # warm the decode cache
@@ -202,7 +208,7 @@ async def test_recreated_state_starts_again_at_version_one(store: StateStore) ->
     assert read is not None and (read.version, read.state) == (1, make_state("new"))
 
 
-async def test_sessions_are_independent(store: StateStore) -> None:
+async def test_sessions_are_independent(store: StoreBackend) -> None:
     """Writes to one session neither change nor conflict with another."""
     await store.put_state("s1", make_state("a"), None)
     await store.put_state("s2", make_state("b"), None)
@@ -211,7 +217,7 @@ async def test_sessions_are_independent(store: StateStore) -> None:
     assert s2 is not None and (s2.version, s2.state) == (1, make_state("b"))
 
 
-async def test_session_ids_with_separators_do_not_collide(store: StateStore) -> None:
+async def test_session_ids_with_separators_do_not_collide(store: StoreBackend) -> None:
     """Ids containing ':' or looking like other key kinds map to distinct entries."""
     ids = ["a", "a:b", "record:a", "summary:text", "ü/ñ 🙂"]
     for index, sid in enumerate(ids):
@@ -273,7 +279,7 @@ async def test_closed_store_refuses_calls(store_factory: StoreFactory) -> None:
 # --- races ------------------------------------------------------------------------------
 
 
-async def test_racing_tasks_get_exactly_one_winner(store: StateStore) -> None:
+async def test_racing_tasks_get_exactly_one_winner(store: StoreBackend) -> None:
     """20 tasks writing from the same version: one succeeds, 19 get VersionConflict."""
     await store.put_state("s1", make_state("base"), None)
 
@@ -293,7 +299,7 @@ async def test_racing_tasks_get_exactly_one_winner(store: StateStore) -> None:
     assert read.state in {make_state(f"t{i}") for i in range(20)}
 
 
-async def test_racing_creations_get_exactly_one_winner(store: StateStore) -> None:
+async def test_racing_creations_get_exactly_one_winner(store: StoreBackend) -> None:
     """20 tasks creating the same session: exactly one creates version 1."""
     results = await asyncio.gather(
         *(store.put_state("s1", make_state(f"t{i}"), None) for i in range(20)),
@@ -358,7 +364,7 @@ async def test_racing_processes_get_one_winner_per_version(store_factory: StoreF
 # --- caches -----------------------------------------------------------------------------
 
 
-async def test_summary_round_trips_and_misses_are_none(store: StateStore) -> None:
+async def test_summary_round_trips_and_misses_are_none(store: StoreBackend) -> None:
     """A stored summary comes back by key (unicode intact); an unknown key gives None."""
     await store.put_summary("sha256:abc", "the user asked for a refactor — ünïcode 🙂")
     assert await store.get_summary("sha256:abc") == "the user asked for a refactor — ünïcode 🙂"
@@ -407,7 +413,7 @@ async def test_concurrent_summary_puts_stay_within_the_bound(store_factory: Stor
         await small.close()
 
 
-async def test_records_round_trip_per_session_and_kind(store: StateStore) -> None:
+async def test_records_round_trip_per_session_and_kind(store: StoreBackend) -> None:
     """Records are opaque bytes keyed by (session, kind); a put replaces the old bytes."""
     await store.put_record("s1", "l4-spans", b"\x00\x01binary\xff")
     await store.put_record("s1", "other", b"x")
@@ -420,7 +426,7 @@ async def test_records_round_trip_per_session_and_kind(store: StateStore) -> Non
     assert await store.get_record("s1", "missing-kind") is None
 
 
-async def test_caches_survive_a_state_delete(store: StateStore) -> None:
+async def test_caches_survive_a_state_delete(store: StoreBackend) -> None:
     """Deleting the durable state leaves the session's compaction records alone."""
     await store.put_state("s1", make_state(), None)
     await store.put_record("s1", "l4-spans", b"data")

@@ -16,7 +16,8 @@ def _state(text: str) -> DurableContextState:
 
 async def test_a_write_through_the_cache_is_seen_by_the_next_read(tmp_path: Path) -> None:
     """An admin write via the same object invalidates the cached (absent) read."""
-    store = CachedStateReads(await SQLiteStateStore.open(tmp_path / "s.db"))
+    inner = await SQLiteStateStore(tmp_path / "s.db").open()
+    store = CachedStateReads(inner)
     try:
         assert await store.get_state("s") is None
         await store.put_state("s", _state("one"), None)
@@ -25,14 +26,14 @@ async def test_a_write_through_the_cache_is_seen_by_the_next_read(tmp_path: Path
         await store.delete_state("s")
         assert await store.get_state("s") is None
     finally:
-        await store.close()
+        await inner.close()
 
 
 async def test_another_writer_is_seen_after_the_ttl(tmp_path: Path) -> None:
     """A write that bypasses the cache (another process) shows once the entry expires."""
-    inner = await SQLiteStateStore.open(tmp_path / "s.db")
+    inner = await SQLiteStateStore(tmp_path / "s.db").open()
     store = CachedStateReads(inner, ttl_s=0.05)
-    other = await SQLiteStateStore.open(tmp_path / "s.db")
+    other = await SQLiteStateStore(tmp_path / "s.db").open()
     try:
         assert await store.get_state("s") is None
         await other.put_state("s", _state("elsewhere"), None)
@@ -43,5 +44,5 @@ async def test_another_writer_is_seen_after_the_ttl(tmp_path: Path) -> None:
         stored = await store.get_state("s")
         assert stored is not None and stored.state.facts[0].content == "elsewhere"
     finally:
-        await store.close()
+        await inner.close()
         await other.close()

@@ -28,7 +28,7 @@ from tests.redis_server import free_port
 @pytest.fixture
 async def store(redis_url: str) -> AsyncIterator[RedisStateStore]:
     """An opened store under a fresh key prefix, closed after the test."""
-    opened = await RedisStateStore.open(redis_url, key_prefix=unique_prefix())
+    opened = await RedisStateStore(redis_url, key_prefix=unique_prefix()).open()
     yield opened
     await opened.close()
 
@@ -60,8 +60,8 @@ async def test_state_is_stored_as_a_hash_of_version_json_and_timestamp(
 
 async def test_key_prefixes_separate_deployments(redis_url: str) -> None:
     """Two stores with different prefixes on one server share nothing."""
-    a = await RedisStateStore.open(redis_url, key_prefix=unique_prefix())
-    b = await RedisStateStore.open(redis_url, key_prefix=unique_prefix())
+    a = await RedisStateStore(redis_url, key_prefix=unique_prefix()).open()
+    b = await RedisStateStore(redis_url, key_prefix=unique_prefix()).open()
     try:
         await a.put_state("s1", make_state("a"), None)
         await a.put_summary("k", "text")
@@ -146,7 +146,8 @@ async def test_unreachable_server_raises_a_clean_store_error() -> None:
     """Opening a store on a port nobody listens on: StoreError naming the address, no secret."""
     port = free_port()
     with pytest.raises(StoreError) as info:
-        await RedisStateStore.open(f"redis://admin:s3cret-pw@127.0.0.1:{port}/0", timeout_s=2)
+        await RedisStateStore(f"redis://admin:s3cret-pw@127.0.0.1:{port}/0",
+                              timeout_s=2).open()
     message = str(info.value)
     assert f"127.0.0.1:{port}" in message
     assert "cannot connect" in message
@@ -158,7 +159,7 @@ async def test_rejected_password_is_not_in_the_error(redis_url: str) -> None:
     """A server refusing the URL's credentials gives a StoreError without the password."""
     url = redis_url.replace("redis://", "redis://nobody:wr0ng-pw@")
     with pytest.raises(StoreError) as info:
-        await RedisStateStore.open(url, key_prefix=unique_prefix())
+        await RedisStateStore(url, key_prefix=unique_prefix()).open()
     assert "wr0ng-pw" not in str(info.value)
     assert "nobody:***@127.0.0.1" in str(info.value)
 
@@ -210,7 +211,7 @@ def test_proxy_on_redis_injects_state_put_through_the_admin_api(
     assert etag == '"1"' and body["version"] == 1
 
     async def read_back() -> Any:
-        check = await RedisStateStore.open(redis_url)
+        check = await RedisStateStore(redis_url).open()
         try:
             return await check.get_state(session_id)
         finally:

@@ -18,7 +18,7 @@ from tests.proxy.test_store_contract import make_state
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SQLiteStateStore]:
     """An opened store on a fresh file, closed after the test."""
-    opened = await SQLiteStateStore.open(tmp_path / "state.db")
+    opened = await SQLiteStateStore(tmp_path / "state.db").open()
     yield opened
     await opened.close()
 
@@ -29,7 +29,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStateStore]:
 async def test_open_creates_parent_directories(tmp_path: Path) -> None:
     """The database's missing parent directories are created by open."""
     path = tmp_path / "deep" / "er" / "state.db"
-    opened = await SQLiteStateStore.open(path)
+    opened = await SQLiteStateStore(path).open()
     await opened.close()
     assert path.is_file()
 
@@ -47,13 +47,13 @@ async def test_database_uses_wal_and_records_schema_version(store: SQLiteStateSt
 async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
     """A file whose schema is newer than the code fails to open with a StoreError."""
     path = tmp_path / "state.db"
-    await (await SQLiteStateStore.open(path)).close()  # create the schema
+    await (await SQLiteStateStore(path).open()).close()  # create the schema
     conn = sqlite3.connect(path)
     conn.execute("UPDATE schema_version SET version = 99")
     conn.commit()
     conn.close()
     with pytest.raises(StoreError, match="schema version 99"):
-        await SQLiteStateStore.open(path)
+        await SQLiteStateStore(path).open()
 
 
 async def test_unopenable_path_raises_store_error(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ async def test_unopenable_path_raises_store_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(StoreError, match="cannot open"):
-        await SQLiteStateStore.open(blocker / "state.db")
+        await SQLiteStateStore(blocker / "state.db").open()
 
 
 @pytest.mark.parametrize(

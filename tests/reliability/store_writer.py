@@ -32,7 +32,7 @@ def state_for(version: int) -> DurableContextState:
 
 async def hammer(path: str, session_id: str) -> None:
     """Write forever (until killed)."""
-    store = await SQLiteStateStore.open(path)
+    store = await SQLiteStateStore(path).open()
     current = await store.get_state(session_id)
     version = current.version if current is not None else 0
     while True:

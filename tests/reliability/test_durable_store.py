@@ -108,7 +108,7 @@ def assert_whole_version(db: Path, session_id: str, reported: int) -> dict[str, 
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
     async def read() -> Any:
-        store = await SQLiteStateStore.open(db)
+        store = await SQLiteStateStore(db).open()
         try:
             return await store.get_state(session_id)
         finally:

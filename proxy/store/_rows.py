@@ -1,0 +1,66 @@
+"""How every backend turns a state into a stored row and back: one encoding, one clock, one
+memo of decoded rows.
+
+Rows are the canonical JSON of ``DurableContextState.to_dict()`` (the same state always gives
+the same text) with an ISO ``updated_at`` in UTC. Decoding validates the whole state, so it is
+memoised on the row itself: an unchanged row, read on every request, is decoded once. The memo
+is keyed by everything the result is made of (session id, version, JSON, timestamp), so a row
+that changed in any way, by this process or another, is decoded afresh, and a row that does
+not decode raises every time (exceptions are never cached).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import UTC, datetime
+from typing import Final
+
+from compactor import DurableContextState
+
+from .base import CorruptStateError, StoredState
+
+__all__ = ["decode_state", "encode_state", "utc_now"]
+
+#: Decoded rows kept, least recently used evicted.
+DECODED_ROWS: Final = 1024
+
+
+def encode_state(state: DurableContextState) -> str:
+    """The canonical JSON text of ``state``, as every backend stores it."""
+    return json.dumps(state.to_dict(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+
+
+def utc_now() -> datetime:
+    """The ``updated_at`` of a write: now, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+@functools.lru_cache(maxsize=DECODED_ROWS)
+def decode_state(session_id: str, version: int, state_json: str | bytes,
+                 updated_at: str) -> StoredState:
+    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
+
+    Whatever the backend's encoding, the state must be a JSON object that validates as a
+    ``DurableContextState`` and ``updated_at`` an ISO time with a zone. The backend checks
+    ``version`` (an integer >= 1) before calling. Results are shared between callers; they
+    are frozen.
+    """
+    try:
+        data = json.loads(state_json)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CorruptStateError(session_id, "state is not a JSON object")
+    try:
+        state = DurableContextState.from_dict(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
+    try:
+        when = datetime.fromisoformat(updated_at)
+    except ValueError:
+        raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
+    if when.tzinfo is None:
+        raise CorruptStateError(session_id, "updated_at has no timezone")
+    return StoredState(session_id=session_id, version=version, state=state, updated_at=when)
