@@ -73,7 +73,7 @@ def _new_store(config: Config) -> StoreBackend:
         # Imported here so only this branch depends on the redis backend.
         from proxy.store import RedisStateStore
 
-        # StoreConfig._validate guarantees a url for the redis backend.
+        # StoreConfig guarantees a url for the redis backend.
         assert config.store.url is not None
         try:
             return RedisStateStore(config.store.url)
@@ -114,8 +114,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    assert config.upstream.base_url is not None
-    summarizer = ProviderSummarizer(config.summary, config.upstream.base_url,
+    summarizer = ProviderSummarizer(config.summary, config.upstream.require_base_url(),
                                     config.summary_api_key())
     app[SUMMARIZER] = summarizer
     yield
@@ -134,8 +133,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
         ConfigError: a setting that cannot work here (no upstream, tiktoken's offline
             encoding missing, an unavailable store backend), naming its key.
     """
-    if config.upstream.base_url is None:
-        raise ConfigError("upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)")
+    config.upstream.require_base_url()
     # Request bodies are never decoded by the server (whatever runner serves the app: the
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
@@ -196,7 +194,7 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None
 
 async def _serve(config: Config) -> int:
     runner, base_url = await start_proxy(config)
-    upstream = urlsplit(config.upstream.base_url or "")
+    upstream = urlsplit(config.upstream.require_base_url())
     _log.info(
         "proxy_started",
         host=config.listen.host,

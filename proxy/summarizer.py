@@ -1,7 +1,8 @@
 """L4 summaries through the provider, and the summary cache in front of them.
 
-The compactor never calls a model: it hands over a :class:`compactor.SummaryRequest` (the span
-as a JSON transcript plus a content hash). :func:`summary_source` turns that into text: the
+The compactor never calls a model: it hands over the span to summarise as a JSON transcript
+(cached under :func:`compactor.summary_cache_key` of it). :func:`summary_source` turns that
+into text: the
 store's summary cache first, then, for ``/v1/messages`` only, one call to the provider through
 the anthropic SDK with the caller's own credentials (or the key named by
 ``summary.api_key_env``). ``count_tokens`` uses the cache only, so it never makes that call.
@@ -58,7 +59,7 @@ Be specific (names, paths, ids, numbers) and brief. Write "none" under a section
 to report. Do not add any other text."""
 
 #: What the compactor calls to obtain a summary: the text, or ``None`` to skip L4.
-Summarizer = Callable[[compactor.SummaryRequest], Awaitable[str | None]]
+Summarizer = Callable[[str], Awaitable[str | None]]
 
 # The SDK insists on a credential at construction; calls on a caller's behalf replace it.
 _NO_CREDENTIAL: Final = "compact-proxy-no-credential"
@@ -128,9 +129,8 @@ class ProviderSummarizer:
             return caller.as_extra_headers()
         return None
 
-    async def summarize(self, request: compactor.SummaryRequest,
-                        caller: CallerCredentials) -> str | None:
-        """Ask the model for a summary of ``request.messages_json``; ``None`` on any failure."""
+    async def summarize(self, messages_json: str, caller: CallerCredentials) -> str | None:
+        """Ask the model for a summary of ``messages_json``; ``None`` on any failure."""
         auth = self._auth_headers(caller)
         if auth is None:
             _log.warning("summary_failed", error_class="NoCredentials")
@@ -140,7 +140,7 @@ class ProviderSummarizer:
                 model=self._config.model,
                 max_tokens=self._config.max_tokens,
                 system=SUMMARY_SYSTEM_PROMPT,
-                messages=[{"role": "user", "content": request.messages_json}],
+                messages=[{"role": "user", "content": messages_json}],
                 extra_headers=auth,
             )
         except Exception as exc:  # noqa: BLE001 - any failure means "no summary", never a 500
@@ -163,16 +163,17 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
     ``count_tokens``) writes one, which is cached under the request's content hash.
     """
 
-    async def summarize(request: compactor.SummaryRequest) -> str | None:
-        cached = await store.get_summary(request.cache_key)
+    async def summarize(messages_json: str) -> str | None:
+        key = compactor.summary_cache_key(messages_json)
+        cached = await store.get_summary(key)
         if cached:
             _log.info("summary_ready", cached=True)
             return cached
         if provider is None:
             return None
-        text = await provider.summarize(request, caller)
+        text = await provider.summarize(messages_json, caller)
         if text is not None:
-            await store.put_summary(request.cache_key, text)
+            await store.put_summary(key, text)
             _log.info("summary_ready", cached=False)
         return text
 
