@@ -16,7 +16,7 @@ from typing import Any
 from policies import CompactionPolicy, ReadToolSpec
 
 from ._protocol import Interaction
-from ._turns import protected_indices
+from ._turns import protected_indices, removable_in_turn
 from ._view import View, drop_pairs
 
 __all__: list[str] = []
@@ -62,7 +62,8 @@ def drop_superseded_reads(view: View, interactions: Mapping[str, Interaction],
             continue
         keyed.append((interaction.tool_use_id, key, interaction.use_index))
         latest[key] = max(latest.get(key, -1), interaction.use_index)
-    superseded = {tid for tid, key, at in keyed if at < latest[key] and at not in protected}
+    superseded = removable_in_turn(view.messages, {
+        tid for tid, key, at in keyed if at < latest[key] and at not in protected})
     if not superseded:
         return view, 0
     return view.derive(drop_pairs(view.messages, superseded)), len(superseded)

@@ -69,3 +69,22 @@ def protected_indices(messages: list[Message]) -> frozenset[int]:
     """The indices every layer must keep as they are (see the module docstring)."""
     opening = protected_opening(messages)
     return frozenset(opening) if opening is not None else frozenset()
+
+
+def removable_in_turn(messages: list[Message], ids: set[str]) -> set[str]:
+    """``ids`` (calls a layer wants to remove with their results) without those whose removal
+    would leave a tool answer inside the turn in progress holding other blocks only (a text
+    appended to the results, as Claude Code does): a user message with no ``tool_result`` left
+    would end the turn there, and its opener would no longer be the turn's first message."""
+    opening = protected_opening(messages)
+    if opening is None:
+        return ids
+    kept = set(ids)
+    for message in messages[opening[0] + 1:]:
+        if message.get("role") != "user":
+            continue
+        blocks = blocks_of(message)
+        answered = {b.get("tool_use_id") for b in blocks if b.get("type") == CLIENT_RESULT}
+        if answered and answered <= kept and len(blocks) > len(answered):
+            kept -= {i for i in answered if isinstance(i, str)}
+    return kept

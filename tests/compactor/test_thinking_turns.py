@@ -196,6 +196,25 @@ def test_a_read_superseded_inside_the_turn_does_not_end_the_turn() -> None:
     _check(result.messages)
 
 
+def test_a_read_whose_answer_carries_a_reminder_stays_inside_the_turn() -> None:
+    """Claude Code appends text to tool results. Dropping a superseded read inside the turn in
+    progress would leave that text as a user message of its own, which ends the turn for the
+    provider: the read stays (found by the property test below at 600 examples)."""
+    messages = [user("Tidy up app.py"),
+                assistant(thinking("plan", "sig-open"), tool_use("b1", "Bash", command="ls")),
+                user(tool_result("b1", "app.py")),
+                assistant(read_call("r1", "/app.py")),
+                user(tool_result("r1", "v1 " * 3000), text("<system-reminder>be careful")),
+                assistant(read_call("r2", "/app.py")),
+                user(tool_result("r2", "v2 " * 3000))]
+    result = compact_context(messages, policy=_policy(estimate_tokens(messages) // 2,
+                                                      summary_enabled=False,
+                                                      max_tool_result_tokens=10**6,
+                                                      keep_recent_messages=10))
+    assert result.messages[4] == messages[4]
+    _check(result.messages)
+
+
 def test_an_interactive_session_cut_inside_the_last_turn() -> None:
     """Many person turns, then a long loop: L3 and L4 cut inside it and keep its opener."""
     messages = [user("Set up the project.")]
