@@ -3,5 +3,5 @@ agent histories (through :mod:`compactor`) and injects each session's durable co
 
 Entry points: :func:`proxy.app.create_app` (the application factory), :func:`proxy.app.run_server`
 (``compact-proxy serve``) and :func:`proxy.app.start_proxy` (serve on a TCP site, for tests and
-the demo). The request path reads top to bottom in :mod:`proxy.handlers`.
+the demo). The request path reads top to bottom in :mod:`proxy.http.handlers`.
 """

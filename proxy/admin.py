@@ -23,11 +23,11 @@ Preconditions (optimistic concurrency on the store's version):
 - ``DELETE`` honours ``If-Match`` when given (stale: 409) and deletes unconditionally
   otherwise.
 
-Refusals are raised as :class:`~proxy.errors.RequestRejected` and answered, in the Anthropic
-shape, by :func:`~proxy.errors.error_middleware`: the sub-app carries its own, so it answers
+Refusals are raised as :class:`~proxy.http.errors.RequestRejected` and answered, in the Anthropic
+shape, by :func:`~proxy.http.errors.error_middleware`: the sub-app carries its own, so it answers
 the same wherever it is mounted (under the proxy, the parent's middlewares wrap it: the
 request record and its ``request_completed`` line). Bodies are read and parsed by
-:mod:`proxy.body` (size limit, content codings, strict JSON). Logs name the session, version
+:mod:`proxy.http.body` (size limit, content codings, strict JSON). Logs name the session, version
 and item counts, never the state's text or the token.
 """
 
@@ -41,10 +41,9 @@ import structlog
 from aiohttp import web
 
 from compactor import SESSION_ID_RULE, DurableContextState, session_id_problem
-
-from .body import parse_json_object, read_body
-from .errors import Handler, RequestRejected, error_middleware, error_response
-from .store import StateStore, StoredState, StoreError, VersionConflict
+from proxy.http.body import parse_json_object, read_body
+from proxy.http.errors import Handler, RequestRejected, error_middleware, error_response
+from proxy.state.store import StateStore, StoredState, StoreError, VersionConflict
 
 __all__ = [
     "ADMIN_STORE_KEY",

@@ -21,10 +21,10 @@ import structlog
 from aiohttp import web
 
 import compactor
-from proxy.checkpoints import SessionCheckpoints
 from proxy.config import Config, ConfigError
-from proxy.context import request_context_middleware
-from proxy.errors import error_middleware
+from proxy.http.audit import request_context_middleware
+from proxy.http.errors import error_middleware
+from proxy.http.routes import setup_routes
 from proxy.keys import (
     CHECKPOINTS,
     CONFIG,
@@ -39,10 +39,10 @@ from proxy.keys import (
 )
 from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
-from proxy.routes import setup_routes
-from proxy.sources import ResolverPool
-from proxy.store import CachedStateReads, SQLiteStateStore, StoreBackend, StoreError
-from proxy.summarizer import ProviderSummarizer
+from proxy.state.checkpoints import SessionCheckpoints
+from proxy.state.resolvers import ResolverPool
+from proxy.state.store import CachedStateReads, SQLiteStateStore, StoreBackend, StoreError
+from proxy.state.summarizer import ProviderSummarizer
 
 __all__ = ["create_app", "run_server", "start_proxy"]
 
@@ -56,7 +56,8 @@ UPSTREAM_CONNECTION_LIMIT: Final = 1000
 
 def _token_counter(config: Config) -> compactor.CachingCounter:
     if config.compaction.token_counter == "chars4":
-        return compactor.CachingCounter(compactor.Chars4Counter(), max_entries=COUNTER_CACHE_ENTRIES)
+        return compactor.CachingCounter(compactor.Chars4Counter(),
+                                        max_entries=COUNTER_CACHE_ENTRIES)
     try:
         base = compactor.TiktokenCounter()
     except RuntimeError as exc:
@@ -71,7 +72,7 @@ def _new_store(config: Config) -> StoreBackend:
         return SQLiteStateStore(config.store.path)
     if config.store.backend == "redis":
         # Imported here so only this branch depends on the redis backend.
-        from proxy.store import RedisStateStore
+        from proxy.state.store import RedisStateStore
 
         # StoreConfig guarantees a url for the redis backend.
         assert config.store.url is not None
@@ -137,7 +138,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # Request bodies are never decoded by the server (whatever runner serves the app: the
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
-    # count_tokens decode (under the size limit) in proxy.body.read_body.
+    # count_tokens decode (under the size limit) in proxy.http.body.read_body.
     app = web.Application(middlewares=[request_context_middleware, error_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config

@@ -139,7 +139,8 @@ async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> 
     event = {"sequence": 1, "session_id": SESSION_ID, "event_id": "evt-1",
              "type": "user_decision", "text": "Keep the public parse_* names unchanged."}
     (transcripts / f"{SESSION_ID}.jsonl").write_text(json.dumps(event) + "\n")
-    state = {"facts": [{"fact_id": "keep-api", "content": "The public parse_* names must not change.",
+    state = {"facts": [{"fact_id": "keep-api",
+                        "content": "The public parse_* names must not change.",
                         "source_pointer": f"transcript:{SESSION_ID}:1",
                         "last_confirmed_at": "2026-12-01T09:00:00Z"}],
              "pending_items": [{"item_id": "changelog", "description": "Add a changelog entry.",
@@ -178,8 +179,8 @@ async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
         seen_layers.update(filter(None, raw.headers.get("x-compact-layers", "").split(",")))
         _print_row(out, n, raw.headers, step.note,
                    len(upstream.message_requests[-1].body["messages"]))
-        agent.history.append({"role": "assistant",
-                              "content": [b.model_dump(exclude_none=True) for b in message.content]})
+        content = [b.model_dump(exclude_none=True) for b in message.content]
+        agent.history.append({"role": "assistant", "content": content})
         agent.history.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": tool_id, "content": step.output}]})
 

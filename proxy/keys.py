@@ -1,7 +1,7 @@
 """Typed keys for what the application and each request carry (no string keys, no globals).
 
 The app keys are set once by :func:`proxy.app.create_app` (or its cleanup contexts) and read
-by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:`proxy.context`.
+by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:`proxy.http.audit`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from aiohttp import web
 
 from compactor import CachingCounter
 from policies import RolePolicies
-from proxy.checkpoints import SessionCheckpoints
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
-from proxy.sources import ResolverPool
-from proxy.store import StateStore, SummaryCache
-from proxy.summarizer import ProviderSummarizer
+from proxy.state.checkpoints import SessionCheckpoints
+from proxy.state.resolvers import ResolverPool
+from proxy.state.store import StateStore, SummaryCache
+from proxy.state.summarizer import ProviderSummarizer
 
 __all__ = [
     "CHECKPOINTS",

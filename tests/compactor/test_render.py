@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from compactor._state import (
 )
 from tests.paths import CORPUS
 
-T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 

@@ -9,7 +9,7 @@ import os
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from policies._source_access import SourceAccessPolicy, own_session_only
 
 SESSION = "s1"
 OTHER = "s2"
-T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
 
 def allow_all(pointer: SourcePointer) -> bool:

@@ -19,7 +19,7 @@ from yarl import URL
 
 from compactor import SESSION_ID_RULE, DurableContextState
 from proxy.admin import MAX_ADMIN_BODY_BYTES, setup_admin
-from proxy.store import SQLiteStateStore
+from proxy.state.store import SQLiteStateStore
 from tests.conftest import ProxyFactory, log_lines_for
 
 TOKEN = "tok-7f3a9c1e5b2d4e6f8a0b"

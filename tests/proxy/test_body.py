@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from proxy.body import dump_body, parse_body
-from proxy.errors import RequestRejected
+from proxy.http.body import dump_body, parse_body
+from proxy.http.errors import RequestRejected
 
 
 @pytest.mark.parametrize(("raw", "message"), [

@@ -351,7 +351,7 @@ async def test_a_bug_inside_a_layer_is_a_500_not_the_clients_fault(
     assert frames[-1] == error_class.__name__
     assert any(frame.startswith("compactor/_pipeline.py:") for frame in frames)
     assert any(frame.endswith(" in broken_layer") for frame in frames)
-    assert any(frame.startswith("proxy/handlers.py:") for frame in frames)
+    assert any(frame.startswith("http/handlers.py:") for frame in frames)
     assert "layer bug" not in json.dumps(lines) and PROMPT_MARKER not in json.dumps(lines)
     completed = [line for line in lines if line["event"] == "request_completed"]
     assert completed[0]["outcome"] == "internal_error"

@@ -9,8 +9,8 @@ import pytest
 from multidict import CIMultiDict
 
 from compactor import SESSION_ID_RULE
-from proxy.errors import RequestRejected
-from proxy.session import resolve_session_id
+from proxy.http.errors import RequestRejected
+from proxy.http.session import resolve_session_id
 
 HEADER = "x-compact-session-id"
 BODY: dict[str, Any] = {"model": "m", "system": "sys",

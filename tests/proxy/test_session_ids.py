@@ -22,8 +22,8 @@ import compactor
 from compactor import ArtifactPointer, TranscriptPointer, parse_source_pointer
 from policies import SourceAccessPolicy
 from proxy.config import Config, ConfigError
-from proxy.errors import RequestRejected
-from proxy.session import resolve_session_id
+from proxy.http.errors import RequestRejected
+from proxy.http.session import resolve_session_id
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer, user_text
 
 HEADER = "x-compact-session-id"

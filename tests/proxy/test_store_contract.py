@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from compactor import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
-from proxy.store import (
+from proxy.state.store import (
     RecordStore,
     RedisStateStore,
     SQLiteStateStore,

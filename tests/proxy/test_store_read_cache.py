@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from compactor import DurableContextState, DurableFact
-from proxy.store import CachedStateReads, SQLiteStateStore
+from proxy.state.store import CachedStateReads, SQLiteStateStore
 
 
 def _state(text: str) -> DurableContextState:

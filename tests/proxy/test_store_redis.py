@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from proxy.app import start_proxy
 from proxy.config import Config, ConfigError
-from proxy.store import CorruptStateError, RedisStateStore, StoreError
-from proxy.store.redis import redacted_url
+from proxy.state.store import CorruptStateError, RedisStateStore, StoreError
+from proxy.state.store.redis import redacted_url
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store import CorruptStateError, SQLiteStateStore, StoreError
+from proxy.state.store import CorruptStateError, SQLiteStateStore, StoreError
 from tests.proxy.test_store_contract import make_state
 
 

@@ -6,7 +6,12 @@ from typing import Any
 
 import pytest
 
-from proxy.thinking import BINDING_BETA, apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+from proxy.http.thinking import (
+    BINDING_BETA,
+    apply_binding_opt_out,
+    merge_beta_header,
+    needs_binding_opt_out,
+)
 
 THINKING_TURN = {"role": "assistant", "content": [
     {"type": "thinking", "thinking": "hmm", "signature": "sig"}, {"type": "text", "text": "ok"}]}

@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime
 
 from compactor import DurableContextState, DurableFact
-from proxy.store import SQLiteStateStore
+from proxy.state.store import SQLiteStateStore
 
 
 def facts_for(version: int) -> int:

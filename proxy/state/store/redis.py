@@ -17,7 +17,7 @@ last, two namespaces can never collide, whatever characters a session id holds:
 command runs between its first and its last step. The write script reads the current version,
 compares it with the caller's and writes the new hash, so of several writers racing from the
 same version (in this process or another) exactly one wins; the others get the new version
-back and raise :class:`~proxy.store.base.VersionConflict`. The delete and the summary-cache
+back and raise :class:`~proxy.state.store.base.VersionConflict`. The delete and the summary-cache
 scripts (insert if absent, then evict the oldest beyond the bound) are atomic the same way.
 Scripts are sent once and then called by their SHA (``EVALSHA``; redis-py reloads them if the
 server forgot them).
@@ -32,11 +32,11 @@ records are caches; a lost admin write shows up as an older version, so the admi
 
 *Never garbage.* A state hash that does not decode (missing field, bad version, bad JSON, a
 state that does not validate, a key of another type) raises
-:class:`~proxy.store.base.CorruptStateError`. Every other Redis failure is a
-:class:`~proxy.store.base.StoreError` whose message names the server without its password.
+:class:`~proxy.state.store.base.CorruptStateError`. Every other Redis failure is a
+:class:`~proxy.state.store.base.StoreError` whose message names the server without its password.
 
-Everything in ``__all__`` gets re-exported by ``proxy.store``, on first use: importing
-``proxy.store`` does not import redis-py; naming ``proxy.store.RedisStateStore`` does.
+Everything in ``__all__`` gets re-exported by ``proxy.state.store``, on first use: importing
+``proxy.state.store`` does not import redis-py; naming ``proxy.state.store.RedisStateStore`` does.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def redacted_url(url: str) -> str:
 
 
 class RedisStateStore:
-    """The :class:`~proxy.store.base.StoreBackend` backed by a Redis server.
+    """The :class:`~proxy.state.store.base.StoreBackend` backed by a Redis server.
 
     Construction does no I/O (the connection pool connects lazily); :meth:`open` PINGs the
     server, which is what the service calls at startup so an unreachable server fails before
@@ -221,7 +221,7 @@ class RedisStateStore:
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None) -> StoredState:
-        """Compare-and-swap write; see :meth:`proxy.store.base.StateStore.put_state`."""
+        """Compare-and-swap write; see :meth:`proxy.state.store.base.StateStore.put_state`."""
         if not isinstance(state, DurableContextState):
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
         self._check_open()
@@ -243,7 +243,7 @@ class RedisStateStore:
                            updated_at=when)
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
-        """Delete the state; see :meth:`proxy.store.base.StateStore.delete_state`."""
+        """Delete the state; see :meth:`proxy.state.store.base.StateStore.delete_state`."""
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))
         try:

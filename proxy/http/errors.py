@@ -19,8 +19,8 @@ import structlog
 from aiohttp import web
 
 import compactor
-from proxy.context import RECORD, RequestRecord
-from proxy.store import StoreError
+from proxy.http.audit import RECORD, Outcome, RequestRecord
+from proxy.state.store import StoreError
 
 __all__ = [
     "ProxyError",
@@ -31,7 +31,7 @@ __all__ = [
     "error_response",
 ]
 
-_log = structlog.get_logger("proxy.errors")
+_log = structlog.get_logger("proxy.http.errors")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -60,12 +60,26 @@ class ProxyError(Exception):
         super().__init__(message)
 
 
+    @property
+    def outcome(self) -> Outcome:
+        """How a request that ends in this error ended."""
+        return Outcome.INTERNAL_ERROR
+
+
 class RequestRejected(ProxyError):
     """The request itself is unacceptable; it is never forwarded (logged as ``request_blocked``)."""
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.BLOCKED
 
 
 class UpstreamFailure(ProxyError):
     """The provider could not be reached or did not answer in time (502 / 504)."""
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.UPSTREAM_TIMEOUT if self.status == 504 else Outcome.UPSTREAM_UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -172,13 +186,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                                 reason="too_deep")
         blocked = _Blocked(error.reason)
     except ProxyError as exc:
-        _note_outcome(request, exc.reason)
+        _note_outcome(request, exc.outcome)
         _log.warning("upstream_failed", reason=exc.reason, status=exc.status)
         return error_response(exc.status, exc.error_type, exc.message,
                               compaction=exc.compaction,
                               headers={**_compact_headers(request), **exc.headers})
     except StoreError as exc:
-        _note_outcome(request, "store_error")
+        _note_outcome(request, Outcome.STORE_ERROR)
         _log.error("store_failed", error_class=type(exc).__name__)
         return error_response(500, "api_error",
                               f"compact-proxy session store failed ({type(exc).__name__})",
@@ -187,13 +201,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # A bug (in a layer, in the proxy), whatever its class: never blamed on the client.
         # The traceback goes to the server's log only, as frames (proxy.logs keeps where it
         # failed, never what the exception said); the client gets a generic 500.
-        _note_outcome(request, "internal_error")
+        _note_outcome(request, Outcome.INTERNAL_ERROR)
         _log.error("request_failed", error_class=type(exc).__name__,
                    error_location=_location(exc), exc_info=exc)
         return error_response(500, "api_error",
                               f"compact-proxy internal error ({type(exc).__name__})",
                               headers=_compact_headers(request))
-    _note_outcome(request, "blocked")
+    _note_outcome(request, Outcome.BLOCKED)
     record = request.get(RECORD)
     if record is not None and blocked.tokens_before is not None:
         record.tokens_before = blocked.tokens_before
@@ -213,7 +227,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                           headers={**_compact_headers(request), **error.headers})
 
 
-def _note_outcome(request: web.Request, outcome: str) -> None:
+def _note_outcome(request: web.Request, outcome: Outcome) -> None:
     record = request.get(RECORD)
     if record is not None:
         record.outcome = outcome

@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.admin import setup_admin
-from proxy.handlers import count_tokens_handler, messages_handler, passthrough_handler
+from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
 from proxy.keys import CONFIG, METRICS, STORE
 from proxy.metrics import CONTENT_TYPE
 

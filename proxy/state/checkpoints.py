@@ -19,11 +19,11 @@ import structlog
 from cachetools import LRUCache
 
 import compactor
-from proxy.store import RecordStore, StoreError
+from proxy.state.store import RecordStore, StoreError
 
 __all__ = ["CHECKPOINT_RECORD_PREFIX", "SessionCheckpoints"]
 
-_log = structlog.get_logger("proxy.checkpoints")
+_log = structlog.get_logger("proxy.state.checkpoints")
 
 #: Record kind in the store: ``checkpoint:<lane>``.
 CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"

@@ -28,8 +28,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from proxy.context import RequestRecord
-from proxy.errors import UpstreamFailure
+from proxy.http.audit import Outcome, RequestRecord
+from proxy.http.errors import UpstreamFailure
 from proxy.keys import CONFIG, METRICS, UPSTREAM
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "upstream_url",
 ]
 
-_log = structlog.get_logger("proxy.forward")
+_log = structlog.get_logger("proxy.http.forward")
 
 #: Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus
 #: ``Expect``, which the proxy's own server has already answered.
@@ -175,7 +175,8 @@ def sse_error_event(error_type: str, message: str) -> bytes:
     return f"event: error\ndata: {data}\n\n".encode()
 
 
-def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float) -> UpstreamFailure:
+def _upstream_error(exc: BaseException, timeout_s: float,
+                    connect_timeout_s: float) -> UpstreamFailure:
     name = type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamFailure(
@@ -225,8 +226,9 @@ async def forward(
             skip_auto_headers=_AUTO_HEADERS,
             allow_redirects=False,
         )
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        record.outcome = "upstream_timeout" if isinstance(exc, asyncio.TimeoutError) else "upstream_unreachable"
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        timed_out = isinstance(exc, asyncio.TimeoutError)
+        record.outcome = Outcome.UPSTREAM_TIMEOUT if timed_out else Outcome.UPSTREAM_UNREACHABLE
         raise _upstream_error(exc, upstream_config.read_timeout_s,
                               upstream_config.connect_timeout_s) from None
     app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
@@ -263,7 +265,7 @@ async def _relay(request: web.Request, record: RequestRecord,
     while True:
         try:
             chunk = await upstream.content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             return await _failed_mid_body(response, record, framer, exc)
         if not chunk:
             break
@@ -278,12 +280,12 @@ async def _relay(request: web.Request, record: RequestRecord,
     if watch is not None and rest:
         watch.see(rest)
     if watch is not None and watch.provider_error:
-        record.outcome = "upstream_error_event"
+        record.outcome = Outcome.UPSTREAM_ERROR_EVENT
     elif watch is not None and watch.last_event != b"message_stop":
         # Ended cleanly but early, or in bytes that are not SSE: say so in the stream's own
         # terms, so the client does not take a partial answer for a whole one.
         _log.warning("upstream_stream_incomplete")
-        record.outcome = "stream_failed"
+        record.outcome = Outcome.STREAM_FAILED
         event = sse_error_event(
             "api_error", "upstream provider stream ended before message_stop (incomplete)"
         )
@@ -292,7 +294,8 @@ async def _relay(request: web.Request, record: RequestRecord,
             return response
     else:
         # A provider error relayed as it came is not a success either.
-        record.outcome = "forwarded" if upstream.status < 400 else "upstream_error"
+        record.outcome = (Outcome.FORWARDED if upstream.status < 400
+                          else Outcome.UPSTREAM_ERROR)
     await response.write_eof()
     return response
 
@@ -302,14 +305,14 @@ async def _write(response: web.StreamResponse, record: RequestRecord, data: byte
     try:
         await response.write(data)
     except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
-        record.outcome = "client_gone"
+        record.outcome = Outcome.CLIENT_GONE
         return False
     return True
 
 
 async def _failed_mid_body(response: web.StreamResponse, record: RequestRecord,
                            framer: SSEFramer | None, exc: BaseException) -> web.StreamResponse:
-    record.outcome = "stream_failed"
+    record.outcome = Outcome.STREAM_FAILED
     _log.warning("upstream_stream_failed", error_class=type(exc).__name__)
     if framer is None:
         # No way to signal inside an opaque body: close the connection, so the client sees
@@ -322,6 +325,6 @@ async def _failed_mid_body(response: web.StreamResponse, record: RequestRecord,
         "api_error", f"upstream provider stream {reason} mid-response ({type(exc).__name__})"
     )
     if await _write(response, record, event):
-        record.outcome = "stream_failed"
+        record.outcome = Outcome.STREAM_FAILED
         await response.write_eof()
     return response

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
 import structlog
@@ -21,11 +22,30 @@ from aiohttp import web
 
 from proxy.keys import METRICS
 
-__all__ = ["RECORD", "RequestRecord", "request_context_middleware", "route_name"]
+__all__ = ["RECORD", "Outcome", "RequestRecord", "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Outcome(StrEnum):
+    """How a request ended: the ``outcome`` of its ``request_completed`` line and the label of
+    ``compact_proxy_requests_total``. One list, so a dashboard can name every value."""
+
+    OK = "ok"  # answered by the proxy itself (healthz, metrics, the admin API)
+    FORWARDED = "forwarded"  # the provider answered below 400, relayed whole
+    UPSTREAM_ERROR = "upstream_error"  # the provider's own 4xx/5xx, relayed
+    UPSTREAM_ERROR_EVENT = "upstream_error_event"  # a stream carrying the provider's error event
+    STREAM_FAILED = "stream_failed"  # the provider's stream broke or ended early
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"  # 502
+    BLOCKED = "blocked"  # refused by the proxy (request_blocked says why)
+    STORE_ERROR = "store_error"
+    INTERNAL_ERROR = "internal_error"  # a bug: 500
+    CLIENT_GONE = "client_gone"  # the client hung up first
+    CANCELLED = "cancelled"  # the handler was cancelled before any status
+    HTTP_ERROR = "http_error"  # any other status of 400 or more
 
 
 @dataclass(slots=True)
@@ -41,8 +61,7 @@ class RequestRecord:
         tokens_after: view size as forwarded.
         layers: the layers that ran, in order.
         upstream_status: the provider's status code, when it answered.
-        outcome: how the request ended (``forwarded``, ``blocked``, ``upstream_unreachable``,
-            ``upstream_timeout``, ``stream_failed``, ``client_gone``, ...); ``None`` until set.
+        outcome: how the request ended (:class:`Outcome`); ``None`` until set.
         started: ``time.perf_counter()`` at arrival.
     """
 
@@ -54,7 +73,7 @@ class RequestRecord:
     tokens_after: int | None = None
     layers: tuple[str, ...] = field(default=())
     upstream_status: int | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     started: float = field(default_factory=time.perf_counter)
 
     def response_headers(self) -> dict[str, str]:
@@ -88,12 +107,12 @@ def route_name(request: web.Request) -> str:
     return "other"
 
 
-def _outcome(record: RequestRecord, status: int | None) -> str:
+def _outcome(record: RequestRecord, status: int | None) -> Outcome:
     if record.outcome is not None:
         return record.outcome
     if status is None:
-        return "cancelled"
-    return "ok" if status < 400 else f"http_{status}"
+        return Outcome.CANCELLED
+    return Outcome.OK if status < 400 else Outcome.HTTP_ERROR
 
 
 @web.middleware
@@ -114,7 +133,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         status = exc.status
         raise
     except asyncio.CancelledError:
-        record.outcome = record.outcome or "client_gone"
+        record.outcome = record.outcome or Outcome.CLIENT_GONE
         raise
     finally:
         outcome = _outcome(record, status)

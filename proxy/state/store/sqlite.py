@@ -22,10 +22,10 @@ rolled back shows up as an older version, so the admin's next ``If-Match`` gets 
 rather than a silent overwrite. FULL would fsync on every commit of the request path.
 
 *Never garbage.* Rows are decoded through ``DurableContextState.from_dict`` (memoised, see
-:mod:`proxy.store._rows`); a row that does not decode raises
-:class:`~proxy.store.base.CorruptStateError`.
+:mod:`proxy.state.store._rows`); a row that does not decode raises
+:class:`~proxy.state.store.base.CorruptStateError`.
 
-Everything in ``__all__`` gets re-exported by ``proxy.store``.
+Everything in ``__all__`` gets re-exported by ``proxy.state.store``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ _SCHEMA = (
 
 
 class SQLiteStateStore:
-    """The :class:`~proxy.store.base.StoreBackend` backed by one SQLite file.
+    """The :class:`~proxy.state.store.base.StoreBackend` backed by one SQLite file.
 
     Construction does no I/O; the file (and its parent directories) is created and the schema
     checked on first use, or up front by :meth:`open`, which is what the service calls at
@@ -126,7 +126,7 @@ class SQLiteStateStore:
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None) -> StoredState:
-        """Compare-and-swap write; see :meth:`proxy.store.base.StateStore.put_state`."""
+        """Compare-and-swap write; see :meth:`proxy.state.store.base.StateStore.put_state`."""
         if not isinstance(state, DurableContextState):
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
         # Encode on the loop thread: it is CPU work on the caller's object, and a state that
@@ -135,7 +135,7 @@ class SQLiteStateStore:
                                 expected_version)
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
-        """Delete the state; see :meth:`proxy.store.base.StateStore.delete_state`."""
+        """Delete the state; see :meth:`proxy.state.store.base.StateStore.delete_state`."""
         return await self._call(self._delete_state, session_id, expected_version)
 
     async def get_summary(self, key: str) -> str | None:

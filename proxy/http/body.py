@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from proxy.errors import RequestRejected
+from proxy.http.errors import RequestRejected
 
 __all__ = ["SUPPORTED_ENCODINGS", "dump_body", "may_hold_lone_surrogates", "parse_body",
            "parse_json_object", "read_body", "replace_lone_surrogates"]

@@ -1,10 +1,10 @@
 """The per-session store interfaces, one per kind of caller, and the errors they raise.
 
-A backend (``proxy.store.sqlite``, ``proxy.store.redis``) is one class per engine that
+A backend (``proxy.state.store.sqlite``, ``proxy.state.store.redis``) is one class per engine that
 implements all of them (:class:`StoreBackend`); each caller depends only on the part it uses:
 
 - :class:`StateStore`: the durable state with compare-and-swap writes, for the request path
-  (behind :class:`~proxy.store.read_cache.CachedStateReads`) and the admin API;
+  (behind :class:`~proxy.state.store.read_cache.CachedStateReads`) and the admin API;
 - :class:`SummaryCache`: the content-addressed summary cache, for the summariser;
 - :class:`RecordStore`: opaque per-session records, for the sticky-compaction checkpoints;
 - :class:`StoreBackend`: all three plus :meth:`~StoreBackend.open` (connect and verify, what

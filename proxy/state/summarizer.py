@@ -20,7 +20,7 @@ import structlog
 
 import compactor
 from proxy.config import SummaryConfig
-from proxy.store import SummaryCache
+from proxy.state.store import SummaryCache
 
 __all__ = [
     "SUMMARIZER_MARKER",
@@ -31,7 +31,7 @@ __all__ = [
     "summary_source",
 ]
 
-_log = structlog.get_logger("proxy.summarizer")
+_log = structlog.get_logger("proxy.state.summarizer")
 
 #: Marks the proxy's own summary calls (the fake upstream recognises it).
 SUMMARIZER_MARKER: Final = "compact-proxy-summarizer"

@@ -9,7 +9,7 @@ One visible sequence (SPEC section 1), each step its own function::
 
 ``count_tokens`` runs the same steps with a summarizer that only reads the summary cache, so
 it counts exactly the view the next ``/v1/messages`` would send and never calls a model.
-A request that fails any step is answered by :mod:`proxy.errors` and never forwarded.
+A request that fails any step is answered by :mod:`proxy.http.errors` and never forwarded.
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.body import (
+from proxy.http.audit import RECORD, RequestRecord
+from proxy.http.body import (
     dump_body,
     may_hold_lone_surrogates,
     parse_body,
     read_body,
     replace_lone_surrogates,
 )
-from proxy.context import RECORD, RequestRecord
-from proxy.errors import RequestRejected
-from proxy.forward import forward, request_body_stream, upstream_request_headers
+from proxy.http.errors import RequestRejected
+from proxy.http.forward import forward, request_body_stream, upstream_request_headers
+from proxy.http.session import resolve_session_id
+from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     CHECKPOINTS,
     CONFIG,
@@ -45,13 +47,11 @@ from proxy.keys import (
     SUMMARIES,
     SUMMARIZER,
 )
-from proxy.session import resolve_session_id
-from proxy.summarizer import CallerCredentials, Summarizer, summary_source
-from proxy.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+from proxy.state.summarizer import CallerCredentials, Summarizer, summary_source
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
-_log = structlog.get_logger("proxy.handlers")
+_log = structlog.get_logger("proxy.http.handlers")
 
 
 @dataclass(frozen=True)

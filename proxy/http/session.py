@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from compactor import SESSION_ID_RULE, is_session_id, session_id_problem
-from proxy.errors import RequestRejected
+from proxy.http.errors import RequestRejected
 
 __all__ = ["CLAUDE_CODE_SESSION_HEADER", "resolve_session_id"]
 
