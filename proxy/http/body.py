@@ -377,18 +377,30 @@ def dump_body(body: dict[str, Any]) -> bytes:
 # JSON: no low surrogate in string"), and an agent cannot mend its own history, so the session
 # would be dead for good.
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
-# A high-surrogate escape not followed by a low one, or a low one not preceded by a high one.
-_LONE_ESCAPE: Final = re.compile(
-    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
-    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+# A surrogate escape (``\\uD800``-``\\uDFFF``); whether it is paired is checked around it.
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+_HIGH: Final = frozenset(b"89abAB")
 _OPAQUE_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 REPLACEMENT: Final = "\ufffd"
 
 
 def may_hold_lone_surrogates(raw: bytes) -> bool:
-    """Whether the raw body has an unpaired surrogate escape (one byte scan; false for nearly
+    """Whether the raw body has an unpaired surrogate escape (a byte search, false for nearly
     every body, so the walk of :func:`replace_lone_surrogates` is skipped)."""
-    return _LONE_ESCAPE.search(raw) is not None
+    if _SURROGATE_ESCAPE.search(raw) is None:  # one C scan: no surrogate escape at all
+        return False
+    paired_low = -1  # where the low half of the last pair found starts
+    for found in _SURROGATE_ESCAPE.finditer(raw):
+        start = found.start()
+        if start == paired_low:
+            continue
+        if found.group(1)[0] not in _HIGH:
+            return True  # a low half with no high half before it
+        after = _SURROGATE_ESCAPE.match(raw, found.end())
+        if after is None or after.group(1)[0] in _HIGH:
+            return True  # a high half with no low half after it
+        paired_low = after.start()
+    return False
 
 
 def replace_lone_surrogates(body: dict[str, Any]) -> int:

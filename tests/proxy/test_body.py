@@ -39,3 +39,15 @@ def test_dump_body_never_emits_what_is_not_json(value: float) -> None:
     """A non-finite float that reached the serialiser anyway is an error, never ``Infinity``."""
     with pytest.raises(ValueError):
         dump_body({"messages": [], "x": value})
+
+
+@pytest.mark.parametrize(("text", "lone"), [
+    ("plain", False), ("😀", False), ("😀😀 and 😀", False),
+    ("x\ud800y", True), ("a\udc00", True), ("😀\ud800", True), ("\ud800\ud800\udc00", True),
+    ("\udc00😀", True),
+])
+def test_lone_surrogate_escapes_are_told_from_pairs(text: str, lone: bool) -> None:
+    """The pre-check of the body: a surrogate escape without its other half, never a pair."""
+    from proxy.http.body import may_hold_lone_surrogates
+
+    assert may_hold_lone_surrogates(json.dumps({"content": text}).encode()) is lone
