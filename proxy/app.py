@@ -25,6 +25,7 @@ from proxy.config import Config, ConfigError
 from proxy.http.audit import request_context_middleware
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
+from proxy.http.tenants import TenantScope
 from proxy.keys import (
     CHECKPOINTS,
     CONFIG,
@@ -35,6 +36,7 @@ from proxy.keys import (
     STORE,
     SUMMARIES,
     SUMMARIZER,
+    TENANTS,
     UPSTREAM,
 )
 from proxy.logs import configure_logging
@@ -142,6 +144,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app = web.Application(middlewares=[request_context_middleware, error_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config
+    app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
     app[ROLE_POLICIES] = config.role_policies()
     app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import ipaddress
 import math
 import os
 import re
@@ -174,6 +175,15 @@ def _url(*schemes: str) -> Callable[[str, ValidationInfo], str]:
     return check
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _session_id(value: str, info: ValidationInfo) -> str:
     # The one rule for session ids (the same as compactor.check_session_id's).
     problem = session_id_problem(value)
@@ -188,6 +198,19 @@ EnvName = Annotated[Text, AfterValidator(_env_name)]
 HttpUrl = Annotated[Text, AfterValidator(_url("http", "https"))]
 RedisUrl = Annotated[Text, AfterValidator(_url("redis", "rediss", "unix"))]
 SessionId = Annotated[Text, AfterValidator(_session_id)]
+
+
+def _scope(value: str, info: ValidationInfo) -> str:
+    if value in ("none", "credential"):
+        return value
+    kind, _, name = value.partition(":")
+    if kind == "header" and re.fullmatch(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", name):
+        return f"header:{name.lower()}"
+    raise invalid(info.field_name, f"must be credential, header:<name> or none, got {value!r}")
+
+
+#: Whose sessions are separate (``session.scope``).
+Scope = Annotated[Text, AfterValidator(_scope)]
 
 
 # --------------------------------------------------------------------------------------
@@ -318,9 +341,24 @@ class SourcesConfig(_Section):
 
 @_section("session")
 class SessionConfig(_Section):
-    """The request header that names the session first (SPEC §4); stored lower-case."""
+    """How requests are told apart.
+
+    ``header`` names the session first (SPEC §4; stored lower-case). ``scope`` says whose
+    sessions are separate: ``credential`` (a keyed hash of the caller's ``x-api-key`` or
+    ``Authorization``, under the secret in the variable named by ``secret_env``),
+    ``header:<name>`` (the value of a header an authenticating front proxy sets) or ``none``
+    (one tenant). Unset, it is ``none`` while ``listen.host`` is a loopback address and an
+    error otherwise, so a shared gateway is never shared by accident.
+    """
 
     header: HeaderName = "x-compact-session-id"
+    scope: Scope | None = None
+    secret_env: EnvName = "COMPACT_PROXY_SESSION_SECRET"
+
+    @property
+    def effective_scope(self) -> str:
+        """``scope``, or ``none`` when it is unset."""
+        return self.scope or "none"
 
 
 @_section("admin")
@@ -431,6 +469,10 @@ class Config(_Section):
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.session.scope is None and not _is_loopback(self.listen.host):
+            raise ConfigError("session.scope", (
+                f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
+                "credential, header:<name> or none"))
         roles = RolePolicies(
             {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
         )

@@ -6,7 +6,7 @@ by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +20,9 @@ from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore, SummaryCache
 from proxy.state.summarizer import ProviderSummarizer
 
+if TYPE_CHECKING:
+    from proxy.http.tenants import TenantScope
+
 __all__ = [
     "CHECKPOINTS",
     "CONFIG",
@@ -30,6 +33,7 @@ __all__ = [
     "STORE",
     "SUMMARIES",
     "SUMMARIZER",
+    "TENANTS",
     "UPSTREAM",
 ]
 
@@ -52,5 +56,9 @@ RESOLVERS: Final = web.AppKey("resolvers", ResolverPool)
 CHECKPOINTS: Final = web.AppKey("checkpoints", SessionCheckpoints)
 #: The app's Prometheus metrics (own registry).
 METRICS: Final = web.AppKey("metrics", ProxyMetrics)
+#: ``session.scope``: whose sessions are separate (every per-session key carries the tenant).
+# Typed in the annotation only: proxy.http.tenants imports the error types, which import the
+# audit record, which imports these keys.
+TENANTS: Final[web.AppKey[TenantScope]] = web.AppKey("tenants")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)

@@ -34,7 +34,7 @@ SAFE_KEYS: Final = frozenset({
     # structlog / stdlib framing
     "event", "level", "timestamp", "logger",
     # the request (SPEC section 8)
-    "request_id", "session_id", "role", "route", "method", "status", "outcome",
+    "request_id", "session_id", "tenant", "role", "route", "method", "status", "outcome",
     "tokens_before", "tokens_after", "layers", "upstream_status", "duration_ms",
     "reason", "hard_limit", "kind", "tool_use_id", "message_index",
     # failures: class names and code locations only (``traceback``: frames, see Redactor)

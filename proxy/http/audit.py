@@ -55,7 +55,8 @@ class RequestRecord:
     Attributes:
         request_id: the proxy's id of the request (also sent as ``x-compact-request-id``).
         route: ``messages``, ``count_tokens``, ``passthrough``, ``admin``, ``healthz``, ...
-        session_id: the resolved session, once known.
+        session_id: the resolved session (the client's own id), once known.
+        tenant: whose session it is (``session.scope``: ``none``, ``t…`` or ``h…``).
         role: the compaction role, once chosen.
         tokens_before: view size before compaction (``None``: no compaction ran).
         tokens_after: view size as forwarded.
@@ -68,6 +69,7 @@ class RequestRecord:
     request_id: str
     route: str
     session_id: str | None = None
+    tenant: str | None = None
     role: str | None = None
     tokens_before: int | None = None
     tokens_after: int | None = None
@@ -145,6 +147,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             status=status,
             role=record.role,
             session_id=record.session_id,
+            tenant=record.tenant,
             tokens_before=record.tokens_before,
             tokens_after=record.tokens_after,
             layers=list(record.layers),

@@ -35,6 +35,7 @@ from proxy.http.body import (
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import forward, request_body_stream, upstream_request_headers
 from proxy.http.session import resolve_session_id
+from proxy.http.tenants import scoped_key
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     CHECKPOINTS,
@@ -46,6 +47,7 @@ from proxy.keys import (
     STORE,
     SUMMARIES,
     SUMMARIZER,
+    TENANTS,
 )
 from proxy.state.summarizer import CallerCredentials, Summarizer, summary_source
 
@@ -84,13 +86,29 @@ async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     return await forward(request, request[RECORD], body=body, headers=headers)
 
 
-async def load_durable_context(app: web.Application, session_id: str) -> DurableContext:
+@dataclass(frozen=True)
+class SessionRef:
+    """A request's session: the client's own id, its tenant, and the key the store knows it
+    by (:func:`proxy.http.tenants.scoped_key`)."""
+
+    session_id: str
+    tenant: str
+
+    @property
+    def key(self) -> str:
+        """The store key of this tenant's session."""
+        return scoped_key(self.tenant, self.session_id)
+
+
+async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
     The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
-    it is the session's long-lived one, so unchanged files are not read again.
+    it is the session's long-lived one, so unchanged files are not read again. Pointers are
+    authorized against the client's own session id.
     """
-    stored = await app[STORE].get_state(session_id)
+    session_id = session.session_id
+    stored = await app[STORE].get_state(session.key)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
     resolver = app[RESOLVERS].for_session(session_id)
@@ -99,13 +117,14 @@ async def load_durable_context(app: web.Application, session_id: str) -> Durable
     return DurableContext(stored.state, text)
 
 
-def _summarizer(request: web.Request, policy: CompactionPolicy,
+def _summarizer(request: web.Request, policy: CompactionPolicy, tenant: str,
                 may_call_model: bool) -> Summarizer | None:
     app = request.app
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
     provider = app.get(SUMMARIZER) if may_call_model else None
-    return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers))
+    return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
+                          tenant=tenant)
 
 
 def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:
@@ -117,7 +136,7 @@ def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: s
     return reserved
 
 
-async def _compact(request: web.Request, record: RequestRecord, session_id: str,
+async def _compact(request: web.Request, record: RequestRecord, session: SessionRef,
                    body: dict[str, Any], durable: DurableContext,
                    may_call_model: bool) -> compactor.CompactionResult:
     app = request.app
@@ -128,13 +147,13 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
     record.role = role
     sticky = app[CONFIG].compaction.sticky
     lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
-    checkpoint = await app[CHECKPOINTS].load(session_id, lane) if sticky else None
+    checkpoint = await app[CHECKPOINTS].load(session.key, lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
             body["messages"],
             durable.state,
             policy=policy,
-            summarizer=_summarizer(request, policy, may_call_model),
+            summarizer=_summarizer(request, policy, session.tenant, may_call_model),
             counter=app[COUNTER],
             options=compactor.CompactionOptions(
                 reserved_tokens=_reserved_tokens(app, body, durable.text),
@@ -147,7 +166,7 @@ async def _compact(request: web.Request, record: RequestRecord, session_id: str,
                               reason="invalid_messages") from None
     # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
     if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:
-        await app[CHECKPOINTS].save(session_id, lane, result.checkpoint)
+        await app[CHECKPOINTS].save(session.key, lane, result.checkpoint)
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
@@ -164,11 +183,13 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
-    session_id = resolve_session_id(request.headers, body, config.session.header)
-    record.session_id = session_id
-    structlog.contextvars.bind_contextvars(session_id=session_id)
-    durable = await load_durable_context(app, session_id)
-    result = await _compact(request, record, session_id, body, durable, may_call_model)
+    tenant = app[TENANTS].tenant_of(request.headers)
+    session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
+    session = SessionRef(session_id, tenant)
+    record.session_id, record.tenant = session_id, tenant
+    structlog.contextvars.bind_contextvars(session_id=session_id, tenant=tenant)
+    durable = await load_durable_context(app, session)
+    result = await _compact(request, record, session, body, durable, may_call_model)
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain

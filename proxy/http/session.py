@@ -7,7 +7,7 @@ First that applies:
 3. ``metadata.user_id``: the ``session_id`` inside it when it is a JSON object string, the
    ``<uuid>`` of Claude Code's older ``user_<hex>_account_<uuid>_session_<uuid>`` form, else the
    string itself;
-4. ``conv-`` + a stable hash of the conversation's first message and ``system``.
+4. ``conv-`` + a stable hash of the conversation's first message, ``system`` and the tenant.
 
 Every id follows the one rule for session ids (:func:`compactor.check_session_id`: runs of
 ``A-Z a-z 0-9 _ -`` joined by single dots, at most 128 characters), so whatever session is
@@ -61,26 +61,29 @@ def _from_user_id(user_id: object) -> str | None:
     return _usable(user_id)
 
 
-def _derived(body: Mapping[str, Any]) -> str:
+def _derived(body: Mapping[str, Any], tenant: str) -> str:
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
-    # Canonical JSON: the same conversation gives the same id whatever the key order.
-    canonical = json.dumps(
-        {"first_message": first, "system": body.get("system")},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-    )
+    # Canonical JSON: the same conversation gives the same id whatever the key order. Another
+    # tenant's equal opener is another conversation (tenant "none" adds nothing: ids stay as
+    # they were before tenants).
+    seen: dict[str, Any] = {"first_message": first, "system": body.get("system")}
+    if tenant != "none":
+        seen["tenant"] = tenant
+    canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
     return f"conv-{digest[:32]}"
 
 
 def resolve_session_id(headers: Mapping[str, str], body: Mapping[str, Any],
-                       configured_header: str) -> str:
-    """The session id of a request.
+                       configured_header: str, tenant: str = "none") -> str:
+    """The session id of a request (the client's own; its tenant keys it in the store).
 
     Args:
         headers: the request headers (a case-insensitive mapping, e.g. aiohttp's).
         body: the parsed JSON body.
         configured_header: ``session.header`` from the config.
+        tenant: the request's tenant (:mod:`proxy.http.tenants`); part of a derived id.
 
     Raises:
         RequestRejected: 400 ``invalid_request_error``: the configured header is present but
@@ -106,4 +109,4 @@ def resolve_session_id(headers: Mapping[str, str], body: Mapping[str, Any],
         found = _from_user_id(metadata.get("user_id"))
         if found is not None:
             return found
-    return _derived(body)
+    return _derived(body, tenant)

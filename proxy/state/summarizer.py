@@ -156,15 +156,18 @@ class ProviderSummarizer:
 
 
 def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
-                   caller: CallerCredentials) -> Summarizer:
+                   caller: CallerCredentials, *, tenant: str = "none") -> Summarizer:
     """The summarizer the compactor gets for one request.
 
     The store's cache is asked first; on a miss ``provider`` (``None``: cache only, as for
-    ``count_tokens``) writes one, which is cached under the request's content hash.
+    ``count_tokens``) writes one, which is cached under the request's content hash — within
+    the request's tenant (another tenant's equal span is never answered from this cache).
     """
 
     async def summarize(messages_json: str) -> str | None:
         key = compactor.summary_cache_key(messages_json)
+        if tenant != "none":
+            key = f"{tenant}/{key}"
         cached = await store.get_summary(key)
         if cached:
             _log.info("summary_ready", cached=True)

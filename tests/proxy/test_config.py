@@ -361,7 +361,7 @@ def test_duplicate_keys_are_refused_with_their_line(tmp_path: Path) -> None:
 
 def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
     """A YAML merge (<<) overridden by an explicit key is not reported as a duplicate."""
-    text = "listen:\n  <<: {port: 1, host: 0.0.0.0}\n  port: 2\n"
+    text = "listen:\n  <<: {port: 1, host: 0.0.0.0}\n  port: 2\nsession: {scope: none}\n"
     config = load_config(write(tmp_path, text), require_upstream=False)
     assert (config.listen.host, config.listen.port) == ("0.0.0.0", 2)
 

@@ -337,7 +337,7 @@ def test_failed_summary_keeps_the_history_and_the_request_still_succeeds(
     failed = [line for line in lines if line["event"] == "summary_failed"]
     assert len(failed) == 1
     assert failed[0]["error_class"] == "InternalServerError"
-    assert set(failed[0]) <= {"timestamp", "level", "event", "request_id", "session_id",
+    assert set(failed[0]) <= {"timestamp", "level", "event", "request_id", "session_id", "tenant",
                               "error_class"}
 
 
