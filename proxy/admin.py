@@ -6,6 +6,16 @@ A sub-application mounted at ``/admin``. Routes, when an admin token is configur
     PUT    /admin/sessions/{sid}/state   -> 201 created | 200 replaced       (+ ETag)
     DELETE /admin/sessions/{sid}/state   -> 204 | 404
 
+    GET | PUT | DELETE /admin/tenants/{tenant}/sessions/{sid}/state   (the same, per tenant)
+
+``/admin/sessions/{sid}/state`` is tenant ``none``'s session (``session.scope`` none, and
+every store written before tenants existed); the tenant route names any tenant
+(``none``, ``t<16 hex>``, ``h<16 hex>``: :mod:`proxy.http.tenants`; ``compact-proxy
+tenant-id`` prints a caller's) and reads and writes the store key
+:func:`~proxy.http.tenants.scoped_key` gives. A tenant is a hash, so there is no credential
+here to reveal; a tenant never seen yet may be written. Its bodies carry ``"tenant"`` next to
+``"session_id"``; the legacy route's bodies keep their shape.
+
 Every call needs ``Authorization: Bearer <token>``; anything else gets one and the same 401,
 from the sub-app's middleware, before any route (known or not) is looked at. Without a token
 the sub-app has no routes and answers 404 to ``/admin`` and everything under it. Either way
@@ -43,6 +53,7 @@ from aiohttp import web
 from compactor import SESSION_ID_RULE, DurableContextState, session_id_problem
 from proxy.http.body import parse_json_object, read_body
 from proxy.http.errors import Handler, RequestRejected, error_middleware, error_response
+from proxy.http.tenants import NO_TENANT, is_tenant, scoped_key
 from proxy.state.store import StateStore, StoredState, StoreError, VersionConflict
 
 __all__ = [
@@ -63,6 +74,7 @@ MAX_ADMIN_BODY_BYTES: Final = 1024 * 1024
 
 _PREFIX: Final = "/admin"
 _STATE_PATH: Final = "/sessions/{sid}/state"  # under _PREFIX
+_TENANT_STATE_PATH: Final = "/tenants/{tenant}/sessions/{sid}/state"  # under _PREFIX
 _IF_MATCH: Final = re.compile(r'"([1-9][0-9]{0,18})"')
 _ALLOWED_METHODS: Final = "GET, HEAD, PUT, DELETE"
 _STORE_ACTIONS: Final = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE": "delete"}
@@ -88,9 +100,10 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None) -> N
     admin = web.Application(middlewares=[error_middleware, _bearer_auth])
     admin[ADMIN_STORE_KEY] = store
     admin[ADMIN_TOKEN_KEY] = token.encode("utf-8")
-    admin.router.add_get(_STATE_PATH, _get_state)
-    admin.router.add_put(_STATE_PATH, _put_state)
-    admin.router.add_delete(_STATE_PATH, _delete_state)
+    for path in (_STATE_PATH, _TENANT_STATE_PATH):
+        admin.router.add_get(path, _get_state)
+        admin.router.add_put(path, _put_state)
+        admin.router.add_delete(path, _delete_state)
     app.add_subapp(_PREFIX, admin)
 
 
@@ -124,6 +137,7 @@ async def _bearer_auth(request: web.Request, handler: Handler) -> web.StreamResp
         # The store's message may name file paths; it goes to the log, not to the client.
         structlog.get_logger().error("admin_store_failed", action=action,
                                      session_id=request.match_info.get("sid"),
+                                     tenant=request.match_info.get("tenant", NO_TENANT),
                                      error=type(exc).__name__, detail=str(exc))
         return error_response(500, "api_error", f"state store failed during {action}")
 
@@ -166,6 +180,16 @@ def _session_id(request: web.Request) -> str:
     return sid
 
 
+def _tenant(request: web.Request) -> str | None:
+    """The tenant named in the URL (``None``: the legacy route, tenant ``none``'s session)."""
+    tenant = request.match_info.get("tenant")
+    # The value is not repeated: it may be a credential pasted in by mistake.
+    if tenant is not None and not is_tenant(tenant):
+        raise _bad_request("tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex> "
+                           "(compact-proxy tenant-id prints one)", "bad_tenant")
+    return tenant
+
+
 def _if_match(request: web.Request) -> int | None:
     """The version named by ``If-Match`` (``None`` when absent); a 400 when malformed."""
     raw = request.headers.get("If-Match")
@@ -181,13 +205,16 @@ def _if_match(request: web.Request) -> int | None:
     return int(match.group(1))
 
 
-async def _read_state(request: web.Request, session_id: str,
+async def _read_state(request: web.Request, session_id: str, tenant: str,
                       if_match: int | None) -> DurableContextState:
     """The PUT body as a state; a 413 when too large, a 400 naming the problem otherwise."""
     data = parse_json_object(await read_body(request, MAX_ADMIN_BODY_BYTES), "body")
-    # session_id and version are what GET returns; a client may send them back unchanged.
+    # session_id, tenant and version are what GET returns; a client may send them back
+    # unchanged.
     if "session_id" in data and data.pop("session_id") != session_id:
         raise _bad_request("session_id: does not match the session in the URL", "invalid_state")
+    if "tenant" in data and data.pop("tenant") != tenant:
+        raise _bad_request("tenant: does not match the tenant in the URL", "invalid_state")
     if "version" in data:
         version = data.pop("version")
         if if_match is None or isinstance(version, bool) or version != if_match:
@@ -216,36 +243,44 @@ def _conflict(sid: str, if_match: int | None, exc: VersionConflict) -> RequestRe
 # --- handlers ---------------------------------------------------------------------------
 
 
-def _state_response(stored: StoredState, status: int = 200) -> web.Response:
-    body: dict[str, Any] = {"session_id": stored.session_id, "version": stored.version}
+def _state_response(sid: str, tenant: str | None, stored: StoredState,
+                    status: int = 200) -> web.Response:
+    body: dict[str, Any] = {"session_id": sid}
+    if tenant is not None:  # the tenant route; the legacy route's body keeps its shape
+        body["tenant"] = tenant
+    body["version"] = stored.version
     body.update(stored.state.to_dict())
     return web.json_response(body, status=status, headers={"ETag": _etag(stored.version)})
 
 
 async def _get_state(request: web.Request) -> web.Response:
     sid = _session_id(request)
-    stored = await request.app[ADMIN_STORE_KEY].get_state(sid)
+    tenant = _tenant(request)
+    stored = await request.app[ADMIN_STORE_KEY].get_state(scoped_key(tenant or NO_TENANT, sid))
     if stored is None:
         raise _not_found(f"no durable state for session {sid}", "no_state")
-    return _state_response(stored)
+    return _state_response(sid, tenant, stored)
 
 
 async def _put_state(request: web.Request) -> web.Response:
     sid = _session_id(request)
+    tenant = _tenant(request)
     if_match = _if_match(request)
-    state = await _read_state(request, sid, if_match)
+    state = await _read_state(request, sid, tenant or NO_TENANT, if_match)
     try:
-        stored = await request.app[ADMIN_STORE_KEY].put_state(sid, state, if_match)
+        stored = await request.app[ADMIN_STORE_KEY].put_state(
+            scoped_key(tenant or NO_TENANT, sid), state, if_match)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
     created = stored.version == 1
     # Counts only: the state's text and the token never reach the log.
     structlog.get_logger().info(
-        "admin_state_written", session_id=sid, version=stored.version, created=created,
+        "admin_state_written", session_id=sid, tenant=tenant or NO_TENANT,
+        version=stored.version, created=created,
         facts=len(state.facts), pending_items=len(state.pending_items),
         retrieval_evidence=len(state.retrieval_evidence),
     )
-    response = _state_response(stored, status=201 if created else 200)
+    response = _state_response(sid, tenant, stored, status=201 if created else 200)
     if created:
         response.headers["Location"] = request.path
     return response
@@ -253,12 +288,15 @@ async def _put_state(request: web.Request) -> web.Response:
 
 async def _delete_state(request: web.Request) -> web.Response:
     sid = _session_id(request)
+    tenant = _tenant(request)
     if_match = _if_match(request)
     try:
-        deleted = await request.app[ADMIN_STORE_KEY].delete_state(sid, if_match)
+        deleted = await request.app[ADMIN_STORE_KEY].delete_state(
+            scoped_key(tenant or NO_TENANT, sid), if_match)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
     if not deleted:
         raise _not_found(f"no durable state for session {sid}", "no_state")
-    structlog.get_logger().info("admin_state_deleted", session_id=sid, expected_version=if_match)
+    structlog.get_logger().info("admin_state_deleted", session_id=sid,
+                                tenant=tenant or NO_TENANT, expected_version=if_match)
     return web.Response(status=204)

@@ -1,4 +1,6 @@
-"""The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``.
+"""The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
+and for ``session.scope``: ``tenant-id`` (a caller's tenant) and ``move-session`` (a
+session's durable state from one tenant to another, when switching scope).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -44,6 +46,20 @@ def _parser() -> argparse.ArgumentParser:
         "check-config", help="validate a config and print the effective values"
     )
     check.add_argument("--config", metavar="PATH", help=config_help)
+
+    tenant = commands.add_parser(
+        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin"
+    )
+    tenant.add_argument("--config", metavar="PATH", help=config_help)
+
+    move = commands.add_parser(
+        "move-session", help="move a session's durable state to another tenant"
+    )
+    move.add_argument("--config", metavar="PATH", help=config_help)
+    move.add_argument("--session", required=True, metavar="SID", help="the session id")
+    move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
+    move.add_argument("--from-tenant", default="none", metavar="TENANT",
+                      help="the tenant it is under now (default: none)")
     return parser
 
 
@@ -80,6 +96,62 @@ def _check_config(path: str | None) -> int:
     return EXIT_OK
 
 
+def _tenant_id(path: str | None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from .http.tenants import NO_TENANT, TenantScope
+
+    try:
+        scope = TenantScope.from_config(config.session)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    if scope.scope == "none":
+        print(NO_TENANT)
+        return EXIT_OK
+    value = sys.stdin.readline().strip()
+    header = scope.scope.partition(":")[2]
+    what = f"{header} header value" if header else "credential"
+    if not value:
+        print(f"tenant-id: no {what} on stdin (session.scope {scope.scope})", file=sys.stderr)
+        return EXIT_CONFIG
+    tenant = (scope.credential_tenant(value) if scope.scope == "credential"
+              else scope.header_tenant(value))
+    print(tenant)
+    return EXIT_OK
+
+
+def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant: str) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    import asyncio
+
+    from .state.migrate import MoveRefused, move_session, store_for
+    from .state.store import StoreError
+
+    async def run() -> None:
+        store = await store_for(config).open()
+        try:
+            await move_session(store, session_id, from_tenant, to_tenant)
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(run())
+    except (ConfigError, MoveRefused) as exc:
+        print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"move-session: store failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
+          f"tenant {to_tenant} (now version 1); its checkpoints were not moved and are "
+          "rebuilt on its next request")
+    return EXIT_OK
+
+
 def _demo() -> int:
     from . import demo
 
@@ -107,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args.config)
     if args.command == "check-config":
         return _check_config(args.config)
+    if args.command == "tenant-id":
+        return _tenant_id(args.config)
+    if args.command == "move-session":
+        return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -17,8 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from compactor import DurableContextState
 from proxy.cli import main
 from proxy.config import load_config
+from proxy.http.tenants import TenantScope
+from proxy.state.store import SQLiteStateStore
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.yaml"
@@ -47,12 +51,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(
-    args: list[str], cwd: Path, timeout: float = 60, **env: str
+    args: list[str], cwd: Path, timeout: float = 60, *, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*COMMAND, *args],
         cwd=cwd,
         env=clean_env(**env),
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -303,3 +308,167 @@ def test_main_check_config_in_process(capsys: pytest.CaptureFixture[str], tmp_pa
     assert main(["check-config", "--config", str(bad_config(tmp_path))]) == 2
     out = capsys.readouterr()
     assert out.err.splitlines() == [BAD_KEY_LINE] and out.out == ""
+
+
+# ------------------------------------------------------------------------------ tenant-id
+
+SECRET = "s3cret-for-tenants"
+CREDENTIAL = "sk-ant-api03-example-credential"
+
+
+def scoped_config(tmp_path: Path, scope: str | None) -> Path:
+    path = tmp_path / "scoped.yaml"
+    session = f"session: {{scope: '{scope}'}}\n" if scope else ""
+    path.write_text(
+        "upstream: {base_url: 'https://api.anthropic.com'}\n"
+        f"store: {{path: '{tmp_path / 'state' / 'state.db'}'}}\n" + session,
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_tenant_id_prints_the_credential_tenant(tmp_path: Path) -> None:
+    """scope credential: the HMAC tenant of the credential on stdin, as the proxy keys it."""
+    config = load_config(scoped_config(tmp_path, "credential"))
+    expected = TenantScope.from_config(
+        config.session, {config.session.secret_env: SECRET}).tenant_of({"x-api-key": CREDENTIAL})
+    result = run(["tenant-id", "--config", str(scoped_config(tmp_path, "credential"))],
+                 tmp_path, stdin=CREDENTIAL + "\n", COMPACT_PROXY_SESSION_SECRET=SECRET)
+    assert (result.returncode, result.stdout, result.stderr) == (0, expected + "\n", "")
+    assert CREDENTIAL not in result.stdout
+
+
+def test_tenant_id_prints_the_header_tenant(tmp_path: Path) -> None:
+    """scope header:<name>: the tenant of the header value on stdin."""
+    path = scoped_config(tmp_path, "header:x-forwarded-user")
+    config = load_config(path)
+    expected = TenantScope.from_config(config.session, {}).tenant_of(
+        {"x-forwarded-user": "alice@example.com"})
+    result = run(["tenant-id", "--config", str(path)], tmp_path,
+                 stdin="  alice@example.com  \n")
+    assert (result.returncode, result.stdout) == (0, expected + "\n")
+    assert expected.startswith("h")
+
+
+def test_tenant_id_for_scope_none_prints_none(tmp_path: Path) -> None:
+    """Without a scope (loopback) every request is tenant none."""
+    result = run(["tenant-id", "--config", str(scoped_config(tmp_path, None))], tmp_path,
+                 stdin="anything\n")
+    assert (result.returncode, result.stdout) == (0, "none\n")
+
+
+def test_tenant_id_without_the_secret_exits_2_with_one_line(tmp_path: Path) -> None:
+    """scope credential with the secret variable unset: the config error, one line, exit 2."""
+    result = run(["tenant-id", "--config", str(scoped_config(tmp_path, "credential"))],
+                 tmp_path, stdin=CREDENTIAL + "\n")
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "session.secret_env" in result.stderr and CREDENTIAL not in result.stderr
+
+
+def test_tenant_id_with_nothing_on_stdin_exits_2(tmp_path: Path) -> None:
+    """An empty line is no credential."""
+    result = run(["tenant-id", "--config", str(scoped_config(tmp_path, "credential"))],
+                 tmp_path, stdin="\n", COMPACT_PROXY_SESSION_SECRET=SECRET)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ move-session
+
+TENANT = "t0123456789abcdef"
+
+
+def _state(content: str) -> DurableContextState:
+    return DurableContextState.from_dict({
+        "facts": [{"fact_id": "f1", "content": content, "source_pointer": "transcript:s:1",
+                   "last_confirmed_at": "2025-03-01T12:30:00+00:00"}],
+        "pending_items": [], "retrieval_evidence": []})
+
+
+def _put(db: Path, key: str, content: str, checkpoint: bytes | None = None) -> None:
+    async def go() -> None:
+        store = await SQLiteStateStore(db).open()
+        try:
+            await store.put_state(key, _state(content), None)
+            if checkpoint is not None:
+                await store.put_record(key, "checkpoint:main:abc", checkpoint)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def _read(db: Path, key: str) -> tuple[str | None, bytes | None]:
+    async def go() -> tuple[str | None, bytes | None]:
+        store = await SQLiteStateStore(db).open()
+        try:
+            stored = await store.get_state(key)
+            record = await store.get_record(key, "checkpoint:main:abc")
+        finally:
+            await store.close()
+        return (stored.state.facts[0].content if stored else None), record
+
+    return asyncio.run(go())
+
+
+def test_move_session_moves_state_from_none_to_a_tenant_and_back(tmp_path: Path) -> None:
+    """move-session takes the state from scoped_key(from, sid) to scoped_key(to, sid)."""
+    path = scoped_config(tmp_path, None)
+    db = tmp_path / "state" / "state.db"
+    _put(db, "sess-1", "kept fact", checkpoint=b"ckpt")
+    result = run(["move-session", "--config", str(path), "--session", "sess-1",
+                  "--to-tenant", TENANT], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert TENANT in result.stdout and "sess-1" in result.stdout
+    assert "checkpoint" in result.stdout  # says what was not moved
+    assert _read(db, f"{TENANT}/sess-1")[0] == "kept fact"
+    assert _read(db, "sess-1")[0] is None
+
+    result = run(["move-session", "--config", str(path), "--session", "sess-1",
+                  "--from-tenant", TENANT, "--to-tenant", "none"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert _read(db, "sess-1")[0] == "kept fact"
+    assert _read(db, f"{TENANT}/sess-1")[0] is None
+
+
+def test_move_session_refuses_when_the_target_has_state(tmp_path: Path) -> None:
+    """Exit 2 with one line, and both states stay as they were."""
+    path = scoped_config(tmp_path, None)
+    db = tmp_path / "state" / "state.db"
+    _put(db, "sess-1", "source")
+    _put(db, f"{TENANT}/sess-1", "target")
+    result = run(["move-session", "--config", str(path), "--session", "sess-1",
+                  "--to-tenant", TENANT], tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "already" in result.stderr
+    assert _read(db, "sess-1")[0] == "source"
+    assert _read(db, f"{TENANT}/sess-1")[0] == "target"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--session", "sess-1", "--to-tenant", "sk-ant-secret"],
+     ["--session", "sess-1", "--to-tenant", TENANT, "--from-tenant", "bogus"],
+     ["--session", "a..b", "--to-tenant", TENANT],
+     ["--session", "sess-1", "--to-tenant", "none"],
+     ["--session", "missing", "--to-tenant", TENANT]],
+    ids=["bad-to", "bad-from", "bad-session", "same-tenant", "no-state"],
+)
+def test_move_session_refusals_exit_2_with_one_line(tmp_path: Path, args: list[str]) -> None:
+    """Bad tenants, a bad session id, a move onto itself, nothing to move: one line, exit 2,
+    and the store is unchanged."""
+    path = scoped_config(tmp_path, None)
+    db = tmp_path / "state" / "state.db"
+    _put(db, "sess-1", "source")
+    result = run(["move-session", "--config", str(path), *args], tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "sk-ant-secret" not in result.stderr
+    assert _read(db, "sess-1")[0] == "source"
+
+
+def test_move_session_with_a_bad_config_exits_2(tmp_path: Path) -> None:
+    result = run(["move-session", "--config", str(bad_config(tmp_path)), "--session", "s",
+                  "--to-tenant", TENANT], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [BAD_KEY_LINE]
