@@ -43,7 +43,7 @@ from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import CachedStateReads, SQLiteStateStore, StoreBackend, StoreError
+from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
 from proxy.state.summarizer import ProviderSummarizer
 
 __all__ = ["create_app", "run_server", "start_proxy"]
@@ -65,24 +65,6 @@ def _token_counter(config: Config) -> compactor.CachingCounter:
     except RuntimeError as exc:
         raise ConfigError("compaction.token_counter", str(exc)) from None
     return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
-
-
-def _new_store(config: Config) -> StoreBackend:
-    # No I/O yet: _store_ctx opens it at startup, which creates the file and checks its
-    # schema (sqlite) or reaches the server (redis).
-    if config.store.backend == "sqlite":
-        return SQLiteStateStore(config.store.path)
-    if config.store.backend == "redis":
-        # Imported here so only this branch depends on the redis backend.
-        from proxy.state.store import RedisStateStore
-
-        # StoreConfig guarantees a url for the redis backend.
-        assert config.store.url is not None
-        try:
-            return RedisStateStore(config.store.url)
-        except ValueError as exc:
-            raise ConfigError("store.url", str(exc)) from None
-    raise ConfigError("store.backend", f"{config.store.backend} is not available in this build")
 
 
 def _store_ctx(store: StoreBackend,
@@ -152,7 +134,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[METRICS] = ProxyMetrics()
     # The request path reads the session's state on every call; the admin API writes
     # through the same object, so its changes are seen at once.
-    backend = store if store is not None else _new_store(config)
+    backend = store if store is not None else store_for(config)
     app[STORE] = CachedStateReads(backend)
     app[SUMMARIES] = backend
     app[CHECKPOINTS] = SessionCheckpoints(backend)

@@ -128,8 +128,8 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
         return EXIT_CONFIG
     import asyncio
 
-    from .state.migrate import MoveRefused, move_session, store_for
-    from .state.store import StoreError
+    from .state.migrate import MoveRefused, move_session
+    from .state.store import StoreError, store_for
 
     async def run() -> None:
         store = await store_for(config).open()

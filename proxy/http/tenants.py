@@ -6,10 +6,11 @@ caller read any session's durable state. So every per-session thing — durable 
 checkpoints, summary cache entries — is kept under the request's *tenant* as well:
 
 * ``credential``: ``t`` + 16 hex of HMAC-SHA256(secret, the caller's ``x-api-key``, else its
-  ``Authorization`` value); the secret comes from the environment variable named by
-  ``session.secret_env``; the credential itself is never stored or logged. A credential that
-  rotates (Claude Code's OAuth tokens refresh during long sessions) starts a new tenant: use
-  ``header:<name>`` behind an authenticating proxy instead.
+  ``Authorization`` bearer token: one key is one tenant however it is sent); the secret comes
+  from the environment variable named by ``session.secret_env``; the credential itself is
+  never stored or logged. A credential that rotates (Claude Code's OAuth tokens refresh
+  during long sessions) starts a new tenant: use ``header:<name>`` behind an authenticating
+  proxy instead.
 * ``header:<name>``: ``h`` + 16 hex of a hash of that header's value (set by a front proxy
   such as oauth2-proxy's ``x-forwarded-user``); a request without it gets a 401.
 * ``none``: one tenant, ``none`` — one person's proxy on localhost. Its keys are the session
@@ -77,8 +78,12 @@ class TenantScope:
                         hashlib.sha256).hexdigest()[:16]
 
     def credential_tenant(self, credential: str) -> str:
-        """The tenant of a credential (``x-api-key`` value, or the whole ``Authorization``)."""
-        return "t" + self._digest(credential)
+        """The tenant of a credential: an ``x-api-key`` value, or an ``Authorization`` value
+        (its ``Bearer`` scheme dropped, so one key is one tenant however it is sent)."""
+        scheme, _, token = credential.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            credential = token
+        return "t" + self._digest(credential.strip())
 
     def header_tenant(self, value: str) -> str:
         """The tenant of a front proxy's header value."""

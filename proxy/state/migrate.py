@@ -12,33 +12,14 @@ anyway), so no request writes the session meanwhile.
 from __future__ import annotations
 
 from compactor import session_id_problem
-from proxy.config import Config, ConfigError
 from proxy.http.tenants import is_tenant, scoped_key
 from proxy.state.store import StoreBackend, StoredState, VersionConflict
-from proxy.state.store.sqlite import SQLiteStateStore
 
-__all__ = ["MoveRefused", "move_session", "store_for"]
+__all__ = ["MoveRefused", "move_session"]
 
 
 class MoveRefused(Exception):
     """The move was not done, and nothing was changed; the message says why (one line)."""
-
-
-def store_for(config: Config) -> StoreBackend:
-    """The configured store, not yet opened (the same choice as the proxy's).
-
-    Raises:
-        ConfigError: an unusable ``store.url``.
-    """
-    if config.store.backend == "redis":
-        from proxy.state.store import RedisStateStore
-
-        assert config.store.url is not None  # StoreConfig requires it for redis
-        try:
-            return RedisStateStore(config.store.url)
-        except ValueError as exc:
-            raise ConfigError("store.url", str(exc)) from None
-    return SQLiteStateStore(config.store.path)
 
 
 def _check(session_id: str, from_tenant: str, to_tenant: str) -> None:

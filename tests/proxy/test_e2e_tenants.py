@@ -506,3 +506,13 @@ def test_no_credential_in_any_redis_key_after_tenant_traffic(
     state_keys = [key for key in keys if key.endswith(state_key)]
     assert state_keys and all(FACT_A.encode() in dumps[key] for key in state_keys)
     assert_no_credential(proxy_log.read_bytes(), "the proxy log")
+
+
+def test_one_key_is_one_tenant_however_it_is_sent() -> None:
+    """``x-api-key: K`` and ``Authorization: Bearer K`` are the same caller; ``tenant-id``
+    given the bare key prints that tenant."""
+    scope = TenantScope("credential", b"secret")
+    as_key = scope.tenant_of(CIMultiDict({"x-api-key": KEY_A}))
+    as_bearer = scope.tenant_of(CIMultiDict({"Authorization": f"Bearer {KEY_A}"}))
+    assert as_key == as_bearer == scope.credential_tenant(KEY_A) == sdk_tenant(scope, KEY_A)
+    assert scope.credential_tenant(KEY_B) != as_key

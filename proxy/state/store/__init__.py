@@ -4,6 +4,8 @@ caches. Callers depend on the part they use (:class:`StateStore`, :class:`Summar
 :class:`SQLiteStateStore` is the embedded backend, :class:`RedisStateStore` the one several
 proxy processes can share; it (and redis-py) is imported only when first named."""
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 from .base import (
@@ -20,6 +22,8 @@ from .read_cache import CachedStateReads
 from .sqlite import SQLiteStateStore
 
 if TYPE_CHECKING:
+    from proxy.config import Config
+
     from .redis import RedisStateStore
 
 __all__ = [
@@ -34,7 +38,28 @@ __all__ = [
     "StoredState",
     "SummaryCache",
     "VersionConflict",
+    "store_for",
 ]
+
+
+def store_for(config: Config) -> StoreBackend:
+    """The configured store, not yet opened (``open()`` creates the file and checks its
+    schema, or reaches the server).
+
+    Raises:
+        ConfigError: an unusable ``store.url``.
+    """
+    from proxy.config import ConfigError
+
+    if config.store.backend == "redis":
+        from .redis import RedisStateStore
+
+        assert config.store.url is not None  # StoreConfig requires it for redis
+        try:
+            return RedisStateStore(config.store.url)
+        except ValueError as exc:
+            raise ConfigError("store.url", str(exc)) from None
+    return SQLiteStateStore(config.store.path)
 
 
 def __getattr__(name: str) -> Any:
