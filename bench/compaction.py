@@ -37,7 +37,8 @@ def synthetic_history(target_bytes: int, seed: int = 7) -> list[dict[str, Any]]:
         if n % 5 == 0:
             use = {"type": "tool_use", "id": f"toolu_{n:06d}", "name": "Read",
                    "input": {"file_path": f"/repo/src/module_{n % 7}.py"}}
-            result = "".join(f"{i:4d}\tdef function_{i}(x):  # module {n % 7} v{n}\n" for i in range(120))
+            result = "".join(f"{i:4d}\tdef function_{i}(x):  # module {n % 7} v{n}\n"
+                             for i in range(120))
         elif n % 11 == 0:
             use = {"type": "tool_use", "id": f"toolu_{n:06d}", "name": "Bash",
                    "input": {"command": "pytest -x -q"}}
@@ -46,7 +47,8 @@ def synthetic_history(target_bytes: int, seed: int = 7) -> list[dict[str, Any]]:
         else:
             use = {"type": "tool_use", "id": f"toolu_{n:06d}", "name": "Bash",
                    "input": {"command": f"grep -rn pattern_{n} src/"}}
-            result = "".join(f"src/file_{i}.py:{i * 3}: match pattern_{n} here\n" for i in range(30))
+            result = "".join(f"src/file_{i}.py:{i * 3}: match pattern_{n} here\n"
+                             for i in range(30))
         messages.append({"role": "assistant", "content": [
             {"type": "text", "text": f"Step {n}: checking the next thing."}, use]})
         messages.append({"role": "user", "content": [
@@ -60,7 +62,8 @@ def grow(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     n = len(messages)
     return [*messages,
             {"role": "assistant", "content": [{"type": "text", "text": "One more."},
-                                              {"type": "tool_use", "id": f"toolu_x{n}", "name": "Bash",
+                                              {"type": "tool_use", "id": f"toolu_x{n}",
+                                               "name": "Bash",
                                                "input": {"command": "ls"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_x{n}",
                                           "content": "a\nb\nc"}]}]

@@ -59,7 +59,8 @@ def read_call(tool_id: str, path: str, **extra: Any) -> dict[str, Any]:
 def exchange(tool_id: str, result: Any = "ok", *, name: str = "Bash", lead: str = "Running it.",
              **tool_input: Any) -> list[Message]:
     """An assistant tool call and the user message answering it."""
-    return [assistant(lead, tool_use(tool_id, name, **tool_input)), user(tool_result(tool_id, result))]
+    return [assistant(lead, tool_use(tool_id, name, **tool_input)),
+            user(tool_result(tool_id, result))]
 
 
 def long_session(turns: int, result_chars: int = 2_000) -> list[Message]:

@@ -132,7 +132,8 @@ def _server_pair(draw: st.DrawFn, budget: _Budget) -> list[Block]:
         use_id = budget.new_id("srvtoolu")
         query = _text(draw, budget, max_words=4)
         return [
-            {"type": "server_tool_use", "id": use_id, "name": "web_search", "input": {"query": query}},
+            {"type": "server_tool_use", "id": use_id, "name": "web_search",
+             "input": {"query": query}},
             {"type": "web_search_tool_result", "tool_use_id": use_id, "content": [
                 {"type": "web_search_result", "url": f"https://example.org/{i}",
                  "title": _text(draw, budget, max_words=3), "encrypted_content": "Eo8BCkYIBxgC"}

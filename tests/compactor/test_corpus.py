@@ -57,7 +57,8 @@ KNOWN_THINKING_VIOLATIONS = {
     "m-claude__de0891f0-8f37-4cb1-b2bc-04c278fd5ae2.json": "cannot be `thinking`",
     "m-claude__ff59cfd2-09dc-4a18-8c9f-0d46c3d4e8cd.json": "cannot be `thinking`",
     "repaired/m-claude__3bd9cf18-3c9b-42f5-8fd1-47f5456c1fec.json": "cannot be `thinking`",
-    "repaired/m-claude__95f81cf4-2300-4739-9018-2d0ff510912a.json": "the first block must be thinking",
+    "repaired/m-claude__95f81cf4-2300-4739-9018-2d0ff510912a.json":
+        "the first block must be thinking",
 }
 
 # The manifest's error wording, mapped to ToolProtocolError fields:

@@ -81,7 +81,7 @@ def test_the_default_deep_copy_shares_nothing_with_the_input() -> None:
     """The sync API returns objects that are not the caller's."""
     messages = [user("hi"), assistant("hello"), user("bye")]
     result = compact_context(messages, None, policy=_policy(10_000))
-    assert all(a is not b for a, b in zip(result.messages, messages))
+    assert all(a is not b for a, b in zip(result.messages, messages, strict=True))
 
 
 def test_durable_state_comes_out_identical() -> None:

@@ -419,7 +419,8 @@ def _empty_text(v: list[dict[str, Any]]) -> None:
     _edit_thinking, _thinking_not_first, _drop_intent, _drop_system, _extra_cache,
     _lone_server_use, _broken_pair, _empty_text,
 ])
-def test_invariant_helper_rejects_a_damaged_view(damage: Callable[[list[dict[str, Any]]], None]) -> None:
+def test_invariant_helper_rejects_a_damaged_view(
+        damage: Callable[[list[dict[str, Any]]], None]) -> None:
     """assert_valid_view fails on a view that breaks one SPEC §5 invariant."""
     original = _base()
     view = copy.deepcopy(original)

@@ -142,8 +142,9 @@ def test_unreadable_checkpoint_bytes_give_none() -> None:
     """A corrupt or outdated stored checkpoint is ignored, never trusted."""
     assert CompactionCheckpoint.from_bytes(b"not json") is None
     assert CompactionCheckpoint.from_bytes(b'{"format": 999}') is None
-    assert CompactionCheckpoint.from_bytes(b'{"format": 1, "covered": 2, "view": [], '
-                                           b'"digests": ["a"], "policy_key": "", "layers": []}') is None
+    broken = (b'{"format": 1, "covered": 2, "view": [], '
+              b'"digests": ["a"], "policy_key": "", "layers": []}')
+    assert CompactionCheckpoint.from_bytes(broken) is None
 
 
 def test_other_thresholds_do_not_reuse_the_checkpoint() -> None:
@@ -200,6 +201,7 @@ def test_a_restored_checkpoint_is_matched_by_digest_once_then_by_fingerprint() -
     session.checkpoint = CompactionCheckpoint.from_bytes(session.checkpoint.to_bytes())
     messages = _turn(messages, n)
     first = session.send(messages)
-    assert first.reused_checkpoint and len(first.checkpoint.fingerprints) == first.checkpoint.covered
+    assert first.reused_checkpoint
+    assert len(first.checkpoint.fingerprints) == first.checkpoint.covered
     second = session.send(_turn(messages, n + 1))
     assert second.reused_checkpoint and second.checkpoint is first.checkpoint

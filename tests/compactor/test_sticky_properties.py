@@ -24,7 +24,8 @@ def _requests(history: History) -> list[list[dict]]:
     """Each prefix of the history that a client would send (it ends with a user turn)."""
     messages = history.messages
     return [messages[: i + 1] for i, m in enumerate(messages)
-            if m["role"] == "user" and (i + 1 == len(messages) or messages[i + 1]["role"] != "user")]
+            if m["role"] == "user"
+            and (i + 1 == len(messages) or messages[i + 1]["role"] != "user")]
 
 
 @PROPERTY

@@ -12,7 +12,8 @@ def test_defaults_are_the_config_defaults() -> None:
     """The policy's defaults are SPEC section 3's compaction defaults."""
     policy = CompactionPolicy()
     assert (policy.soft_threshold_tokens, policy.hard_limit_tokens, policy.max_tool_result_tokens,
-            policy.keep_recent_messages, policy.summary_keep_recent) == (80_000, 120_000, 5_000, 6, 4)
+            policy.keep_recent_messages, policy.summary_keep_recent
+            ) == (80_000, 120_000, 5_000, 6, 4)
     assert policy.read_tools == DEFAULT_READ_TOOLS
 
 

@@ -105,7 +105,8 @@ def claude_code_body() -> dict[str, Any]:
         "system": [
             {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0.76.abc; "
                                      "cc_entrypoint=cli; cch=00aa;"},
-            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "You are Claude Code.",
+             "cache_control": {"type": "ephemeral"}},
         ],
         "tools": [{"name": "Read", "description": "Read a file",
                    "input_schema": {"type": "object",

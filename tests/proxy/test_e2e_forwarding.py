@@ -50,8 +50,8 @@ async def test_unchanged_body_is_forwarded_byte_for_byte(
     proxy: RunningProxy, upstream_server: UpstreamServer
 ) -> None:
     """When nothing is compacted or injected, the provider gets the client's exact bytes."""
-    raw = ('{ "max_tokens": 16,  "model": "%s", "messages": [ {"role": "user", "content": "%s"} ] }'
-           % (MODEL, user_text("spaces kept"))).encode()
+    raw = ('{ "max_tokens": 16,  "model": "' + MODEL + '", "messages": [ {"role": "user", '
+           '"content": "' + user_text("spaces kept") + '"} ] }').encode()
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{proxy.base_url}/v1/messages", data=raw,
                              headers={"x-api-key": TEST_API_KEY,
