@@ -1,0 +1,113 @@
+"""The real Claude Code CLI through the proxy: a long tool loop with thinking, compacted.
+
+`claude -p` runs a whole task as one assistant turn. The strict fake provider answers like the
+model without interleaved thinking: a thinking block on the turn's first message only, then one
+``Bash`` call per step, whose large output Claude Code runs and sends back. With low thresholds
+every layer runs inside that one turn; the provider refuses any view whose turn in progress no
+longer starts with its thinking block (it did so on the third request before the fix). The CLI
+must finish the task with every request accepted.
+
+`bash .ci/run` installs the CLI (`npm install @anthropic-ai/claude-code` under `.ci/node`); the
+test looks for it there, in ``$COMPACT_PROXY_CLAUDE`` or on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.fake_upstream import Reply, thinking_block
+from proxy.fake_upstream.records import RecordedRequest
+from proxy.fake_upstream.scripts import default_script
+from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, read_log
+
+STEPS = 14
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _claude() -> str | None:
+    for candidate in (os.environ.get("COMPACT_PROXY_CLAUDE"),
+                      str(REPO / ".ci" / "node" / "node_modules" / ".bin" / "claude"),
+                      shutil.which("claude")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+CLAUDE = _claude()
+pytestmark = pytest.mark.skipif(CLAUDE is None, reason="the Claude Code CLI is not installed "
+                                "(bash .ci/run installs it under .ci/node)")
+
+
+def _is_summary_call(body: dict[str, Any]) -> bool:
+    return "compact-proxy-summarizer" in json.dumps(body.get("system"))
+
+
+class ToolLoop:
+    """The model's side of a ``STEPS``-step task: one Bash call per answer, thinking only on
+    the turn's first answer (no interleaved thinking), then a closing text."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def __call__(self, body: dict[str, Any], meta: RecordedRequest) -> Reply:
+        if _is_summary_call(body):
+            return default_script(body, meta)
+        last = body["messages"][-1]
+        in_loop = isinstance(last["content"], list) and any(
+            b.get("type") == "tool_result" for b in last["content"])
+        if self.steps >= STEPS:
+            return Reply.text("All steps are done.")
+        self.steps += 1
+        blocks: list[dict[str, Any]] = [] if in_loop else [
+            thinking_block("Plan: run the steps one by one and read each output.")]
+        blocks.append({"type": "text", "text": f"Running step {self.steps}."})
+        blocks.append({"type": "tool_use", "id": f"toolu_step_{self.steps:03d}", "name": "Bash",
+                       "input": {"command": f"python3 -c \"print('step {self.steps} ' * 3000)\"",
+                                 "description": "Print the step's output"}})
+        return Reply(content=blocks, stop_reason="tool_use")
+
+
+def test_claude_code_finishes_a_long_thinking_tool_loop_through_the_proxy(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
+        tmp_path: Path) -> None:
+    loop = ToolLoop()
+    upstream_server.upstream.script = loop
+    proxy = proxy_factory({"compaction": {
+        "soft_threshold_tokens": 20_000, "hard_limit_tokens": 150_000,
+        "max_tool_result_tokens": 2_000, "keep_recent_messages": 4, "summary_keep_recent": 2}})
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
+           "ANTHROPIC_BASE_URL": proxy.base_url, "ANTHROPIC_API_KEY": TEST_API_KEY,
+           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    assert CLAUDE is not None
+    done = subprocess.run(
+        [CLAUDE, "-p", "Run the steps.", "--allowedTools", "Bash", "--max-turns", "40",
+         "--output-format", "json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    outcome = json.loads(done.stdout)
+    assert outcome.get("terminal_reason") == "completed", outcome
+    assert loop.steps == STEPS
+
+    requests = [r for r in upstream_server.upstream.message_requests
+                if r.body is not None and not _is_summary_call(r.body)]
+    assert len(requests) == STEPS + 1
+    assert all(r.body.get("thinking", {}).get("type") in ("enabled", "adaptive")
+               for r in requests)
+    sessions = {r.headers.get("x-claude-code-session-id") for r in requests}
+    assert len(sessions) == 1 and None not in sessions
+    completed = [line for line in read_log(proxy_log) if line.get("event") == "request_completed"
+                 and line.get("route") == "messages" and line.get("session_id") in sessions]
+    assert len(completed) == STEPS + 1
+    assert {line["status"] for line in completed} == {200}
+    layers = {layer for line in completed for layer in line["layers"]}
+    assert {"L1", "L4"} <= layers  # compacted inside the one turn, summary included
