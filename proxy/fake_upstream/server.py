@@ -4,7 +4,9 @@ Anthropic Messages API.
 Routes: ``POST /v1/messages`` (JSON, or SSE with ``"stream": true``; any query string),
 ``POST /v1/messages/count_tokens``, ``GET /v1/models`` and ``GET /v1/models/{id}``; anything
 else is ``404 not_found_error``. Every request needs ``x-api-key`` or ``Authorization: Bearer``
-(any value). Every response carries ``request-id`` and the ``anthropic-ratelimit-requests-*``
+(any value); a Claude Code subscription login (``Bearer sk-ant-oat…``) on the message and count
+routes also needs the OAuth beta and Claude Code's system identity (:mod:`.rules`, reference
+§2.3). Every response carries ``request-id`` and the ``anthropic-ratelimit-requests-*``
 headers; every error has the Anthropic shape with a top-level ``request_id``, except the 413 of a
 body over 32 MiB, which is the edge's own ``{"error": {"type": "request_too_large", …}}``.
 
@@ -50,8 +52,10 @@ from .replies import (
 from .rules import (
     ProviderRuleError,
     cache_control_count,
+    check_claude_code_identity,
     check_count_tokens_request,
     check_messages_request,
+    check_oauth_beta,
 )
 from .scripts import Script, default_script
 from .wire import MAX_BODY_BYTES, MSG_TOO_LARGE, decode_content, parse_json_strict
@@ -285,6 +289,17 @@ async def _add_common_headers(request: web.Request, response: web.StreamResponse
         response.headers.setdefault(name, value)
 
 
+def _checked_body(request: web.Request) -> dict[str, Any]:
+    """The body of a message or count request once its credential may make it: an OAuth
+    credential needs the OAuth beta (401, judged before the body) and Claude Code's system
+    identity (400, judged before the body rules)."""
+    authorization = ", ".join(request.headers.getall("Authorization", ()))
+    check_oauth_beta(authorization, ",".join(request.headers.getall("anthropic-beta", ())))
+    body = _json_object(request)
+    check_claude_code_identity(authorization, body)
+    return body
+
+
 def _json_object(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, or the provider's refusal of its bytes, encoding or shape."""
     received = request[_BODY_KEY]
@@ -331,7 +346,7 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM_KEY]
     upstream.counts["messages"] += 1
     record = request[_RECORD_KEY]
-    body = _json_object(request)
+    body = _checked_body(request)
     check_messages_request(body)
     canonical = canonical_prompt(body)
     total = estimate_tokens(canonical)
@@ -447,7 +462,7 @@ async def _stream(
 async def _handle_count_tokens(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM_KEY]
     upstream.counts["count_tokens"] += 1
-    body = _json_object(request)
+    body = _checked_body(request)
     check_count_tokens_request(body)
     return web.json_response({"input_tokens": estimate_tokens(canonical_prompt(body))})
 
