@@ -43,10 +43,9 @@ from .replies import (
     Fault,
     PromptCache,
     Reply,
+    TokenRule,
     build_message,
-    canonical_prompt,
     encode_event,
-    estimate_tokens,
     stream_events,
 )
 from .rules import (
@@ -97,8 +96,10 @@ class FakeUpstream:
         counts: requests per route (``messages``, ``count_tokens``, ``models``, ``not_found``).
         cancelled: streams (or hung replies) whose client disconnected before the end.
         events_sent: SSE events written so far, over all streams.
-        context_window: above this many estimated input tokens a message request is refused
-            with ``prompt is too long``.
+        context_window: above this many input tokens (as ``token_rule`` counts them) a message
+            request is refused with ``prompt is too long``.
+        token_rule: the provider's own input-token count (``token_ratio``, ``token_noise``;
+            the defaults keep characters / 4), used for usage, count_tokens and the window.
         prompt_cache: the simulated prompt cache behind the ``cache_*`` usage counts.
     """
 
@@ -108,9 +109,12 @@ class FakeUpstream:
         *,
         context_window: int = DEFAULT_CONTEXT_WINDOW,
         models: Sequence[Mapping[str, Any]] = DEFAULT_MODELS,
+        token_ratio: float = 1.0,
+        token_noise: float = 0.0,
     ) -> None:
         if context_window < 1:
             raise ValueError(f"context_window must be >= 1, got {context_window}")
+        self.token_rule = TokenRule(token_ratio, token_noise)
         self.script: Script = script if script is not None else default_script
         self.queue: deque[Reply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -348,8 +352,8 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
     record = request[_RECORD_KEY]
     body = _checked_body(request)
     check_messages_request(body)
-    canonical = canonical_prompt(body)
-    total = estimate_tokens(canonical)
+    measure = upstream.token_rule.measure(body)
+    total = measure.total
     if total > upstream.context_window:
         raise ProviderRuleError(
             f"prompt is too long: {total} tokens > {upstream.context_window} maximum"
@@ -382,7 +386,7 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
         return web.json_response(error_body, status=reply.status, headers=reply.headers)
 
     usage = upstream.prompt_cache.usage(
-        f"{record.api_key}\n{body['model']}", canonical,
+        f"{record.api_key}\n{body['model']}", measure,
         has_breakpoints=cache_control_count(body) > 0 or body.get("cache_control") is not None,
     )
     message = build_message(reply, message_id=upstream.next_message_id(), model=body["model"],
@@ -464,7 +468,7 @@ async def _handle_count_tokens(request: web.Request) -> web.StreamResponse:
     upstream.counts["count_tokens"] += 1
     body = _checked_body(request)
     check_count_tokens_request(body)
-    return web.json_response({"input_tokens": estimate_tokens(canonical_prompt(body))})
+    return web.json_response({"input_tokens": upstream.token_rule.measure(body).total})
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
