@@ -190,12 +190,18 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     # Read back from the store (a restart), it matched by its stable digests: give it this
     # process's fingerprints, so later requests match by those alone.
     checkpoint = checkpoint.with_fingerprints(prints[: checkpoint.covered])
-    fresh, _ = truncate_tool_results(View(messages[checkpoint.covered:], raw.counter), {},
-                                     policy)
+    covered = checkpoint.covered
+    # Fingerprints and counts are known already: the new messages' from ``raw``, the prefix's
+    # from the checkpoint (markers put back change no fingerprint), so a warm request does
+    # not fingerprint its whole history again.
+    fresh, _ = truncate_tool_results(
+        View(messages[covered:], raw.counter, 0, raw.fingerprints[covered:], raw.tokens[covered:]),
+        {}, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
-                             checkpoint.covered)
-    view = raw.derive([*prefix, *fresh.messages])
-    return view, _validate_extension(view.messages, len(prefix), checkpoint.covered), checkpoint
+                             covered)
+    view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
+                [*checkpoint.view_fingerprints, *fresh.fingerprints])
+    return view, _validate_extension(view.messages, len(prefix), covered), checkpoint
 
 
 def _validate_extension(view: list[Message], prefix_len: int,
