@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._blocks import DROPPABLE_ROLES, THINKING, UNCUTTABLE, Message, blocks_of, first_user_index
@@ -40,11 +40,16 @@ class SummaryRequest:
             bytes of images and documents left out).
         cache_key: sha256 hex of the exact messages covered: the same span, the same key.
         message_count: how many messages the summary replaces.
+        conversation: the view's messages from the first up to the kept recent turns, as they
+            stand (the span in its place, thinking and cache markers included): a prefix of
+            what the provider was sent before, which a summary call forked from the client's
+            own request sends as its messages (so its prompt is mostly cached).
     """
 
     messages_json: str
     cache_key: str
     message_count: int
+    conversation: tuple[Message, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,7 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
         messages_json=payload,
         cache_key=summary_cache_key(payload),
         message_count=len(middle),
+        conversation=tuple(messages[:tail_start]),
     )
     return SummaryPlan(head, middle, others + messages[tail_start:], request, attach)
 

@@ -37,7 +37,9 @@ __all__ = ["CompactionCheckpoint", "CompactionOptions", "CompactionResult", "Lay
 #: What L4's model is asked: the messages to summarise as a JSON array; the summary text back
 #: (None, "" or an exception: no summary, the view stays as it was).
 Summarizer = Callable[[str], "str | None"]
-AsyncSummarizer = Callable[[str], "Awaitable[str | None]"]
+#: The async driver's summariser gets the whole :class:`SummaryRequest` (the JSON span, its
+#: cache key, and the conversation up to the kept turns, for a summary forked from it).
+AsyncSummarizer = Callable[[SummaryRequest], "Awaitable[str | None]"]
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,20 @@ class CompactionOptions:
         checkpoint: the session's checkpoint from its previous request, if any.
         copy: deep-copy the input first so the result shares nothing with it (the proxy owns
             its freshly parsed body and passes False: the pipeline never mutates its input).
+        token_scale: the provider's tokens per counted token (a calibration learnt from the
+            provider's own counts): thresholds are compared with, and ``tokens_before`` /
+            ``tokens_after`` report, the counted tokens times this. 1: the counter's own.
     """
 
     reserved_tokens: int = 0
     sticky: bool = False
     checkpoint: CompactionCheckpoint | None = field(default=None, compare=False)
     copy: bool = True
+    token_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.token_scale > 0 and self.token_scale < float("inf")):
+            raise ValueError(f"token_scale must be a positive number, got {self.token_scale!r}")
 
 
 @dataclass(frozen=True)
@@ -120,14 +130,16 @@ class CompactionResult:
             ``copy=False`` unchanged messages (or, when nothing ran, the whole list) are the
             caller's own objects.
         durable_state: the durable state, exactly as given (it bypasses every layer).
-        tokens_before: tokens of the input, reserved tokens included.
-        tokens_after: tokens of the view.
+        tokens_before: tokens of the input, reserved tokens included (times ``token_scale``).
+        tokens_after: tokens of the view (times ``token_scale``).
         layers_applied: the layers whose change is in the view, in order.
         outcomes: one :class:`LayerOutcome` per layer that ran.
         summary_request: the span L4 asked to summarise, if it ran.
         checkpoint: in sticky mode, the checkpoint to keep for the session's next request
             (the one passed in when it was reused; None when nothing was compacted).
         reused_checkpoint: whether the view starts with a reused checkpoint's prefix.
+        counted_after: tokens of the view as the counter counts them (unscaled): what a
+            calibration pairs with the provider's count of the view.
 
     ``messages`` may share message objects with the input and with a checkpoint: treat it
     as read-only.
@@ -142,6 +154,7 @@ class CompactionResult:
     summary_request: SummaryRequest | None = None
     checkpoint: CompactionCheckpoint | None = None
     reused_checkpoint: bool = False
+    counted_after: int = 0
 
     @property
     def changed(self) -> bool:
@@ -225,7 +238,7 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
            counter: CachingCounter, options: CompactionOptions, summaries: bool) -> Steps:
     check_shape(messages)
-    raw = View(messages, counter, options.reserved_tokens)
+    raw = View(messages, counter, options.reserved_tokens, scale=options.token_scale)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
     key = policy_key(policy)
@@ -270,7 +283,8 @@ def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_bef
                                        hard_limit=policy.hard_limit_tokens,
                                        layers_applied=tuple(sorted(ran)))
     return CompactionResult(view.messages, durable_state, tokens_before, tokens_after,
-                            tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused)
+                            tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused,
+                            view.counted())
 
 
 def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
@@ -324,8 +338,9 @@ async def compact_context_async(
         options: CompactionOptions = CompactionOptions()) -> CompactionResult:
     """:func:`compact_context` with an awaited summariser (the proxy's); the same options.
 
-    The summariser gets the same JSON string (:func:`summary_cache_key` of it is the key to
-    cache its answer by).
+    The summariser gets the :class:`SummaryRequest`: the same JSON string as the sync
+    driver's (its ``cache_key`` is the key to cache the answer by) and the conversation it
+    comes from.
     """
     steps = _prepare(messages, durable_state, policy, counter, options, summarizer is not None)
     try:
@@ -333,7 +348,7 @@ async def compact_context_async(
         while True:
             assert summarizer is not None
             try:
-                text = await summarizer(request.messages_json)
+                text = await summarizer(request)
             except Exception:  # a failed summary never replaces history
                 text = None
             request = steps.send(text)

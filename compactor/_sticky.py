@@ -195,12 +195,13 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     # from the checkpoint (markers put back change no fingerprint), so a warm request does
     # not fingerprint its whole history again.
     fresh, _ = truncate_tool_results(
-        View(messages[covered:], raw.counter, 0, raw.fingerprints[covered:], raw.tokens[covered:]),
+        View(messages[covered:], raw.counter, 0, raw.fingerprints[covered:], raw.tokens[covered:],
+             raw.scale),
         {}, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              covered)
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
-                [*checkpoint.view_fingerprints, *fresh.fingerprints])
+                [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale)
     return view, _validate_extension(view.messages, len(prefix), covered), checkpoint
 
 

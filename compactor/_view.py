@@ -29,15 +29,21 @@ __all__: list[str] = []
 
 class View:
     """``messages`` with a fingerprint and a token count per message, and the tokens reserved
-    outside them. Both are computed once per message object."""
+    outside them. Both are computed once per message object.
 
-    __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved")
+    ``scale`` is the provider's tokens per counted token (the proxy's calibration): the
+    totals every threshold is compared with are the counted ones times ``scale``.
+    """
+
+    __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved", "scale")
 
     def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
-                 fingerprints: list[int] | None = None, tokens: list[int] | None = None) -> None:
+                 fingerprints: list[int] | None = None, tokens: list[int] | None = None,
+                 scale: float = 1.0) -> None:
         self.messages = messages
         self.counter = counter
         self.reserved = reserved
+        self.scale = scale
         self.fingerprints = (fingerprints if fingerprints is not None
                              else [fingerprint(m) for m in messages])
         if tokens is None:
@@ -45,9 +51,15 @@ class View:
         self.tokens = tokens if tokens is not None else [
             counter.count_message(m, p) for m, p in zip(messages, self.fingerprints, strict=True)]
 
-    def total(self) -> int:
-        """Tokens of the whole view, reserved tokens included."""
+    def counted(self) -> int:
+        """Tokens of the whole view as the counter counts them, reserved tokens included."""
         return self.reserved + sum(self.tokens)
+
+    def total(self) -> int:
+        """Tokens of the whole view as the provider would count them: :meth:`counted` times
+        :attr:`scale` (exactly :meth:`counted` at scale 1)."""
+        counted = self.reserved + sum(self.tokens)
+        return counted if self.scale == 1.0 else round(counted * self.scale)
 
     def derive(self, messages: list[Message]) -> View:
         """A new view over ``messages``; counts of messages kept from this view are reused."""
@@ -62,7 +74,7 @@ class View:
                 found = (print_, self.counter.count_message(message, print_))
             prints.append(found[0])
             tokens.append(found[1])
-        return View(messages, self.counter, self.reserved, prints, tokens)
+        return View(messages, self.counter, self.reserved, prints, tokens, self.scale)
 
 
 def _pair_id(block: dict[str, Any]) -> str | None:

@@ -59,7 +59,7 @@ Be specific (names, paths, ids, numbers) and brief. Write "none" under a section
 to report. Do not add any other text."""
 
 #: What the compactor calls to obtain a summary: the text, or ``None`` to skip L4.
-Summarizer = Callable[[str], Awaitable[str | None]]
+Summarizer = Callable[[compactor.SummaryRequest], Awaitable[str | None]]
 
 # The SDK insists on a credential at construction; calls on a caller's behalf replace it.
 _NO_CREDENTIAL: Final = "compact-proxy-no-credential"
@@ -164,8 +164,9 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
     the request's tenant (another tenant's equal span is never answered from this cache).
     """
 
-    async def summarize(messages_json: str) -> str | None:
-        key = compactor.summary_cache_key(messages_json)
+    async def summarize(request: compactor.SummaryRequest) -> str | None:
+        messages_json = request.messages_json
+        key = request.cache_key
         if tenant != "none":
             key = f"{tenant}/{key}"
         cached = await store.get_summary(key)

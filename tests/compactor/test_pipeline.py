@@ -126,12 +126,15 @@ def test_an_already_compact_view_is_left_as_it_is() -> None:
 
 
 async def test_the_async_driver_awaits_the_summariser_with_the_request() -> None:
-    """compact_context_async hands the summariser the same JSON span as the sync driver; its
-    cache key is summary_cache_key of it, the result's SummaryRequest says the same."""
+    """compact_context_async hands the summariser the SummaryRequest: the same JSON span as the
+    sync driver, its cache key summary_cache_key of it, and the conversation it comes from
+    (the first message up to the kept recent turns, as they stand)."""
     seen: list[str] = []
+    conversations: list[tuple[dict[str, object], ...]] = []
 
-    async def summarise(messages_json: str) -> str:
-        seen.append(messages_json)
+    async def summarise(request: SummaryRequest) -> str:
+        seen.append(request.messages_json)
+        conversations.append(request.conversation)
         return "async summary"
 
     messages = [user("go")]
@@ -144,6 +147,8 @@ async def test_the_async_driver_awaits_the_summariser_with_the_request() -> None
     assert request is not None and request.messages_json == seen[0]
     assert len(request.cache_key) == 64 and request.message_count == len(messages) - 3
     assert summary_cache_key(seen[0]) == request.cache_key
+    # The conversation: the original intent, then the span, in the client's own blocks.
+    assert list(conversations[0]) == messages[: len(messages) - 2]
     again = await compact_context_async(messages, None, policy=_policy(500, summary_keep_recent=2),
                                         summarizer=summarise)
     assert summary_cache_key(seen[1]) == request.cache_key and again.messages == result.messages
@@ -165,3 +170,28 @@ def test_chars4_is_the_default_counter() -> None:
     messages = [user("x" * 4_000)]
     result = compact_context(messages, None, policy=_policy(100_000))
     assert result.tokens_before == CachingCounter(Chars4Counter()).count_message(messages[0])
+
+
+def test_a_token_scale_moves_every_threshold_comparison_to_the_providers_figures() -> None:
+    """With a calibration factor the thresholds are compared with counted tokens times the
+    factor: a view under the soft threshold as counted is compacted when the provider counts
+    it over, the reported figures are scaled, and counted_after stays the counter's own."""
+    messages = _big_results_session()
+    counted = compact_context(messages, None, policy=_policy(900_000)).tokens_before
+    policy = _policy(int(counted * 1.2), max_tool_result_tokens=1_000)
+    plain = compact_context(messages, None, policy=policy)
+    assert plain.layers_applied == () and plain.tokens_after == plain.counted_after == counted
+    scaled = compact_context(messages, None, policy=policy,
+                             options=CompactionOptions(token_scale=1.5))
+    assert scaled.layers_applied == ("L1",)
+    assert scaled.tokens_before == round(counted * 1.5)
+    assert scaled.tokens_after == round(scaled.counted_after * 1.5) < policy.soft_threshold_tokens
+    intent = [user("x" * 40_000)]  # nothing to compact: the original intent stays
+    with pytest.raises(MessageViewLimitExceeded) as refused:
+        compact_context(intent, None, policy=_policy(15_000, hard=15_001),
+                        options=CompactionOptions(token_scale=2.0))
+    assert refused.value.tokens_after == 2 * compact_context(
+        intent, None, policy=_policy(15_000, hard=15_001)).tokens_after
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="token_scale"):
+            CompactionOptions(token_scale=bad)
