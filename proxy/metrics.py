@@ -6,7 +6,17 @@ Names:
 - ``compact_proxy_layers_applied_total{layer}`` — how often each compaction layer ran;
 - ``compact_proxy_tokens_saved_total{layer}`` — tokens each layer removed from forwarded views;
 - ``compact_proxy_upstream_latency_seconds{route}`` — time until the provider's response
-  headers arrived (streamed bodies continue after that).
+  headers arrived (streamed bodies continue after that);
+- ``compact_proxy_provider_tokens_total{kind}`` — tokens the provider billed for the clients'
+  requests, by kind (``input``, ``cache_read``, ``cache_write``, ``output``);
+- ``compact_proxy_summary_calls_total{outcome}`` — L4 summaries asked for, by how each was
+  obtained (``ok``, ``failed``, ``empty``: a call; ``cached``: from the store; ``joined``: a
+  concurrent request's call awaited);
+- ``compact_proxy_summary_tokens_total{kind}`` — tokens the provider billed for summary calls;
+- ``compact_proxy_estimate_error_ratio`` — (calibrated estimate − provider's count) / the
+  provider's count of each forwarded view the provider counted;
+- ``compact_proxy_requests_recompacted_total`` — requests the provider refused as too long and
+  the proxy compacted again and retried.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 import compactor
+from proxy.state.usage import ProviderUsage
 
 __all__ = ["CONTENT_TYPE", "ProxyMetrics"]
 
@@ -24,6 +35,8 @@ __all__ = ["CONTENT_TYPE", "ProxyMetrics"]
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Upstream latency spans a cached tiny answer (tens of ms) to a long generation (minutes).
+# Signed relative error of the calibrated estimate: tight around 0 once calibrated.
+_ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.03, -0.01, 0.0, 0.01, 0.03, 0.05, 0.1, 0.2, 0.5)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0, 600.0)
 
@@ -51,6 +64,29 @@ class ProxyMetrics:
             ("route",), buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
+        self.provider_tokens = Counter(
+            "compact_proxy_provider_tokens", "Tokens the provider billed for clients' requests.",
+            ("kind",), registry=self.registry,
+        )
+        self.summary_calls = Counter(
+            "compact_proxy_summary_calls", "L4 summaries asked for, by how they were obtained.",
+            ("outcome",), registry=self.registry,
+        )
+        self.summary_tokens = Counter(
+            "compact_proxy_summary_tokens", "Tokens the provider billed for summary calls.",
+            ("kind",), registry=self.registry,
+        )
+        self.estimate_error = Histogram(
+            "compact_proxy_estimate_error_ratio",
+            "(calibrated estimate - provider's count) / provider's count, per forwarded view.",
+            buckets=_ERROR_BUCKETS, registry=self.registry,
+        )
+        self.recompacted = Counter(
+            "compact_proxy_requests_recompacted",
+            "Requests refused by the provider as too long, compacted again and retried.",
+            registry=self.registry,
+        )
+
     def count_request(self, route: str, outcome: str) -> None:
         """Count one finished request."""
         self.requests.labels(route=route, outcome=outcome).inc()
@@ -65,6 +101,22 @@ class ProxyMetrics:
     def observe_upstream(self, route: str, seconds: float) -> None:
         """Record the time the provider took to answer with headers."""
         self.upstream_latency.labels(route=route).observe(seconds)
+
+    def observe_provider_usage(self, usage: ProviderUsage, *, summary: bool = False) -> None:
+        """Count the tokens of one provider answer (a client's request, or a summary call)."""
+        counter = self.summary_tokens if summary else self.provider_tokens
+        for kind, value in (("input", usage.input), ("cache_read", usage.cache_read),
+                            ("cache_write", usage.cache_write), ("output", usage.output)):
+            if value:
+                counter.labels(kind=kind).inc(value)
+
+    def count_summary(self, outcome: str) -> None:
+        """Count one summary asked for: ``ok``, ``failed``, ``empty``, ``cached``, ``joined``."""
+        self.summary_calls.labels(outcome=outcome).inc()
+
+    def observe_estimate_error(self, ratio: float) -> None:
+        """Record one signed relative error of the calibrated estimate."""
+        self.estimate_error.observe(ratio)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""
