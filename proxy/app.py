@@ -27,6 +27,9 @@ from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
 from proxy.http.tenants import TenantScope
 from proxy.keys import (
+    ACCOUNTING,
+    BACKGROUND,
+    CALIBRATION,
     CHECKPOINTS,
     CONFIG,
     COUNTER,
@@ -38,9 +41,12 @@ from proxy.keys import (
     SUMMARIZER,
     TENANTS,
     UPSTREAM,
+    USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
 from proxy.metrics import ProxyMetrics
+from proxy.state.accounting import Accounting
+from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
@@ -52,6 +58,8 @@ _log = structlog.get_logger("proxy.app")
 
 #: Counts cached across requests (distinct blocks, least recently used evicted).
 COUNTER_CACHE_ENTRIES: Final = 200_000
+#: Seconds shutdown waits for bookkeeping still running.
+BACKGROUND_DRAIN_S: Final = 5.0
 #: Concurrent upstream connections (each streaming answer holds one).
 UPSTREAM_CONNECTION_LIMIT: Final = 1000
 
@@ -78,6 +86,15 @@ def _store_ctx(store: StoreBackend,
             await store.close()
 
     return store_ctx
+
+
+async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Registered after the store's context, so it ends first: bookkeeping still running at
+    # shutdown finishes (bounded) while the store is open.
+    yield
+    tasks = app[BACKGROUND]
+    if tasks:
+        await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -138,7 +155,12 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[STORE] = CachedStateReads(backend)
     app[SUMMARIES] = backend
     app[CHECKPOINTS] = SessionCheckpoints(backend)
+    app[USAGE_LEDGER] = backend
+    app[CALIBRATION] = Calibration()
+    app[ACCOUNTING] = Accounting()
+    app[BACKGROUND] = set()
     app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
+    app.cleanup_ctx.append(_background_ctx)
     app.cleanup_ctx.append(_upstream_ctx)
     if config.summary.enabled:
         app.cleanup_ctx.append(_summarizer_ctx)

@@ -6,6 +6,7 @@ by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Final
 
 import aiohttp
@@ -15,15 +16,20 @@ from compactor import CachingCounter
 from policies import RolePolicies
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
+from proxy.state.accounting import Accounting
+from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import StateStore, SummaryCache
+from proxy.state.store import StateStore, SummaryCache, UsageLedger
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
     from proxy.http.tenants import TenantScope
 
 __all__ = [
+    "ACCOUNTING",
+    "BACKGROUND",
+    "CALIBRATION",
     "CHECKPOINTS",
     "CONFIG",
     "COUNTER",
@@ -35,6 +41,7 @@ __all__ = [
     "SUMMARIZER",
     "TENANTS",
     "UPSTREAM",
+    "USAGE_LEDGER",
 ]
 
 #: The validated configuration the app was built from.
@@ -60,5 +67,14 @@ METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 # Typed in the annotation only: proxy.http.tenants imports the error types, which import the
 # audit record, which imports these keys.
 TENANTS: Final[web.AppKey[TenantScope]] = web.AppKey("tenants")
+#: The store's usage ledger (billed tokens per session and model).
+USAGE_LEDGER: Final[web.AppKey[UsageLedger]] = web.AppKey("usage_ledger")
+#: Turns an answered request into a ledger entry (remembers each lane's previous size).
+ACCOUNTING: Final = web.AppKey("accounting", Accounting)
+#: What the provider's own counts taught: correction factors and context windows.
+CALIBRATION: Final = web.AppKey("calibration", Calibration)
+#: Tasks that run after a response (usage bookkeeping), held until they end; the app waits
+#: for them at shutdown.
+BACKGROUND: Final[web.AppKey[set[asyncio.Task[None]]]] = web.AppKey("background")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)

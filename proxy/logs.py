@@ -41,6 +41,9 @@ SAFE_KEYS: Final = frozenset({
     "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state
     "layer", "saved", "cached", "summary_model", "durable_items",
+    # what the provider answered: its counts (calibration, recovery, billed usage)
+    "provider_input_tokens", "estimate_error", "provider_tokens", "provider_maximum",
+    "usage_input", "usage_cache_read", "usage_cache_write", "usage_output",
     # body repairs
     "replaced",
     "version", "expected_version", "created", "action",

@@ -162,8 +162,9 @@ def proxy_factory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[ProxyFactory]:
     """Start proxies with config overrides: ``proxy_factory({"compaction": {...}},
-    admin_token="t", upstream_url=...)``. Defaults: the fake upstream, chars4 counting, a
-    store and source roots in ``tmp_path``, JSON logs into :func:`proxy_log`."""
+    admin_token="t", upstream_url=...)``. Defaults: the fake upstream, chars4 counting without
+    calibration (so thresholds meet the counts a test computes; the calibration tests turn it
+    on), a store and source roots in ``tmp_path``, JSON logs into :func:`proxy_log`."""
     runners: list[Any] = []
 
     def start(overrides: Mapping[str, Any] | None = None, *, admin_token: str | None = None,
@@ -182,7 +183,7 @@ def proxy_factory(
             "listen": {"host": "127.0.0.1", "port": 0},
             "upstream": {"base_url": upstream_url or upstream_server.base_url,
                          "connect_timeout_s": 5, "read_timeout_s": 30},
-            "compaction": {"token_counter": "chars4"},
+            "compaction": {"token_counter": "chars4", "calibration": False},
             "summary": {"max_retries": 0, "timeout_s": 10},
             "store": {"path": str(state_dir / "state.db")},
             "sources": {"transcript_root": str(transcripts), "artifact_root": str(artifacts)},

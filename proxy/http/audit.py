@@ -21,6 +21,7 @@ import structlog
 from aiohttp import web
 
 from proxy.keys import METRICS
+from proxy.state.usage import ProviderUsage
 
 __all__ = ["RECORD", "Outcome", "RequestRecord", "request_context_middleware", "route_name"]
 
@@ -64,6 +65,9 @@ class RequestRecord:
         upstream_status: the provider's status code, when it answered.
         outcome: how the request ended (:class:`Outcome`); ``None`` until set.
         started: ``time.perf_counter()`` at arrival.
+        usage: the provider's ``usage`` of its answer, when it reported one.
+        estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
+            / the provider's count, in percent, when both are known.
     """
 
     request_id: str
@@ -77,6 +81,8 @@ class RequestRecord:
     upstream_status: int | None = None
     outcome: Outcome | None = None
     started: float = field(default_factory=time.perf_counter)
+    usage: ProviderUsage | None = None
+    estimate_error: float | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -140,6 +146,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     finally:
         outcome = _outcome(record, status)
         request.app[METRICS].count_request(record.route, outcome)
+        usage = record.usage
         _log.info(
             "request_completed",
             route=record.route,
@@ -152,6 +159,12 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             tokens_after=record.tokens_after,
             layers=list(record.layers),
             upstream_status=record.upstream_status,
+            provider_input_tokens=None if usage is None else usage.prompt_tokens,
+            estimate_error=record.estimate_error,
+            usage_input=None if usage is None else usage.input,
+            usage_cache_read=None if usage is None else usage.cache_read,
+            usage_cache_write=None if usage is None else usage.cache_write,
+            usage_output=None if usage is None else usage.output,
             outcome=outcome,
             duration_ms=record.duration_ms(),
         )

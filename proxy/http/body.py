@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy.http.errors import RequestRejected
 
-__all__ = ["SUPPORTED_ENCODINGS", "dump_body", "may_hold_lone_surrogates", "parse_body",
+__all__ = ["SUPPORTED_ENCODINGS", "decoded", "dump_body", "may_hold_lone_surrogates", "parse_body",
            "parse_json_object", "read_body", "replace_lone_surrogates"]
 
 
@@ -168,6 +168,24 @@ def _decoder_for(values: Iterable[str]) -> tuple[str, _BodyDecoder] | None:
         f"Content-Encoding {label!r} {problem} (supported: {', '.join(SUPPORTED_ENCODINGS)})",
         reason="unsupported_encoding",
     )
+
+
+def decoded(data: bytes, content_encoding: str, limit: int) -> bytes | None:
+    """``data`` undone of its ``Content-Encoding`` (one coding; identity when empty), or
+    ``None`` when the coding is unknown here, the data is not valid in it, or it decodes to
+    more than ``limit`` bytes (for reading what the provider answered, never refusing it)."""
+    try:
+        found = _decoder_for([content_encoding] if content_encoding else [])
+    except RequestRejected:
+        return None
+    if found is None:
+        return data if len(data) <= limit else None
+    try:
+        out = found[1].feed(data, limit)
+        found[1].finish()
+    except (_Overflow, _Undecodable):
+        return None
+    return out
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

@@ -19,8 +19,9 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterable
-from typing import Final
+from collections.abc import AsyncIterable, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 import aiohttp
 import structlog
@@ -29,11 +30,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.http.audit import Outcome, RequestRecord
+from proxy.http.body import decoded
 from proxy.http.errors import UpstreamFailure
 from proxy.keys import CONFIG, METRICS, UPSTREAM
+from proxy.state.usage import ProviderUsage
 
 __all__ = [
     "HOP_BY_HOP",
+    "PromptTooLong",
+    "Retry",
     "SSEFramer",
     "forward",
     "request_body_stream",
@@ -54,6 +59,50 @@ _NOT_FORWARDED: Final = HOP_BY_HOP | {"host", "content-length"}
 
 # aiohttp would add these when absent; the provider must see the client's headers only.
 _AUTO_HEADERS: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+#: The provider's refusal of a prompt over the model's window (reference §5.6).
+_PROMPT_TOO_LONG: Final = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+#: An error body is small; a refusal is read whole only up to this.
+_MAX_REFUSAL_BYTES: Final = 64 * 1024
+#: A JSON answer is kept (alongside relaying it) up to this, to read its ``usage``.
+_MAX_USAGE_BODY_BYTES: Final = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PromptTooLong:
+    """The provider's ``prompt is too long: N tokens > M maximum``.
+
+    Attributes:
+        tokens: N, the provider's count of the view it refused.
+        maximum: M, the model's context window.
+    """
+
+    tokens: int
+    maximum: int
+
+    @classmethod
+    def from_error_body(cls, raw: bytes, content_encoding: str) -> PromptTooLong | None:
+        """Read an error body; ``None`` unless it is that refusal."""
+        plain = decoded(raw, content_encoding, _MAX_REFUSAL_BYTES)
+        if plain is None:
+            return None
+        try:
+            body = json.loads(plain)
+        except ValueError:
+            return None
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        found = _PROMPT_TOO_LONG.match(message) if isinstance(message, str) else None
+        if found is None:
+            return None
+        return cls(int(found.group(1)), int(found.group(2)))
+
+
+#: Called when the provider refused the view as too long, before the client saw anything:
+#: the body to send instead (sent once, its answer relayed whatever it is), or ``None`` to
+#: relay the refusal.
+Retry = Callable[[PromptTooLong], Awaitable["bytes | None"]]
 
 
 def upstream_url(base_url: str, request: web.Request) -> URL:
@@ -152,14 +201,20 @@ class SSEFramer:
 _EVENT_NAME: Final = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
 
 
-class _StreamWatch:
-    """The event names seen in a relayed Messages stream: the last one, and any ``error``."""
+_USAGE_EVENTS: Final = (b"message_start", b"message_delta")
+_DATA_LINE: Final = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)
 
-    __slots__ = ("last_event", "provider_error")
+
+class _StreamWatch:
+    """The event names seen in a relayed Messages stream (the last one, and any ``error``)
+    and the ``usage`` its ``message_start`` and ``message_delta`` events report."""
+
+    __slots__ = ("last_event", "provider_error", "usage")
 
     def __init__(self) -> None:
         self.last_event = b""
         self.provider_error = False
+        self.usage: ProviderUsage | None = None
 
     def see(self, data: bytes) -> None:
         """Note the ``event:`` names in ``data`` (complete events, as relayed)."""
@@ -167,6 +222,41 @@ class _StreamWatch:
         if names:
             self.last_event = names[-1]
             self.provider_error = self.provider_error or b"error" in names
+            if _USAGE_EVENTS[0] in names or _USAGE_EVENTS[1] in names:
+                self._read_usage(data)
+
+    def _read_usage(self, data: bytes) -> None:
+        # Only the two small usage events are decoded; text deltas are never parsed.
+        for event in re.split(rb"\r?\n\r?\n", data):
+            found = _EVENT_NAME.search(event)
+            if found is None or found.group(1) not in _USAGE_EVENTS:
+                continue
+            payload = b"".join(_DATA_LINE.findall(event))
+            try:
+                parsed = json.loads(payload)
+            except ValueError:
+                continue
+            usage = _usage_of(parsed.get("message") if found.group(1) == _USAGE_EVENTS[0]
+                              else parsed) if isinstance(parsed, dict) else None
+            if usage is not None:
+                self.usage = ProviderUsage.from_usage(usage, self.usage)
+
+
+def _usage_of(message: Any) -> dict[str, Any] | None:
+    usage = message.get("usage") if isinstance(message, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _json_usage(body: bytes, content_encoding: str) -> ProviderUsage | None:
+    """The ``usage`` of a whole JSON Message body (``None`` when it has none)."""
+    plain = decoded(body, content_encoding, _MAX_USAGE_BODY_BYTES)
+    if plain is None:
+        return None
+    try:
+        usage = _usage_of(json.loads(plain))
+    except ValueError:
+        return None
+    return None if usage is None else ProviderUsage.from_usage(usage)
 
 
 def sse_error_event(error_type: str, message: str) -> bytes:
@@ -200,20 +290,67 @@ async def forward(
     *,
     body: bytes | AsyncIterable[bytes] | None,
     headers: CIMultiDict[str],
+    retry: Retry | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the answer; the response is already prepared.
 
     Args:
         request: the client's request (method, path, query string are taken from it).
-        record: its audit record (``upstream_status`` and ``outcome`` are set here; its
-            ``x-compact-*`` headers are added to the response).
+        record: its audit record (``upstream_status``, ``outcome`` and the provider's
+            ``usage`` are set here; its ``x-compact-*`` headers are added to the response).
         body: the bytes to send, a stream of them, or ``None``.
         headers: the headers to send (see :func:`upstream_request_headers`).
+        retry: for a refusal ``prompt is too long`` (a 400, before any byte of it reached
+            the client): what to send instead, once (see :data:`Retry`).
 
     Raises:
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
             in time; both before anything was sent to the client.
     """
+    upstream = await _send(request, record, body, headers)
+    held = b""
+    try:
+        if retry is not None and upstream.status == 400:
+            held, whole = await _read_refusal(upstream)
+            refusal = (PromptTooLong.from_error_body(
+                held, upstream.headers.get("Content-Encoding", "")) if whole else None)
+            again = None if refusal is None else await retry(refusal)
+            if again is not None:
+                _done_with(upstream)
+                upstream, held = await _send(request, record, again, headers), b""
+        return await _relay(request, record, upstream, held)
+    finally:
+        _done_with(upstream)
+
+
+def _done_with(upstream: aiohttp.ClientResponse) -> None:
+    # Fully read: the connection goes back to the pool. Otherwise (client gone, failure) it
+    # is closed, which is what cancels the provider's work. (Idempotent.)
+    if upstream.content.at_eof():
+        upstream.release()
+    else:
+        upstream.close()
+
+
+async def _read_refusal(upstream: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """The start of an error body, and whether it is all of it (a refusal is small: only
+    :data:`_MAX_REFUSAL_BYTES` are read; the rest, if any, is relayed as it comes)."""
+    chunks = bytearray()
+    while len(chunks) <= _MAX_REFUSAL_BYTES:
+        try:
+            chunk = await upstream.content.readany()
+        except (TimeoutError, aiohttp.ClientError):
+            return bytes(chunks), False
+        if not chunk:
+            return bytes(chunks), True
+        chunks += chunk
+    return bytes(chunks), False
+
+
+async def _send(request: web.Request, record: RequestRecord,
+                body: bytes | AsyncIterable[bytes] | None,
+                headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+    """Send the request upstream; the provider's response, headers read."""
     app = request.app
     upstream_config = app[CONFIG].upstream
     started = time.perf_counter()
@@ -233,19 +370,12 @@ async def forward(
                               upstream_config.connect_timeout_s) from None
     app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
-    try:
-        return await _relay(request, record, upstream)
-    finally:
-        # Fully read: the connection goes back to the pool. Otherwise (client gone, failure)
-        # it is closed, which is what cancels the provider's work.
-        if upstream.content.at_eof():
-            upstream.release()
-        else:
-            upstream.close()
+    return upstream
 
 
 async def _relay(request: web.Request, record: RequestRecord,
-                 upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+                 upstream: aiohttp.ClientResponse, held: bytes = b"") -> web.StreamResponse:
+    """Relay the answer as it arrives; ``held`` is the start of its body, already read."""
     content_type = upstream.headers.get("Content-Type", "")
     framer = (
         SSEFramer()
@@ -260,15 +390,25 @@ async def _relay(request: web.Request, record: RequestRecord,
     # A Messages stream is complete only with ``message_stop``; one that carried the
     # provider's own ``error`` event failed. Either is noted from the event names of what was
     # relayed (one regex scan per chunk), so neither is counted as a success.
-    watch = (_StreamWatch() if framer is not None and record.route == "messages"
-             and upstream.status == 200 else None)
+    answered = record.route == "messages" and upstream.status == 200
+    watch = _StreamWatch() if framer is not None and answered else None
+    # A JSON Message is kept too (up to a bound) to read its usage once relayed.
+    kept = bytearray() if framer is None and answered and content_type.startswith(
+        "application/json") else None
     while True:
-        try:
-            chunk = await upstream.content.readany()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return await _failed_mid_body(response, record, framer, exc)
+        if held:
+            chunk, held = held, b""
+        else:
+            try:
+                chunk = await upstream.content.readany()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                return await _failed_mid_body(response, record, framer, exc)
         if not chunk:
             break
+        if kept is not None:
+            kept += chunk
+            if len(kept) > _MAX_USAGE_BODY_BYTES:
+                kept = None
         out = framer.feed(chunk) if framer is not None else chunk
         if watch is not None and out:
             watch.see(out)
@@ -279,6 +419,10 @@ async def _relay(request: web.Request, record: RequestRecord,
         return response
     if watch is not None and rest:
         watch.see(rest)
+    if kept is not None:
+        record.usage = _json_usage(bytes(kept), upstream.headers.get("Content-Encoding", ""))
+    elif watch is not None:
+        record.usage = watch.usage
     if watch is not None and watch.provider_error:
         record.outcome = Outcome.UPSTREAM_ERROR_EVENT
     elif watch is not None and watch.last_event != b"message_stop":

@@ -3,9 +3,15 @@
 One visible sequence (SPEC section 1), each step its own function::
 
     read (size limit) -> parse -> resolve session -> load + resolve durable state
-    -> pick role policy -> compact (validates the tool protocol first; sticky: from the
-       session's checkpoint) -> keep the new checkpoint
+    -> pick role policy (below the model's learnt window) and calibration factor
+    -> compact (validates the tool protocol first; sticky: from the session's checkpoint;
+       thresholds against counted tokens x factor) -> keep the new checkpoint
     -> append durable block to system -> thinking-binding opt-out -> forward -> relay
+    -> learn from the provider's usage (calibration, metrics, the usage ledger)
+
+A refusal ``prompt is too long: N tokens > M maximum`` arrives before the client has seen a
+byte: the same request is compacted again below M, at the ratio N / estimate the refusal
+showed, and sent once more; that answer is relayed, whatever it is (``request_recompacted``).
 
 ``count_tokens`` runs the same steps with a summarizer that only reads the summary cache, so
 it counts exactly the view the next ``/v1/messages`` would send and never calls a model.
@@ -15,6 +21,8 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +41,20 @@ from proxy.http.body import (
     replace_lone_surrogates,
 )
 from proxy.http.errors import RequestRejected
-from proxy.http.forward import forward, request_body_stream, upstream_request_headers
+from proxy.http.forward import (
+    PromptTooLong,
+    Retry,
+    forward,
+    request_body_stream,
+    upstream_request_headers,
+)
 from proxy.http.session import resolve_session_id
 from proxy.http.tenants import scoped_key
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
+    ACCOUNTING,
+    BACKGROUND,
+    CALIBRATION,
     CHECKPOINTS,
     CONFIG,
     COUNTER,
@@ -48,8 +65,15 @@ from proxy.keys import (
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
+    USAGE_LEDGER,
 )
-from proxy.state.summarizer import CallerCredentials, Summarizer, summary_source
+from proxy.state.calibration import clamp_to_window
+from proxy.state.summarizer import (
+    CallerCredentials,
+    ForkSource,
+    Summarizer,
+    summary_source,
+)
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
@@ -118,13 +142,28 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
 
 
 def _summarizer(request: web.Request, policy: CompactionPolicy, tenant: str,
-                may_call_model: bool) -> Summarizer | None:
+                may_call_model: bool, body: dict[str, Any],
+                durable: DurableContext) -> Summarizer | None:
+    """The request's L4 summarizer: the summary cache, and (``/v1/messages``) the provider,
+    with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     app = request.app
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
     provider = app.get(SUMMARIZER) if may_call_model else None
+    fork = None
+    if provider is not None:
+        headers = upstream_request_headers(request.headers)
+        headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
+        system = body.get("system")
+        if durable.text:  # as forwarded: what the provider has cached
+            system = compactor.append_to_system(system, durable.text)
+        fork = ForkSource.from_request(headers.items(), request.query_string, body,
+                                       system=system)
+    metrics = app[METRICS]
     return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
-                          tenant=tenant)
+                          tenant=tenant, fork=fork, counter=app[COUNTER], metrics=metrics,
+                          on_usage=lambda model, usage: metrics.observe_provider_usage(
+                              usage, summary=True))
 
 
 def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:
@@ -136,28 +175,58 @@ def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: s
     return reserved
 
 
+@dataclass(frozen=True)
+class CompactionPlan:
+    """How one request is compacted: its role and policy (below the model's learnt window),
+    its conversation lane, its model and the calibration factors (of the messages, and of the
+    fixed part: system, tools, durable block)."""
+
+    role: str
+    policy: CompactionPolicy
+    lane: str
+    model: str | None
+    scale: float
+    reserved_scale: float
+    reserved: int
+
+
+def _plan(request: web.Request, session: SessionRef, body: dict[str, Any],
+          durable: DurableContext) -> CompactionPlan:
+    app = request.app
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    role, policy = app[ROLE_POLICIES].select(request.headers, model)
+    lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
+    scale = reserved_scale = 1.0
+    if model is not None:
+        calibration = app[CALIBRATION]
+        policy = clamp_to_window(policy, calibration.window(model))
+        if app[CONFIG].compaction.calibration:
+            reserved_scale, scale = calibration.factors(session.key, model)
+    return CompactionPlan(role, policy, lane, model, scale, reserved_scale,
+                          _reserved_tokens(app, body, durable.text))
+
+
 async def _compact(request: web.Request, record: RequestRecord, session: SessionRef,
-                   body: dict[str, Any], durable: DurableContext,
+                   messages: list[dict[str, Any]], body: dict[str, Any],
+                   durable: DurableContext, plan: CompactionPlan,
                    may_call_model: bool) -> compactor.CompactionResult:
     app = request.app
-    model = body.get("model")
-    role, policy = app[ROLE_POLICIES].select(
-        request.headers, model if isinstance(model, str) else None
-    )
-    record.role = role
+    record.role = plan.role
     sticky = app[CONFIG].compaction.sticky
-    lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
-    checkpoint = await app[CHECKPOINTS].load(session.key, lane) if sticky else None
+    checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
-            body["messages"],
+            messages,
             durable.state,
-            policy=policy,
-            summarizer=_summarizer(request, policy, session.tenant, may_call_model),
+            policy=plan.policy,
+            summarizer=_summarizer(request, plan.policy, session.tenant, may_call_model,
+                                   body, durable),
             counter=app[COUNTER],
             options=compactor.CompactionOptions(
-                reserved_tokens=_reserved_tokens(app, body, durable.text),
-                sticky=sticky, checkpoint=checkpoint, copy=False),
+                # The compactor scales all by the messages' factor; the fixed part's own
+                # factor is folded into its count.
+                reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
+                sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
@@ -166,12 +235,26 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
                               reason="invalid_messages") from None
     # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
     if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:
-        await app[CHECKPOINTS].save(session.key, lane, result.checkpoint)
+        await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
     return result
+
+
+def _outgoing(request: web.Request, body: dict[str, Any], messages: list[dict[str, Any]],
+              system: Any, durable: DurableContext,
+              headers: CIMultiDict[str]) -> bytes:
+    """The body to forward: ``body`` with the compacted ``messages``, the durable block
+    appended to the client's ``system``, and the thinking-binding opt-out where needed."""
+    body["messages"] = messages
+    if durable.text:
+        body["system"] = compactor.append_to_system(system, durable.text)
+    if needs_binding_opt_out(body, prefix_changed=True):
+        apply_binding_opt_out(body)
+        _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+    return dump_body(body)
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
@@ -189,20 +272,96 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record.session_id, record.tenant = session_id, tenant
     structlog.contextvars.bind_contextvars(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    result = await _compact(request, record, session, body, durable, may_call_model)
+    messages, system = body["messages"], body.get("system")
+    plan = _plan(request, session, body, durable)
+    result = await _compact(request, record, session, messages, body, durable, plan,
+                            may_call_model)
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
     if not result.changed and not durable.text and not mended:
         # Nothing to rewrite: the client's bytes go out as they came.
-        return await forward(request, record, body=raw, headers=headers)
-    body["messages"] = result.messages
-    if durable.text:
-        body["system"] = compactor.append_to_system(body.get("system"), durable.text)
-    if needs_binding_opt_out(body, prefix_changed=True):
-        apply_binding_opt_out(body)
-        _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    return await forward(request, record, body=dump_body(body), headers=headers)
+        outgoing = raw
+    else:
+        outgoing = _outgoing(request, body, result.messages, system, durable, headers)
+    if not may_call_model:
+        return await forward(request, record, body=outgoing, headers=headers)
+
+    sent = [(plan, result)]
+
+    async def recompact(refusal: PromptTooLong) -> bytes | None:
+        # The provider counted the view at N > M: compact the same request again below M, at
+        # the ratio this refusal showed (never lower than the factor it was sent with).
+        first_plan, first = sent[0]
+        if first_plan.model is None:
+            return None
+        calibration = app[CALIBRATION]
+        calibration.learn_window(first_plan.model, refusal.maximum)
+        # At the ratio the refusal showed, over the view as compacted (fixed part included).
+        shown = refusal.tokens / max(1, first.tokens_after)
+        tighter = dataclasses.replace(
+            first_plan, policy=clamp_to_window(first_plan.policy, refusal.maximum),
+            scale=first_plan.scale * max(1.0, shown),
+            reserved_scale=first_plan.reserved_scale * max(1.0, shown))
+        if system is None:  # counted again from the client's own system
+            body.pop("system", None)
+        else:
+            body["system"] = system
+        again = await _compact(request, record, session, messages, body, durable, tighter,
+                               may_call_model)
+        sent.append((tighter, again))
+        app[METRICS].recompacted.inc()
+        _log.info("request_recompacted", provider_tokens=refusal.tokens,
+                  provider_maximum=refusal.maximum, tokens_before=first.tokens_after,
+                  tokens_after=again.tokens_after, layers=list(again.layers_applied))
+        return _outgoing(request, body, again.messages, system, durable, headers)
+
+    retry: Retry = recompact
+    response = await forward(request, record, body=outgoing, headers=headers, retry=retry)
+    _learn(request, record, session, *sent[-1])
+    return response
+
+
+def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
+           plan: CompactionPlan, result: compactor.CompactionResult) -> None:
+    """What the provider's answer teaches: its count of the view calibrates the session's
+    factor; its usage goes to the log line, the metrics and (off the request) the ledger."""
+    usage = record.usage
+    if usage is None or plan.model is None or usage.prompt_tokens <= 0:
+        return
+    app = request.app
+    provider = usage.prompt_tokens
+    error = (result.tokens_after - provider) / provider
+    record.estimate_error = round(error * 100, 2)
+    metrics = app[METRICS]
+    metrics.observe_estimate_error(error)
+    metrics.observe_provider_usage(usage)
+    # The counted view: the messages as counted, and the fixed part as counted (the
+    # compactor was given it folded by the ratio of the two factors).
+    folded = round(plan.reserved * plan.reserved_scale / plan.scale)
+    app[CALIBRATION].observe(session.key, plan.model,
+                             result.counted_after - folded + plan.reserved, provider,
+                             plan.reserved)
+    # The client's whole history as the provider would have counted it: the estimate of it
+    # at the ratio the provider's count of this view showed to the estimate of the view.
+    without = round(result.tokens_before * provider / max(1, result.tokens_after))
+    entry = app[ACCOUNTING].entry(f"{session.key}:{plan.lane}", without, usage)
+    _in_background(app, app[USAGE_LEDGER].add_usage(session.key, plan.model, entry))
+
+
+def _in_background(app: web.Application, work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` after the response, never failing the request; held until it ends."""
+
+    async def run() -> None:
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
+            _log.warning("usage_not_recorded", error_class=type(exc).__name__)
+
+    task = asyncio.get_running_loop().create_task(run())
+    tasks = app[BACKGROUND]
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def _set_beta(headers: CIMultiDict[str], value: str) -> None:

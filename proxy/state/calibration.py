@@ -1,0 +1,187 @@
+"""Calibrated counting: what the provider's own counts teach about the proxy's estimates.
+
+Every answer of the provider carries the truth about the view it was sent: ``usage`` says how
+many input tokens the provider counted (``input + cache_read + cache_write``). The proxy
+counts with a local tokenizer (cl100k or characters / 4), which differs from the provider's by
+tens of percent on code and non-English text. :class:`Calibration` keeps, per session and
+model, the ratio *provider's count / counted estimate* of the views it forwarded, and the
+compactor compares its thresholds with the counted tokens times that factor
+(:attr:`compactor.CompactionOptions.token_scale`).
+
+An agent's next view is its last one plus a little, so the last view's ratio predicts the next
+one best: the factor is the session's latest ratio that lies within :data:`OUTLIER_SPREAD` of
+the median of its last :data:`SESSION_WINDOW` ratios (one odd answer is not followed; a shift
+that persists moves the median and is followed after a few answers). A ratio outside
+[:data:`MIN_FACTOR`, :data:`MAX_FACTOR`] is ignored (a broken count is never followed). A
+session without observations starts from its model's fleet-wide factor: the median over the
+last :data:`FLEET_WINDOW` ratios of every session of that model.
+
+A refusal ``prompt is too long: N tokens > M maximum`` teaches two things: the ratio of that
+view (N over its estimate) and the model's context window M. :func:`clamp_to_window` keeps
+later thresholds of that model below the window it learnt.
+
+All of this lives in the process's memory, bounded (least recently used sessions go): it is
+relearnt from the first answer after a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from cachetools import LRUCache
+
+from policies import CompactionPolicy
+
+__all__ = [
+    "FIXED_SHARE",
+    "FLEET_WINDOW",
+    "MAX_FACTOR",
+    "MIN_COUNTED_TOKENS",
+    "MIN_FACTOR",
+    "OUTLIER_SPREAD",
+    "SESSION_WINDOW",
+    "WINDOW_MARGIN",
+    "Calibration",
+    "clamp_to_window",
+]
+
+#: Ratios kept per session (their median judges the newest).
+SESSION_WINDOW: Final = 5
+#: How far (relative) from the session's median a ratio may lie and still be followed.
+OUTLIER_SPREAD: Final = 0.2
+#: Ratios kept per model across sessions (a new session's starting factor).
+FLEET_WINDOW: Final = 101
+#: Bounds of a believable ratio; one outside them is ignored.
+MIN_FACTOR: Final = 0.25
+MAX_FACTOR: Final = 4.0
+#: Views smaller than this say little about the ratio (fixed overheads dominate).
+MIN_COUNTED_TOKENS: Final = 64
+#: Below a learnt window the soft threshold keeps this fraction of it free.
+WINDOW_MARGIN: Final = 0.1
+#: A view whose fixed part is at least this share of it teaches the fixed part's ratio; one
+#: whose messages are at least the rest teaches the messages' ratio.
+FIXED_SHARE: Final = 0.8
+#: Sessions remembered.
+MAX_SESSIONS: Final = 50_000
+
+
+@dataclass
+class _Session:
+    """What one (session, model) taught: its whole-view ratios, the ratio of its fixed part
+    (``system``, ``tools``, the durable block) and the ratios of its messages."""
+
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=SESSION_WINDOW))
+    reserved: float | None = None
+    messages: deque[float] = field(default_factory=lambda: deque(maxlen=SESSION_WINDOW))
+
+
+def _followed(ratios: deque[float]) -> float:
+    """The newest ratio near the median of ``ratios`` (the median when none is)."""
+    median = statistics.median(ratios)
+    for ratio in reversed(ratios):
+        if abs(ratio - median) <= OUTLIER_SPREAD * median:
+            return ratio
+    return median
+
+
+class Calibration:
+    """Correction factors per (session, model) and per model, and learnt context windows.
+
+    A view is its fixed part (``system``, ``tools``, the durable block: the same from request
+    to request, often prose) and its messages (growing, often code and tool output); the two
+    can differ in ratio by several percent, and compaction changes their mix. So the session
+    learns the fixed part's ratio from a view that is mostly fixed part (an agent's first
+    request), and the messages' ratio from every view after that, as what is left of the
+    provider's count once the fixed part is paid for. Until the fixed part's ratio is known,
+    one whole-view ratio serves both.
+
+    Thread-safe (one lock); every method is O(window).
+    """
+
+    def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
+        self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(maxsize=max_sessions)
+        self._fleet: dict[str, deque[float]] = {}
+        self._windows: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def factors(self, session_key: str, model: str) -> tuple[float, float]:
+        """The provider's tokens per counted token of the fixed part and of the messages, for
+        this session and model; a session not seen yet starts from the model's fleet-wide
+        whole-view median (1 for a model never seen)."""
+        with self._lock:
+            session = self._sessions.get((session_key, model))
+            if session is None or not session.ratios:
+                fleet = self._fleet.get(model)
+                factor = statistics.median(fleet) if fleet else 1.0
+                return factor, factor
+            whole = _followed(session.ratios)
+            messages = _followed(session.messages) if session.messages else whole
+            return (session.reserved if session.reserved is not None else messages), messages
+
+    def factor(self, session_key: str, model: str) -> float:
+        """The messages' factor (see :meth:`factors`)."""
+        return self.factors(session_key, model)[1]
+
+    def observe(self, session_key: str, model: str, counted: int, provider: int,
+                reserved: int = 0) -> float | None:
+        """Learn from one view: ``counted`` tokens by the proxy's counter (``reserved`` of
+        them its fixed part), ``provider`` by the provider. Returns the whole-view ratio when
+        it was kept, ``None`` when it was ignored (a tiny view, or a ratio outside the
+        believable bounds)."""
+        if counted < MIN_COUNTED_TOKENS or provider <= 0:
+            return None
+        ratio = provider / counted
+        if not MIN_FACTOR <= ratio <= MAX_FACTOR:
+            return None
+        reserved = max(0, min(reserved, counted))
+        with self._lock:
+            session = self._sessions.get((session_key, model))
+            if session is None:
+                session = _Session()
+                self._sessions[(session_key, model)] = session
+            session.ratios.append(ratio)
+            if reserved >= FIXED_SHARE * counted:
+                session.reserved = ratio
+            messages = counted - reserved
+            if session.reserved is None:
+                session.messages.append(ratio)
+            elif messages >= (1 - FIXED_SHARE) * counted:
+                part = (provider - session.reserved * reserved) / messages
+                if MIN_FACTOR <= part <= MAX_FACTOR:
+                    session.messages.append(part)
+            self._fleet.setdefault(model, deque(maxlen=FLEET_WINDOW)).append(ratio)
+        return ratio
+
+    def window(self, model: str) -> int | None:
+        """The context window the provider said ``model`` has, once it said so."""
+        with self._lock:
+            return self._windows.get(model)
+
+    def learn_window(self, model: str, maximum: int) -> None:
+        """Remember ``maximum`` (from ``prompt is too long: N tokens > M maximum``); the
+        smallest one heard wins."""
+        if maximum < 1:
+            return
+        with self._lock:
+            known = self._windows.get(model)
+            self._windows[model] = maximum if known is None else min(known, maximum)
+
+
+def clamp_to_window(policy: CompactionPolicy, window: int | None) -> CompactionPolicy:
+    """``policy`` with its thresholds below a provider window: the hard limit at most the
+    window, the soft threshold at most the window less :data:`WINDOW_MARGIN` of it. The same
+    policy when it already fits (so its checkpoints keep their key)."""
+    if window is None:
+        return policy
+    hard = min(policy.hard_limit_tokens, window)
+    soft = min(policy.soft_threshold_tokens, max(1, int(window * (1 - WINDOW_MARGIN))))
+    if soft >= hard:
+        soft = max(1, hard - 1)
+    if hard == policy.hard_limit_tokens and soft == policy.soft_threshold_tokens:
+        return policy
+    return dataclasses.replace(policy, soft_threshold_tokens=soft, hard_limit_tokens=hard)

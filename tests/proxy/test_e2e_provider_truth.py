@@ -1,0 +1,125 @@
+"""End to end: what the provider's own answers teach the proxy.
+
+The strict fake counts input tokens with its own rule (``token_ratio`` × characters / 4 per
+block of its canonical prompt, with per-block noise), different from both of the proxy's
+counters, reports them in ``usage`` and refuses a prompt over its window with the exact
+``prompt is too long: N tokens > M maximum``. Through the real proxy and the real SDK:
+
+- calibration: after the first answer, the proxy's estimate of every view it forwards is
+  within 3% of the provider's count, so a hard limit equal to the provider's window keeps
+  every view inside it;
+- transparent recovery: a view the provider refuses as too long is compacted again and
+  retried once, the client never sees the first refusal; a second refusal is relayed;
+- usage: the provider's figures reach the log line, the metrics and the usage ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from proxy.fake_upstream import Reply
+from proxy.fake_upstream.replies import TokenRule
+from proxy.state.store import SQLiteStateStore
+from tests.conftest import (
+    TEST_API_KEY,
+    ProxyFactory,
+    UpstreamServer,
+    read_log,
+    user_text,
+)
+
+MODEL = "claude-sonnet-4-5"
+WORDS = ("parser", "token", "offset", "buffer", "render", "schema", "cursor", "lexer",
+         "frame", "socket", "router", "vector", "thread", "column", "record", "digest")
+
+
+def source_file(index: int, lines: int) -> str:
+    """Code-like text whose content varies from file to file (so block noise varies)."""
+    out = [f"# module {index}"]
+    for n in range(lines):
+        a, b = WORDS[(index * 7 + n) % len(WORDS)], WORDS[(index + n * 3) % len(WORDS)]
+        out.append(f"def {a}_{n}({b}: int) -> int:\n    return {b} * {n + index} + len('{a}')")
+    return "\n".join(out)
+
+
+def agent_session(turns: int, lines: int = 40) -> list[list[dict[str, Any]]]:
+    """The successive ``messages`` of an agent that reads one file per turn."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": user_text("fix the parser")}]
+    requests = [list(messages)]
+    for index in range(turns):
+        tool_id = f"toolu_{index:04d}"
+        messages.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"Reading module {index}."},
+            {"type": "tool_use", "id": tool_id, "name": "Read",
+             "input": {"file_path": f"/src/mod{index}.py"}}]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool_id,
+             "content": source_file(index, lines)}]})
+        requests.append(list(messages))
+    return requests
+
+
+#: An agent's request carries its system prompt and tool definitions too (Claude Code's are
+#: about 15 k tokens); these are a few thousand.
+SYSTEM = [{"type": "text", "text": "You are a coding agent. " + " ".join(
+    f"Rule {n}: keep the {WORDS[n % len(WORDS)]} module's tests green and explain each change."
+    for n in range(60))}]
+TOOLS = [{"name": name, "description": f"{name} a file or run a command. " * 12,
+          "input_schema": {"type": "object", "properties": {
+              "file_path": {"type": "string", "description": "absolute path"},
+              "command": {"type": "string", "description": "a shell command"}}}}
+         for name in ("Read", "Write", "Edit", "Bash", "Grep", "Glob")]
+
+
+def provider_count(message: anthropic.types.Message) -> int:
+    usage = message.usage
+    return (usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+            + (usage.cache_read_input_tokens or 0))
+
+
+def completed_lines(proxy_log: Path) -> list[dict[str, Any]]:
+    return [line for line in read_log(proxy_log)
+            if line.get("event") == "request_completed" and line.get("route") == "messages"]
+
+
+def test_calibrated_estimates_track_the_providers_count_and_the_window_holds(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
+        proxy_log: Path) -> None:
+    """Provider counting 1.3× characters / 4 with ±10% per-block noise; the proxy counts with
+    tiktoken; hard limit = the provider's window. After the first answer every calibrated
+    estimate is within 3% of the provider's count, and the provider refuses nothing."""
+    upstream = upstream_server.upstream
+    upstream.token_rule = TokenRule(1.3, 0.1)
+    upstream.context_window = 24_000
+    proxy = proxy_factory({"compaction": {"token_counter": "tiktoken", "calibration": True,
+                                          "soft_threshold_tokens": 18_000,
+                                          "hard_limit_tokens": 24_000,
+                                          "max_tool_result_tokens": 4_000,
+                                          "keep_recent_messages": 8},
+                           "summary": {"enabled": False}})
+    errors: list[float] = []
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        session = agent_session(60)
+        for messages in session:
+            raw = client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=32, system=SYSTEM, tools=TOOLS, messages=messages)
+            message = raw.parse()
+            estimate = int(raw.headers["x-compact-tokens-after"])
+            errors.append((estimate - provider_count(message)) / provider_count(message))
+    print("estimate errors:", [round(e, 4) for e in errors])
+    assert max(abs(e) for e in errors[1:]) <= 0.03, [round(e, 4) for e in errors]
+    assert abs(errors[0]) > 0.05  # positive control: uncalibrated, tiktoken is far off
+    # One provider call per request: nothing was refused as too long (and retried).
+    assert len(upstream.message_requests) == len(session)
+    lines = completed_lines(proxy_log)[-len(session):]
+    assert all(line["provider_input_tokens"] > 0 for line in lines)
+    assert [round(line["estimate_error"] / 100, 4) for line in lines] == [
+        round(e, 4) for e in errors]
