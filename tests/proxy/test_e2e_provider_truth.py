@@ -16,8 +16,8 @@ counters, reports them in ``usage`` and refuses a prompt over its window with th
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +123,129 @@ def test_calibrated_estimates_track_the_providers_count_and_the_window_holds(
     assert all(line["provider_input_tokens"] > 0 for line in lines)
     assert [round(line["estimate_error"] / 100, 4) for line in lines] == [
         round(e, 4) for e in errors]
+
+
+RECOVERY_POLICY = {"soft_threshold_tokens": 40_000, "hard_limit_tokens": 60_000,
+                   "max_tool_result_tokens": 4_000, "keep_recent_messages": 6}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_view_over_the_providers_window_is_recompacted_and_retried_once(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
+        stream: bool) -> None:
+    """Under the proxy's limits but over the provider's window: the provider refuses, the
+    client never sees it; the proxy compacts below the window at the ratio the refusal
+    showed, the retry is answered 200: exactly two upstream calls. The next request of the
+    session fits the learnt window at once: one call."""
+    upstream = upstream_server.upstream
+    upstream.context_window = 12_000
+    proxy = proxy_factory({"compaction": {**RECOVERY_POLICY, "calibration": True},
+                           "summary": {"enabled": False}})
+    session = agent_session(30)
+    logged_before = len(read_log(proxy_log))
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        if stream:
+            with client.messages.stream(model=MODEL, max_tokens=32,
+                                        messages=session[-2]) as events:
+                answer = events.get_final_message()
+        else:
+            answer = client.messages.create(model=MODEL, max_tokens=32, messages=session[-2])
+        assert answer.content[0].type == "text"
+        calls = upstream.message_requests
+        assert len(calls) == 2
+        first, retried = calls
+        assert len(retried.body["messages"]) < len(first.body["messages"])
+        assert provider_count(answer) <= upstream.context_window
+        client.messages.create(model=MODEL, max_tokens=32, messages=session[-1])
+        assert len(upstream.message_requests) == 3
+    recompacted = [line for line in read_log(proxy_log)[logged_before:]
+                   if line.get("event") == "request_recompacted"]
+    assert len(recompacted) == 1
+    line = recompacted[0]
+    assert line["provider_maximum"] == 12_000 and line["provider_tokens"] > 12_000
+    assert line["tokens_after"] < 12_000 < line["tokens_before"] + 1
+    completed = completed_lines(proxy_log)[-2]
+    assert completed["upstream_status"] == 200 and completed["outcome"] == "forwarded"
+
+
+def test_a_second_refusal_is_relayed_as_it_is(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer) -> None:
+    """The retry happens once: when the provider refuses the recompacted view too, that
+    refusal reaches the client as the provider sent it (after exactly two calls)."""
+    upstream = upstream_server.upstream
+    upstream.context_window = 12_000  # refuses the first view itself
+    second = "prompt is too long: 12100 tokens > 12000 maximum"
+    upstream.push(Reply(status=400, error={"type": "error", "error": {
+        "type": "invalid_request_error", "message": second}}))  # answers the retry
+    proxy = proxy_factory({"compaction": RECOVERY_POLICY, "summary": {"enabled": False}})
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL, max_tokens=32, messages=agent_session(30)[-1])
+    assert refused.value.body["error"]["message"] == second
+    assert refused.value.response.headers["request-id"].startswith("req_")
+    assert len(upstream.message_requests) == 2
+
+
+def test_other_provider_errors_are_relayed_untouched_without_a_retry(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer) -> None:
+    """Any other 400 is relayed byte for byte after one call."""
+    upstream = upstream_server.upstream
+    upstream.push(Reply(status=400, error={"type": "error", "error": {
+        "type": "invalid_request_error", "message": "messages: something else is wrong"}}))
+    proxy = proxy_factory({"compaction": RECOVERY_POLICY, "summary": {"enabled": False}})
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL, max_tokens=32, messages=agent_session(3)[-1])
+    assert refused.value.body["error"]["message"] == "messages: something else is wrong"
+    assert refused.value.response.headers["request-id"].startswith("req_")
+    assert len(upstream.message_requests) == 1
+
+
+async def _usage_rows(path: Path) -> list[Any]:
+    store = SQLiteStateStore(path)
+    try:
+        return await store.usage_rows()
+    finally:
+        await store.close()
+
+
+def test_the_providers_usage_reaches_the_log_the_metrics_and_the_ledger(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path) -> None:
+    """JSON and streamed answers: request_completed carries the provider's figures, the
+    metrics count them by kind, the ledger sums them per session and model."""
+    proxy = proxy_factory({"summary": {"enabled": False}})
+    session = agent_session(4)
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0,
+                                 default_headers={"x-compact-session-id": "usage-1"})
+    answers = []
+    with client:
+        answers.append(client.messages.create(model=MODEL, max_tokens=32, messages=session[-2]))
+        with client.messages.stream(model=MODEL, max_tokens=32, messages=session[-1]) as events:
+            answers.append(events.get_final_message())
+    lines = completed_lines(proxy_log)[-2:]
+    for line, answer in zip(lines, answers, strict=True):
+        assert line["provider_input_tokens"] == provider_count(answer)
+        assert line["usage_input"] == answer.usage.input_tokens
+        assert line["usage_cache_read"] == (answer.usage.cache_read_input_tokens or 0)
+        assert line["usage_output"] == answer.usage.output_tokens
+        assert isinstance(line["estimate_error"], float)
+    with urllib.request.urlopen(f"{proxy.base_url}/metrics") as response:  # noqa: S310
+        text = response.read().decode()
+    total_input = sum(a.usage.input_tokens for a in answers)
+    assert f'compact_proxy_provider_tokens_total{{kind="input"}} {float(total_input)}' in text
+    assert "compact_proxy_estimate_error_ratio_count 2.0" in text
+    deadline = time.monotonic() + 5
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        rows = asyncio.run(_usage_rows(proxy.state_dir / "state.db"))
+        if rows and rows[0].entry.requests == 2:
+            break
+        time.sleep(0.05)
+    assert [(r.session_key, r.model) for r in rows] == [("usage-1", MODEL)]
+    entry = rows[0].entry
+    assert entry.requests == 2
+    assert entry.input_tokens == total_input
+    assert entry.output_tokens == sum(a.usage.output_tokens for a in answers)
+    assert entry.tokens_sent == sum(provider_count(a) for a in answers)
+    assert entry.tokens_without_proxy >= entry.tokens_sent
