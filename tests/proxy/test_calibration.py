@@ -1,0 +1,83 @@
+"""Calibration: the factor learnt from the provider's counts, and the learnt window."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import CompactionPolicy
+from proxy.state.calibration import (
+    FIXED_SHARE,
+    MAX_FACTOR,
+    MIN_COUNTED_TOKENS,
+    Calibration,
+    clamp_to_window,
+)
+
+MODEL = "claude-sonnet-4-5"
+
+
+def test_a_new_session_starts_at_one_then_follows_the_providers_ratio() -> None:
+    calibration = Calibration()
+    assert calibration.factors("s", MODEL) == (1.0, 1.0)
+    assert calibration.observe("s", MODEL, 10_000, 13_000) == pytest.approx(1.3)
+    assert calibration.factors("s", MODEL) == (pytest.approx(1.3), pytest.approx(1.3))
+
+
+def test_the_newest_ratio_is_followed_but_one_outlier_is_not() -> None:
+    calibration = Calibration()
+    for provider in (13_000, 13_100, 12_900, 13_050):
+        calibration.observe("s", MODEL, 10_000, provider)
+    assert calibration.factor("s", MODEL) == pytest.approx(1.305)
+    calibration.observe("s", MODEL, 10_000, 30_000)  # one broken answer: ratio 3
+    assert calibration.factor("s", MODEL) == pytest.approx(1.305)
+    for _ in range(3):  # a shift that persists is followed
+        calibration.observe("s", MODEL, 10_000, 30_000)
+    assert calibration.factor("s", MODEL) == pytest.approx(3.0)
+
+
+def test_unbelievable_and_tiny_views_are_ignored() -> None:
+    calibration = Calibration()
+    assert calibration.observe("s", MODEL, 10_000, int(10_000 * (MAX_FACTOR + 1))) is None
+    assert calibration.observe("s", MODEL, 10_000, 0) is None
+    assert calibration.observe("s", MODEL, MIN_COUNTED_TOKENS - 1, 1_000) is None
+    assert calibration.factor("s", MODEL) == 1.0
+
+
+def test_sessions_are_separate_and_a_new_one_starts_from_the_models_fleet_median() -> None:
+    calibration = Calibration()
+    calibration.observe("a", MODEL, 10_000, 12_000)
+    calibration.observe("b", MODEL, 10_000, 14_000)
+    calibration.observe("c", MODEL, 10_000, 13_000)
+    assert calibration.factor("a", MODEL) == pytest.approx(1.2)
+    assert calibration.factor("new", MODEL) == pytest.approx(1.3)
+    assert calibration.factor("new", "claude-haiku-4-5") == 1.0
+
+
+def test_the_fixed_part_and_the_messages_get_their_own_factors() -> None:
+    """A first view that is mostly system and tools teaches their ratio; later views teach
+    the messages' ratio as what is left of the provider's count."""
+    calibration = Calibration()
+    fixed = 9_000
+    calibration.observe("s", MODEL, 10_000, 11_000, reserved=fixed)  # 90 % fixed part
+    assert fixed >= FIXED_SHARE * 10_000
+    assert calibration.factors("s", MODEL) == (pytest.approx(1.1), pytest.approx(1.1))
+    # fixed 9 000 at 1.1 = 9 900; messages 41 000 at 1.4 = 57 400
+    calibration.observe("s", MODEL, 50_000, 9_900 + 57_400, reserved=fixed)
+    reserved, messages = calibration.factors("s", MODEL)
+    assert reserved == pytest.approx(1.1) and messages == pytest.approx(1.4)
+    # After compaction the mix changes; the estimate still holds.
+    assert fixed * reserved + 5_000 * messages == pytest.approx(9_900 + 7_000)
+
+
+def test_the_window_is_learnt_and_clamps_the_thresholds() -> None:
+    calibration = Calibration()
+    assert calibration.window(MODEL) is None
+    calibration.learn_window(MODEL, 200_000)
+    calibration.learn_window(MODEL, 150_000)
+    calibration.learn_window(MODEL, 180_000)
+    assert calibration.window(MODEL) == 150_000
+    policy = CompactionPolicy(soft_threshold_tokens=160_000, hard_limit_tokens=190_000)
+    clamped = clamp_to_window(policy, 150_000)
+    assert (clamped.soft_threshold_tokens, clamped.hard_limit_tokens) == (135_000, 150_000)
+    assert clamp_to_window(policy, None) is policy
+    assert clamp_to_window(policy, 1_000_000) is policy  # already fits: same key
