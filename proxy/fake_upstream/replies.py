@@ -408,11 +408,12 @@ class PromptCache:
     """A deterministic stand-in for the provider's prompt cache.
 
     Per cache key (the server uses API key and model) it keeps the canonical prompts of the
-    last ``max_entries`` successful requests.
-    ``cache_read_input_tokens`` is the longest common prefix with any of them (in tokens, as the
-    request's :class:`PromptMeasure` counts that prefix); when
-    the request carries ``cache_control`` markers, the rest of the prompt counts as written to
-    the cache (``cache_creation_input_tokens``), otherwise as plain ``input_tokens``.
+    last ``max_entries`` successful requests that carried ``cache_control`` markers (only a
+    breakpoint writes the cache). For such a request ``cache_read_input_tokens`` is the longest
+    common prefix with any of them (in tokens, as the request's :class:`PromptMeasure` counts
+    that prefix) and the rest of the prompt counts as written (``cache_creation_input_tokens``).
+    A request without any marker neither reads nor writes: its whole prompt is plain
+    ``input_tokens`` (the provider caches only what a breakpoint names, reference §5.5).
     """
 
     def __init__(self, max_entries: int = 16) -> None:
@@ -428,16 +429,16 @@ class PromptCache:
         measure = PromptMeasure(prompt) if isinstance(prompt, str) else prompt
         canonical = measure.canonical
         total = measure.total
+        if not has_breakpoints:
+            return Usage(input_tokens=total, cache_creation_input_tokens=0,
+                         cache_read_input_tokens=0)
         entries = self._entries.setdefault(cache_key, deque(maxlen=self._max_entries))
         prefix = max((_common_prefix_length(canonical, old) for old in entries), default=0)
         read = measure.tokens_upto(prefix)
         if canonical not in entries:
             entries.append(canonical)
-        rest = total - read
-        if has_breakpoints:
-            return Usage(input_tokens=0, cache_creation_input_tokens=rest,
-                         cache_read_input_tokens=read)
-        return Usage(input_tokens=rest, cache_creation_input_tokens=0, cache_read_input_tokens=read)
+        return Usage(input_tokens=0, cache_creation_input_tokens=total - read,
+                     cache_read_input_tokens=read)
 
 
 def output_tokens(content: Iterable[Mapping[str, Any]]) -> int:

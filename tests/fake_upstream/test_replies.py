@@ -166,17 +166,32 @@ def test_token_estimate_is_characters_over_four() -> None:
 
 
 def test_prompt_cache_reports_the_common_prefix_as_read() -> None:
-    """A request extending an earlier one reads the shared prefix from the cache."""
+    """A marked request extending an earlier one reads the shared prefix from the cache and
+    writes the rest."""
     cache = PromptCache()
     turns: list[dict[str, str]] = [{"role": "user", "content": "a" * 400}]
     first: dict[str, Any] = {"system": "s" * 400, "messages": turns}
     second = {**first, "messages": [*turns, {"role": "assistant", "content": "b"}]}
-    cold = cache.usage("key", canonical_prompt(first), has_breakpoints=False)
-    warm = cache.usage("key", canonical_prompt(second), has_breakpoints=False)
+    cold = cache.usage("key", canonical_prompt(first), has_breakpoints=True)
+    warm = cache.usage("key", canonical_prompt(second), has_breakpoints=True)
     total = estimate_tokens(canonical_prompt(second))
-    assert cold.cache_read_input_tokens == 0 and cold.input_tokens > 0
+    assert cold.cache_read_input_tokens == 0 and cold.cache_creation_input_tokens > 0
     assert warm.cache_read_input_tokens >= estimate_tokens(canonical_prompt(first)) - 1
-    assert warm.input_tokens + warm.cache_read_input_tokens == total
+    assert warm.cache_creation_input_tokens + warm.cache_read_input_tokens == total
+    assert warm.input_tokens == 0
+
+
+def test_without_a_breakpoint_the_cache_is_neither_read_nor_written() -> None:
+    """The provider caches only what a cache_control breakpoint names: an unmarked request
+    is all plain input, and leaves nothing for a later request to read."""
+    cache = PromptCache()
+    body: dict[str, Any] = {"system": "s" * 400, "messages": [{"role": "user", "content": "a"}]}
+    prompt = canonical_prompt(body)
+    for _ in range(2):
+        assert cache.usage("key", prompt, has_breakpoints=False) == Usage(
+            estimate_tokens(prompt), 0, 0)
+    marked = cache.usage("key", prompt, has_breakpoints=True)
+    assert marked == Usage(0, estimate_tokens(prompt), 0)  # nothing was written before
 
 
 @pytest.mark.parametrize(

@@ -339,13 +339,19 @@ async def test_scripted_errors_keep_status_headers_and_shape(
 async def test_prompt_cache_reads_the_prefix_of_a_growing_conversation(
     client: anthropic.AsyncAnthropic,
 ) -> None:
-    """The second turn of a conversation reports its shared prefix as cache_read tokens."""
+    """The second turn of a conversation reports its shared prefix as cache_read tokens (a
+    breakpoint on the system prompt, as agents put one)."""
+    system: list[Any] = [{"type": "text", "text": "Be brief.",
+                          "cache_control": {"type": "ephemeral"}}]
     history: list[Any] = [{"role": "user", "content": "context " * 200}]
-    first = await client.messages.create(model=MODEL, max_tokens=8, messages=history)
+    first = await client.messages.create(model=MODEL, max_tokens=8, system=system,
+                                         messages=history)
     history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-    second = await client.messages.create(model=MODEL, max_tokens=8, messages=history)
+    second = await client.messages.create(model=MODEL, max_tokens=8, system=system,
+                                          messages=history)
     assert first.usage.cache_read_input_tokens == 0
-    assert (second.usage.cache_read_input_tokens or 0) >= first.usage.input_tokens - 1
+    assert (second.usage.cache_read_input_tokens or 0) >= (
+        first.usage.cache_creation_input_tokens or 0) - 1
 
 
 async def test_summarizer_marker_gets_a_structured_summary(

@@ -18,8 +18,11 @@ from proxy.fake_upstream.replies import PromptCache, TokenRule, canonical_prompt
 MODEL = "claude-sonnet-4-5"
 TOOLS: list[Any] = [{"name": "read_file", "description": "Read a file " * 10,
                      "input_schema": {"type": "object", "properties": {}}}]
+# A breakpoint on the system prompt (the documented pattern): only a marked request reads and
+# writes the prompt cache.
 SYSTEM: list[Any] = [{"type": "text", "text": "You are terse. " * 30},
-                     {"type": "text", "text": "Answer in English. " * 20}]
+                     {"type": "text", "text": "Answer in English. " * 20,
+                      "cache_control": {"type": "ephemeral"}}]
 MESSAGES: list[Any] = [
     {"role": "user", "content": "Read the config please " * 40},
     {"role": "assistant", "content": [{"type": "text", "text": "Reading it now."},
@@ -188,8 +191,8 @@ def test_token_options_are_validated(options: dict[str, Any]) -> None:
     pytest.param({"ratio": 0.7, "noise": 0.3}, id="ratio and noise"),
 ])
 def test_the_prompt_cache_splits_the_rules_count(options: dict[str, Any]) -> None:
-    """Pure: for any rule, reads + writes (or reads + input) add up to the rule's whole count,
-    reads never exceed it, and a repeated prompt is read whole."""
+    """Pure: for any rule, reads + writes add up to the rule's whole count, reads never exceed
+    it, and a repeated prompt is read whole; without a breakpoint it is all plain input."""
     rule = TokenRule(**options)
     cache = PromptCache()
     bodies = [{"system": SYSTEM, "messages": MESSAGES[:k]} for k in (1, 2, 3)]
@@ -200,7 +203,9 @@ def test_the_prompt_cache_splits_the_rules_count(options: dict[str, Any]) -> Non
             usage = cache.usage(f"key-{breakpoints}", measure, has_breakpoints=breakpoints)
             assert sum(usage.as_dict().values()) == measure.total
             assert 0 <= usage.cache_read_input_tokens <= measure.total
-        assert usage.cache_read_input_tokens == measure.total
+            if not breakpoints:
+                assert usage.input_tokens == measure.total
+        assert usage.cache_read_input_tokens == (measure.total if breakpoints else 0)
     if not options:
         assert rule.measure(bodies[0]).total == estimate_tokens(canonical_prompt(bodies[0]))
 
