@@ -1,6 +1,7 @@
 """The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
-and for ``session.scope``: ``tenant-id`` (a caller's tenant) and ``move-session`` (a
-session's durable state from one tenant to another, when switching scope).
+``report`` (what each session cost, and would have cost without the proxy), and for
+``session.scope``: ``tenant-id`` (a caller's tenant) and ``move-session`` (a session's
+durable state from one tenant to another, when switching scope).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -10,6 +11,7 @@ imported only by the subcommand that needs them, so ``check-config`` stays light
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
     move.add_argument("--from-tenant", default="none", metavar="TENANT",
                       help="the tenant it is under now (default: none)")
+
+    report = commands.add_parser(
+        "report", help="tokens and cost per session, with and without the proxy"
+    )
+    report.add_argument("--config", metavar="PATH", help=config_help)
+    report.add_argument("--json", action="store_true", help="print one JSON object")
+    report.add_argument("--session", metavar="SID",
+                        help="only this session (its id, under any tenant, or its store key)")
     return parser
 
 
@@ -152,6 +162,48 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     return EXIT_OK
 
 
+def _report(path: str | None, as_json: bool, session: str | None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    import asyncio
+    from pathlib import Path
+
+    from .report import build_report
+    from .state.store import StoreError, store_for
+    from .state.usage import UsageRow
+
+    async def read() -> list[UsageRow]:
+        store = await store_for(config).open()
+        try:
+            return await store.usage_rows()
+        finally:
+            await store.close()
+
+    try:
+        # A report reads: it does not create the SQLite file of a proxy that never ran.
+        missing = config.store.backend == "sqlite" and not Path(config.store.path).exists()
+        rows = [] if missing else asyncio.run(read())
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"report: store failed: {exc}", file=sys.stderr)
+        return 1
+    if session is not None:
+        rows = [row for row in rows
+                if session in (row.session_key, row.session_key.rpartition("/")[2])]
+    report = build_report(rows, config.price_for)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+    elif not rows:
+        print("no usage recorded yet" if session is None
+              else f"no usage recorded for session {session}")
+    else:
+        sys.stdout.write(report.as_text())
+    return EXIT_OK
+
+
 def _demo() -> int:
     from . import demo
 
@@ -183,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _tenant_id(args.config)
     if args.command == "move-session":
         return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
+    if args.command == "report":
+        return _report(args.config, args.json, args.session)
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":

@@ -11,8 +11,9 @@ The five compaction thresholds are declared once, in :class:`policies._compactio
 the per-role :class:`~policies.CompactionPolicy` built from both is one too.
 
 Keys and defaults follow SPEC §3. Extensions: ``limits.max_body_bytes``,
-``upstream``-independent ``summary.api_key_env`` / ``summary.max_retries``, and the
-``policies`` section (per-role overrides, role rules, file-read tools, source access).
+``upstream``-independent ``summary.api_key_env`` / ``summary.max_retries``, the
+``policies`` section (per-role overrides, role rules, file-read tools, source access) and the
+``prices`` section (USD per million tokens by model family, for ``compact-proxy report``).
 """
 
 from __future__ import annotations
@@ -76,9 +77,11 @@ __all__ = [
     "Config",
     "ConfigError",
     "CONFIG_ENV_VAR",
+    "DEFAULT_PRICES",
     "LimitsConfig",
     "ListenConfig",
     "LoggingConfig",
+    "ModelPrice",
     "PoliciesConfig",
     "RoleOverride",
     "SessionConfig",
@@ -410,6 +413,72 @@ class SourceAccessConfig(_Section):
     shared_sessions: tuple[SessionId, ...] = ()
 
 
+def _usd_per_million(value: object, info: ValidationInfo) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(info.field_name, f"must be a number (USD per million tokens), got "
+                                       f"{_shown(value)}")
+    if not math.isfinite(value):
+        raise invalid(info.field_name, f"must be a finite number, got {value}")
+    if value < 0:
+        raise invalid(info.field_name, f"must be >= 0 (USD per million tokens), got {value}")
+    return float(value)
+
+
+#: A price: a finite number >= 0 of US dollars per million tokens.
+UsdPerMillion = Annotated[float, PlainValidator(_usd_per_million)]
+
+
+@_section("prices")
+class ModelPrice(_Section):
+    """``prices.<family>``: what one model family costs, in USD per million tokens.
+
+    Every key is required: an entry replaces the built-in one of its family as a whole.
+
+    Attributes:
+        input: plain input tokens.
+        cache_write: prompt-cache writes (5-minute cache: 1.25 x input at Anthropic).
+        cache_read: prompt-cache reads.
+        output: output tokens.
+    """
+
+    input: UsdPerMillion
+    cache_write: UsdPerMillion
+    cache_read: UsdPerMillion
+    output: UsdPerMillion
+
+
+def _price(input: float, cache_write: float, cache_read: float, output: float) -> ModelPrice:
+    return ModelPrice(input=input, cache_write=cache_write, cache_read=cache_read, output=output)
+
+
+#: The built-in price table (Anthropic's list prices, USD per million tokens): model family
+#: (a prefix of model names) -> its price. Edit here when prices change; a deployment
+#: overrides or extends it with the ``prices`` section.
+DEFAULT_PRICES: Mapping[str, ModelPrice] = types.MappingProxyType({
+    "claude-opus-4-5": _price(5, 6.25, 0.50, 25),
+    "claude-opus-4-1": _price(15, 18.75, 1.50, 75),
+    "claude-opus-4": _price(15, 18.75, 1.50, 75),
+    "claude-sonnet-4-5": _price(3, 3.75, 0.30, 15),
+    "claude-sonnet-4": _price(3, 3.75, 0.30, 15),
+    "claude-3-7-sonnet": _price(3, 3.75, 0.30, 15),
+    "claude-haiku-4-5": _price(1, 1.25, 0.10, 5),
+    "claude-3-5-haiku": _price(0.80, 1.00, 0.08, 4),
+})
+
+
+def _over_default_prices(data: Any) -> Any:
+    # The user's families replace or extend the built-in ones; null means the defaults.
+    if data is None:
+        return dict(DEFAULT_PRICES)
+    if isinstance(data, Mapping):
+        return {**DEFAULT_PRICES, **data}
+    return data
+
+
+#: The ``prices`` section: the built-in table with the user's entries merged over it.
+Prices = Annotated[Mapping[Text, ModelPrice], BeforeValidator(_over_default_prices)]
+
+
 def _drop_nulls(data: Any) -> Any:
     if isinstance(data, Mapping):
         return {key: value for key, value in data.items() if value is not None}
@@ -464,11 +533,13 @@ class Config(_Section):
     session: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    prices: Prices = field(default_factory=lambda: DEFAULT_PRICES)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prices", types.MappingProxyType(dict(self.prices)))
         if self.session.scope is None and not _is_loopback(self.listen.host):
             raise ConfigError("session.scope", (
                 f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
@@ -515,6 +586,13 @@ class Config(_Section):
     def source_access(self) -> SourceAccessPolicy:
         """The source-access policy, built once at load time."""
         return self._source_access
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        """The price of ``model``: that of the longest family in ``prices`` that begins its
+        name (``claude-opus-4-5-20251101`` -> ``claude-opus-4-5``); ``None`` when none does."""
+        family = max((name for name in self.prices if model.startswith(name)), key=len,
+                     default=None)
+        return None if family is None else self.prices[family]
 
     def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API
@@ -646,9 +724,11 @@ def _problem(error: ErrorDetails, root: type[Any]) -> tuple[tuple[str | int, ...
     """The location the error belongs to and its problem in words."""
     loc, kind, value = tuple(error["loc"]), error["type"], error["input"]
     ctx: Mapping[str, Any] = error.get("ctx") or {}
-    if loc and loc[-1] == "[key]":  # a mapping's key: the only such keys are role names
+    if loc and loc[-1] == "[key]":  # a mapping's key: a role name, or a price's family
         roles = get_args(_at(root, loc[:-2], key=True)[0])
-        return (*loc[:-2], str(loc[-2])), _unknown(str(loc[-2]), roles, "role", "roles are")
+        if roles:
+            return (*loc[:-2], str(loc[-2])), _unknown(str(loc[-2]), roles, "role", "roles are")
+        return loc[:-2], f"keys must be non-empty strings, got {_shown(loc[-2])}"
     if kind in _UNKNOWN_KEY:
         name = str(loc[-1])
         owner, _ = _at(root, loc[:-1])

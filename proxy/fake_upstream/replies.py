@@ -235,11 +235,23 @@ def tool_use_block(tool_use_id: str, name: str, tool_input: Mapping[str, Any]) -
 # -- token estimates and the simulated prompt cache ---------------------------------------------
 
 
+def without_cache_markers(value: Any) -> Any:
+    """``value`` with every ``cache_control`` field left out, at any depth: a marker says
+    where to cache, it is not content (it is neither counted nor part of the cache key)."""
+    if isinstance(value, list):
+        return [without_cache_markers(item) for item in value]
+    if isinstance(value, dict):
+        return {key: without_cache_markers(item) for key, item in value.items()
+                if key != "cache_control"}
+    return value
+
+
 def canonical_prompt(body: Mapping[str, Any]) -> str:
     """The prompt as one canonical string, in the provider's prefix order tools → system →
-    messages, so that a request extending an earlier one shares its prefix."""
+    messages, without cache markers, so that a request extending an earlier one shares its
+    prefix even though the client moved its breakpoint to the newest block."""
     return json.dumps(
-        [body.get("tools"), body.get("system"), body.get("messages")],
+        without_cache_markers([body.get("tools"), body.get("system"), body.get("messages")]),
         ensure_ascii=False,
         separators=(",", ":"),
         sort_keys=True,
@@ -282,7 +294,7 @@ def _block_cuts(body: Mapping[str, Any], canonical: str) -> list[int]:
     order, and the JSON between two blocks (brackets, roles, keys) is a piece of its own."""
     cuts = {0, len(canonical)}
     position = 0
-    for value in _block_texts(body):
+    for value in _block_texts(without_cache_markers(body)):
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
         start = canonical.find(text, position)
         if start < 0:

@@ -302,3 +302,25 @@ def test_summary_is_deterministic_and_never_empty() -> None:
     assert summary_text(_summarizer_body()) == summary_text(_summarizer_body())
     empty = summary_text({"messages": []})
     assert empty.count("## ") == 5 and "Summarized 0 messages" in empty
+
+
+def test_a_moved_breakpoint_reads_the_whole_previous_prompt() -> None:
+    """The documented multi-turn pattern: the client moves its breakpoint to the newest block
+    every turn. The cache key is the content, not the markers (reference §5.5), so the next
+    turn reads all of the previous prompt; a marker is not counted as tokens either."""
+    cache = PromptCache()
+    marker = {"type": "ephemeral"}
+    turn1 = [{"role": "user", "content": [{"type": "text", "text": "a" * 800,
+                                            "cache_control": marker}]}]
+    turn2 = [{"role": "user", "content": [{"type": "text", "text": "a" * 800}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "b" * 400}]},
+             {"role": "user", "content": [{"type": "text", "text": "c" * 400,
+                                           "cache_control": marker}]}]
+    first = canonical_prompt({"messages": turn1})
+    assert "cache_control" not in first
+    assert first == canonical_prompt({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a" * 800}]}]})
+    cache.usage("key", first, has_breakpoints=True)
+    second = cache.usage("key", canonical_prompt({"messages": turn2}), has_breakpoints=True)
+    # The whole first prompt but its closing brackets is a prefix of the second.
+    assert second.cache_read_input_tokens >= estimate_tokens(first) - 1

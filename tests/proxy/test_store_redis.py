@@ -20,6 +20,7 @@ from proxy.app import start_proxy
 from proxy.config import Config, ConfigError
 from proxy.state.store import CorruptStateError, RedisStateStore, StoreError
 from proxy.state.store.redis import redacted_url
+from proxy.state.usage import UsageEntry
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import free_port
@@ -140,6 +141,48 @@ async def test_hash_without_a_version_is_never_overwritten(
     with pytest.raises(CorruptStateError):
         await store.put_state("bad", make_state(), None)
     assert await raw.hgetall(f"{store.key_prefix}state:bad") == {b"state": b"{}"}
+
+
+async def test_usage_rows_are_hashes_of_counters_indexed_by_a_set(
+    store: RedisStateStore, raw: aioredis.Redis
+) -> None:
+    """A usage row is a hash of every counter plus last_seen under usage:row:<json pair>, and
+    the pair is a member of usage:rows."""
+    await store.add_usage("t0123/sess:1", "claude-opus-4-5", UsageEntry(requests=2,
+                                                                        output_tokens=7))
+    member = '["t0123/sess:1","claude-opus-4-5"]'
+    assert await raw.smembers(f"{store.key_prefix}usage:rows") == {member.encode()}
+    fields = await raw.hgetall(f"{store.key_prefix}usage:row:{member}")
+    assert set(fields) == {name.encode() for name in UsageEntry.field_names()} | {b"last_seen"}
+    assert (fields[b"requests"], fields[b"output_tokens"], fields[b"input_tokens"]) == (
+        b"2", b"7", b"0")
+    seen = fields[b"last_seen"]
+    assert isinstance(seen, bytes) and datetime.fromisoformat(seen.decode()).tzinfo is not None
+
+
+async def test_corrupt_usage_rows_raise_instead_of_returning_garbage(
+    store: RedisStateStore, raw: aioredis.Redis
+) -> None:
+    """A counter that is not an integer, a bad last_seen, a key of another type or a bad index
+    member is a CorruptStateError; a row whose hash is gone is left out."""
+    await store.add_usage("s1", "m", UsageEntry(requests=1))
+    row = store.usage_key("s1", "m")
+    await raw.hset(row, "requests", "lots")
+    with pytest.raises(CorruptStateError, match="requests is not an integer"):
+        await store.usage_rows()
+    with pytest.raises(CorruptStateError, match="not an integer"):
+        await store.add_usage("s1", "m", UsageEntry(requests=1))
+    await raw.hset(row, mapping={"requests": "1", "last_seen": "yesterday"})
+    with pytest.raises(CorruptStateError, match="last_seen"):
+        await store.usage_rows()
+    await raw.delete(row)
+    assert await store.usage_rows() == []
+    await raw.set(row, "x")
+    with pytest.raises(CorruptStateError, match="not a hash"):
+        await store.add_usage("s1", "m", UsageEntry(requests=1))
+    await raw.sadd(store.usage_index_key, "not json")
+    with pytest.raises(CorruptStateError, match="usage index"):
+        await store.usage_rows()
 
 
 async def test_unreachable_server_raises_a_clean_store_error() -> None:

@@ -1,6 +1,7 @@
 """The per-session store: durable context state with versioned writes, plus the compaction
-caches. Callers depend on the part they use (:class:`StateStore`, :class:`SummaryCache`,
-:class:`RecordStore`); a backend implements all of them (:class:`StoreBackend`).
+caches and the usage ledger. Callers depend on the part they use (:class:`StateStore`,
+:class:`SummaryCache`, :class:`RecordStore`, :class:`UsageLedger`); a backend implements all
+of them (:class:`StoreBackend`).
 :class:`SQLiteStateStore` is the embedded backend, :class:`RedisStateStore` the one several
 proxy processes can share; it (and redis-py) is imported only when first named."""
 
@@ -16,6 +17,8 @@ from .base import (
     StoredState,
     StoreError,
     SummaryCache,
+    UsageLedger,
+    UsageRow,
     VersionConflict,
 )
 from .read_cache import CachedStateReads
@@ -37,6 +40,8 @@ __all__ = [
     "StoreError",
     "StoredState",
     "SummaryCache",
+    "UsageLedger",
+    "UsageRow",
     "VersionConflict",
     "store_for",
 ]

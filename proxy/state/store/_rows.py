@@ -1,5 +1,5 @@
-"""How every backend turns a state into a stored row and back: one encoding, one clock, one
-memo of decoded rows.
+"""How every backend turns a state (or a usage row) into a stored row and back: one encoding,
+one clock, one memo of decoded rows.
 
 Rows are the canonical JSON of ``DurableContextState.to_dict()`` (the same state always gives
 the same text) with an ISO ``updated_at`` in UTC. Decoding validates the whole state, so it is
@@ -7,20 +7,26 @@ memoised on the row itself: an unchanged row, read on every request, is decoded 
 is keyed by everything the result is made of (session id, version, JSON, timestamp), so a row
 that changed in any way, by this process or another, is decoded afresh, and a row that does
 not decode raises every time (exceptions are never cached).
+
+Usage rows store each counter of :class:`~proxy.state.usage.UsageEntry` as an integer under
+its field name, and ``last_seen`` as an ISO time in UTC with microseconds, so later times
+compare greater as text too.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Final
 
 from compactor import DurableContextState
+from proxy.state.usage import UsageEntry, UsageRow
 
 from .base import CorruptStateError, StoredState
 
-__all__ = ["decode_state", "encode_state", "utc_now"]
+__all__ = ["decode_state", "decode_usage_row", "encode_state", "usage_stamp", "utc_now"]
 
 #: Decoded rows kept, least recently used evicted.
 DECODED_ROWS: Final = 1024
@@ -35,6 +41,41 @@ def encode_state(state: DurableContextState) -> str:
 def utc_now() -> datetime:
     """The ``updated_at`` of a write: now, timezone-aware, in UTC."""
     return datetime.now(UTC)
+
+
+def usage_stamp() -> str:
+    """The ``last_seen`` of a usage addition: now, in UTC, as fixed-width ISO text."""
+    return utc_now().isoformat(timespec="microseconds")
+
+
+def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],
+                     last_seen: object) -> UsageRow:
+    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`.
+
+    A counter missing from ``counters`` is 0 (a row written before the counter existed);
+    each present one must be an integer >= 0 (or its decimal text, as Redis returns it).
+    """
+    def problem(detail: str) -> CorruptStateError:
+        return CorruptStateError(session_key, f"usage row of model {model!r}: {detail}")
+
+    values: dict[str, int] = {}
+    for name in UsageEntry.field_names():
+        raw = counters.get(name, 0)
+        if isinstance(raw, bytes | str) and raw.isascii() and raw.isdigit():
+            raw = int(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise problem(f"{name} is not an integer >= 0")
+        values[name] = raw
+    if isinstance(last_seen, bytes):
+        last_seen = last_seen.decode("ascii", errors="replace")
+    try:
+        when = datetime.fromisoformat(last_seen) if isinstance(last_seen, str) else None
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise problem("last_seen is not an ISO time with a zone")
+    return UsageRow(session_key=session_key, model=model, entry=UsageEntry(**values),
+                    last_seen=when)
 
 
 @functools.lru_cache(maxsize=DECODED_ROWS)

@@ -7,7 +7,8 @@ implements all of them (:class:`StoreBackend`); each caller depends only on the 
   (behind :class:`~proxy.state.store.read_cache.CachedStateReads`) and the admin API;
 - :class:`SummaryCache`: the content-addressed summary cache, for the summariser;
 - :class:`RecordStore`: opaque per-session records, for the sticky-compaction checkpoints;
-- :class:`StoreBackend`: all three plus :meth:`~StoreBackend.open` (connect and verify, what
+- :class:`UsageLedger`: the per-(session, model) usage counters, for ``compact-proxy report``;
+- :class:`StoreBackend`: all four plus :meth:`~StoreBackend.open` (connect and verify, what
   startup calls) and :meth:`~StoreBackend.close`, for whoever owns the backend.
 
 Theory of operation
@@ -24,6 +25,11 @@ durable context; losing them only costs a recomputation:
 - a content-addressed summary cache (``key`` -> summary text), bounded: once it holds more
   than the backend's limit, the oldest entries are evicted;
 - opaque per-session records (``(session_id, kind)`` -> bytes), overwritten on each put.
+
+The usage ledger is neither: one row of additive counters
+(:class:`~proxy.state.usage.UsageEntry`) per ``(session key, model)``. Adding to a row is one
+atomic step on the backend, so concurrent additions, from any number of processes, are never
+lost; nothing else ever changes a row.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from datetime import datetime
 from typing import Protocol, Self, runtime_checkable
 
 from compactor import DurableContextState
+from proxy.state.usage import UsageEntry, UsageRow
 
 __all__ = [
     "CorruptStateError",
@@ -42,6 +49,8 @@ __all__ = [
     "StoreError",
     "StoredState",
     "SummaryCache",
+    "UsageLedger",
+    "UsageRow",
     "VersionConflict",
 ]
 
@@ -166,7 +175,26 @@ class RecordStore(Protocol):
 
 
 @runtime_checkable
-class StoreBackend(StateStore, SummaryCache, RecordStore, Protocol):
+class UsageLedger(Protocol):
+    """Additive usage counters per ``(session_key, model)``; may raise :class:`StoreError`.
+
+    ``session_key`` is the session's store key, opaque here (it may hold ``/`` and ``:``);
+    ``model`` is the model billed (for a summary call: the summary model), so each row has
+    one price.
+    """
+
+    async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        """Add each counter of ``entry`` to the row of ``(session_key, model)`` atomically,
+        creating the row at zero first, and set its ``last_seen`` to now."""
+        ...
+
+    async def usage_rows(self) -> list[UsageRow]:
+        """Every row, ordered by session key, then model."""
+        ...
+
+
+@runtime_checkable
+class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, Protocol):
     """One engine's store: every part above, plus its lifecycle.
 
     Construction does no I/O; the backend connects lazily on first use, or now with

@@ -11,14 +11,19 @@ last, two namespaces can never collide, whatever characters a session id holds:
 - ``<prefix>summary:text``: a hash ``key -> summary text``;
   ``<prefix>summary:order``: a sorted set of the same keys scored by insertion sequence, and
   ``<prefix>summary:seq``: the counter that hands out those sequence numbers;
-- ``<prefix>record:<session_id>``: a hash ``kind -> bytes``.
+- ``<prefix>record:<session_id>``: a hash ``kind -> bytes``;
+- ``<prefix>usage:row:<["session key","model"]>``: a hash of one usage row, each counter of
+  :class:`~proxy.state.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
+  the two variable parts are a JSON array, so no session key or model name can collide;
+  ``<prefix>usage:rows``: the set of those JSON arrays, which ``usage_rows`` lists.
 
 *Compare-and-swap in one script.* Redis runs a Lua script atomically: no other client's
 command runs between its first and its last step. The write script reads the current version,
 compares it with the caller's and writes the new hash, so of several writers racing from the
 same version (in this process or another) exactly one wins; the others get the new version
 back and raise :class:`~proxy.state.store.base.VersionConflict`. The delete and the summary-cache
-scripts (insert if absent, then evict the oldest beyond the bound) are atomic the same way.
+scripts (insert if absent, then evict the oldest beyond the bound) and the usage script (every
+``HINCRBY`` of a row, its ``last_seen`` and its index entry) are atomic the same way.
 Scripts are sent once and then called by their SHA (``EVALSHA``; redis-py reloads them if the
 server forgot them).
 
@@ -41,6 +46,7 @@ Everything in ``__all__`` gets re-exported by ``proxy.state.store``, on first us
 
 from __future__ import annotations
 
+import json
 from typing import Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,8 +54,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from compactor import DurableContextState
+from proxy.state.usage import UsageEntry, UsageRow
 
-from ._rows import decode_state, encode_state, utc_now
+from ._rows import decode_state, decode_usage_row, encode_state, usage_stamp, utc_now
 from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["RedisStateStore"]
@@ -108,11 +115,47 @@ end
 return 0
 """
 
+# KEYS = the row's hash, the rows index set; ARGV = the row's index member, last_seen, then
+# (counter, increment) pairs. last_seen only moves forward (fixed-width ISO text compares as
+# the times do).
+_ADD_USAGE_LUA: Final = """
+for i = 3, #ARGV, 2 do
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local seen = redis.call('HGET', KEYS[1], 'last_seen')
+if not seen or seen < ARGV[2] then
+    redis.call('HSET', KEYS[1], 'last_seen', ARGV[2])
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return 0
+"""
+
 
 def _as_bytes(value: bytes | str | None) -> bytes | None:
     # The client is built with decode_responses=False, so replies are bytes; the str branch
     # only satisfies redis-py's types (which allow both).
     return value.encode("utf-8") if isinstance(value, str) else value
+
+
+def _as_text(value: bytes | str) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def _usage_member(session_key: str, model: str) -> str:
+    """The index member (and key suffix) of a usage row: ``["session key","model"]``."""
+    return json.dumps([session_key, model], ensure_ascii=False, separators=(",", ":"))
+
+
+def _usage_pair(member: bytes | str) -> tuple[str, str]:
+    """``(session_key, model)`` back from an index member."""
+    try:
+        pair = json.loads(member)
+    except ValueError:
+        pair = None
+    if (not isinstance(pair, list) or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)):
+        raise CorruptStateError("<usage index>", "a member is not a [session key, model] pair")
+    return pair[0], pair[1]
 
 
 def redacted_url(url: str) -> str:
@@ -169,6 +212,7 @@ class RedisStateStore:
         self._put_state_script = self._redis.register_script(_PUT_STATE_LUA)
         self._delete_state_script = self._redis.register_script(_DELETE_STATE_LUA)
         self._put_summary_script = self._redis.register_script(_PUT_SUMMARY_LUA)
+        self._add_usage_script = self._redis.register_script(_ADD_USAGE_LUA)
         self._summary_keys = [f"{key_prefix}summary:text", f"{key_prefix}summary:order",
                               f"{key_prefix}summary:seq"]
         self._closed = False
@@ -198,6 +242,15 @@ class RedisStateStore:
     def record_key(self, session_id: str) -> str:
         """The Redis key of the session's record hash."""
         return f"{self.key_prefix}record:{session_id}"
+
+    def usage_key(self, session_key: str, model: str) -> str:
+        """The Redis key of the usage row of ``(session_key, model)``."""
+        return f"{self.key_prefix}usage:row:{_usage_member(session_key, model)}"
+
+    @property
+    def usage_index_key(self) -> str:
+        """The Redis key of the set indexing every usage row."""
+        return f"{self.key_prefix}usage:rows"
 
     # -- the async interface -------------------------------------------------------------
 
@@ -298,6 +351,51 @@ class RedisStateStore:
             await self._redis.hset(self.record_key(session_id), kind, bytes(data))
         except RedisError as exc:
             raise self._error("write record", exc) from exc
+
+    async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        """Add ``entry`` to the row of ``(session_key, model)``; see
+        :meth:`proxy.state.store.base.UsageLedger.add_usage`."""
+        if not isinstance(entry, UsageEntry):
+            raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
+        self._check_open()
+        args: list[str | int] = [_usage_member(session_key, model), usage_stamp()]
+        for name in UsageEntry.field_names():
+            args += [name, getattr(entry, name)]
+        try:
+            await self._add_usage_script(
+                keys=[self.usage_key(session_key, model), self.usage_index_key], args=args
+            )
+        except RedisError as exc:
+            if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
+                raise CorruptStateError(session_key, "the usage key is not a hash") from None
+            if isinstance(exc, ResponseError) and "not an integer" in str(exc):
+                raise CorruptStateError(session_key, "a usage counter is not an integer"
+                                        ) from None
+            raise self._error("add usage", exc) from exc
+
+    async def usage_rows(self) -> list[UsageRow]:
+        """Every usage row, ordered by session key, then model.
+
+        A row in the index whose hash is gone (deleted by hand) is left out.
+        """
+        self._check_open()
+        try:
+            members = await self._redis.smembers(self.usage_index_key)
+            pairs = sorted(_usage_pair(member) for member in members)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for session_key, model in pairs:
+                    pipe.hgetall(self.usage_key(session_key, model))
+                hashes = await pipe.execute()
+        except RedisError as exc:
+            raise self._error("read usage", exc) from exc
+        rows = []
+        for (session_key, model), raw in zip(pairs, hashes, strict=True):
+            if not raw:
+                continue
+            counters = {_as_text(name): value for name, value in raw.items()}
+            rows.append(decode_usage_row(session_key, model, counters,
+                                         counters.get("last_seen")))
+        return rows
 
     async def close(self) -> None:
         """Close the connection pool; idempotent. Later calls raise :class:`StoreError`."""

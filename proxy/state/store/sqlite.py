@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from compactor import DurableContextState
+from proxy.state.usage import UsageEntry, UsageRow
 
-from ._rows import decode_state, encode_state, utc_now
+from ._rows import decode_state, decode_usage_row, encode_state, usage_stamp, utc_now
 from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
@@ -49,7 +50,12 @@ __all__ = ["SQLiteStateStore"]
 _T = TypeVar("_T")
 
 #: Bump together with a migration in ``_SCHEMA`` handling when the table layout changes.
+#: A new table (``CREATE TABLE IF NOT EXISTS``) is no such change: a file from before gets it
+#: when it is opened, and an older program never looks at it (``session_usage`` came so).
 SCHEMA_VERSION = 1
+
+#: The usage counters, one INTEGER column each (names from our own dataclass, not input).
+_USAGE_COLUMNS: tuple[str, ...] = UsageEntry.field_names()
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -74,6 +80,27 @@ _SCHEMA = (
         updated_at TEXT NOT NULL,
         PRIMARY KEY (session_id, kind)
     ) WITHOUT ROWID""",
+    # One row per (session key, model): additive usage counters, see proxy.state.usage.
+    "CREATE TABLE IF NOT EXISTS session_usage (\n"
+    "    session_key TEXT NOT NULL,\n"
+    "    model TEXT NOT NULL,\n"
+    + "".join(f"    {name} INTEGER NOT NULL DEFAULT 0,\n" for name in _USAGE_COLUMNS)
+    + "    last_seen TEXT NOT NULL,\n"
+    "    PRIMARY KEY (session_key, model)\n"
+    ") WITHOUT ROWID",
+)
+
+# Every counter added to the row's own, in one statement; last_seen only moves forward.
+_ADD_USAGE = (
+    f"INSERT INTO session_usage (session_key, model, {', '.join(_USAGE_COLUMNS)}, last_seen)"
+    f" VALUES (?, ?, {', '.join('?' for _ in _USAGE_COLUMNS)}, ?)"
+    " ON CONFLICT (session_key, model) DO UPDATE SET "
+    + ", ".join(f"{name} = {name} + excluded.{name}" for name in _USAGE_COLUMNS)
+    + ", last_seen = max(last_seen, excluded.last_seen)"
+)
+_USAGE_ROWS = (
+    f"SELECT session_key, model, {', '.join(_USAGE_COLUMNS)}, last_seen FROM session_usage"
+    " ORDER BY session_key, model"
 )
 
 
@@ -153,6 +180,17 @@ class SQLiteStateStore:
     async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
         """Store (replace) the opaque compaction record ``kind`` of the session."""
         await self._call(self._put_record, session_id, kind, bytes(data))
+
+    async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        """Add ``entry`` to the row of ``(session_key, model)``; see
+        :meth:`proxy.state.store.base.UsageLedger.add_usage`."""
+        if not isinstance(entry, UsageEntry):
+            raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
+        await self._call(self._add_usage, session_key, model, entry)
+
+    async def usage_rows(self) -> list[UsageRow]:
+        """Every usage row, ordered by session key, then model."""
+        return await self._call(self._usage_rows)
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread; idempotent."""
@@ -334,3 +372,18 @@ class SQLiteStateStore:
                 " updated_at = excluded.updated_at",
                 (session_id, kind, data, utc_now().isoformat()),
             )
+
+    def _add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        counters = tuple(getattr(entry, name) for name in _USAGE_COLUMNS)
+        with self._sqlite_errors("add usage") as conn:
+            # A single statement is its own atomic transaction in autocommit mode.
+            conn.execute(_ADD_USAGE, (session_key, model, *counters, usage_stamp()))
+
+    def _usage_rows(self) -> list[UsageRow]:
+        with self._sqlite_errors("read usage") as conn:
+            rows = conn.execute(_USAGE_ROWS).fetchall()
+        return [
+            decode_usage_row(str(key), str(model), dict(zip(_USAGE_COLUMNS, counters,
+                                                            strict=True)), last_seen)
+            for key, model, *counters, last_seen in rows
+        ]
