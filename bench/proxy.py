@@ -68,11 +68,11 @@ from bench.stamped_upstream import CONTEXT_WINDOW, DELAY_HEADER, STAMP_FIELD  # 
 from compactor import CachingCounter, TiktokenCounter  # noqa: E402
 from compactor._fingerprint import strip_cache_control  # noqa: E402
 from proxy.fake_upstream import (  # noqa: E402
-    SUMMARIZER_MARKER,
     FakeUpstream,
     RecordedRequest,
     Reply,
     default_script,
+    is_summarizer_request,
     start_fake_upstream,
 )
 
@@ -1224,7 +1224,7 @@ class SessionUpstream(FakeUpstream):
 
     def _answer(self, body: dict[str, Any], meta: RecordedRequest) -> Reply:
         self.requests.clear()
-        if SUMMARIZER_MARKER in json.dumps(body.get("system")):
+        if is_summarizer_request(body):
             self.summary_calls += 1
         else:
             self._account(body)

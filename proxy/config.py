@@ -84,6 +84,7 @@ __all__ = [
     "ModelPrice",
     "PoliciesConfig",
     "RoleOverride",
+    "SEPARATE_SUMMARY_MODEL",
     "SessionConfig",
     "SourceAccessConfig",
     "SourcesConfig",
@@ -303,20 +304,60 @@ class CompactionConfig(Thresholds, _Section):
     compact_to_ratio: Ratio = 0.7
 
 
+#: The model of a ``separate`` summary call when ``summary.model`` is not set (SPEC §3).
+SEPARATE_SUMMARY_MODEL = "claude-haiku-4-5"
+#: The share of ``summary.context_window_tokens`` one summary call may fill (counts are
+#: estimates: the rest is a margin).
+SUMMARY_WINDOW_SHARE = 0.9
+
+
 @_section("summary")
 class SummaryConfig(_Section):
-    """The L4 summarizer: model and limits of the summary call made through the anthropic SDK.
+    """The L4 summarizer: how the summary call is made through the anthropic SDK, and its limits.
 
-    ``api_key_env`` names the environment variable holding the key for summary calls (the
-    key itself is never part of the config); ``None`` leaves the choice to the summarizer.
+    ``mode`` ``fork`` makes the call the client's own request (its headers, query, ``system``,
+    ``tools`` and model, the conversation as the messages, the summary asked for in a last
+    user turn), so credentials that only serve the client's own requests work and the prompt
+    is read from the provider's cache; ``separate`` sends the span as a JSON transcript under
+    the proxy's own system prompt. ``model`` ``None`` is the client's model (``fork``) or
+    :data:`SEPARATE_SUMMARY_MODEL` (``separate``). ``api_key_env`` names the environment
+    variable holding the key for ``separate`` calls (the key itself is never part of the
+    config); ``None`` uses the caller's own credentials. A call larger than
+    ``context_window_tokens`` (less ``max_tokens`` and a margin) is made in pieces.
     """
 
     enabled: Bool = True
-    model: Text = "claude-haiku-4-5"
+    mode: Literal["fork", "separate"] = "fork"
+    model: Text | None = None
     max_tokens: Positive = 2048
     timeout_s: Seconds = 60.0
     api_key_env: EnvName | None = None
     max_retries: NonNegative = 2
+    context_window_tokens: Positive = 200_000
+
+    @model_validator(mode="after")
+    def _window_holds_an_answer(self) -> SummaryConfig:
+        if self.prompt_budget < 1:
+            raise invalid("context_window_tokens", (
+                f"must leave room for max_tokens ({self.max_tokens}) and a "
+                f"{round((1 - SUMMARY_WINDOW_SHARE) * 100)}% margin, got "
+                f"{self.context_window_tokens}"))
+        return self
+
+    @property
+    def prompt_budget(self) -> int:
+        """The tokens one summary call's prompt may have: the window, less the margin and
+        room for ``max_tokens``."""
+        return int(self.context_window_tokens * SUMMARY_WINDOW_SHARE) - self.max_tokens
+
+    def call_model(self, client_model: str | None) -> str:
+        """The model of a summary call: ``model``, else the client's (``fork``), else
+        :data:`SEPARATE_SUMMARY_MODEL`."""
+        if self.model is not None:
+            return self.model
+        if self.mode == "fork" and client_model:
+            return client_model
+        return SEPARATE_SUMMARY_MODEL
 
 
 @_section("store")

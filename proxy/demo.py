@@ -30,7 +30,7 @@ import anthropic
 from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
-from proxy.fake_upstream.scripts import default_script
+from proxy.fake_upstream.scripts import default_script, is_summarizer_request
 from proxy.logs import configure_logging
 
 __all__ = ["main"]
@@ -121,7 +121,7 @@ class Agent:
 
     def script(self, body: dict[str, Any], meta: RecordedRequest) -> Reply:
         """The fake provider's script: summaries for the summarizer, else the planned turn."""
-        if self.planned is None or "compact-proxy-summarizer" in json.dumps(body.get("system")):
+        if self.planned is None or is_summarizer_request(body):
             return default_script(body, meta)
         return self.planned
 
@@ -247,7 +247,7 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
                     {SUBAGENT_HEADER: "agent-docs-1", "x-compact-session-id": "demo-subagent"})
         upstream.script = agent.script
         summaries = [r for r in upstream.message_requests
-                     if "compact-proxy-summarizer" in json.dumps(r.body.get("system"))]
+                     if r.body is not None and is_summarizer_request(r.body)]
         out.write(f"\nsummary calls made by L4: {len(summaries)}\n")
 
         out.write("\nthe user now pastes a 60,000-line build log into the chat:\n")

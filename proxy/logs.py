@@ -40,7 +40,7 @@ SAFE_KEYS: Final = frozenset({
     # failures: class names and code locations only (``traceback``: frames, see Redactor)
     "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state
-    "layer", "saved", "cached", "summary_model", "durable_items",
+    "layer", "saved", "cached", "summary_model", "durable_items", "mode", "pieces", "joined",
     # what the provider answered: its counts (calibration, recovery, billed usage)
     "provider_input_tokens", "estimate_error", "provider_tokens", "provider_maximum",
     "usage_input", "usage_cache_read", "usage_cache_write", "usage_output",

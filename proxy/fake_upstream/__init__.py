@@ -21,7 +21,13 @@ from .rules import (
     check_count_tokens_request,
     check_messages_request,
 )
-from .scripts import SUMMARIZER_MARKER, Script, default_script, summary_text
+from .scripts import (
+    SUMMARIZER_MARKER,
+    Script,
+    default_script,
+    is_summarizer_request,
+    summary_text,
+)
 from .server import FakeUpstream, run_fake_upstream, start_fake_upstream
 from .signatures import sign_thinking
 
@@ -37,6 +43,7 @@ __all__ = [
     "check_count_tokens_request",
     "check_messages_request",
     "default_script",
+    "is_summarizer_request",
     "redacted_thinking_block",
     "run_fake_upstream",
     "sign_thinking",

@@ -2,9 +2,11 @@
 when the request comes from the proxy's summarizer.
 
 A *script* is any callable ``(body, request_meta) -> Reply`` (or an awaitable of one). The
-default script answers a text naming how many messages it saw; if ``system`` contains
-:data:`SUMMARIZER_MARKER` it answers a summary built only from counts in the input (never from
-its text), so the same input always gets the same summary and no message text is echoed.
+default script answers a text naming how many messages it saw; to a summary call
+(:func:`is_summarizer_request`: :data:`SUMMARIZER_MARKER` in ``system``, or in the last user
+message of a call forked from the client's request) it answers a summary built only from counts
+in the input (never from its text), so the same input always gets the same summary and no
+message text is echoed.
 
 Everything in ``__all__`` gets re-exported.
 """
@@ -19,7 +21,13 @@ from typing import Any, Final
 from .records import RecordedRequest
 from .replies import Reply
 
-__all__ = ["SUMMARIZER_MARKER", "Script", "default_script", "summary_text"]
+__all__ = [
+    "SUMMARIZER_MARKER",
+    "Script",
+    "default_script",
+    "is_summarizer_request",
+    "summary_text",
+]
 
 SUMMARIZER_MARKER: Final = "compact-proxy-summarizer"
 SUMMARY_HEADINGS: Final = ("Intent", "Decisions", "Files and commands", "Errors", "Open work")
@@ -33,23 +41,32 @@ Script = Callable[[dict[str, Any], RecordedRequest], "Reply | Awaitable[Reply]"]
 
 def default_script(body: dict[str, Any], request_meta: RecordedRequest) -> Reply:
     """Answer a summary for the summarizer, otherwise a short text naming the message count."""
-    if _is_summarizer_request(body):
+    if is_summarizer_request(body):
         return Reply.text(summary_text(body))
     count = len(body.get("messages") or ())
     noun = "message" if count == 1 else "messages"
     return Reply.text(f"Fake upstream reply: I saw {count} {noun}.")
 
 
-def _is_summarizer_request(body: Mapping[str, Any]) -> bool:
+def is_summarizer_request(body: Mapping[str, Any]) -> bool:
+    """Whether ``body`` is one of the proxy's summary calls: :data:`SUMMARIZER_MARKER` in
+    ``system`` (the proxy's own prompt), or in the text of the last ``user`` message (a call
+    forked from the client's request keeps the client's ``system`` and asks for the summary
+    in a last user turn)."""
     system = body.get("system")
-    if isinstance(system, str):
-        return SUMMARIZER_MARKER in system
-    if isinstance(system, list):
-        return any(
-            isinstance(block, Mapping) and SUMMARIZER_MARKER in str(block.get("text", ""))
-            for block in system
-        )
-    return False
+    if isinstance(system, str) and SUMMARIZER_MARKER in system:
+        return True
+    if isinstance(system, list) and any(
+        isinstance(block, Mapping) and SUMMARIZER_MARKER in str(block.get("text", ""))
+        for block in system
+    ):
+        return True
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    last_user = next((m for m in reversed(messages)
+                      if isinstance(m, Mapping) and m.get("role") == "user"), None)
+    return last_user is not None and any(SUMMARIZER_MARKER in t for t in _texts([last_user]))
 
 
 def _texts(messages: Sequence[Any]) -> Iterator[str]:

@@ -63,14 +63,21 @@ def test_defaults_are_the_spec_values() -> None:
         c.token_counter,
     ) == (80_000, 120_000, 5_000, 6, 4, "tiktoken")
     s = config.summary
-    assert (s.enabled, s.model, s.max_tokens, s.timeout_s, s.api_key_env, s.max_retries) == (
+    assert (s.enabled, s.mode, s.model, s.max_tokens, s.timeout_s, s.api_key_env,
+            s.max_retries, s.context_window_tokens) == (
         True,
-        "claude-haiku-4-5",
+        "fork",
+        None,
         2048,
         60,
         None,
         2,
+        200_000,
     )
+    # Unset, the model is the client's in fork mode and the SPEC's Haiku in separate mode.
+    assert s.call_model("claude-sonnet-4-5") == "claude-sonnet-4-5"
+    separate = Config.from_mapping({**UPSTREAM, "summary": {"mode": "separate"}}).summary
+    assert separate.call_model("claude-sonnet-4-5") == "claude-haiku-4-5"
     assert (config.store.backend, config.store.path, config.store.url) == (
         "sqlite",
         "./compact-proxy-state/state.db",
@@ -232,6 +239,9 @@ ERRORS: list[tuple[str, str, str]] = [
     ("summary: {max_tokens: 0}", "summary.max_tokens", "must be at least 1"),
     ("summary: {timeout_s: 0}", "summary.timeout_s", "positive number"),
     ("summary: {max_retries: -1}", "summary.max_retries", "must be at least 0"),
+    ("summary: {mode: forked}", "summary.mode", "must be one of fork, separate"),
+    ("summary: {context_window_tokens: 2000}", "summary.context_window_tokens",
+     "must leave room for max_tokens (2048)"),
     ("policies: {roles: {subagent: {max_tool_result_tokens: 0}}}",
      "policies.roles.subagent.max_tool_result_tokens", "must be at least 1"),
     # soft below hard, also for role overrides

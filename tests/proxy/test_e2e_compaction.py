@@ -11,7 +11,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from proxy.fake_upstream import SUMMARIZER_MARKER, Reply, cache_control_count
+from proxy.fake_upstream import Reply, cache_control_count, is_summarizer_request
 from tests.conftest import (
     PROMPT_MARKER,
     TEST_API_KEY,
@@ -54,13 +54,13 @@ def read_turns(count: int, result_chars: int = 3000) -> list[Any]:
 def forwarded(upstream_server: UpstreamServer) -> list[dict[str, Any]]:
     """The bodies of the /v1/messages calls the provider got that were not summary calls."""
     return [r.body for r in upstream_server.upstream.message_requests
-            if SUMMARIZER_MARKER not in json.dumps(r.body.get("system"))]
+            if not is_summarizer_request(r.body)]
 
 
 def summary_calls(upstream_server: UpstreamServer) -> list[Any]:
-    """The recorded summary calls (their ``system`` carries the summarizer marker)."""
+    """The recorded summary calls (the summarizer marker in ``system`` or the last user turn)."""
     return [r for r in upstream_server.upstream.message_requests
-            if SUMMARIZER_MARKER in json.dumps(r.body.get("system"))]
+            if is_summarizer_request(r.body)]
 
 
 def test_corpus_conversation_is_compacted_and_accepted_by_the_provider(
@@ -289,9 +289,10 @@ SUMMARY_POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
 def test_l4_summary_comes_from_the_provider_once_then_from_the_cache(
     proxy_factory: ProxyFactory, upstream_server: UpstreamServer
 ) -> None:
-    """L4 calls the provider (marker in system, transcript as the user message, the caller's
-    key) once; the same history again is summarised from the cache."""
-    proxy = proxy_factory({"compaction": SUMMARY_POLICY})
+    """``summary.mode: separate``: L4 calls the provider (marker in system, transcript as the
+    user message, Haiku, the caller's key) once; the same history again is summarised from
+    the cache."""
+    proxy = proxy_factory({"compaction": SUMMARY_POLICY, "summary": {"mode": "separate"}})
     messages = read_turns(12)
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
@@ -338,8 +339,10 @@ def test_failed_summary_keeps_the_history_and_the_request_still_succeeds(
     failed = [line for line in lines if line["event"] == "summary_failed"]
     assert len(failed) == 1
     assert failed[0]["error_class"] == "InternalServerError"
+    assert failed[0]["mode"] == "fork"
     assert set(failed[0]) <= {"timestamp", "level", "event", "request_id", "session_id", "tenant",
-                              "error_class"}
+                              "error_class", "mode", "summary_model", "pieces", "usage_input",
+                              "usage_cache_read", "usage_cache_write", "usage_output"}
 
 
 def test_failed_summary_over_the_hard_limit_is_blocked(
@@ -412,12 +415,15 @@ def test_sticky_compaction_reuses_the_compacted_prefix_across_requests_and_resta
     assert third == second
 
 
+@pytest.mark.parametrize("mode", ["separate", "fork"])
 def test_durable_state_never_enters_a_summary_or_a_summary_merge(
-    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, mode: str
 ) -> None:
     """Across several L4 crossings (each merging the previous summary with newly aged-out
-    messages), no summary call carries the durable facts, while every forwarded request does."""
-    proxy = proxy_factory({"compaction": SUMMARY_POLICY},
+    messages), no summary call carries the durable facts in what it summarises, while every
+    forwarded request does. A separate call never carries them at all; a forked one has them
+    only in ``system``, exactly as the request it forks was forwarded."""
+    proxy = proxy_factory({"compaction": SUMMARY_POLICY, "summary": {"mode": mode}},
                           admin_token="admin-e2e-token-merge-9c1d")
     marker = "DURABLE-FACT-ONLY-IN-SYSTEM-41b7"
     admin_put(proxy, "merge-1", {"facts": [{
@@ -441,9 +447,13 @@ def test_durable_state_never_enters_a_summary_or_a_summary_merge(
     calls = summary_calls(upstream_server)
     assert len(calls) >= 2  # at least one merge of a previous summary with new messages
     assert any("compact-proxy-summary" in json.dumps(c.body["messages"]) for c in calls[1:])
-    assert all(marker not in json.dumps(c.body) for c in calls)
+    assert all(marker not in json.dumps(c.body["messages"]) for c in calls)
     sent = forwarded(upstream_server)
     assert sent and all(marker in json.dumps(body["system"]) for body in sent)
+    if mode == "separate":
+        assert all(marker not in json.dumps(c.body) for c in calls)
+    else:
+        assert all(c.body["system"] == sent[0]["system"] for c in calls)
 
 
 def test_parallel_conversations_in_one_session_keep_their_own_sticky_prefix(
