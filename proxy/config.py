@@ -302,6 +302,9 @@ class CompactionConfig(Thresholds, _Section):
     token_counter: Literal["tiktoken", "chars4"] = "tiktoken"
     sticky: Bool = True
     compact_to_ratio: Ratio = 0.7
+    #: Compare thresholds with the counted tokens times the factor learnt from the
+    #: provider's own counts (``usage``) per session and model (proxy.state.calibration).
+    calibration: Bool = True
 
 
 #: The model of a ``separate`` summary call when ``summary.model`` is not set (SPEC §3).
@@ -492,6 +495,10 @@ def _price(input: float, cache_write: float, cache_read: float, output: float) -
     return ModelPrice(input=input, cache_write=cache_write, cache_read=cache_read, output=output)
 
 
+#: What may follow a model family in a model name of that family: a snapshot date, ``-latest``
+#: or a provider's version tag (``@20251101``, ``-v1:0``).
+_SNAPSHOT_SUFFIX: Final = re.compile(r"(-\d{8}|-latest|@\d{8}|-v\d+(:\d+)?)+")
+
 #: The built-in price table (Anthropic's list prices, USD per million tokens): model family
 #: (a prefix of model names) -> its price. Edit here when prices change; a deployment
 #: overrides or extends it with the ``prices`` section.
@@ -629,11 +636,15 @@ class Config(_Section):
         return self._source_access
 
     def price_for(self, model: str) -> ModelPrice | None:
-        """The price of ``model``: that of the longest family in ``prices`` that begins its
-        name (``claude-opus-4-5-20251101`` -> ``claude-opus-4-5``); ``None`` when none does."""
-        family = max((name for name in self.prices if model.startswith(name)), key=len,
-                     default=None)
-        return None if family is None else self.prices[family]
+        """The price of ``model``: that of the family it is, or a dated or ``-latest``
+        snapshot of (``claude-opus-4-5-20251101`` -> ``claude-opus-4-5``); ``None`` when it
+        is none of them. A newer model (``claude-opus-4-6``) is never priced as an older
+        family it only begins with (``claude-opus-4``): it shows as unpriced instead."""
+        for family in sorted(self.prices, key=len, reverse=True):
+            if model == family or (model.startswith(family)
+                                   and _SNAPSHOT_SUFFIX.fullmatch(model[len(family):])):
+                return self.prices[family]
+        return None
 
     def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API

@@ -654,9 +654,13 @@ def test_user_prices_replace_their_family_and_add_new_ones(tmp_path: Path) -> No
     assert len(config.prices) == len(DEFAULT_PRICES) + 2
     assert config.price_for("my-model-v2") == ModelPrice(input=1.5, cache_write=2,
                                                          cache_read=0.1, output=6)
-    assert config.price_for("claude-opus-4-5-fast-1") == ModelPrice(input=0, cache_write=0,
-                                                                    cache_read=0, output=1)
-    assert config.price_for("claude-opus-4-5-2025").input == 4  # type: ignore[union-attr]
+    assert config.price_for("claude-opus-4-5-fast-20260101") == ModelPrice(
+        input=0, cache_write=0, cache_read=0, output=1)
+    assert config.price_for("claude-opus-4-5-20251101").input == 4  # type: ignore[union-attr]
+    # A model that only begins with a family is another model: unpriced, never mispriced.
+    assert config.price_for("claude-opus-4-5-fast-1") is None
+    assert config.price_for("claude-opus-4-6") is None
+    assert config.price_for("claude-opus-4-20250514") == DEFAULT_PRICES["claude-opus-4"]
     with pytest.raises(TypeError):
         config.prices["x"] = OPUS_4_5  # type: ignore[index]
     data = config.as_dict()
