@@ -32,6 +32,7 @@ from typing import (
     Annotated,
     Any,
     ClassVar,
+    Final,
     Literal,
     TypeVar,
     Union,

@@ -67,6 +67,7 @@ from proxy.keys import (
     TENANTS,
     USAGE_LEDGER,
 )
+from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
     CallerCredentials,
@@ -74,6 +75,7 @@ from proxy.state.summarizer import (
     Summarizer,
     summary_source,
 )
+from proxy.state.usage import ProviderUsage
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
@@ -141,7 +143,7 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
     return DurableContext(stored.state, text)
 
 
-def _summarizer(request: web.Request, policy: CompactionPolicy, tenant: str,
+def _summarizer(request: web.Request, policy: CompactionPolicy, session: SessionRef,
                 may_call_model: bool, body: dict[str, Any],
                 durable: DurableContext) -> Summarizer | None:
     """The request's L4 summarizer: the summary cache, and (``/v1/messages``) the provider,
@@ -160,10 +162,16 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, tenant: str,
         fork = ForkSource.from_request(headers.items(), request.query_string, body,
                                        system=system)
     metrics = app[METRICS]
+
+    def on_usage(model: str, usage: ProviderUsage) -> None:
+        # Billed under the model that made the summary (its own price in the report).
+        metrics.observe_provider_usage(usage, summary=True)
+        _in_background(app, app[USAGE_LEDGER].add_usage(
+            session.key, model, Accounting.summary_entry(usage)))
+
     return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
-                          tenant=tenant, fork=fork, counter=app[COUNTER], metrics=metrics,
-                          on_usage=lambda model, usage: metrics.observe_provider_usage(
-                              usage, summary=True))
+                          tenant=session.tenant, fork=fork, counter=app[COUNTER],
+                          metrics=metrics, on_usage=on_usage)
 
 
 def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:
@@ -219,7 +227,7 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
             messages,
             durable.state,
             policy=plan.policy,
-            summarizer=_summarizer(request, plan.policy, session.tenant, may_call_model,
+            summarizer=_summarizer(request, plan.policy, session, may_call_model,
                                    body, durable),
             counter=app[COUNTER],
             options=compactor.CompactionOptions(
