@@ -47,6 +47,8 @@ COMPACTION: Final = {
     "summary_keep_recent": 4,
     "token_counter": "tiktoken",
 }
+PROVIDER_TOKEN_RATIO: Final = 1.3
+PROVIDER_TOKEN_NOISE: Final = 0.1
 # Claude Code marks its subagents with this header; the demo's subagent role has L4 off, so
 # its history is pruned by L3 instead of summarised.
 SUBAGENT_HEADER: Final = "x-claude-code-agent-id"
@@ -126,12 +128,14 @@ class Agent:
         return self.planned
 
 
-def _print_row(out: TextIO, n: int, headers: Any, note: str, upstream_messages: int) -> None:
+def _print_row(out: TextIO, n: int, headers: Any, note: str, upstream_messages: int,
+               provider_tokens: int) -> None:
     before = int(headers.get("x-compact-tokens-before", "0"))
     after = int(headers.get("x-compact-tokens-after", "0"))
     layers = headers.get("x-compact-layers", "") or "-"
-    out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens   layers {layers:<12} "
-              f"upstream saw {upstream_messages:>3} messages   ({note})\n")
+    out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens (provider counted "
+              f"{provider_tokens:>6,})   layers {layers:<12} upstream saw "
+              f"{upstream_messages:>3} messages   ({note})\n")
 
 
 async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> None:
@@ -177,8 +181,11 @@ async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
             model=MODEL, max_tokens=1024, messages=messages, extra_headers=headers)
         message = await raw.parse()
         seen_layers.update(filter(None, raw.headers.get("x-compact-layers", "").split(",")))
+        usage = message.usage
         _print_row(out, n, raw.headers, step.note,
-                   len(upstream.message_requests[-1].body["messages"]))
+                   len(upstream.message_requests[-1].body["messages"]),
+                   usage.input_tokens + (usage.cache_read_input_tokens or 0)
+                   + (usage.cache_creation_input_tokens or 0))
         content = [b.model_dump(exclude_none=True) for b in message.content]
         agent.history.append({"role": "assistant", "content": content})
         agent.history.append({"role": "user", "content": [
@@ -189,7 +196,10 @@ async def _run(out: TextIO) -> int:
     token = secrets.token_hex(16)
     os.environ[ADMIN_TOKEN_ENV] = token
     agent = Agent()
-    upstream = FakeUpstream(script=agent.script)
+    # The provider counts with its own tokenizer (here 1.3 x characters / 4, +-10 % per
+    # block): the proxy learns the ratio from its answers (compaction.calibration).
+    upstream = FakeUpstream(script=agent.script, token_ratio=PROVIDER_TOKEN_RATIO,
+                            token_noise=PROVIDER_TOKEN_NOISE)
     upstream_runner, upstream_url = await start_fake_upstream(upstream)
     with tempfile.TemporaryDirectory(prefix="compact-proxy-demo-") as tmp:
         root = Path(tmp)
@@ -221,6 +231,8 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     out.write(f"thresholds: soft {COMPACTION['soft_threshold_tokens']:,}  hard "
               f"{COMPACTION['hard_limit_tokens']:,}  L1 cuts tool results over "
               f"{COMPACTION['max_tool_result_tokens']:,} tokens\n")
+    out.write(f"the provider counts tokens its own way ({PROVIDER_TOKEN_RATIO} x characters / 4): "
+              "after its first answer the proxy's figures are calibrated to its counts\n")
     await _write_durable_fact(proxy_url, token, root / "transcripts")
     out.write("admin API: wrote 1 durable fact and 1 pending item for session "
               f"{SESSION_ID!r}\n\n")
