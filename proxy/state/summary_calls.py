@@ -4,9 +4,10 @@ Pure: no I/O. :func:`plan_calls` turns a :class:`compactor.SummaryRequest` into 
 that obtain its summary:
 
 * ``fork`` (a :class:`ForkSource` given): one call that *is* the client's request — its
-  ``system``, ``tools``, ``tool_choice`` and ``metadata``, the conversation up to the kept
-  turns as the messages (one cache breakpoint added on its last block when the request then
-  has at most four), and the summary asked for in a last user turn;
+  ``system``, ``tools``, ``tool_choice`` (``none`` instead of one that forces a tool call) and
+  ``metadata``, the conversation up to the kept turns as the messages (one cache breakpoint
+  added on its last block when the request then has at most four), and the summary asked for
+  in a last user turn;
 * ``separate``: one call with the proxy's own system prompt and the span as a JSON transcript.
 
 When that call would not fit the model's window, the transcript (``conversation[1:]`` in fork
@@ -141,6 +142,8 @@ _EPHEMERAL: Final = {"type": "ephemeral"}
 # bytes are no use as text): as the compactor does for the span it hands over.
 _DROPPED: Final = ("thinking", "redacted_thinking")
 _OMITTED: Final = ("image", "document", "search_result", "tool_reference", "container_upload")
+# ``tool_choice`` types that force a tool call, which a summary must not make.
+_FORCING: Final = ("any", "tool")
 # Blocks that never carry a cache breakpoint of ours.
 _UNMARKED: Final = _DROPPED
 # Framing of a piece's transcript (brackets, commas) and of a call, in tokens.
@@ -207,11 +210,19 @@ def _user_turn(text: str) -> Message:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
+def _tool_choice(choice: Any) -> Any:
+    """The client's ``tool_choice``, unless it forces a tool call (``any``, ``tool``): a
+    summary is text, so that one becomes ``none``."""
+    if isinstance(choice, Mapping) and choice.get("type") in _FORCING:
+        return {"type": "none"}
+    return choice
+
+
 def _forked(source: ForkSource, messages: Sequence[Message]) -> SummaryCall:
     """A call with ``messages`` and the client's ``system``, ``tools``, ``tool_choice`` and
     ``metadata``."""
     return SummaryCall(tuple(messages), system=source.system, tools=source.tools,
-                       tool_choice=source.tool_choice, metadata=source.metadata)
+                       tool_choice=_tool_choice(source.tool_choice), metadata=source.metadata)
 
 
 # -- cache breakpoints --------------------------------------------------------------------------

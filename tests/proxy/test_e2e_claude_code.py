@@ -7,6 +7,10 @@ every layer runs inside that one turn; the provider refuses any view whose turn 
 longer starts with its thinking block (it did so on the third request before the fix). The CLI
 must finish the task with every request accepted.
 
+L4's summary call is forked from Claude Code's own request (``summary.mode: fork``), so it runs
+with an API key and with a subscription login alike (``CLAUDE_CODE_OAUTH_TOKEN``: a bearer
+``sk-ant-oat…`` the provider serves only with the OAuth beta and Claude Code's system prompt).
+
 `bash .ci/run` installs the CLI (`npm install @anthropic-ai/claude-code` under `.ci/node`); the
 test looks for it there, in ``$COMPACT_PROXY_CLAUDE`` or on ``PATH``.
 """
@@ -22,13 +26,16 @@ from typing import Any
 
 import pytest
 
-from proxy.fake_upstream import Reply, thinking_block
+from proxy.fake_upstream import Reply, is_summarizer_request, thinking_block
 from proxy.fake_upstream.records import RecordedRequest
+from proxy.fake_upstream.rules import check_claude_code_identity, check_oauth_beta
 from proxy.fake_upstream.scripts import default_script
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, read_log
 
 STEPS = 14
 REPO = Path(__file__).resolve().parents[2]
+#: A Claude Code subscription login (Pro/Max) as ``CLAUDE_CODE_OAUTH_TOKEN`` holds it.
+OAUTH_TOKEN = "sk-ant-oat01-e2e-claude-code-login-0123456789abcdef"
 
 
 def _claude() -> str | None:
@@ -45,10 +52,6 @@ pytestmark = pytest.mark.skipif(CLAUDE is None, reason="the Claude Code CLI is n
                                 "(bash .ci/run installs it under .ci/node)")
 
 
-def _is_summary_call(body: dict[str, Any]) -> bool:
-    return "compact-proxy-summarizer" in json.dumps(body.get("system"))
-
-
 class ToolLoop:
     """The model's side of a ``STEPS``-step task: one Bash call per answer, thinking only on
     the turn's first answer (no interleaved thinking), then a closing text."""
@@ -57,7 +60,7 @@ class ToolLoop:
         self.steps = 0
 
     def __call__(self, body: dict[str, Any], meta: RecordedRequest) -> Reply:
-        if _is_summary_call(body):
+        if is_summarizer_request(body):
             return default_script(body, meta)
         last = body["messages"][-1]
         in_loop = isinstance(last["content"], list) and any(
@@ -74,9 +77,12 @@ class ToolLoop:
         return Reply(content=blocks, stop_reason="tool_use")
 
 
-def test_claude_code_finishes_a_long_thinking_tool_loop_through_the_proxy(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
-        tmp_path: Path) -> None:
+def run_tool_loop(proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
+                  proxy_log: Path, tmp_path: Path, credential: dict[str, str]
+                  ) -> tuple[list[RecordedRequest], list[dict[str, Any]]]:
+    """Run the ``STEPS``-step task with ``claude -p`` logged in by ``credential`` (its
+    environment variables); the CLI must finish it with every request accepted. Returns the
+    summary calls the provider got and the proxy's log lines of the session."""
     loop = ToolLoop()
     upstream_server.upstream.script = loop
     proxy = proxy_factory({"compaction": {
@@ -85,7 +91,7 @@ def test_claude_code_finishes_a_long_thinking_tool_loop_through_the_proxy(
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
-           "ANTHROPIC_BASE_URL": proxy.base_url, "ANTHROPIC_API_KEY": TEST_API_KEY,
+           "ANTHROPIC_BASE_URL": proxy.base_url, **credential,
            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
     assert CLAUDE is not None
@@ -98,16 +104,53 @@ def test_claude_code_finishes_a_long_thinking_tool_loop_through_the_proxy(
     assert outcome.get("terminal_reason") == "completed", outcome
     assert loop.steps == STEPS
 
-    requests = [r for r in upstream_server.upstream.message_requests
-                if r.body is not None and not _is_summary_call(r.body)]
+    recorded = upstream_server.upstream.message_requests
+    requests = [r for r in recorded if r.body is not None and not is_summarizer_request(r.body)]
     assert len(requests) == STEPS + 1
     assert all(r.body.get("thinking", {}).get("type") in ("enabled", "adaptive")
                for r in requests)
     sessions = {r.headers.get("x-claude-code-session-id") for r in requests}
     assert len(sessions) == 1 and None not in sessions
-    completed = [line for line in read_log(proxy_log) if line.get("event") == "request_completed"
-                 and line.get("route") == "messages" and line.get("session_id") in sessions]
+    lines = [line for line in read_log(proxy_log) if line.get("session_id") in sessions]
+    completed = [line for line in lines if line.get("event") == "request_completed"
+                 and line.get("route") == "messages"]
     assert len(completed) == STEPS + 1
     assert {line["status"] for line in completed} == {200}
     layers = {layer for line in completed for layer in line["layers"]}
     assert {"L1", "L4"} <= layers  # compacted inside the one turn, summary included
+    # Every summary call was answered (a refused one logs summary_failed, and no L4).
+    calls = [r for r in recorded if r.body is not None and is_summarizer_request(r.body)]
+    ready = [line for line in lines if line.get("event") == "summary_ready"
+             and not line.get("cached")]
+    assert calls and len(ready) == len(calls)
+    assert not [line for line in lines if line.get("event") == "summary_failed"]
+    for call in calls:  # forked: Claude Code's own request, without its thinking
+        assert call.query_string == requests[0].query_string
+        assert call.body["system"] == requests[0].body["system"]
+        assert call.body["tools"] == requests[0].body["tools"]
+        assert "thinking" not in call.body
+    return calls, lines
+
+
+def test_claude_code_finishes_a_long_thinking_tool_loop_through_the_proxy(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
+        tmp_path: Path) -> None:
+    calls, _ = run_tool_loop(proxy_factory, upstream_server, proxy_log, tmp_path,
+                             {"ANTHROPIC_API_KEY": TEST_API_KEY})
+    assert all(call.api_key == TEST_API_KEY for call in calls)
+
+
+def test_claude_code_with_a_subscription_login_gets_its_l4_summaries(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
+        tmp_path: Path) -> None:
+    """``CLAUDE_CODE_OAUTH_TOKEN`` and no API key: the CLI sends ``Authorization: Bearer
+    sk-ant-oat…``, the OAuth beta and its own system prompt; L4's forked summary calls carry
+    all three and pass the provider's OAuth rules."""
+    calls, _ = run_tool_loop(proxy_factory, upstream_server, proxy_log, tmp_path,
+                             {"CLAUDE_CODE_OAUTH_TOKEN": OAUTH_TOKEN})
+    for call in calls:
+        authorization = call.headers["authorization"]
+        assert authorization == f"Bearer {OAUTH_TOKEN}" and "x-api-key" not in call.headers
+        assert "oauth-2025-04-20" in call.headers["anthropic-beta"]
+        check_oauth_beta(authorization, call.headers["anthropic-beta"])
+        check_claude_code_identity(authorization, call.body)

@@ -113,6 +113,14 @@ def test_the_breakpoint_is_added_only_while_the_request_keeps_at_most_four() -> 
     assert "cache_control" not in call.messages[-2]["content"][-1]
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "Read"}])
+def test_a_tool_choice_that_forces_a_call_becomes_none(choice: dict[str, Any]) -> None:
+    source = ForkSource(system=SYSTEM, tools=TOOLS, tool_choice=choice)
+    forked = fork_call(source, conversation(1))
+    assert forked is not None and forked.tool_choice == {"type": "none"}
+    assert merge_call(source, ["a", "b"]).tool_choice == {"type": "none"}
+
+
 def test_a_string_content_takes_its_breakpoint_as_a_text_block() -> None:
     call = fork_call(SOURCE, [{"role": "user", "content": "hello"}])
     assert call is not None
