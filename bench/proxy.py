@@ -188,7 +188,7 @@ SESSION_THRESHOLDS: Final = Thresholds(soft_threshold_tokens=40_000, hard_limit_
 #: For the smoke test; the soft threshold sits above system + tools (~3.8k tokens), so a
 #: compacted view can get below it.
 TINY_THRESHOLDS: Final = Thresholds(soft_threshold_tokens=8_000, hard_limit_tokens=60_000,
-                                    max_tool_result_tokens=600, keep_recent_messages=16,
+                                    max_tool_result_tokens=600, keep_recent_messages=40,
                                     summary_keep_recent=4)
 
 
