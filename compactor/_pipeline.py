@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies import CompactionPolicy
 
-from ._errors import MessageViewLimitExceeded
+from ._errors import MessageViewLimitExceeded, ToolProtocolError
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import drop_superseded_reads
 from ._l3_prune import prune_old_messages
@@ -186,6 +186,7 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
     ``stop_below``."""
     outcomes: list[LayerOutcome] = []
     stale = False
+    entry = view
     before, before_interactions = view, interactions
     for layer in LAYERS:
         if view.total() < stop_below:
@@ -201,11 +202,32 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
         return view, outcomes, None
     # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
     # would have dropped is summarised rather than lost.
-    return (yield from _summarise(before, before_interactions, view, policy, outcomes))
+    return (yield from _summarise(before, before_interactions, view, policy, outcomes, entry))
+
+
+def _as_sent(request: SummaryRequest, base: View, entry: View) -> SummaryRequest:
+    """``request`` with its conversation taken from ``entry`` (the view before this request's
+    cheap layers ran: the previous request's forwarded view plus the new messages, so a
+    prefix the provider has cached) up to the same kept message, when that cut is a whole
+    exchange; otherwise as it is. A summary forked from it reads the cache instead of writing
+    it again where L1 or L2 changed an older message (it then also sees what they dropped)."""
+    cut = len(request.conversation)
+    if cut >= len(base.messages) or entry is base:
+        return request
+    boundary = base.messages[cut]
+    index = next((i for i, m in enumerate(entry.messages) if m is boundary), None)
+    if index is None or index <= cut:
+        return request
+    candidate = entry.messages[:index]
+    try:
+        validate_tool_protocol(candidate)
+    except ToolProtocolError:
+        return request
+    return replace(request, conversation=tuple(candidate))
 
 
 def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
-               policy: CompactionPolicy, outcomes: list[LayerOutcome],
+               policy: CompactionPolicy, outcomes: list[LayerOutcome], entry: View,
                ) -> Generator[SummaryRequest, str | None,
                               tuple[View, list[LayerOutcome], SummaryRequest | None]]:
     """L4: ``base`` with its old middle summarised, if that beats ``pruned`` (L3's view)."""
@@ -217,14 +239,15 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
     if plan is None:
         unchanged("nothing to summarise")
         return pruned, outcomes, None
-    text = yield plan.request
+    request = _as_sent(plan.request, base, entry)
+    text = yield request
     if not isinstance(text, str) or not text.strip():
         unchanged("no summary: view kept")
-        return pruned, outcomes, plan.request
+        return pruned, outcomes, request
     summarised = apply_summary(base, plan, text)
     if summarised.total() >= pruned.total():
         unchanged("summary not smaller: view kept")
-        return pruned, outcomes, plan.request
+        return pruned, outcomes, request
     outcomes.append(LayerOutcome("L4", pruned.total(), summarised.total(),
                                  pruned.total() - summarised.total(),
                                  plan.request.message_count, True))
@@ -232,7 +255,7 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
     if l3.layer == "L3" and l3.applied:
         outcomes[-2] = LayerOutcome(l3.layer, l3.tokens_before, l3.tokens_after, l3.saved,
                                     l3.changed, False, "superseded by L4")
-    return summarised, outcomes, plan.request
+    return summarised, outcomes, request
 
 
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -195,3 +196,31 @@ def test_a_token_scale_moves_every_threshold_comparison_to_the_providers_figures
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="token_scale"):
             CompactionOptions(token_scale=bad)
+
+
+async def test_the_summarys_conversation_is_the_history_as_it_was_sent() -> None:
+    """L2 drops an early superseded read before L4 runs; the conversation handed to the
+    summariser is still the client's own history up to the kept turns (a prefix the provider
+    has cached), not the view L2 left, while the span summarised is the view's."""
+    from .builders import read_call, tool_result
+
+    messages: list = [user("Refactor app.py")]
+    messages += [assistant(read_call("r0", "/src/app.py")), user(tool_result("r0", "v1 " * 300))]
+    for n in range(8):
+        messages += exchange(f"t{n}", "log " * 300)
+    messages += [assistant(read_call("r9", "/src/app.py")), user(tool_result("r9", "v2 " * 300))]
+    seen: list[SummaryRequest] = []
+
+    async def summarise(request: SummaryRequest) -> str:
+        seen.append(request)
+        return "summary"
+
+    result = await compact_context_async(
+        messages, None, policy=_policy(1_000, max_tool_result_tokens=5_000,
+                                       keep_recent_messages=40, summary_keep_recent=4),
+        summarizer=summarise, options=CompactionOptions(copy=False))
+    assert "L2" in result.layers_applied and "L4" in result.layers_applied
+    conversation = list(seen[0].conversation)
+    assert conversation == messages[: len(conversation)]
+    assert all(a is b for a, b in zip(conversation, messages, strict=False))
+    assert '"r0"' in json.dumps(conversation) and '"r0"' not in seen[0].messages_json
