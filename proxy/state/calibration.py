@@ -12,9 +12,9 @@ An agent's next view is its last one plus a little, so the last view's ratio pre
 one best: the factor is the session's latest ratio that lies within :data:`OUTLIER_SPREAD` of
 the median of its last :data:`SESSION_WINDOW` ratios (one odd answer is not followed; a shift
 that persists moves the median and is followed after a few answers). A ratio outside
-[:data:`MIN_FACTOR`, :data:`MAX_FACTOR`] is ignored (a broken count is never followed). A
-session without observations starts from its model's fleet-wide factor: the median over the
-last :data:`FLEET_WINDOW` ratios of every session of that model.
+[:data:`MIN_FACTOR`, :data:`MAX_FACTOR`] is ignored (a broken count is never followed). What a
+session has not taught yet comes from its model's fleet: the medians of the last
+:data:`FLEET_WINDOW` ratios (whole view, fixed part, messages) of every session of that model.
 
 A refusal ``prompt is too long: N tokens > M maximum`` teaches two things: the ratio of that
 view (N over its estimate) and the model's context window M. :func:`clamp_to_window` keeps
@@ -80,6 +80,20 @@ class _Session:
     messages: deque[float] = field(default_factory=lambda: deque(maxlen=SESSION_WINDOW))
 
 
+def _window() -> deque[float]:
+    return deque(maxlen=FLEET_WINDOW)
+
+
+@dataclass
+class _Fleet:
+    """What every session of one model taught: recent whole-view, fixed-part and messages'
+    ratios (a new session starts from their medians)."""
+
+    ratios: deque[float] = field(default_factory=_window)
+    reserved: deque[float] = field(default_factory=_window)
+    messages: deque[float] = field(default_factory=_window)
+
+
 def _followed(ratios: deque[float]) -> float:
     """The newest ratio near the median of ``ratios`` (the median when none is)."""
     median = statistics.median(ratios)
@@ -105,22 +119,30 @@ class Calibration:
 
     def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
         self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(maxsize=max_sessions)
-        self._fleet: dict[str, deque[float]] = {}
+        self._fleet: dict[str, _Fleet] = {}
         self._windows: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def factors(self, session_key: str, model: str) -> tuple[float, float]:
         """The provider's tokens per counted token of the fixed part and of the messages, for
-        this session and model; a session not seen yet starts from the model's fleet-wide
-        whole-view median (1 for a model never seen)."""
+        this session and model. What the session has not taught yet comes from the model's
+        fleet (the medians over every session's recent ratios), else 1."""
         with self._lock:
+            fleet = self._fleet.get(model)
+            whole = statistics.median(fleet.ratios) if fleet and fleet.ratios else 1.0
+            fleet_reserved = (statistics.median(fleet.reserved) if fleet and fleet.reserved
+                              else whole)
+            fleet_messages = (statistics.median(fleet.messages) if fleet and fleet.messages
+                              else whole)
             session = self._sessions.get((session_key, model))
             if session is None or not session.ratios:
-                fleet = self._fleet.get(model)
-                factor = statistics.median(fleet) if fleet else 1.0
-                return factor, factor
-            whole = _followed(session.ratios)
-            messages = _followed(session.messages) if session.messages else whole
+                return fleet_reserved, fleet_messages
+            if session.messages:
+                messages = _followed(session.messages)
+            elif session.reserved is not None and fleet and fleet.messages:
+                messages = fleet_messages
+            else:
+                messages = _followed(session.ratios)
             return (session.reserved if session.reserved is not None else messages), messages
 
     def factor(self, session_key: str, model: str) -> float:
@@ -144,9 +166,12 @@ class Calibration:
             if session is None:
                 session = _Session()
                 self._sessions[(session_key, model)] = session
+            fleet = self._fleet.setdefault(model, _Fleet())
             session.ratios.append(ratio)
+            fleet.ratios.append(ratio)
             if reserved >= FIXED_SHARE * counted:
                 session.reserved = ratio
+                fleet.reserved.append(ratio)
             messages = counted - reserved
             if session.reserved is None:
                 session.messages.append(ratio)
@@ -154,7 +179,7 @@ class Calibration:
                 part = (provider - session.reserved * reserved) / messages
                 if MIN_FACTOR <= part <= MAX_FACTOR:
                     session.messages.append(part)
-            self._fleet.setdefault(model, deque(maxlen=FLEET_WINDOW)).append(ratio)
+                    fleet.messages.append(part)
         return ratio
 
     def window(self, model: str) -> int | None:

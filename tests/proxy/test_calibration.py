@@ -81,3 +81,16 @@ def test_the_window_is_learnt_and_clamps_the_thresholds() -> None:
     assert (clamped.soft_threshold_tokens, clamped.hard_limit_tokens) == (135_000, 150_000)
     assert clamp_to_window(policy, None) is policy
     assert clamp_to_window(policy, 1_000_000) is policy  # already fits: same key
+
+
+def test_a_new_session_starts_from_the_fleets_fixed_and_message_factors() -> None:
+    """Once one session taught both parts, a new one starts from them: its second request,
+    the first with many messages, is estimated with the fleet's messages' factor rather than
+    its own fixed part's."""
+    calibration = Calibration()
+    calibration.observe("a", MODEL, 10_000, 11_000, reserved=9_000)
+    calibration.observe("a", MODEL, 50_000, 9_900 + 57_400, reserved=9_000)
+    assert calibration.factors("b", MODEL) == (pytest.approx(1.1), pytest.approx(1.4))
+    calibration.observe("b", MODEL, 10_000, 11_200, reserved=9_500)  # mostly fixed part
+    reserved, messages = calibration.factors("b", MODEL)
+    assert reserved == pytest.approx(1.12) and messages == pytest.approx(1.4)

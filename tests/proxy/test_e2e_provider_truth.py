@@ -84,9 +84,16 @@ def provider_count(message: anthropic.types.Message) -> int:
             + (usage.cache_read_input_tokens or 0))
 
 
-def completed_lines(proxy_log: Path) -> list[dict[str, Any]]:
-    return [line for line in read_log(proxy_log)
-            if line.get("event") == "request_completed" and line.get("route") == "messages"]
+def completed_lines(proxy_log: Path, at_least: int = 0) -> list[dict[str, Any]]:
+    """The ``request_completed`` lines of /v1/messages so far; waits (a little) for
+    ``at_least`` of them: a line is written just after its response went out."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [line for line in read_log(proxy_log)
+                 if line.get("event") == "request_completed" and line.get("route") == "messages"]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
 
 
 def test_calibrated_estimates_track_the_providers_count_and_the_window_holds(
@@ -105,6 +112,7 @@ def test_calibrated_estimates_track_the_providers_count_and_the_window_holds(
                                           "keep_recent_messages": 8},
                            "summary": {"enabled": False}})
     errors: list[float] = []
+    logged = len(completed_lines(proxy_log))
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         session = agent_session(60)
@@ -119,7 +127,7 @@ def test_calibrated_estimates_track_the_providers_count_and_the_window_holds(
     assert abs(errors[0]) > 0.05  # positive control: uncalibrated, tiktoken is far off
     # One provider call per request: nothing was refused as too long (and retried).
     assert len(upstream.message_requests) == len(session)
-    lines = completed_lines(proxy_log)[-len(session):]
+    lines = completed_lines(proxy_log, logged + len(session))[-len(session):]
     assert all(line["provider_input_tokens"] > 0 for line in lines)
     assert [round(line["estimate_error"] / 100, 4) for line in lines] == [
         round(e, 4) for e in errors]
@@ -143,6 +151,7 @@ def test_a_view_over_the_providers_window_is_recompacted_and_retried_once(
                            "summary": {"enabled": False}})
     session = agent_session(30)
     logged_before = len(read_log(proxy_log))
+    logged_completed = len(completed_lines(proxy_log))
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
     with client:
         if stream:
@@ -165,7 +174,7 @@ def test_a_view_over_the_providers_window_is_recompacted_and_retried_once(
     line = recompacted[0]
     assert line["provider_maximum"] == 12_000 and line["provider_tokens"] > 12_000
     assert line["tokens_after"] < 12_000 < line["tokens_before"] + 1
-    completed = completed_lines(proxy_log)[-2]
+    completed = completed_lines(proxy_log, logged_completed + 2)[-2]
     assert completed["upstream_status"] == 200 and completed["outcome"] == "forwarded"
 
 
@@ -219,11 +228,12 @@ def test_the_providers_usage_reaches_the_log_the_metrics_and_the_ledger(
     client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0,
                                  default_headers={"x-compact-session-id": "usage-1"})
     answers = []
+    logged = len(completed_lines(proxy_log))
     with client:
         answers.append(client.messages.create(model=MODEL, max_tokens=32, messages=session[-2]))
         with client.messages.stream(model=MODEL, max_tokens=32, messages=session[-1]) as events:
             answers.append(events.get_final_message())
-    lines = completed_lines(proxy_log)[-2:]
+    lines = completed_lines(proxy_log, logged + 2)[-2:]
     for line, answer in zip(lines, answers, strict=True):
         assert line["provider_input_tokens"] == provider_count(answer)
         assert line["usage_input"] == answer.usage.input_tokens
