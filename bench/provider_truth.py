@@ -6,8 +6,10 @@ every turn) sent with a raw aiohttp client, in one process: the strict fake prov
 (:mod:`proxy.fake_upstream`) and the real proxy app on loopback.
 
 1. **Calibration** (``--calibration-turns``, default 200): the provider counts 1.3 × characters
-   / 4 with ±10 % per-block noise and has a 120 000-token window; the proxy's hard limit is that
-   window. For each token counter, with calibration on and off: the calibrated estimate's error
+   / 4 with a per-block noise (``--noise``: ±10 % and ±2 %) and has a 120 000-token window;
+   the proxy's hard limit is that window. For each token counter, with calibration on and
+   off, for a first session (a fresh process) and a second one after it: the calibrated
+   estimate's error
    against the provider's count of every forwarded view (after the first answer), the
    ``prompt is too long`` refusals the provider made (each retried once by the proxy) and the
    ones the client saw.
@@ -132,6 +134,7 @@ async def _metric(client: aiohttp.ClientSession, url: str, name: str) -> float:
 class CalibrationRun:
     counter: str
     calibration: bool
+    session: str
     errors: list[float] = field(default_factory=list)
     provider_refusals: int = 0
     client_refusals: int = 0
@@ -140,37 +143,48 @@ class CalibrationRun:
     def row(self) -> str:
         after = [abs(e) for e in self.errors[1:]] or [0.0]
         within = sum(1 for e in after if e <= 0.03)
-        return (f"{self.counter:>8} {'on' if self.calibration else 'off':>5} "
+        return (f"{self.counter:>8} {'on' if self.calibration else 'off':>5} {self.session:>7} "
                 f"{statistics.median(after) * 100:>8.2f}% {max(after) * 100:>8.2f}% "
                 f"{within:>5}/{len(after):<5} {self.provider_refusals:>9} "
                 f"{self.client_refusals:>8} {self.compacted:>9}")
 
 
-async def calibration_run(client: aiohttp.ClientSession, turns: int, counter: str,
-                          calibration: bool) -> CalibrationRun:
-    run = CalibrationRun(counter, calibration)
-    async with _provider(token_ratio=1.3, token_noise=0.1, context_window=WINDOW) as (
+async def calibration_runs(client: aiohttp.ClientSession, turns: int, counter: str,
+                           calibration: bool, noise: float) -> list[CalibrationRun]:
+    """Two sessions, one after the other, through one proxy: the first learns from nothing
+    (a fresh process), the second starts from what the first taught the fleet."""
+    runs = []
+    async with _provider(token_ratio=1.3, token_noise=noise, context_window=WINDOW) as (
             _, upstream_url):
         with tempfile.TemporaryDirectory() as tmp:
             async with _proxy(upstream_url, Path(tmp), {"compaction": {
                     "token_counter": counter, "calibration": calibration,
                     "soft_threshold_tokens": 90_000, "hard_limit_tokens": WINDOW}}) as (url, _):
-                agent = AgentSession()
-                messages = [agent.first_message()]
-                for _turn in range(turns):
-                    answer = await _post(client, url, messages, f"cal-{counter}")
-                    if answer.refusal is not None:
-                        run.client_refusals += "prompt is too long" in answer.refusal
-                    elif answer.usage is not None and answer.estimate is not None:
-                        provider = answer.usage.prompt_tokens
-                        run.errors.append((answer.estimate - provider) / provider)
-                    messages.extend(agent.next_exchange())
-                run.provider_refusals = int(await _metric(
-                    client, url, "compact_proxy_requests_recompacted_total"))
-                run.compacted = int(await _metric(
-                    client, url, 'compact_proxy_layers_applied_total{layer="L3"}')
-                    + await _metric(client, url, 'compact_proxy_layers_applied_total{layer="L4"}'))
-    return run
+                for name, seed in (("first", 7), ("second", 11)):
+                    run = CalibrationRun(counter, calibration, name)
+                    refused = await _metric(client, url,
+                                            "compact_proxy_requests_recompacted_total")
+                    compacted = await _compactions(client, url)
+                    agent = AgentSession(seed)
+                    messages = [agent.first_message()]
+                    for _turn in range(turns):
+                        answer = await _post(client, url, messages, f"cal-{counter}-{name}")
+                        if answer.refusal is not None:
+                            run.client_refusals += "prompt is too long" in answer.refusal
+                        elif answer.usage is not None and answer.estimate is not None:
+                            provider = answer.usage.prompt_tokens
+                            run.errors.append((answer.estimate - provider) / provider)
+                        messages.extend(agent.next_exchange())
+                    run.provider_refusals = int(await _metric(
+                        client, url, "compact_proxy_requests_recompacted_total") - refused)
+                    run.compacted = int(await _compactions(client, url) - compacted)
+                    runs.append(run)
+    return runs
+
+
+async def _compactions(client: aiohttp.ClientSession, url: str) -> float:
+    return (await _metric(client, url, 'compact_proxy_layers_applied_total{layer="L3"}')
+            + await _metric(client, url, 'compact_proxy_layers_applied_total{layer="L4"}'))
 
 
 # -- part 2: cost -----------------------------------------------------------------------------
@@ -267,20 +281,23 @@ def _cost_table(runs: Sequence[CostRun]) -> list[str]:
     return lines
 
 
-async def main(calibration_turns: int, cost_turns: int) -> None:
+async def main(calibration_turns: int, cost_turns: int, noises: Sequence[float]) -> None:
     configure_logging(LoggingConfig(format="json", level="warning"), stream=sys.stderr)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as client:
-        print(f"# 1. Calibration: {calibration_turns} turns, provider = 1.3 x chars/4 "
-              f"+-10 % per block, window {WINDOW:,} = the proxy's hard limit")
-        print(f"{'counter':>8} {'calib':>5} {'p50 |err|':>9} {'max |err|':>9} "
-              f"{'<=3%':>11} {'refusals':>9} {'client':>8} {'L3/L4':>9}")
-        for counter in ("tiktoken", "chars4"):
-            for calibration in (True, False):
-                _progress(f"calibration: {counter}, calibration {calibration}")
-                run = await calibration_run(client, calibration_turns, counter, calibration)
-                print(run.row(), flush=True)
-        print()
+        for noise in noises:
+            print(f"# 1. Calibration: {calibration_turns} turns, provider = 1.3 x chars/4 "
+                  f"+-{noise * 100:g} % per block, window {WINDOW:,} = the proxy's hard limit")
+            print(f"{'counter':>8} {'calib':>5} {'session':>7} {'p50 |err|':>9} "
+                  f"{'max |err|':>9} {'<=3%':>11} {'refusals':>9} {'client':>8} {'L3/L4':>9}")
+            for counter in ("tiktoken", "chars4"):
+                for calibration in (True, False):
+                    _progress(f"calibration: {counter}, calibration {calibration}, "
+                              f"noise {noise}")
+                    for run in await calibration_runs(client, calibration_turns, counter,
+                                                      calibration, noise):
+                        print(run.row(), flush=True)
+            print()
         print(f"# 2. Cost: {cost_turns} turns at the default prices for {MODEL} "
               "(input / cache write / cache read / output tokens billed; summary calls)")
         runs = []
@@ -294,5 +311,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration-turns", type=int, default=200)
     parser.add_argument("--cost-turns", type=int, default=300)
+    parser.add_argument("--noise", type=float, action="append",
+                        help="the provider's per-block noise (repeatable; default 0.1 and 0.02)")
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.calibration_turns, arguments.cost_turns))
+    asyncio.run(main(arguments.calibration_turns, arguments.cost_turns,
+                     arguments.noise or (0.1, 0.02)))

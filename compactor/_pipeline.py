@@ -14,7 +14,7 @@ callable, the async driver with an awaitable, and a driver that may not call a m
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,6 +83,9 @@ class CompactionOptions:
         token_scale: the provider's tokens per counted token (a calibration learnt from the
             provider's own counts): thresholds are compared with, and ``tokens_before`` /
             ``tokens_after`` report, the counted tokens times this. 1: the counter's own.
+        known_tokens: the provider's own count of messages it counted before, by fingerprint
+            (:attr:`CompactionResult.fingerprints`): used instead of counted × scale for those
+            messages, so a view whose mix of messages changed is still estimated right.
     """
 
     reserved_tokens: int = 0
@@ -90,6 +93,7 @@ class CompactionOptions:
     checkpoint: CompactionCheckpoint | None = field(default=None, compare=False)
     copy: bool = True
     token_scale: float = 1.0
+    known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -140,6 +144,8 @@ class CompactionResult:
         reused_checkpoint: whether the view starts with a reused checkpoint's prefix.
         counted_after: tokens of the view as the counter counts them (unscaled): what a
             calibration pairs with the provider's count of the view.
+        fingerprints: this process's fingerprint of each message of the view.
+        message_tokens: each message's count by the counter (unscaled).
 
     ``messages`` may share message objects with the input and with a checkpoint: treat it
     as read-only.
@@ -155,6 +161,8 @@ class CompactionResult:
     checkpoint: CompactionCheckpoint | None = None
     reused_checkpoint: bool = False
     counted_after: int = 0
+    fingerprints: tuple[int, ...] = field(default=(), repr=False)
+    message_tokens: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def changed(self) -> bool:
@@ -261,7 +269,8 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
            counter: CachingCounter, options: CompactionOptions, summaries: bool) -> Steps:
     check_shape(messages)
-    raw = View(messages, counter, options.reserved_tokens, scale=options.token_scale)
+    raw = View(messages, counter, options.reserved_tokens, scale=options.token_scale,
+               known=options.known_tokens)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
     key = policy_key(policy)
@@ -307,7 +316,7 @@ def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_bef
                                        layers_applied=tuple(sorted(ran)))
     return CompactionResult(view.messages, durable_state, tokens_before, tokens_after,
                             tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused,
-                            view.counted())
+                            view.counted(), tuple(view.fingerprints), tuple(view.tokens))
 
 
 def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,

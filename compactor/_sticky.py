@@ -196,12 +196,13 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     # not fingerprint its whole history again.
     fresh, _ = truncate_tool_results(
         View(messages[covered:], raw.counter, 0, raw.fingerprints[covered:], raw.tokens[covered:],
-             raw.scale),
+             raw.scale, raw.known),
         {}, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              covered)
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
-                [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale)
+                [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale,
+                known=raw.known)
     return view, _validate_extension(view.messages, len(prefix), covered), checkpoint
 
 

@@ -7,7 +7,7 @@ token count per message and re-counts only the messages a layer replaced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ._blocks import (
@@ -31,19 +31,24 @@ class View:
     """``messages`` with a fingerprint and a token count per message, and the tokens reserved
     outside them. Both are computed once per message object.
 
-    ``scale`` is the provider's tokens per counted token (the proxy's calibration): the
-    totals every threshold is compared with are the counted ones times ``scale``.
+    ``scale`` is the provider's tokens per counted token (the proxy's calibration), and
+    ``known`` the provider's own count of messages it has counted before, by fingerprint: the
+    totals every threshold is compared with are those provider counts where known, and the
+    counted tokens times ``scale`` elsewhere (exactly the counted tokens by default).
     """
 
-    __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved", "scale")
+    __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved", "scale", "known",
+                 "_total")
 
     def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
                  fingerprints: list[int] | None = None, tokens: list[int] | None = None,
-                 scale: float = 1.0) -> None:
+                 scale: float = 1.0, known: Mapping[int, float] | None = None) -> None:
         self.messages = messages
         self.counter = counter
         self.reserved = reserved
         self.scale = scale
+        self.known = known or None
+        self._total: int | None = None
         self.fingerprints = (fingerprints if fingerprints is not None
                              else [fingerprint(m) for m in messages])
         if tokens is None:
@@ -56,10 +61,18 @@ class View:
         return self.reserved + sum(self.tokens)
 
     def total(self) -> int:
-        """Tokens of the whole view as the provider would count them: :meth:`counted` times
-        :attr:`scale` (exactly :meth:`counted` at scale 1)."""
-        counted = self.reserved + sum(self.tokens)
-        return counted if self.scale == 1.0 else round(counted * self.scale)
+        """Tokens of the whole view as the provider would count them (see the class); made
+        once per view."""
+        if self._total is None:
+            scale, known = self.scale, self.known
+            if known is None:
+                counted = self.reserved + sum(self.tokens)
+                self._total = counted if scale == 1.0 else round(counted * scale)
+            else:
+                self._total = round(self.reserved * scale + sum(
+                    known.get(p, t * scale) for p, t in zip(self.fingerprints, self.tokens,
+                                                            strict=True)))
+        return self._total
 
     def derive(self, messages: list[Message]) -> View:
         """A new view over ``messages``; counts of messages kept from this view are reused."""
@@ -74,7 +87,8 @@ class View:
                 found = (print_, self.counter.count_message(message, print_))
             prints.append(found[0])
             tokens.append(found[1])
-        return View(messages, self.counter, self.reserved, prints, tokens, self.scale)
+        return View(messages, self.counter, self.reserved, prints, tokens, self.scale,
+                    self.known)
 
 
 def _pair_id(block: dict[str, Any]) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +196,7 @@ class CompactionPlan:
     scale: float
     reserved_scale: float
     reserved: int
+    known: Mapping[int, float] | None = None
 
 
 def _plan(request: web.Request, session: SessionRef, body: dict[str, Any],
@@ -205,13 +206,15 @@ def _plan(request: web.Request, session: SessionRef, body: dict[str, Any],
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
     lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
     scale = reserved_scale = 1.0
+    known = None
     if model is not None:
         calibration = app[CALIBRATION]
         policy = clamp_to_window(policy, calibration.window(model))
         if app[CONFIG].compaction.calibration:
             reserved_scale, scale = calibration.factors(session.key, model)
+            known = calibration.known(session.key, model)
     return CompactionPlan(role, policy, lane, model, scale, reserved_scale,
-                          _reserved_tokens(app, body, durable.text))
+                          _reserved_tokens(app, body, durable.text), known)
 
 
 async def _compact(request: web.Request, record: RequestRecord, session: SessionRef,
@@ -234,7 +237,8 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
                 # The compactor scales all by the messages' factor; the fixed part's own
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
-                sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale),
+                sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
+                known_tokens=plan.known),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
@@ -305,12 +309,13 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
             return None
         calibration = app[CALIBRATION]
         calibration.learn_window(first_plan.model, refusal.maximum)
-        # At the ratio the refusal showed, over the view as compacted (fixed part included).
+        # At the ratio the refusal showed, over the view as compacted (fixed part included),
+        # uniformly: the per-message counts that estimated the refused view are not trusted.
         shown = refusal.tokens / max(1, first.tokens_after)
         tighter = dataclasses.replace(
             first_plan, policy=clamp_to_window(first_plan.policy, refusal.maximum),
             scale=first_plan.scale * max(1.0, shown),
-            reserved_scale=first_plan.reserved_scale * max(1.0, shown))
+            reserved_scale=first_plan.reserved_scale * max(1.0, shown), known=None)
         if system is None:  # counted again from the client's own system
             body.pop("system", None)
         else:
@@ -349,7 +354,8 @@ def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
     folded = round(plan.reserved * plan.reserved_scale / plan.scale)
     app[CALIBRATION].observe(session.key, plan.model,
                              result.counted_after - folded + plan.reserved, provider,
-                             plan.reserved)
+                             plan.reserved,
+                             tuple(zip(result.fingerprints, result.message_tokens, strict=True)))
     # The client's whole history as the provider would have counted it: the estimate of it
     # at the ratio the provider's count of this view showed to the estimate of the view.
     without = round(result.tokens_before * provider / max(1, result.tokens_after))

@@ -30,6 +30,7 @@ import dataclasses
 import statistics
 import threading
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -66,6 +67,9 @@ WINDOW_MARGIN: Final = 0.1
 #: A view whose fixed part is at least this share of it teaches the fixed part's ratio; one
 #: whose messages are at least the rest teaches the messages' ratio.
 FIXED_SHARE: Final = 0.8
+#: Sessions whose messages' own counts are remembered (each holds one entry per message of
+#: its last view).
+MAX_SESSIONS_WITH_MESSAGES: Final = 1_024
 #: Sessions remembered.
 MAX_SESSIONS: Final = 50_000
 
@@ -112,7 +116,10 @@ class Calibration:
     learns the fixed part's ratio from a view that is mostly fixed part (an agent's first
     request), and the messages' ratio from every view after that, as what is left of the
     provider's count once the fixed part is paid for. Until the fixed part's ratio is known,
-    one whole-view ratio serves both.
+    one whole-view ratio serves both. Each message also keeps the count the provider gave it
+    (the new messages of a view share what is left once the fixed part and the messages known
+    before are paid for), so after compaction — a view made of some of those messages and a
+    little new text — the estimate stays right.
 
     Thread-safe (one lock); every method is O(window).
     """
@@ -120,6 +127,10 @@ class Calibration:
     def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
         self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(maxsize=max_sessions)
         self._fleet: dict[str, _Fleet] = {}
+        # A session's messages' counts: replaced (never changed) on each answer, so a reader
+        # may keep the mapping it got.
+        self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
+            maxsize=min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
         self._windows: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -150,37 +161,72 @@ class Calibration:
         return self.factors(session_key, model)[1]
 
     def observe(self, session_key: str, model: str, counted: int, provider: int,
-                reserved: int = 0) -> float | None:
+                reserved: int = 0, messages: Sequence[tuple[int, int]] = ()) -> float | None:
         """Learn from one view: ``counted`` tokens by the proxy's counter (``reserved`` of
-        them its fixed part), ``provider`` by the provider. Returns the whole-view ratio when
-        it was kept, ``None`` when it was ignored (a tiny view, or a ratio outside the
-        believable bounds)."""
+        them its fixed part), ``provider`` by the provider; ``messages`` are the view's
+        messages as ``(fingerprint, counted tokens)``. Returns the whole-view ratio when it was
+        kept, ``None`` when it was ignored (a tiny view, or a ratio outside the believable
+        bounds).
+
+        The provider's count less the fixed part and the messages whose count is known
+        already is the count of the rest: usually the messages new since the last view (all
+        of them, the first time). That gives the messages' ratio, and each of those messages
+        its own count, remembered while it stays in the session's views (:meth:`known`)."""
         if counted < MIN_COUNTED_TOKENS or provider <= 0:
             return None
         ratio = provider / counted
         if not MIN_FACTOR <= ratio <= MAX_FACTOR:
             return None
         reserved = max(0, min(reserved, counted))
+        key = (session_key, model)
         with self._lock:
-            session = self._sessions.get((session_key, model))
+            session = self._sessions.get(key)
             if session is None:
                 session = _Session()
-                self._sessions[(session_key, model)] = session
+                self._sessions[key] = session
             fleet = self._fleet.setdefault(model, _Fleet())
             session.ratios.append(ratio)
             fleet.ratios.append(ratio)
             if reserved >= FIXED_SHARE * counted:
                 session.reserved = ratio
                 fleet.reserved.append(ratio)
-            messages = counted - reserved
-            if session.reserved is None:
-                session.messages.append(ratio)
-            elif messages >= (1 - FIXED_SHARE) * counted:
-                part = (provider - session.reserved * reserved) / messages
+            fixed = (session.reserved if session.reserved is not None else ratio) * reserved
+            known = self._known.get(key) or {}
+            if messages:
+                self._learn_messages(key, session, fleet, known, messages, provider - fixed)
+            elif counted - reserved >= (1 - FIXED_SHARE) * counted:
+                part = (provider - fixed) / (counted - reserved)
                 if MIN_FACTOR <= part <= MAX_FACTOR:
                     session.messages.append(part)
                     fleet.messages.append(part)
         return ratio
+
+    def _learn_messages(self, key: tuple[str, str], session: _Session, fleet: _Fleet,
+                        known: dict[int, float], messages: Sequence[tuple[int, int]],
+                        provider_messages: float) -> None:
+        # The messages' factor (for messages whose count is not known) is the ratio over all
+        # of the view's messages: an average over every kind of content, steadier than the
+        # ratio of the few messages new in this view.
+        counted = sum(t for _, t in messages)
+        if counted >= MIN_COUNTED_TOKENS:
+            whole = provider_messages / counted
+            if MIN_FACTOR <= whole <= MAX_FACTOR:
+                session.messages.append(whole)
+                fleet.messages.append(whole)
+        kept = {p: known[p] for p, _ in messages if p in known}
+        unknown = [(p, t) for p, t in messages if p not in known]
+        unknown_counted = sum(t for _, t in unknown)
+        if unknown_counted >= MIN_COUNTED_TOKENS:
+            part = (provider_messages - sum(kept.values())) / unknown_counted
+            if MIN_FACTOR <= part <= MAX_FACTOR:
+                kept.update((p, t * part) for p, t in unknown)
+        self._known[key] = kept
+
+    def known(self, session_key: str, model: str) -> Mapping[int, float]:
+        """The provider's own count of each message of the session's last view whose count
+        it taught, by fingerprint (empty when none)."""
+        with self._lock:
+            return self._known.get((session_key, model)) or {}
 
     def window(self, model: str) -> int | None:
         """The context window the provider said ``model`` has, once it said so."""

@@ -94,3 +94,28 @@ def test_a_new_session_starts_from_the_fleets_fixed_and_message_factors() -> Non
     calibration.observe("b", MODEL, 10_000, 11_200, reserved=9_500)  # mostly fixed part
     reserved, messages = calibration.factors("b", MODEL)
     assert reserved == pytest.approx(1.12) and messages == pytest.approx(1.4)
+
+
+def test_each_message_keeps_the_count_the_provider_gave_it() -> None:
+    """A view's new messages share what is left of the provider's count once the fixed part
+    and the messages known before are paid for; after compaction (some of those messages and
+    one new one) the known counts are used, the new one at the messages' factor."""
+    calibration = Calibration()
+    a, b, c = (101, 1_000), (102, 2_000), (103, 3_000)
+    calibration.observe("s", MODEL, 10_000 + 1_000, 11_000 + 1_300, reserved=10_000,
+                        messages=[a])
+    # A view that is mostly fixed part teaches one ratio for both.
+    first = 1_000 * 12_300 / 11_000
+    assert calibration.known("s", MODEL) == {101: pytest.approx(first)}
+    # b and c are new: 2 000 + 3 000 counted, the provider says 6 500 more.
+    calibration.observe("s", MODEL, 16_000, 11_000 + 1_300 + 6_500, reserved=10_000,
+                        messages=[a, b, c])
+    known = calibration.known("s", MODEL)
+    assert known == {101: pytest.approx(first), 102: pytest.approx(2_600),
+                     103: pytest.approx(3_900)}
+    # A compacted view keeps a and c only: b's count is forgotten with it.
+    calibration.observe("s", MODEL, 14_500, 12_300 + 3_900 + 600, reserved=10_000,
+                        messages=[a, c, (104, 500)])
+    assert set(calibration.known("s", MODEL)) == {101, 103, 104}
+    assert calibration.known("s", MODEL)[104] == pytest.approx(600)
+    assert calibration.known("other", MODEL) == {}
