@@ -18,6 +18,7 @@ from ._pipeline import (
     compact_context_async,
     compact_if_needed,
     summary_cache_key,
+    summary_view,
 )
 from ._pointers import (
     ArtifactPointer,
@@ -83,6 +84,7 @@ __all__ = [
     "render_durable_context",
     "resolve_durable_sources",
     "summary_cache_key",
+    "summary_view",
     "session_id_problem",
     "validate_tool_protocol",
 ]

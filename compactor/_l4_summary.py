@@ -19,7 +19,7 @@ from ._protocol import Interaction
 from ._turns import protected_opening
 from ._view import View
 
-__all__ = ["SummaryRequest", "summary_cache_key"]
+__all__ = ["SummaryRequest", "summary_cache_key", "summary_view"]
 
 SUMMARY_TAG = "compact-proxy-summary"
 _SUMMARY_OPEN = f"<{SUMMARY_TAG} "
@@ -108,15 +108,19 @@ def _for_summary(block: dict[str, Any]) -> dict[str, Any] | None:
     return block
 
 
+def summary_view(message: Message) -> Message:
+    """``message`` as a summary reads it: its role and content, thinking left out, the bytes
+    of images and documents (and other uncuttable blocks) omitted."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [b for b in (_for_summary(x) for x in content if isinstance(x, dict))
+                   if b is not None]
+    return {"role": message.get("role"), "content": content}
+
+
 def _summary_input(middle: list[Message]) -> str:
-    cleaned = []
-    for message in middle:
-        content = message.get("content")
-        if isinstance(content, list):
-            blocks = [b for b in (_for_summary(x) for x in content) if b is not None]
-            content = blocks
-        cleaned.append({"role": message.get("role"), "content": content})
-    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps([summary_view(m) for m in middle], ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def recent_start(messages: list[Message], interactions: Mapping[str, Interaction], first: int,

@@ -24,7 +24,13 @@ from ._errors import MessageViewLimitExceeded, ToolProtocolError
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import drop_superseded_reads
 from ._l3_prune import prune_old_messages
-from ._l4_summary import SummaryRequest, apply_summary, plan_summary, summary_cache_key
+from ._l4_summary import (
+    SummaryRequest,
+    apply_summary,
+    plan_summary,
+    summary_cache_key,
+    summary_view,
+)
 from ._protocol import Interaction, check_shape, validate_tool_protocol
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._tokens import CachingCounter, TokenCounter
@@ -32,7 +38,7 @@ from ._view import View
 
 __all__ = ["CompactionCheckpoint", "CompactionOptions", "CompactionResult", "LayerOutcome",
            "SummaryRequest", "compact_context", "compact_context_async", "compact_if_needed",
-           "summary_cache_key"]
+           "summary_cache_key", "summary_view"]
 
 #: What L4's model is asked: the messages to summarise as a JSON array; the summary text back
 #: (None, "" or an exception: no summary, the view stays as it was).

@@ -57,6 +57,7 @@ __all__ = [
     "text_block",
     "thinking_block",
     "tool_use_block",
+    "without_cache_markers",
 ]
 
 CHARS_PER_TOKEN: Final = 4

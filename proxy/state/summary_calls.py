@@ -138,14 +138,11 @@ error fixed, a decision reversed), keep the later state.
 #: The provider's limit on ``cache_control`` markers in one request.
 MAX_BREAKPOINTS: Final = 4
 _EPHEMERAL: Final = {"type": "ephemeral"}
-# Blocks left out of a JSON transcript, and blocks that stand there only as their type (their
-# bytes are no use as text): as the compactor does for the span it hands over.
-_DROPPED: Final = ("thinking", "redacted_thinking")
-_OMITTED: Final = ("image", "document", "search_result", "tool_reference", "container_upload")
+# Thinking blocks: never the last block of a conversation a summary call is forked from, and
+# never given a cache breakpoint of ours.
+_THINKING: Final = ("thinking", "redacted_thinking")
 # ``tool_choice`` types that force a tool call, which a summary must not make.
 _FORCING: Final = ("any", "tool")
-# Blocks that never carry a cache breakpoint of ours.
-_UNMARKED: Final = _DROPPED
 # Framing of a piece's transcript (brackets, commas) and of a call, in tokens.
 _FRAMING_TOKENS: Final = 16
 
@@ -266,7 +263,7 @@ def _with_breakpoint(message: Message) -> Message | None:
     if not isinstance(content, list) or not content or not isinstance(content[-1], Mapping):
         return None
     last = content[-1]
-    if _marked(last) or last.get("type") in _UNMARKED:
+    if _marked(last) or last.get("type") in _THINKING:
         return None
     return {**message, "content": [*content[:-1], {**last, "cache_control": dict(_EPHEMERAL)}]}
 
@@ -286,7 +283,7 @@ def _forkable(conversation: Sequence[Message]) -> bool:
     if not isinstance(content, list):
         return True
     blocks = [b for b in content if isinstance(b, Mapping)]
-    if blocks and blocks[-1].get("type") in _DROPPED:
+    if blocks and blocks[-1].get("type") in _THINKING:
         return False
     return not any(b.get("type") == "tool_use" for b in blocks)
 
@@ -311,29 +308,6 @@ def fork_call(source: ForkSource, conversation: Sequence[Message]) -> SummaryCal
 
 
 # -- pieces -------------------------------------------------------------------------------------
-
-
-def _transcript_block(block: object) -> object | None:
-    if not isinstance(block, Mapping):
-        return block
-    kind = block.get("type")
-    if kind in _DROPPED:
-        return None
-    if kind in _OMITTED:
-        return {"type": kind, "omitted": True}
-    if kind == "tool_result" and isinstance(block.get("content"), list):
-        inner = [b for b in map(_transcript_block, block["content"]) if b is not None]
-        return {**block, "content": inner}
-    return block
-
-
-def _transcript_message(message: Message) -> Message:
-    """``message`` as a JSON transcript shows it: role and content, thinking left out, the
-    bytes of images and documents omitted."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = [b for b in map(_transcript_block, content) if b is not None]
-    return {"role": message.get("role"), "content": content}
 
 
 def _dumps(value: object) -> str:
@@ -421,7 +395,7 @@ def plan_calls(request: compactor.SummaryRequest, source: ForkSource | None, *,
         if counter is None or prompt_tokens(single, counter) <= budget:
             return [single]
     if source is not None and request.conversation:
-        transcript = [_transcript_message(m) for m in request.conversation[1:]]
+        transcript = [compactor.summary_view(m) for m in request.conversation[1:]]
     else:
         transcript = json.loads(request.messages_json)
     if counter is None:

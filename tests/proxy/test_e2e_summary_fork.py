@@ -27,6 +27,7 @@ from proxy.fake_upstream import (
     default_script,
     is_summarizer_request,
 )
+from proxy.fake_upstream.replies import without_cache_markers
 from proxy.fake_upstream.rules import check_claude_code_identity, check_oauth_beta
 from proxy.state.summary_calls import SUMMARIZER_MARKER
 from tests.conftest import (
@@ -55,14 +56,6 @@ CLIENT_HEADERS = {"x-app": "cli", "User-Agent": "claude-cli/2.1.0 (external, cli
 # Added by the HTTP client itself on any request.
 TRANSPORT_HEADERS = {"host", "connection", "content-length", "accept-encoding"}
 
-
-def without_markers(value: Any) -> Any:
-    """``value`` with every ``cache_control`` left out."""
-    if isinstance(value, dict):
-        return {k: without_markers(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [without_markers(v) for v in value]
-    return value
 
 
 def client_requests(upstream_server: UpstreamServer) -> list[RecordedRequest]:
@@ -120,7 +113,7 @@ def test_the_summary_call_is_the_clients_own_request_and_reads_its_cached_prefix
     assert call.body["max_tokens"] == 2048
     *conversation, ask = call.body["messages"]
     assert len(conversation) > 2
-    assert without_markers(conversation) == without_markers(history[:len(conversation)])
+    assert without_cache_markers(conversation) == without_cache_markers(history[:len(conversation)])
     assert conversation[-1]["content"][-1]["cache_control"] == CACHED
     assert ask["role"] == "user" and f"[{SUMMARIZER_MARKER}]" in ask["content"][0]["text"]
     assert cache_control_count(call.body) <= 4
