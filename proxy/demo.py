@@ -32,6 +32,8 @@ from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
 from proxy.fake_upstream.scripts import default_script, is_summarizer_request
 from proxy.logs import configure_logging
+from proxy.report import build_report
+from proxy.state.store import SQLiteStateStore
 
 __all__ = ["main"]
 
@@ -286,12 +288,28 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     finally:
         await client.close()
 
+    await _write_report(out, root / "state.db")
     missing = {"L1", "L2", "L3", "L4"} - seen_layers
     out.write(f"\nlayers seen at work: {', '.join(sorted(seen_layers)) or 'none'}\n")
     if missing:
         out.write(f"ERROR: layers never applied: {', '.join(sorted(missing))}\n")
         return 1
     return 0
+
+
+async def _write_report(out: TextIO, store_path: Path) -> None:
+    """What ``compact-proxy report`` shows for the demo's store: billed tokens and the saving."""
+    await asyncio.sleep(0.1)  # the ledger is written just after each response
+    store = SQLiteStateStore(store_path)
+    try:
+        rows = await store.usage_rows()
+    finally:
+        await store.close()
+    report = build_report(rows, Config.from_mapping({}, require_upstream=False).price_for)
+    out.write("\nwhat the provider billed, and what it would have without the proxy "
+              "(compact-proxy report, list prices):\n")
+    for line in report.as_text().splitlines():
+        out.write(f"  {line}\n")
 
 
 def main(out: TextIO | None = None, run: Callable[..., Any] = asyncio.run) -> int:
