@@ -354,8 +354,7 @@ def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
     folded = round(plan.reserved * plan.reserved_scale / plan.scale)
     app[CALIBRATION].observe(session.key, plan.model,
                              result.counted_after - folded + plan.reserved, provider,
-                             plan.reserved,
-                             tuple(zip(result.fingerprints, result.message_tokens, strict=True)))
+                             plan.reserved, result.fingerprints, result.message_tokens)
     # The client's whole history as the provider would have counted it: the estimate of it
     # at the ratio the provider's count of this view showed to the estimate of the view.
     without = round(result.tokens_before * provider / max(1, result.tokens_after))

@@ -70,6 +70,8 @@ FIXED_SHARE: Final = 0.8
 #: Sessions whose messages' own counts are remembered (each holds one entry per message of
 #: its last view).
 MAX_SESSIONS_WITH_MESSAGES: Final = 1_024
+#: Forgotten messages tolerated in a session's counts before they are pruned.
+PRUNE_SLACK: Final = 256
 #: Sessions remembered.
 MAX_SESSIONS: Final = 50_000
 
@@ -127,8 +129,8 @@ class Calibration:
     def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
         self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(maxsize=max_sessions)
         self._fleet: dict[str, _Fleet] = {}
-        # A session's messages' counts: replaced (never changed) on each answer, so a reader
-        # may keep the mapping it got.
+        # A session's messages' counts by fingerprint: a count, once set, never changes (new
+        # messages are added; the mapping is replaced when pruned).
         self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
             maxsize=min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
         self._windows: dict[str, int] = {}
@@ -161,12 +163,13 @@ class Calibration:
         return self.factors(session_key, model)[1]
 
     def observe(self, session_key: str, model: str, counted: int, provider: int,
-                reserved: int = 0, messages: Sequence[tuple[int, int]] = ()) -> float | None:
+                reserved: int = 0, fingerprints: Sequence[int] = (),
+                tokens: Sequence[int] = ()) -> float | None:
         """Learn from one view: ``counted`` tokens by the proxy's counter (``reserved`` of
-        them its fixed part), ``provider`` by the provider; ``messages`` are the view's
-        messages as ``(fingerprint, counted tokens)``. Returns the whole-view ratio when it was
-        kept, ``None`` when it was ignored (a tiny view, or a ratio outside the believable
-        bounds).
+        them its fixed part), ``provider`` by the provider; ``fingerprints`` and ``tokens`` are
+        the view's messages' fingerprints and counted tokens. Returns the whole-view ratio
+        when it was kept, ``None`` when it was ignored (a tiny view, or a ratio outside the
+        believable bounds).
 
         The provider's count less the fixed part and the messages whose count is known
         already is the count of the rest: usually the messages new since the last view (all
@@ -191,9 +194,9 @@ class Calibration:
                 session.reserved = ratio
                 fleet.reserved.append(ratio)
             fixed = (session.reserved if session.reserved is not None else ratio) * reserved
-            known = self._known.get(key) or {}
-            if messages:
-                self._learn_messages(key, session, fleet, known, messages, provider - fixed)
+            if fingerprints:
+                self._learn_messages(key, session, fleet, fingerprints, tokens,
+                                     provider - fixed)
             elif counted - reserved >= (1 - FIXED_SHARE) * counted:
                 part = (provider - fixed) / (counted - reserved)
                 if MIN_FACTOR <= part <= MAX_FACTOR:
@@ -202,25 +205,38 @@ class Calibration:
         return ratio
 
     def _learn_messages(self, key: tuple[str, str], session: _Session, fleet: _Fleet,
-                        known: dict[int, float], messages: Sequence[tuple[int, int]],
+                        fingerprints: Sequence[int], tokens: Sequence[int],
                         provider_messages: float) -> None:
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = {}
+        counted = known_sum = unknown_counted = 0.0
+        unknown: list[tuple[int, int]] = []
+        get = known.get
+        for print_, count in zip(fingerprints, tokens, strict=True):  # one pass, no copies
+            counted += count
+            value = get(print_)
+            if value is None:
+                unknown.append((print_, count))
+                unknown_counted += count
+            else:
+                known_sum += value
         # The messages' factor (for messages whose count is not known) is the ratio over all
         # of the view's messages: an average over every kind of content, steadier than the
         # ratio of the few messages new in this view.
-        counted = sum(t for _, t in messages)
         if counted >= MIN_COUNTED_TOKENS:
             whole = provider_messages / counted
             if MIN_FACTOR <= whole <= MAX_FACTOR:
                 session.messages.append(whole)
                 fleet.messages.append(whole)
-        kept = {p: known[p] for p, _ in messages if p in known}
-        unknown = [(p, t) for p, t in messages if p not in known]
-        unknown_counted = sum(t for _, t in unknown)
         if unknown_counted >= MIN_COUNTED_TOKENS:
-            part = (provider_messages - sum(kept.values())) / unknown_counted
+            part = (provider_messages - known_sum) / unknown_counted
             if MIN_FACTOR <= part <= MAX_FACTOR:
-                kept.update((p, t * part) for p, t in unknown)
-        self._known[key] = kept
+                known.update((print_, count * part) for print_, count in unknown)
+        if len(known) > 2 * len(fingerprints) + PRUNE_SLACK:
+            # Messages that left the views (compaction) are forgotten now and then, not on
+            # every answer: a warm request's bookkeeping stays one pass over its view.
+            self._known[key] = {p: known[p] for p in fingerprints if p in known}
 
     def known(self, session_key: str, model: str) -> Mapping[int, float]:
         """The provider's own count of each message of the session's last view whose count
