@@ -28,6 +28,7 @@ import pytest
 
 from proxy.fake_upstream import Reply, is_summarizer_request, thinking_block
 from proxy.fake_upstream.records import RecordedRequest
+from proxy.fake_upstream.replies import TokenRule
 from proxy.fake_upstream.rules import check_claude_code_identity, check_oauth_beta
 from proxy.fake_upstream.scripts import default_script
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, read_log
@@ -85,8 +86,10 @@ def run_tool_loop(proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
     summary calls the provider got and the proxy's log lines of the session."""
     loop = ToolLoop()
     upstream_server.upstream.script = loop
+    # The provider counts its own way; the proxy, as deployed, calibrates to it.
+    upstream_server.upstream.token_rule = TokenRule(1.3, 0.1)
     proxy = proxy_factory({"compaction": {
-        "soft_threshold_tokens": 20_000, "hard_limit_tokens": 150_000,
+        "soft_threshold_tokens": 20_000, "hard_limit_tokens": 150_000, "calibration": True,
         "max_tool_result_tokens": 2_000, "keep_recent_messages": 4, "summary_keep_recent": 2}})
     home = tmp_path / "home"
     home.mkdir()
