@@ -1,6 +1,7 @@
 """Proxy benchmark: what compact-proxy adds to a request, measured through the real processes.
 
     python bench/proxy.py [--no-sticky] [--quick]
+    python bench/proxy.py --audit [--quick]
 
 The strict fake provider (``bench/stamped_upstream.py``: ``proxy.fake_upstream`` plus a send
 stamp on every SSE event) and the proxy (``python -m proxy.cli serve``) run as separate
@@ -22,7 +23,14 @@ processes on free loopback ports, with their state in a temporary directory and
    the provider's strict rules (the fake provider runs in this process for this part, so it
    can read every forwarded view).
 
-It ends with each goal of issue #4 and ``met`` / ``NOT met``. Everything is bounded: loopback
+It ends with each goal of issue #4 and ``met`` / ``NOT met``.
+
+``--audit`` runs one other part instead: the audit log's cost (issue #12). Two proxies, one
+with ``audit.enabled: true`` and one with ``false``, and the provider directly, interleaved in
+one run: the added p50 / p99 of each for the 50 KB request and the warm 800 KB history (JSON
+and stream), their ratio (on / off), and the throughput of both at concurrency 16.
+
+Everything is bounded: loopback
 only, fixed request counts, a per-request timeout and a whole-run deadline; the child
 processes are stopped on every exit path (normal end, error, Ctrl-C, SIGTERM).
 """
@@ -81,6 +89,7 @@ __all__ = [
     "QUICK",
     "TINY",
     "AgentSession",
+    "AuditResults",
     "BenchError",
     "BenchResults",
     "Dist",
@@ -93,9 +102,11 @@ __all__ = [
     "Thresholds",
     "Throughput",
     "evaluate_goals",
+    "format_audit_report",
     "format_report",
     "history_of_size",
     "main",
+    "run_audit_benchmark",
     "run_benchmark",
 ]
 
@@ -552,7 +563,7 @@ async def upstream_process(client: aiohttp.ClientSession, workdir: Path) -> Asyn
 
 
 def write_proxy_config(directory: Path, upstream_url: str, thresholds: Thresholds, *,
-                       sticky: bool, port: int) -> Path:
+                       sticky: bool, port: int, audit: bool = True) -> Path:
     """A ``serve`` config for one benchmark proxy, everything under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "transcripts").mkdir(exist_ok=True)
@@ -566,6 +577,7 @@ def write_proxy_config(directory: Path, upstream_url: str, thresholds: Threshold
         "sources": {"transcript_root": str(directory / "transcripts"),
                     "artifact_root": str(directory / "artifacts")},
         "admin": {"token_env": ADMIN_TOKEN_ENV},
+        "audit": {"enabled": audit},
         "logging": {"format": "json", "level": "info"},
     }
     path = directory / "config.yaml"
@@ -576,10 +588,11 @@ def write_proxy_config(directory: Path, upstream_url: str, thresholds: Threshold
 @asynccontextmanager
 async def proxy_process(client: aiohttp.ClientSession, workdir: Path, name: str,
                         upstream_url: str, thresholds: Thresholds, *,
-                        sticky: bool) -> AsyncIterator[Service]:
+                        sticky: bool, audit: bool = True) -> AsyncIterator[Service]:
     """``python -m proxy.cli serve`` as a child process on a free port, waited for /healthz."""
     port = free_port()
-    config = write_proxy_config(workdir / name, upstream_url, thresholds, sticky=sticky, port=port)
+    config = write_proxy_config(workdir / name, upstream_url, thresholds, sticky=sticky, port=port,
+                                audit=audit)
     process = ManagedProcess(name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
                                     str(config)], workdir / f"{name}.log")
     process.start()
@@ -1517,6 +1530,96 @@ def _pid(service: Service) -> int:
     return service.process.pid
 
 
+# -- --audit: the audit log's cost (issue #12) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditResults:
+    """The audit part: latency cells and throughput, audit on against audit off.
+
+    In each :class:`LatencyCell` and in the :class:`Throughput`, ``proxy`` is the proxy with
+    ``audit.enabled: true`` and ``relay`` the one with ``false`` (the same requests,
+    interleaved with the provider directly).
+    """
+
+    sizes: Sizes
+    latency: tuple[LatencyCell, ...]
+    throughput: Throughput
+    entries: int
+    seconds: float
+
+    def ratio(self, cell: LatencyCell) -> float:
+        """Added p50 with the audit log on / off (NaN when off added nothing measurable)."""
+        off = cell.relay_added_p50
+        return cell.added_p50 / off if off > 0 else math.nan
+
+
+async def count_audit_entries(store_path: Path) -> int:
+    """How many request entries a proxy's SQLite store holds (read after the run)."""
+    from proxy.state.store import SQLiteStateStore
+
+    store = await SQLiteStateStore(store_path).open()
+    try:
+        summaries, _ = await store.sessions(limit=1000)
+        return sum(summary.requests for summary in summaries)
+    finally:
+        await store.close()
+
+
+async def run_audit_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLDS, *,
+                              workdir: Path | None = None) -> AuditResults:
+    """The audit log's cost: two proxies (audit on, audit off) and the provider directly,
+    interleaved, in one run (the child processes are stopped on return)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="compact-proxy-bench-") as tmp:
+        root = workdir if workdir is not None else Path(tmp)
+        async with client_session() as client:
+            async with upstream_process(client, root) as upstream, \
+                    proxy_process(client, root, "proxy-audit-on", upstream.url, thresholds,
+                                  sticky=True, audit=True) as on, \
+                    proxy_process(client, root, "proxy-audit-off", upstream.url, thresholds,
+                                  sticky=True, audit=False) as off:
+                # The "relay" slot holds the audit-off proxy: the same interleaving as part 1.
+                targets = Targets(on.url, upstream.url, off.url)
+                _progress("audit: added latency, on / off")
+                latency = await measure_latency(client, targets, sizes)
+                _progress("audit: throughput, on / off")
+                throughput = await measure_throughput(
+                    client, targets, {"proxy": _pid(on), "relay": _pid(off),
+                                      "provider": _pid(upstream)}, sizes)
+        entries = await count_audit_entries(root / "proxy-audit-on" / "state.db")
+    return AuditResults(sizes, tuple(latency), throughput, entries,
+                        time.perf_counter() - started)
+
+
+def format_audit_report(results: AuditResults) -> str:
+    """The audit part's report: added latency on and off, their ratio, throughput."""
+    sizes, t = results.sizes, results.throughput
+    out = [f"compact-proxy audit log cost — {os.cpu_count()} CPUs, Python "
+           f"{platform.python_version()}, {results.seconds:.0f} s; two proxies (audit.enabled "
+           f"true / false) and the provider directly, interleaved, {sizes.latency_requests} "
+           "requests each per cell", ""]
+    add = out.append
+    add(f"   {'cell':<36}{'direct p50':>11}{'on +p50':>9}{'+p99':>8}{'off +p50':>10}{'+p99':>8}"
+        f"{'on/off p50':>12}  errors")
+    for c in results.latency:
+        add(f"   {c.label:<36}{_ms(c.direct.p50):>11}{_ms(c.added_p50):>9}{_ms(c.added_p99):>8}"
+            f"{_ms(c.relay_added_p50):>10}{_ms(c.relay_added_p99):>8}"
+            f"{results.ratio(c):>12.2f}  {c.failures:>6}")
+    on_rps, off_rps = t.rps["proxy"], t.rps.get("relay", math.nan)
+    add("")
+    add(f"   throughput, {sizes.small_bytes // 1000} KB json, concurrency {t.concurrency}: "
+        f"direct {t.direct_rps:.0f} rps, audit on {on_rps:.0f} rps, audit off {off_rps:.0f} rps "
+        f"(on/off {on_rps / off_rps:.1%}); errors {t.failures}")
+    for target, label in (("proxy", "audit on "), ("relay", "audit off")):
+        processes = t.cpu_ms[target]
+        add(f"   CPU ms per request, {label}: proxy "
+            f"{processes.get('proxy', processes.get('relay', math.nan)):.2f}")
+    add(f"   entries the audit-on proxy wrote: {results.entries} (one per request; "
+        "written after each response, so the latency above never waits for them)")
+    return "\n".join(out)
+
+
 # -- goals and the report ---------------------------------------------------------------------
 
 
@@ -1731,6 +1834,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"fewer requests ({QUICK.latency_requests} per latency cell, "
                              f"{QUICK.session_turns} session turns)")
+    parser.add_argument("--audit", action="store_true",
+                        help="only the audit log's cost: added latency and throughput with "
+                             "audit.enabled true against false, in one run")
     args = parser.parse_args(argv)
     if args.null_relay is not None:
         serve_null_relay(int(args.null_relay[0]), args.null_relay[1])
@@ -1743,13 +1849,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    async def bounded() -> BenchResults:
-        return await asyncio.wait_for(
+    async def bounded() -> str:
+        if args.audit:
+            audit = await asyncio.wait_for(run_audit_benchmark(sizes), RUN_DEADLINE_S)
+            return format_audit_report(audit)
+        return format_report(await asyncio.wait_for(
             run_benchmark(sizes, SESSION_THRESHOLDS, sticky=sticky, session_modes=modes),
-            RUN_DEADLINE_S)
+            RUN_DEADLINE_S))
 
     try:
-        results = asyncio.run(bounded())
+        report = asyncio.run(bounded())
     except KeyboardInterrupt:
         print("interrupted; child processes stopped", file=sys.stderr)
         return 130
@@ -1758,7 +1867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         ManagedProcess.stop_all()
-    print(format_report(results))
+    print(report)
     return 0
 
 

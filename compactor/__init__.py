@@ -28,7 +28,12 @@ from ._pointers import (
 )
 from ._protocol import Interaction, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
-from ._resolver import SourcePointerResolver, SourceResolution, resolve_durable_sources
+from ._resolver import (
+    SourceExcerpt,
+    SourcePointerResolver,
+    SourceResolution,
+    resolve_durable_sources,
+)
 from ._session_ids import (
     MAX_SESSION_ID_CHARS,
     SESSION_ID_PATTERN,
@@ -38,9 +43,11 @@ from ._session_ids import (
     session_id_problem,
 )
 from ._state import (
+    PENDING_STATUSES,
     DurableContextState,
     DurableFact,
     PendingItem,
+    PendingStatus,
     RetrievalEvidence,
     capture_retrieval_evidence,
 )
@@ -60,10 +67,13 @@ __all__ = [
     "MAX_SESSION_ID_CHARS",
     "MessageShapeError",
     "MessageViewLimitExceeded",
+    "PENDING_STATUSES",
     "PendingItem",
+    "PendingStatus",
     "RetrievalEvidence",
     "SESSION_ID_PATTERN",
     "SESSION_ID_RULE",
+    "SourceExcerpt",
     "SourcePointer",
     "SourcePointerResolver",
     "SourceResolution",

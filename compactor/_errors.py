@@ -9,7 +9,10 @@ Everything in ``__all__`` gets re-exported.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ._pipeline import LayerOutcome
 
 __all__ = ["MessageShapeError", "ToolProtocolError", "MessageViewLimitExceeded",
            "ProtocolErrorKind"]
@@ -65,13 +68,16 @@ class MessageViewLimitExceeded(Exception):
 
     Its text is exactly the provider's own ``prompt is too long: N tokens > M maximum`` (N the
     tokens after compaction, M the hard limit), which clients parse; the layers and the count
-    before compaction are in the attributes.
+    before compaction are in the attributes, and ``outcomes`` says what each layer that ran
+    on this request did (figures only), for the audit log.
     """
 
     def __init__(self, *, tokens_before: int, tokens_after: int, hard_limit: int,
-                 layers_applied: tuple[str, ...]) -> None:
+                 layers_applied: tuple[str, ...],
+                 outcomes: tuple[LayerOutcome, ...] = ()) -> None:
         self.tokens_before = tokens_before
         self.tokens_after = tokens_after
         self.hard_limit = hard_limit
         self.layers_applied = tuple(layers_applied)
+        self.outcomes = tuple(outcomes)
         super().__init__(f"prompt is too long: {tokens_after} tokens > {hard_limit} maximum")

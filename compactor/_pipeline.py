@@ -319,7 +319,7 @@ def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_bef
         ran = tuple(dict.fromkeys([*layers, *(o.layer for o in outcomes)]))
         raise MessageViewLimitExceeded(tokens_before=tokens_before, tokens_after=tokens_after,
                                        hard_limit=policy.hard_limit_tokens,
-                                       layers_applied=tuple(sorted(ran)))
+                                       layers_applied=tuple(sorted(ran)), outcomes=outcomes)
     return CompactionResult(view.messages, durable_state, tokens_before, tokens_after,
                             tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused,
                             view.counted(), tuple(view.fingerprints), tuple(view.tokens))

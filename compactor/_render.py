@@ -15,13 +15,15 @@ Layout (one item per line, sections in state order, empty sections left out)::
       source_status=available evidence_sha256=<64 hex>
     pending_items:
     - item_id="p1" description="..." source_pointer="..." last_confirmed_at=<UTC>
-      source_status=missing evidence_unavailable=true
+      status=open source_status=missing evidence_unavailable=true
     retrieval_evidence:
     - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=<UTC>
       score=0.870 rank=1 conflict_winner=<key> source_status=...
     </durable_context>
 
-(each item is really one line; it is wrapped here only to fit.)
+(each item is really one line; it is wrapped here only to fit.) A pending item's ``status``
+(``open``, ``blocked``, ``done``) is the operator's: the state only changes through the admin
+API, so nothing the model or a summary says can mark an item done.
 
 Every free-text value is written as a JSON string literal (so quotes, backslashes and
 newlines are escaped) with, in addition, every control, line-separator and invisible format
@@ -165,7 +167,7 @@ def render_durable_context(
             lines.append(
                 f"- item_id={_quote(item.item_id)} description={_quote(item.description)} "
                 f"source_pointer={_quote(item.source_pointer)} "
-                f"last_confirmed_at={_utc(item.last_confirmed_at)} "
+                f"last_confirmed_at={_utc(item.last_confirmed_at)} status={item.status} "
                 f"{_status(resolutions[item.source_pointer])}"
             )
     if state.retrieval_evidence:

@@ -28,6 +28,13 @@ different inode means ``corrupt`` (the bytes read are no longer what the path na
 Both kinds of file are streamed: transcripts line by line up to the target (each line
 capped at ``max_line_bytes``), artifacts in ``chunk_size`` chunks into one reused buffer.
 
+:meth:`SourcePointerResolver.excerpt` is for an operator's eyes (the admin API, the CLI): the
+resolution, then, for an available source, the start of its text (the transcript event's
+``text``, or the artifact's first characters), at most ``max_chars``. It resolves first (so
+the same parse, authorization, strict names and containment apply), then reads the file once
+more and shows the excerpt only if what it read has the digest just verified. Excerpts are
+never rendered: :func:`render_durable_context` takes resolutions, which hold no text.
+
 The proxy resolves the same pointers on every request, so outcomes read from a file are
 remembered, keyed by the pointer and the file's identity and change stamps (device, inode,
 size, mtime, ctime; ctime cannot be set back by ``touch``). A hit skips the read, never the
@@ -38,6 +45,7 @@ Everything in ``__all__`` gets re-exported.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import io
@@ -63,7 +71,8 @@ from ._pointers import (
 if TYPE_CHECKING:
     from ._state import DurableContextState
 
-__all__ = ["SourcePointerResolver", "SourceResolution", "resolve_durable_sources"]
+__all__ = ["SourceExcerpt", "SourcePointerResolver", "SourceResolution",
+           "resolve_durable_sources"]
 
 ResolutionStatus = Literal["available", "missing", "denied", "corrupt", "unsupported"]
 _STATUSES: frozenset[str] = frozenset(get_args(ResolutionStatus))
@@ -72,6 +81,8 @@ _SHA256_HEX_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 DEFAULT_CACHE_ENTRIES = 4096
+#: The most characters :meth:`SourcePointerResolver.excerpt` shows by default.
+DEFAULT_EXCERPT_CHARS = 500
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
     | getattr(os, "O_CLOEXEC", 0)
@@ -106,6 +117,22 @@ class SourceResolution:
                 raise ValueError("evidence_sha256: must be 64 lowercase hex when available")
         elif self.evidence_sha256 is not None:
             raise ValueError(f"evidence_sha256: must be None when status is {self.status}")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceExcerpt:
+    """A pointer's resolution and the start of its source's text, for an operator only.
+
+    Attributes:
+        resolution: what :meth:`SourcePointerResolver.resolve` said of the pointer.
+        text: at most ``max_chars`` characters of the source when it is ``available`` and
+            did not change while it was read again (the transcript event's ``text``, else
+            its line; the artifact's start, decoded as UTF-8 with replacement characters);
+            ``None`` otherwise.
+    """
+
+    resolution: SourceResolution
+    text: str | None
 
 
 # (pointer, st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) -> (status, digest, detail)
@@ -205,7 +232,7 @@ class SourcePointerResolver:
 
     # --- transcripts ----------------------------------------------------------------------
 
-    def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
+    def _transcript_path(self, pointer: TranscriptPointer) -> str:
         name = pointer.session_id + ".jsonl"
         path = os.path.join(self._transcript_root, name)
         # The transcript must be that very file: a link to another session's transcript
@@ -213,17 +240,26 @@ class SourcePointerResolver:
         real_root = os.path.realpath(self._transcript_root)
         if os.path.realpath(path) != os.path.join(real_root, name) and os.path.lexists(path):
             raise _Outcome("denied", "the transcript is a link to another file")
+        return path
 
+    def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
         def scan(handle: io.FileIO) -> str:
             # Not closed separately: closing the raw handle is enough, and it must stay
             # open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
-        return self._lookup(self._transcript_root, path, str(pointer), scan)
+        return self._lookup(self._transcript_root, self._transcript_path(pointer), str(pointer),
+                            scan)
 
     def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
                          pointer: TranscriptPointer) -> str:
+        return hashlib.sha256(self._target_line(reader, pointer)).hexdigest()
+
+    def _target_line(self, reader: io.BufferedReader[io.FileIO],
+                     pointer: TranscriptPointer) -> bytes:
+        """The event line the pointer names (without its line ending), every line before it
+        checked."""
         limit = self._max_line_bytes
         for expected in range(1, pointer.sequence + 1):
             raw = reader.readline(limit + 2)  # room for the line ending
@@ -238,12 +274,13 @@ class SourcePointerResolver:
                 raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
             if expected == pointer.sequence:
-                return hashlib.sha256(line).hexdigest()
+                return line
         raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
 
     # --- artifacts ------------------------------------------------------------------------
 
-    def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
+    def _artifact_path(self, pointer: ArtifactPointer) -> tuple[str, str]:
+        """``(the session's folder, the artifact's path)``."""
         # Containment is per session: a link (symbolic or hard) into another session's
         # folder must not pass for this session's artifact.
         real_root = os.path.realpath(self._artifact_root)
@@ -252,7 +289,10 @@ class SourcePointerResolver:
         if linked != session_dir and os.path.lexists(
                 os.path.join(self._artifact_root, pointer.session_id)):
             raise _Outcome("denied", "the session folder is a link")
-        path = os.path.join(session_dir, pointer.filename)
+        return session_dir, os.path.join(session_dir, pointer.filename)
+
+    def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
+        session_dir, path = self._artifact_path(pointer)
 
         def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
@@ -264,6 +304,66 @@ class SourcePointerResolver:
             return digest
 
         return self._lookup(session_dir, path, str(pointer), verify)
+
+    # --- excerpts (for an operator, never for a prompt) -------------------------------------
+
+    def excerpt(self, pointer: str, *, max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
+        """Resolve ``pointer``; for an available source, add the start of its text.
+
+        Never raises for a bad pointer or a bad file: the excerpt is ``None`` unless the
+        source is available and still has the digest just verified when read again.
+
+        Raises:
+            ValueError: ``max_chars`` is negative.
+        """
+        if max_chars < 0:
+            raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+        resolution = self.resolve(pointer)
+        if resolution.status != "available":
+            return SourceExcerpt(resolution, None)
+        # resolve() parsed and authorized this very pointer; the read below goes through
+        # the same path checks and containment.
+        parsed = parse_source_pointer(pointer)
+        try:
+            if isinstance(parsed, TranscriptPointer):
+                digest, text = self._transcript_excerpt(parsed, max_chars)
+            else:
+                digest, text = self._artifact_excerpt(parsed, max_chars)
+        except (_Outcome, OSError):
+            return SourceExcerpt(resolution, None)
+        if digest != resolution.evidence_sha256:  # changed since it was verified
+            return SourceExcerpt(resolution, None)
+        return SourceExcerpt(resolution, text)
+
+    def _transcript_excerpt(self, pointer: TranscriptPointer, max_chars: int) -> tuple[str, str]:
+        with _ContainedFile(self._transcript_root, self._transcript_path(pointer)) as (
+                handle, real, before):
+            reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
+            line = self._target_line(reader, pointer)
+            _check_unchanged(real, before)
+        event = json.loads(line)  # checked by _target_line: a JSON object
+        text = event.get("text")
+        if not isinstance(text, str):
+            text = event.get("content")
+        if not isinstance(text, str):
+            text = line.decode("utf-8", errors="replace")
+        return hashlib.sha256(line).hexdigest(), text[:max_chars]
+
+    def _artifact_excerpt(self, pointer: ArtifactPointer, max_chars: int) -> tuple[str, str]:
+        session_dir, path = self._artifact_path(pointer)
+        wanted = max_chars * 4  # the most bytes max_chars characters take in UTF-8
+        head = bytearray()
+        hasher = hashlib.sha256()
+        with _ContainedFile(session_dir, path) as (handle, real, before):
+            for chunk in self._read_chunks(handle):
+                hasher.update(chunk)
+                if len(head) < wanted:
+                    head += chunk[: wanted - len(head)]
+            _check_unchanged(real, before)
+        # A character cut in two at the end of the head is left out, not replaced.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = decoder.decode(bytes(head), final=before.st_size <= wanted)
+        return hasher.hexdigest(), text[:max_chars]
 
     # --- shared ---------------------------------------------------------------------------
 

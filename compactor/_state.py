@@ -27,15 +27,24 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Final, Literal, TypeVar, get_args
 
 __all__ = [
     "DurableFact",
+    "PENDING_STATUSES",
     "PendingItem",
+    "PendingStatus",
     "RetrievalEvidence",
     "DurableContextState",
     "capture_retrieval_evidence",
 ]
+
+
+#: A pending item's lifecycle. It changes only through the admin API (or the console, which
+#: writes through the same store): a summary or a model reply saying "done" changes nothing.
+PendingStatus = Literal["open", "blocked", "done"]
+#: Every status, in lifecycle order (``open`` is the default).
+PENDING_STATUSES: Final[tuple[PendingStatus, ...]] = get_args(PendingStatus)
 
 
 # --- field checks -----------------------------------------------------------------------
@@ -56,6 +65,13 @@ def _check_text(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{field}: must be a string, got {type(value).__name__}")
     return value
+
+
+def _check_status(field: str, value: object) -> PendingStatus:
+    if not isinstance(value, str) or value not in PENDING_STATUSES:
+        shown = repr(value) if isinstance(value, str) else type(value).__name__
+        raise ValueError(f"{field}: must be one of {', '.join(PENDING_STATUSES)}, got {shown}")
+    return value  # narrowed to the literals by the check above
 
 
 def _check_timestamp(field: str, value: object) -> datetime:
@@ -176,7 +192,7 @@ class DurableFact:
 
 @dataclass(frozen=True, slots=True, init=False)
 class PendingItem:
-    """Something still to be done, with the source that raised it.
+    """Something still to be done, with the source that raised it, and how far it got.
 
     Args:
         item_id: unique among the state's pending items; non-empty.
@@ -185,24 +201,29 @@ class PendingItem:
         last_confirmed_at: when it was last checked: an aware ``datetime`` or an ISO 8601
             string with an offset or ``Z``; the attribute always holds the aware
             ``datetime`` (see :class:`DurableFact`).
+        status: ``open`` (the default), ``blocked`` or ``done``
+            (:data:`PENDING_STATUSES`). Set by the operator only: nothing the model or a
+            summary says changes it.
 
     Raises:
-        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
-            starts with the field name.
+        ValueError: a field is invalid (a naive or non-ISO timestamp, an unknown status
+            included); the message starts with the field name.
     """
 
     item_id: str
     description: str
     source_pointer: str
     last_confirmed_at: datetime
+    status: PendingStatus
 
     def __init__(self, item_id: str, description: str, source_pointer: str,
-                 last_confirmed_at: datetime | str) -> None:
+                 last_confirmed_at: datetime | str, status: str = "open") -> None:
         object.__setattr__(self, "item_id", _check_id("item_id", item_id))
         object.__setattr__(self, "description", _check_id("description", description))
         object.__setattr__(self, "source_pointer", _check_id("source_pointer", source_pointer))
         object.__setattr__(self, "last_confirmed_at",
                            _timestamp("last_confirmed_at", last_confirmed_at))
+        object.__setattr__(self, "status", _check_status("status", status))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
@@ -211,17 +232,20 @@ class PendingItem:
             "description": self.description,
             "source_pointer": self.source_pointer,
             "last_confirmed_at": _iso(self.last_confirmed_at),
+            "status": self.status,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingItem:
-        """Build from the :meth:`to_dict` shape; errors name the field."""
-        values = _fields_of(cls, data, optional=())
+        """Build from the :meth:`to_dict` shape; errors name the field. A ``status`` that is
+        absent (a state stored before pending items had one) is ``open``."""
+        values = _fields_of(cls, data, optional=("status",))
         return cls(
             item_id=values["item_id"],
             description=values["description"],
             source_pointer=values["source_pointer"],
             last_confirmed_at=_parse_timestamp("last_confirmed_at", values["last_confirmed_at"]),
+            status=values.get("status", "open"),
         )
 
 

@@ -8,6 +8,12 @@ A sub-application mounted at ``/admin``. Routes, when an admin token is configur
 
     GET | PUT | DELETE /admin/tenants/{tenant}/sessions/{sid}/state   (the same, per tenant)
 
+    GET /admin/sessions/{sid}/state?resolve=true   -> the state plus "sources": each pointer's
+        status and, for an available source, an excerpt of at most 500 characters
+
+and the audit log's read routes (:mod:`proxy.admin_audit`: ``/admin/sessions``, a
+session's ``requests`` and ``changes``).
+
 ``/admin/sessions/{sid}/state`` is tenant ``none``'s session (``session.scope`` none, and
 every store written before tenants existed); the tenant route names any tenant
 (``none``, ``t<16 hex>``, ``h<16 hex>``: :mod:`proxy.http.tenants`; ``compact-proxy
@@ -33,6 +39,13 @@ Preconditions (optimistic concurrency on the store's version):
 - ``DELETE`` honours ``If-Match`` when given (stale: 409) and deletes unconditionally
   otherwise.
 
+Every ``PUT`` and ``DELETE`` that changes a state is recorded in the audit log as a
+:class:`~proxy.state.audit_log.StateChange` by ``admin-api`` (``admin-api:<name>`` when the
+caller sends ``X-Compact-Actor: <name>``), its detail the ids and statuses that changed
+(:func:`~proxy.state.audit_log.state_change_detail`). Excerpts are for the operator: they
+are read through the session's resolver (its authorization, its strict names) and never reach
+a prompt.
+
 Refusals are raised as :class:`~proxy.http.errors.RequestRejected` and answered, in the Anthropic
 shape, by :func:`~proxy.http.errors.error_middleware`: the sub-app carries its own, so it answers
 the same wherever it is mounted (under the proxy, the parent's middlewares wrap it: the
@@ -43,20 +56,34 @@ and item counts, never the state's text or the token.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
 from aiohttp import web
 
-from compactor import SESSION_ID_RULE, DurableContextState, session_id_problem
+from compactor import DurableContextState, SourceExcerpt
+from proxy import admin_checks as checks
+from proxy.admin_audit import add_audit_routes
 from proxy.http.body import parse_json_object, read_body
 from proxy.http.errors import Handler, RequestRejected, error_middleware, error_response
-from proxy.http.tenants import NO_TENANT, is_tenant, scoped_key
-from proxy.state.store import StateStore, StoredState, StoreError, VersionConflict
+from proxy.http.tenants import NO_TENANT, scoped_key
+from proxy.state.audit_log import RequestLog, StateChange, state_change_detail
+from proxy.state.resolvers import ResolverPool
+from proxy.state.store import (
+    CorruptStateError,
+    StateStore,
+    StoredState,
+    StoreError,
+    VersionConflict,
+)
 
 __all__ = [
+    "ADMIN_ACTOR",
+    "ADMIN_RESOLVERS_KEY",
     "ADMIN_STORE_KEY",
     "ADMIN_TOKEN_KEY",
     "MAX_ADMIN_BODY_BYTES",
@@ -68,6 +95,13 @@ __all__ = [
 ADMIN_STORE_KEY: Final[web.AppKey[StateStore]] = web.AppKey("admin_store")
 #: The admin token, UTF-8 encoded, for the constant-time comparison (held by the sub-app).
 ADMIN_TOKEN_KEY: Final[web.AppKey[bytes]] = web.AppKey("admin_token", bytes)
+#: The source resolvers ``?resolve=true`` reads through (held by the sub-app, when given).
+ADMIN_RESOLVERS_KEY: Final = web.AppKey("admin_resolvers", ResolverPool)
+#: Where the state changes are recorded (held by the sub-app, when they are).
+_CHANGES_KEY: Final[web.AppKey[RequestLog]] = web.AppKey("admin_changes")
+
+#: Who a change through this API is recorded as (``admin-api:<X-Compact-Actor>``).
+ADMIN_ACTOR: Final = "admin-api"
 
 #: Largest accepted PUT body (as sent, and decoded).
 MAX_ADMIN_BODY_BYTES: Final = 1024 * 1024
@@ -76,17 +110,23 @@ _PREFIX: Final = "/admin"
 _STATE_PATH: Final = "/sessions/{sid}/state"  # under _PREFIX
 _TENANT_STATE_PATH: Final = "/tenants/{tenant}/sessions/{sid}/state"  # under _PREFIX
 _IF_MATCH: Final = re.compile(r'"([1-9][0-9]{0,18})"')
-_ALLOWED_METHODS: Final = "GET, HEAD, PUT, DELETE"
 _STORE_ACTIONS: Final = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE": "delete"}
 
 
-def setup_admin(app: web.Application, store: StateStore, token: str | None) -> None:
+def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
+                log: RequestLog | None = None, resolvers: ResolverPool | None = None,
+                record_changes: bool = True) -> None:
     """Mount the admin API on ``app`` at ``/admin``, or a 404 for all of ``/admin`` when off.
 
     Args:
         app: the application (not yet frozen).
         store: where durable state lives.
         token: the admin bearer token; ``None`` or ``""`` disables the API.
+        log: the audit log: its read routes are served (and changes recorded) when given.
+        resolvers: the source resolvers ``GET .../state?resolve=true`` reads through; without
+            them that parameter is refused.
+        record_changes: whether each ``PUT`` and ``DELETE`` is recorded in ``log``
+            (``audit.enabled``).
 
     Raises:
         ValueError: the token has leading or trailing whitespace, which no ``Authorization``
@@ -100,10 +140,16 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None) -> N
     admin = web.Application(middlewares=[error_middleware, _bearer_auth])
     admin[ADMIN_STORE_KEY] = store
     admin[ADMIN_TOKEN_KEY] = token.encode("utf-8")
+    if resolvers is not None:
+        admin[ADMIN_RESOLVERS_KEY] = resolvers
     for path in (_STATE_PATH, _TENANT_STATE_PATH):
         admin.router.add_get(path, _get_state)
         admin.router.add_put(path, _put_state)
         admin.router.add_delete(path, _delete_state)
+    if log is not None:
+        add_audit_routes(admin, log)
+        if record_changes:
+            admin[_CHANGES_KEY] = log
     app.add_subapp(_PREFIX, admin)
 
 
@@ -112,7 +158,7 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None) -> N
 
 @web.middleware
 async def _disabled(request: web.Request, handler: Handler) -> web.StreamResponse:
-    raise _not_found("not found", "admin_disabled")
+    raise checks.not_found("not found", "admin_disabled")
 
 
 @web.middleware
@@ -125,13 +171,13 @@ async def _bearer_auth(request: web.Request, handler: Handler) -> web.StreamResp
                               reason="admin_unauthorized", headers={"WWW-Authenticate": "Bearer"})
     try:
         return await handler(request)
-    except web.HTTPMethodNotAllowed:
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
         raise RequestRejected(405, "invalid_request_error",
-                              f"method {request.method} not allowed; use {_ALLOWED_METHODS}",
-                              reason="method_not_allowed",
-                              headers={"Allow": _ALLOWED_METHODS}) from None
+                              f"method {request.method} not allowed; use {allowed}",
+                              reason="method_not_allowed", headers={"Allow": allowed}) from None
     except web.HTTPNotFound:
-        raise _not_found("not found", "not_found") from None
+        raise checks.not_found("not found", "not_found") from None
     except StoreError as exc:
         action = _STORE_ACTIONS.get(request.method, request.method)
         # The store's message may name file paths; it goes to the log, not to the client.
@@ -154,40 +200,11 @@ def _authorized(request: web.Request) -> bool:
     return hmac.compare_digest(given, expected)
 
 
-# --- checks -----------------------------------------------------------------------------
-
-
-def _bad_request(message: str, reason: str) -> RequestRejected:
-    return RequestRejected(400, "invalid_request_error", message, reason=reason)
-
-
-def _not_found(message: str, reason: str) -> RequestRejected:
-    return RequestRejected(404, "not_found_error", message, reason=reason)
+# --- checks ---------------------------------------------------------------------------
 
 
 def _etag(version: int) -> str:
     return f'"{version}"'
-
-
-def _session_id(request: web.Request) -> str:
-    sid = request.match_info["sid"]
-    # The one rule for session ids (compactor.check_session_id): the proxy serves exactly
-    # these, and only these can be named by the pointers of the state stored here.
-    problem = session_id_problem(sid)
-    if problem is not None:
-        raise _bad_request(f"session id: {problem}; a session id is {SESSION_ID_RULE}",
-                           "bad_session_id")
-    return sid
-
-
-def _tenant(request: web.Request) -> str | None:
-    """The tenant named in the URL (``None``: the legacy route, tenant ``none``'s session)."""
-    tenant = request.match_info.get("tenant")
-    # The value is not repeated: it may be a credential pasted in by mistake.
-    if tenant is not None and not is_tenant(tenant):
-        raise _bad_request("tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex> "
-                           "(compact-proxy tenant-id prints one)", "bad_tenant")
-    return tenant
 
 
 def _if_match(request: web.Request) -> int | None:
@@ -197,11 +214,11 @@ def _if_match(request: web.Request) -> int | None:
         return None
     value = raw.strip()
     if value == "*":
-        raise _bad_request('If-Match: "*" is not supported; send the ETag of the state',
-                           "bad_if_match")
+        raise checks.bad_request('If-Match: "*" is not supported; send the ETag of the state',
+                                 "bad_if_match")
     match = _IF_MATCH.fullmatch(value)
     if match is None:
-        raise _bad_request('If-Match: must be one quoted version, like "3"', "bad_if_match")
+        raise checks.bad_request('If-Match: must be one quoted version, like "3"', "bad_if_match")
     return int(match.group(1))
 
 
@@ -209,20 +226,23 @@ async def _read_state(request: web.Request, session_id: str, tenant: str,
                       if_match: int | None) -> DurableContextState:
     """The PUT body as a state; a 413 when too large, a 400 naming the problem otherwise."""
     data = parse_json_object(await read_body(request, MAX_ADMIN_BODY_BYTES), "body")
-    # session_id, tenant and version are what GET returns; a client may send them back
-    # unchanged.
+    # session_id, tenant and version are what GET returns (and sources, what ?resolve=true
+    # adds: read-only); a client may send them back unchanged.
     if "session_id" in data and data.pop("session_id") != session_id:
-        raise _bad_request("session_id: does not match the session in the URL", "invalid_state")
+        raise checks.bad_request("session_id: does not match the session in the URL",
+                                 "invalid_state")
     if "tenant" in data and data.pop("tenant") != tenant:
-        raise _bad_request("tenant: does not match the tenant in the URL", "invalid_state")
+        raise checks.bad_request("tenant: does not match the tenant in the URL", "invalid_state")
     if "version" in data:
         version = data.pop("version")
         if if_match is None or isinstance(version, bool) or version != if_match:
-            raise _bad_request("version: does not match the If-Match version", "invalid_state")
+            raise checks.bad_request("version: does not match the If-Match version",
+                                     "invalid_state")
+    data.pop("sources", None)
     try:
         return DurableContextState.from_dict(data)
     except ValueError as exc:
-        raise _bad_request(str(exc), "invalid_state") from None
+        raise checks.bad_request(str(exc), "invalid_state") from None
 
 
 def _conflict(sid: str, if_match: int | None, exc: VersionConflict) -> RequestRejected:
@@ -243,33 +263,80 @@ def _conflict(sid: str, if_match: int | None, exc: VersionConflict) -> RequestRe
 # --- handlers ---------------------------------------------------------------------------
 
 
-def _state_response(sid: str, tenant: str | None, stored: StoredState,
-                    status: int = 200) -> web.Response:
+def _state_response(sid: str, tenant: str | None, stored: StoredState, status: int = 200,
+                    sources: tuple[SourceExcerpt, ...] | None = None) -> web.Response:
     body: dict[str, Any] = {"session_id": sid}
     if tenant is not None:  # the tenant route; the legacy route's body keeps its shape
         body["tenant"] = tenant
     body["version"] = stored.version
     body.update(stored.state.to_dict())
+    if sources is not None:
+        body["sources"] = [_source_json(source) for source in sources]
     return web.json_response(body, status=status, headers={"ETag": _etag(stored.version)})
 
 
+def _source_json(source: SourceExcerpt) -> dict[str, Any]:
+    resolution = source.resolution
+    return {"pointer": resolution.pointer, "status": resolution.status,
+            "evidence_sha256": resolution.evidence_sha256, "detail": resolution.detail,
+            "excerpt": source.text}
+
+
 async def _get_state(request: web.Request) -> web.Response:
-    sid = _session_id(request)
-    tenant = _tenant(request)
+    sid = checks.session_id(request)
+    tenant = checks.tenant(request)
+    resolve = checks.flag(request, "resolve")
+    if resolve and ADMIN_RESOLVERS_KEY not in request.app:
+        raise checks.bad_request("resolve: source resolution is not available here",
+                                 "bad_query")
     stored = await request.app[ADMIN_STORE_KEY].get_state(scoped_key(tenant or NO_TENANT, sid))
     if stored is None:
-        raise _not_found(f"no durable state for session {sid}", "no_state")
-    return _state_response(sid, tenant, stored)
+        raise checks.not_found(f"no durable state for session {sid}", "no_state")
+    sources = None
+    if resolve:
+        # The client's own session authorizes, as on the request path; files are read in a
+        # worker thread.
+        sources = await asyncio.to_thread(request.app[ADMIN_RESOLVERS_KEY].excerpts, sid,
+                                          stored.state)
+    return _state_response(sid, tenant, stored, sources=sources)
+
+
+async def _current(store: StateStore, key: str) -> StoredState | None:
+    """The state a write is about to replace, for the change's detail; ``None`` when there is
+    none, or it does not decode (a write may still replace it)."""
+    try:
+        return await store.get_state(key)
+    except CorruptStateError:
+        return None
+
+
+async def _record_change(request: web.Request, sid: str, tenant: str, actor: str,
+                         change: StateChange) -> None:
+    """Keep ``change`` in the audit log (when it is recorded); a failure is logged, never
+    undoes the write that happened."""
+    log = request.app.get(_CHANGES_KEY)
+    if log is None:
+        return
+    try:
+        await log.add_state_change(change)
+    except StoreError as exc:
+        structlog.get_logger().warning("state_change_not_recorded", session_id=sid,
+                                       tenant=tenant, error_class=type(exc).__name__)
 
 
 async def _put_state(request: web.Request) -> web.Response:
-    sid = _session_id(request)
-    tenant = _tenant(request)
+    sid = checks.session_id(request)
+    tenant = checks.tenant(request)
     if_match = _if_match(request)
+    actor = checks.actor(request, ADMIN_ACTOR)
     state = await _read_state(request, sid, tenant or NO_TENANT, if_match)
+    store = request.app[ADMIN_STORE_KEY]
+    key = scoped_key(tenant or NO_TENANT, sid)
+    # Compare-and-swap: when the write succeeds, the version it replaced is if_match, so a
+    # state read at that version is the one replaced.
+    old = await _current(store, key) if if_match is not None else None
     try:
-        stored = await request.app[ADMIN_STORE_KEY].put_state(
-            scoped_key(tenant or NO_TENANT, sid), state, if_match)
+        stored = await store.put_state(key, state, if_match)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
     created = stored.version == 1
@@ -280,6 +347,12 @@ async def _put_state(request: web.Request) -> web.Response:
         facts=len(state.facts), pending_items=len(state.pending_items),
         retrieval_evidence=len(state.retrieval_evidence),
     )
+    replaced = old.state if old is not None and old.version == if_match else None
+    detail = (state_change_detail(replaced, state) if replaced is not None or if_match is None
+              else ("state replaced",))
+    await _record_change(request, sid, tenant or NO_TENANT, actor, StateChange(
+        at=datetime.now(UTC), session_id=sid, tenant=tenant or NO_TENANT, actor=actor,
+        action="put", version=stored.version, detail=detail))
     response = _state_response(sid, tenant, stored, status=201 if created else 200)
     if created:
         response.headers["Location"] = request.path
@@ -287,16 +360,23 @@ async def _put_state(request: web.Request) -> web.Response:
 
 
 async def _delete_state(request: web.Request) -> web.Response:
-    sid = _session_id(request)
-    tenant = _tenant(request)
+    sid = checks.session_id(request)
+    tenant = checks.tenant(request)
     if_match = _if_match(request)
+    actor = checks.actor(request, ADMIN_ACTOR)
+    store = request.app[ADMIN_STORE_KEY]
+    key = scoped_key(tenant or NO_TENANT, sid)
+    old = await _current(store, key)
     try:
-        deleted = await request.app[ADMIN_STORE_KEY].delete_state(
-            scoped_key(tenant or NO_TENANT, sid), if_match)
+        deleted = await store.delete_state(key, if_match)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
     if not deleted:
-        raise _not_found(f"no durable state for session {sid}", "no_state")
+        raise checks.not_found(f"no durable state for session {sid}", "no_state")
     structlog.get_logger().info("admin_state_deleted", session_id=sid,
                                 tenant=tenant or NO_TENANT, expected_version=if_match)
+    detail = ("state deleted",) if old is None else state_change_detail(old.state, None)
+    await _record_change(request, sid, tenant or NO_TENANT, actor, StateChange(
+        at=datetime.now(UTC), session_id=sid, tenant=tenant or NO_TENANT, actor=actor,
+        action="delete", version=None, detail=detail))
     return web.Response(status=204)

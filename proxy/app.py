@@ -13,6 +13,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
+from datetime import UTC, datetime
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from proxy.http.routes import setup_routes
 from proxy.http.tenants import TenantScope
 from proxy.keys import (
     ACCOUNTING,
+    AUDIT_LOG,
     BACKGROUND,
     CALIBRATION,
     CHECKPOINTS,
@@ -62,6 +64,9 @@ COUNTER_CACHE_ENTRIES: Final = 200_000
 BACKGROUND_DRAIN_S: Final = 5.0
 #: Concurrent upstream connections (each streaming answer holds one).
 UPSTREAM_CONNECTION_LIMIT: Final = 1000
+#: Seconds between two trims of the audit log to its retention (also one at startup): each
+#: write trims too, but a session nobody writes to any more only goes this way.
+AUDIT_TRIM_INTERVAL_S: Final = 3600.0
 
 
 def _token_counter(config: Config) -> compactor.CachingCounter:
@@ -95,6 +100,26 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     tasks = app[BACKGROUND]
     if tasks:
         await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
+
+
+async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Registered after the store's context, so the store is open while it runs.
+    async def trim_now_and_then() -> None:
+        while True:
+            try:
+                removed = await app[AUDIT_LOG].trim(datetime.now(UTC))
+            except Exception as exc:  # noqa: BLE001 - retried at the next interval
+                _log.warning("audit_trim_failed", error_class=type(exc).__name__)
+            else:
+                if removed:
+                    _log.info("audit_trimmed", removed=removed)
+            await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
+
+    task = asyncio.get_running_loop().create_task(trim_now_and_then())
+    yield
+    task.cancel()
+    with suppress(asyncio.CancelledError):
+        await task
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -156,10 +181,13 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[SUMMARIES] = backend
     app[CHECKPOINTS] = SessionCheckpoints(backend)
     app[USAGE_LEDGER] = backend
+    app[AUDIT_LOG] = backend
     app[CALIBRATION] = Calibration()
     app[ACCOUNTING] = Accounting()
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
+    if config.audit.enabled:
+        app.cleanup_ctx.append(_audit_trim_ctx)
     app.cleanup_ctx.append(_background_ctx)
     app.cleanup_ctx.append(_upstream_ctx)
     if config.summary.enabled:

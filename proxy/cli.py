@@ -1,7 +1,9 @@
 """The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
-``report`` (what each session cost, and would have cost without the proxy), and for
-``session.scope``: ``tenant-id`` (a caller's tenant) and ``move-session`` (a session's
-durable state from one tenant to another, when switching scope).
+``report`` (what each session cost, and would have cost without the proxy), the audit log's
+``sessions`` (every session's totals), ``session`` (one session's requests, durable state and
+changes) and ``blocked`` (the refused requests since a time), and for ``session.scope``:
+``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state from one
+tenant to another, when switching scope).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -11,18 +13,28 @@ imported only by the subcommand that needs them, so ``check-config`` stays light
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
 from .config import CONFIG_ENV_VAR, Config, ConfigError, load_config
 
+if TYPE_CHECKING:
+    from .state.audit_log import RequestEntry, SessionSummary, StateChange
+    from .state.store import StoreBackend, StoredState
+
 __all__ = ["main"]
 
 EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_CONFIG = 2
+
+_T = TypeVar("_T")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +82,55 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--session", metavar="SID",
                         help="only this session (its id, under any tenant, or its store key)")
+
+    sessions = commands.add_parser(
+        "sessions", help="every session in the audit log, newest first, with its totals"
+    )
+    sessions.add_argument("--config", metavar="PATH", help=config_help)
+    sessions.add_argument("--json", action="store_true", help="print one JSON object")
+    sessions.add_argument("--contains", metavar="TEXT",
+                          help="only sessions whose id contains TEXT (any case)")
+    sessions.add_argument("--order", choices=("last_seen", "blocked"), default="last_seen",
+                          help="newest first (default), or most refusals first")
+    sessions.add_argument("--offset", type=_count, default=0, metavar="N",
+                          help="skip the first N sessions")
+    sessions.add_argument("--limit", type=_positive, default=50, metavar="N",
+                          help="show at most N sessions (default 50)")
+
+    session = commands.add_parser(
+        "session", help="one session: its requests, its durable state and the sources' status"
+    )
+    session.add_argument("session_id", metavar="SID", help="the session id")
+    session.add_argument("--tenant", default="none", metavar="TENANT",
+                         help="its tenant (default: none)")
+    session.add_argument("--config", metavar="PATH", help=config_help)
+    session.add_argument("--json", action="store_true", help="print one JSON object")
+    session.add_argument("--limit", type=_positive, default=20, metavar="N",
+                         help="show its N newest requests (default 20)")
+
+    blocked = commands.add_parser("blocked", help="the requests the proxy refused since a time")
+    blocked.add_argument("--since", default="24h", metavar="WHEN",
+                         help="30m, 1h, 2d (back from now) or an ISO time (default 24h)")
+    blocked.add_argument("--config", metavar="PATH", help=config_help)
+    blocked.add_argument("--json", action="store_true", help="print one JSON object")
+    blocked.add_argument("--limit", type=_positive, default=1000, metavar="N",
+                         help="show at most N (default 1000)")
     return parser
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"not an integer >= 0: {text!r}")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not an integer >= 1: {text!r}")
+    return value
 
 
 def _load(path: str | None) -> Config | None:
@@ -136,8 +196,6 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    import asyncio
-
     from .state.migrate import MoveRefused, move_session
     from .state.store import StoreError, store_for
 
@@ -166,9 +224,6 @@ def _report(path: str | None, as_json: bool, session: str | None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    import asyncio
-    from pathlib import Path
-
     from .report import build_report
     from .state.store import StoreError, store_for
     from .state.usage import UsageRow
@@ -201,6 +256,149 @@ def _report(path: str | None, as_json: bool, session: str | None) -> int:
               else f"no usage recorded for session {session}")
     else:
         sys.stdout.write(report.as_text())
+    return EXIT_OK
+
+
+class _CommandFailed(Exception):
+    """A command stops with one line on stderr and this exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
+                empty: _T) -> _T:
+    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
+    does not exist yet (a command that reads never creates it).
+
+    Raises:
+        _CommandFailed: the store failed (exit 1) or cannot be configured (exit 2).
+    """
+    from .state.store import StoreError, store_for
+
+    async def run() -> _T:
+        store = await store_for(config).open()
+        try:
+            return await read(store)
+        finally:
+            await store.close()
+
+    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
+        return empty
+    try:
+        return asyncio.run(run())
+    except ConfigError as exc:
+        raise _CommandFailed(str(exc), EXIT_CONFIG) from None
+    except StoreError as exc:
+        raise _CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
+
+
+def _sessions(path: str | None, args: argparse.Namespace) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from .audit_report import sessions_table
+
+    async def read(store: StoreBackend) -> tuple[list[SessionSummary], int]:
+        return await store.sessions(offset=args.offset, limit=args.limit,
+                                    contains=args.contains, order=args.order)
+
+    empty: tuple[list[SessionSummary], int] = ([], 0)
+    try:
+        summaries, total = _read_store(config, "sessions", read, empty)
+    except _CommandFailed as exc:
+        print(exc, file=sys.stderr)
+        return exc.code
+    if args.json:
+        print(json.dumps({"sessions": [summary.as_json() for summary in summaries],
+                          "total": total, "offset": args.offset, "limit": args.limit},
+                         indent=2))
+    elif not total:
+        print("no sessions in the audit log" if not args.contains
+              else f"no session id contains {args.contains!r}")
+    else:
+        sys.stdout.write(sessions_table(summaries, total))
+    return EXIT_OK
+
+
+def _session(path: str | None, args: argparse.Namespace) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from compactor import SourceResolution, resolve_durable_sources, session_id_problem
+
+    from .audit_report import session_json, session_text
+    from .http.tenants import is_tenant, scoped_key
+    from .state.resolvers import ResolverPool
+
+    sid, tenant = args.session_id, args.tenant
+    problem = session_id_problem(sid)
+    if problem is not None:
+        print(f"session: session id: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not is_tenant(tenant):
+        print("session: --tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex>",
+              file=sys.stderr)
+        return EXIT_CONFIG
+
+    async def read(store: StoreBackend
+                   ) -> tuple[list[RequestEntry], int, StoredState | None, list[StateChange]]:
+        entries, total = await store.session_requests(tenant, sid, limit=args.limit)
+        changes = await store.state_changes(tenant, sid, limit=args.limit)
+        return entries, total, await store.get_state(scoped_key(tenant, sid)), changes
+
+    empty: tuple[list[RequestEntry], int, StoredState | None, list[StateChange]] = (
+        [], 0, None, [])
+    try:
+        entries, total, stored, changes = _read_store(config, "session", read, empty)
+    except _CommandFailed as exc:
+        print(exc, file=sys.stderr)
+        return exc.code
+    statuses: tuple[SourceResolution, ...] = ()
+    if stored is not None:
+        # The session's own resolver, as on the request path (statuses only: no text).
+        resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
+                                 config.source_access())
+        statuses = resolve_durable_sources(stored.state, resolvers.for_session(sid))
+    if args.json:
+        print(json.dumps(session_json(sid, tenant, entries, total, stored, statuses, changes),
+                         indent=2))
+    else:
+        sys.stdout.write(session_text(sid, tenant, entries, total, stored, statuses, changes))
+    return EXIT_OK
+
+
+def _blocked(path: str | None, args: argparse.Namespace) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from datetime import UTC, datetime
+
+    from .audit_report import blocked_table, parse_since
+
+    try:
+        since = parse_since(args.since, datetime.now(UTC))
+    except ValueError as exc:
+        print(f"blocked: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    async def read(store: StoreBackend) -> list[RequestEntry]:
+        return await store.blocked_since(since, limit=args.limit)
+
+    try:
+        none: list[RequestEntry] = []
+        entries = _read_store(config, "blocked", read, none)
+    except _CommandFailed as exc:
+        print(exc, file=sys.stderr)
+        return exc.code
+    if args.json:
+        print(json.dumps({"since": since.isoformat(),
+                          "blocked": [entry.as_json() for entry in entries]}, indent=2))
+    elif not entries:
+        print(f"no blocked requests since {since.isoformat(timespec='seconds')}")
+    else:
+        sys.stdout.write(blocked_table(entries))
     return EXIT_OK
 
 
@@ -237,6 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
     if args.command == "report":
         return _report(args.config, args.json, args.session)
+    if args.command == "sessions":
+        return _sessions(args.config, args)
+    if args.command == "session":
+        return _session(args.config, args)
+    if args.command == "blocked":
+        return _blocked(args.config, args)
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":

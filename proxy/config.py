@@ -12,8 +12,9 @@ the per-role :class:`~policies.CompactionPolicy` built from both is one too.
 
 Keys and defaults follow SPEC §3. Extensions: ``limits.max_body_bytes``,
 ``upstream``-independent ``summary.api_key_env`` / ``summary.max_retries``, the
-``policies`` section (per-role overrides, role rules, file-read tools, source access) and the
-``prices`` section (USD per million tokens by model family, for ``compact-proxy report``).
+``policies`` section (per-role overrides, role rules, file-read tools, source access), the
+``prices`` section (USD per million tokens by model family, for ``compact-proxy report``) and
+the ``audit`` section (the bounds of the audit log).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from policies._source_access import SourceAccessPolicy
 
 __all__ = [
     "AdminConfig",
+    "AuditConfig",
     "CompactionConfig",
     "Config",
     "ConfigError",
@@ -416,6 +418,18 @@ class AdminConfig(_Section):
     token_env: EnvName = "COMPACT_PROXY_ADMIN_TOKEN"
 
 
+@_section("audit")
+class AuditConfig(_Section):
+    """The audit log the store keeps: one record per ``/v1/messages`` and ``count_tokens``
+    request (figures, ids and names; never message text) and one per change of a durable
+    state, written after the response. A session keeps at most ``max_requests_per_session``
+    records, and none older than ``retention_days``."""
+
+    enabled: Bool = True
+    max_requests_per_session: Positive = 1000
+    retention_days: Positive = 14
+
+
 @_section("logging")
 class LoggingConfig(_Section):
     """structlog output: ``json`` (one object per line) or ``console``, and the level."""
@@ -581,6 +595,7 @@ class Config(_Section):
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     prices: Prices = field(default_factory=lambda: DEFAULT_PRICES)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)

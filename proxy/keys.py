@@ -17,6 +17,7 @@ from policies import RolePolicies
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
 from proxy.state.accounting import Accounting
+from proxy.state.audit_log import RequestLog
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.resolvers import ResolverPool
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCOUNTING",
+    "AUDIT_LOG",
     "BACKGROUND",
     "CALIBRATION",
     "CHECKPOINTS",
@@ -69,12 +71,14 @@ METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 TENANTS: Final[web.AppKey[TenantScope]] = web.AppKey("tenants")
 #: The store's usage ledger (billed tokens per session and model).
 USAGE_LEDGER: Final[web.AppKey[UsageLedger]] = web.AppKey("usage_ledger")
+#: The store's audit log (one entry per request, one per change of a durable state).
+AUDIT_LOG: Final[web.AppKey[RequestLog]] = web.AppKey("audit_log")
 #: Turns an answered request into a ledger entry (remembers each lane's previous size).
 ACCOUNTING: Final = web.AppKey("accounting", Accounting)
 #: What the provider's own counts taught: correction factors and context windows.
 CALIBRATION: Final = web.AppKey("calibration", Calibration)
-#: Tasks that run after a response (usage bookkeeping), held until they end; the app waits
-#: for them at shutdown.
+#: Tasks that run after a response (usage bookkeeping, audit entries), held until they end;
+#: the app waits for them at shutdown (:mod:`proxy.background`).
 BACKGROUND: Final[web.AppKey[set[asyncio.Task[None]]]] = web.AppKey("background")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)

@@ -46,7 +46,7 @@ SAFE_KEYS: Final = frozenset({
     "usage_input", "usage_cache_read", "usage_cache_write", "usage_output",
     # body repairs
     "replaced",
-    "version", "expected_version", "created", "action",
+    "version", "expected_version", "created", "action", "removed",
     "facts", "pending_items", "retrieval_evidence",
     # startup
     "host", "port", "upstream_host", "store_backend", "token_counter", "summary_enabled",

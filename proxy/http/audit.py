@@ -2,9 +2,12 @@
 
 Every request gets a :class:`RequestRecord` (under ``request[RECORD]``) and a ``request_id``
 bound into the structlog context. Handlers fill the record in as they learn things (session,
-role, token counts, upstream status); when the request ends, however it ends, the middleware
-writes the one ``request_completed`` line of SPEC section 8 and counts the request in the
-metrics.
+role, model, token counts and what each layer saved, why it was refused, upstream status);
+when the request ends, however it ends, the middleware writes the one ``request_completed``
+line of SPEC section 8, counts the request in the metrics and, for a ``/v1/messages`` or
+``count_tokens`` request with a session, hands its
+:class:`~proxy.state.audit_log.RequestEntry` to the store's audit log in the background (the
+response never waits for it).
 """
 
 from __future__ import annotations
@@ -12,22 +15,30 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
 
 import structlog
 from aiohttp import web
 
-from proxy.keys import METRICS
+from compactor import LayerOutcome
+from proxy.background import in_background
+from proxy.keys import AUDIT_LOG, CONFIG, METRICS
+from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
-__all__ = ["RECORD", "Outcome", "RequestRecord", "request_context_middleware", "route_name"]
+__all__ = ["AUDITED_ROUTES", "RECORD", "Outcome", "RequestRecord", "layer_savings",
+           "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The routes whose requests the audit log keeps (when they have a session).
+AUDITED_ROUTES: Final = frozenset({"messages", "count_tokens"})
 
 
 class Outcome(StrEnum):
@@ -59,12 +70,18 @@ class RequestRecord:
         session_id: the resolved session (the client's own id), once known.
         tenant: whose session it is (``session.scope``: ``none``, ``t…`` or ``h…``).
         role: the compaction role, once chosen.
+        model: the model the client asked for, once the body is parsed.
         tokens_before: view size before compaction (``None``: no compaction ran).
         tokens_after: view size as forwarded.
-        layers: the layers that ran, in order.
+        layers: the layers whose effect is in the view, in order.
+        layer_savings: every layer that ran on this request, with what it saved (0 when its
+            change is not in the view).
+        reason: why the proxy refused the request (``request_blocked``'s reason).
+        hard_limit: the hard limit it was refused by, when refused for size.
         upstream_status: the provider's status code, when it answered.
         outcome: how the request ended (:class:`Outcome`); ``None`` until set.
         started: ``time.perf_counter()`` at arrival.
+        arrived: the wall-clock time of arrival (UTC).
         usage: the provider's ``usage`` of its answer, when it reported one.
         estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
             / the provider's count, in percent, when both are known.
@@ -75,12 +92,17 @@ class RequestRecord:
     session_id: str | None = None
     tenant: str | None = None
     role: str | None = None
+    model: str | None = None
     tokens_before: int | None = None
     tokens_after: int | None = None
     layers: tuple[str, ...] = field(default=())
+    layer_savings: tuple[LayerSaving, ...] = field(default=())
+    reason: str | None = None
+    hard_limit: int | None = None
     upstream_status: int | None = None
     outcome: Outcome | None = None
     started: float = field(default_factory=time.perf_counter)
+    arrived: datetime = field(default_factory=lambda: datetime.now(UTC))
     usage: ProviderUsage | None = None
     estimate_error: float | None = None
 
@@ -98,6 +120,33 @@ class RequestRecord:
     def duration_ms(self) -> float:
         """Milliseconds since the request arrived."""
         return round((time.perf_counter() - self.started) * 1000.0, 3)
+
+    def audit_entry(self, status: int | None, outcome: Outcome,
+                    duration_ms: float) -> RequestEntry | None:
+        """What the audit log keeps of this request, once it ended with ``status`` (the
+        client's) and ``outcome``; ``None`` for a route it does not keep, or before a
+        session was known."""
+        if self.route not in AUDITED_ROUTES or self.session_id is None:
+            return None
+        usage = self.usage
+        return RequestEntry(
+            at=self.arrived, request_id=self.request_id, session_id=self.session_id,
+            tenant=self.tenant or "none", route=self.route, role=self.role, model=self.model,
+            tokens_before=self.tokens_before, tokens_after=self.tokens_after,
+            layers=self.layer_savings, outcome=outcome.value, reason=self.reason,
+            hard_limit=self.hard_limit, status=status, upstream_status=self.upstream_status,
+            usage_input=None if usage is None else usage.input,
+            usage_cache_read=None if usage is None else usage.cache_read,
+            usage_cache_write=None if usage is None else usage.cache_write,
+            usage_output=None if usage is None else usage.output,
+            duration_ms=duration_ms,
+        )
+
+
+def layer_savings(outcomes: Iterable[LayerOutcome]) -> tuple[LayerSaving, ...]:
+    """Every layer that ran, with what it saved: 0 when its change is not in the view (it
+    changed nothing, failed, or a later layer superseded it)."""
+    return tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
 
 
 #: The audit record of the request being served.
@@ -146,6 +195,8 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     finally:
         outcome = _outcome(record, status)
         request.app[METRICS].count_request(record.route, outcome)
+        duration_ms = record.duration_ms()
+        _keep_in_audit_log(request, record.audit_entry(status, outcome, duration_ms))
         usage = record.usage
         _log.info(
             "request_completed",
@@ -166,5 +217,14 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             usage_cache_write=None if usage is None else usage.cache_write,
             usage_output=None if usage is None else usage.output,
             outcome=outcome,
-            duration_ms=record.duration_ms(),
+            duration_ms=duration_ms,
         )
+
+
+def _keep_in_audit_log(request: web.Request, entry: RequestEntry | None) -> None:
+    """Hand ``entry`` to the store's audit log after the response (when ``audit.enabled``)."""
+    if entry is None:
+        return
+    app = request.app
+    if app[CONFIG].audit.enabled:
+        in_background(app, app[AUDIT_LOG].add_request(entry), failure_event="audit_not_recorded")

@@ -19,7 +19,8 @@ import structlog
 from aiohttp import web
 
 import compactor
-from proxy.http.audit import RECORD, Outcome, RequestRecord
+from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
+from proxy.state.audit_log import LayerSaving
 from proxy.state.store import StoreError
 
 __all__ = [
@@ -84,13 +85,15 @@ class UpstreamFailure(ProxyError):
 
 @dataclass(frozen=True)
 class _Blocked:
-    """The audit fields of one rejection (SPEC section 8, ``request_blocked``)."""
+    """The audit fields of one rejection (SPEC section 8, ``request_blocked``), and what each
+    layer that ran saved (for the audit log)."""
 
     reason: str
     tokens_before: int | None = None
     tokens_after: int | None = None
     hard_limit: int | None = None
     layers: tuple[str, ...] = field(default=())
+    savings: tuple[LayerSaving, ...] = field(default=())
 
 
 def error_body(error_type: str, message: str,
@@ -140,7 +143,7 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded) -> tuple[RequestRejecte
                     "layers": list(layers)},
     )
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
-                       exc.hard_limit, layers)
+                       exc.hard_limit, layers, layer_savings(exc.outcomes))
     return rejected, blocked
 
 
@@ -209,10 +212,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               headers=_compact_headers(request))
     _note_outcome(request, Outcome.BLOCKED)
     record = request.get(RECORD)
-    if record is not None and blocked.tokens_before is not None:
-        record.tokens_before = blocked.tokens_before
-        record.tokens_after = blocked.tokens_after
-        record.layers = blocked.layers
+    if record is not None:
+        record.reason, record.hard_limit = blocked.reason, blocked.hard_limit
+        if blocked.tokens_before is not None:
+            record.tokens_before = blocked.tokens_before
+            record.tokens_after = blocked.tokens_after
+            record.layers = blocked.layers
+            record.layer_savings = blocked.savings
     _log.warning(
         "request_blocked",
         reason=blocked.reason,

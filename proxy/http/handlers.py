@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,8 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.http.audit import RECORD, RequestRecord
+from proxy.background import in_background
+from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import (
     dump_body,
     may_hold_lone_surrogates,
@@ -53,7 +54,6 @@ from proxy.http.tenants import scoped_key
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
-    BACKGROUND,
     CALIBRATION,
     CHECKPOINTS,
     CONFIG,
@@ -166,8 +166,9 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
     def on_usage(model: str, usage: ProviderUsage) -> None:
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
-        _in_background(app, app[USAGE_LEDGER].add_usage(
-            session.key, model, Accounting.summary_entry(usage)))
+        in_background(app, app[USAGE_LEDGER].add_usage(
+            session.key, model, Accounting.summary_entry(usage)),
+            failure_event="usage_not_recorded")
 
     return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
                           tenant=session.tenant, fork=fork, counter=app[COUNTER],
@@ -251,6 +252,7 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
+    record.layer_savings = layer_savings(result.outcomes)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
     return result
 
@@ -275,6 +277,8 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
     body = parse_body(raw)
+    if isinstance(body.get("model"), str):
+        record.model = body["model"]
     mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
@@ -359,22 +363,8 @@ def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
     # at the ratio the provider's count of this view showed to the estimate of the view.
     without = round(result.tokens_before * provider / max(1, result.tokens_after))
     entry = app[ACCOUNTING].entry(f"{session.key}:{plan.lane}", without, usage)
-    _in_background(app, app[USAGE_LEDGER].add_usage(session.key, plan.model, entry))
-
-
-def _in_background(app: web.Application, work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` after the response, never failing the request; held until it ends."""
-
-    async def run() -> None:
-        try:
-            await work
-        except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
-            _log.warning("usage_not_recorded", error_class=type(exc).__name__)
-
-    task = asyncio.get_running_loop().create_task(run())
-    tasks = app[BACKGROUND]
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    in_background(app, app[USAGE_LEDGER].add_usage(session.key, plan.model, entry),
+                  failure_event="usage_not_recorded")
 
 
 def _set_beta(headers: CIMultiDict[str], value: str) -> None:

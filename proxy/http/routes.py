@@ -11,7 +11,7 @@ from aiohttp import web
 
 from proxy.admin import setup_admin
 from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
-from proxy.keys import CONFIG, METRICS, STORE
+from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE
 from proxy.metrics import CONTENT_TYPE
 
 __all__ = ["setup_routes"]
@@ -35,5 +35,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_post("/v1/messages/count_tokens", count_tokens_handler, name="count_tokens")
     router.add_get("/healthz", healthz_handler, name="healthz")
     router.add_get("/metrics", metrics_handler, name="metrics")
-    setup_admin(app, app[STORE], app[CONFIG].admin_token())  # mounts the /admin sub-app
+    config = app[CONFIG]
+    setup_admin(app, app[STORE], config.admin_token(), log=app[AUDIT_LOG],  # mounts /admin
+                resolvers=app[RESOLVERS], record_changes=config.audit.enabled)
     router.add_route("*", "/{tail:.*}", passthrough_handler, name="passthrough")

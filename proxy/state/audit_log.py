@@ -7,22 +7,66 @@ state made through the admin API or the console. Both are kept per session withi
 (:class:`RequestLog`), written after the response (a request never waits for its record), and
 read by the admin API, the console at ``/admin/ui/`` and the ``sessions`` / ``session`` /
 ``blocked`` commands.
+
+Each type has one JSON form (``as_json``, read back by ``from_json`` where a store keeps it
+as JSON): field names as in the dataclass, times as ISO 8601 in UTC. That is what the admin
+API answers and ``--json`` prints. :func:`state_change_detail` says what a write changed,
+in the words of :attr:`StateChange.detail`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
+
+from compactor import DurableContextState
 
 __all__ = [
+    "DEFAULT_MAX_REQUESTS_PER_SESSION",
+    "DEFAULT_RETENTION_DAYS",
+    "SESSION_ORDERS",
     "LayerSaving",
     "RequestEntry",
     "RequestLog",
     "SessionOrder",
     "SessionSummary",
     "StateChange",
+    "state_change_detail",
 ]
+
+#: The bounds a store keeps when none are configured (``audit.*``).
+DEFAULT_MAX_REQUESTS_PER_SESSION: Final = 1000
+DEFAULT_RETENTION_DAYS: Final = 14
+
+
+def _iso(when: datetime) -> str:
+    """A time as fixed-width ISO 8601 in UTC (later times compare greater as text too)."""
+    return when.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _time(name: str, value: object) -> datetime:
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            when = None
+        if when is not None and when.tzinfo is not None:
+            return when
+    raise ValueError(f"{name}: not an ISO time with a zone")
+
+
+def _text(name: str, value: object, *, optional: bool = False) -> Any:
+    if (value is None and optional) or isinstance(value, str):
+        return value
+    raise ValueError(f"{name}: not a string")
+
+
+def _count(name: str, value: object, *, optional: bool = True) -> Any:
+    if (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name}: not an integer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +128,55 @@ class RequestEntry:
         """Whether the proxy refused it (it never reached the provider)."""
         return self.reason is not None
 
+    def as_json(self) -> dict[str, Any]:
+        """Every field by name (``at`` as ISO 8601 in UTC, ``layers`` as
+        ``[{"layer", "saved"}]``), plus ``blocked``."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["at"] = _iso(self.at)
+        out["layers"] = [{"layer": saving.layer, "saved": saving.saved}
+                         for saving in self.layers]
+        out["blocked"] = self.blocked
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestEntry:
+        """Read :meth:`as_json`'s form back.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type; the message names it.
+        """
+        layers = data.get("layers", [])
+        if not isinstance(layers, list) or not all(
+                isinstance(item, Mapping) and isinstance(item.get("layer"), str)
+                and _count("layers", item.get("saved"), optional=False) is not None
+                for item in layers):
+            raise ValueError("layers: not a list of {layer, saved}")
+        duration = data.get("duration_ms", 0.0)
+        if isinstance(duration, bool) or not isinstance(duration, int | float):
+            raise ValueError("duration_ms: not a number")
+        return cls(
+            at=_time("at", data.get("at")),
+            request_id=_text("request_id", data.get("request_id")),
+            session_id=_text("session_id", data.get("session_id")),
+            tenant=_text("tenant", data.get("tenant")),
+            route=_text("route", data.get("route")),
+            role=_text("role", data.get("role"), optional=True),
+            model=_text("model", data.get("model"), optional=True),
+            tokens_before=_count("tokens_before", data.get("tokens_before")),
+            tokens_after=_count("tokens_after", data.get("tokens_after")),
+            layers=tuple(LayerSaving(item["layer"], item["saved"]) for item in layers),
+            outcome=_text("outcome", data.get("outcome", "")),
+            reason=_text("reason", data.get("reason"), optional=True),
+            hard_limit=_count("hard_limit", data.get("hard_limit")),
+            status=_count("status", data.get("status")),
+            upstream_status=_count("upstream_status", data.get("upstream_status")),
+            usage_input=_count("usage_input", data.get("usage_input")),
+            usage_cache_read=_count("usage_cache_read", data.get("usage_cache_read")),
+            usage_cache_write=_count("usage_cache_write", data.get("usage_cache_write")),
+            usage_output=_count("usage_output", data.get("usage_output")),
+            duration_ms=float(duration),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StateChange:
@@ -108,6 +201,31 @@ class StateChange:
     action: Literal["put", "delete"]
     version: int | None
     detail: tuple[str, ...] = field(default=())
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field by name, ``at`` as ISO 8601 in UTC, ``detail`` as a list."""
+        return {"at": _iso(self.at), "session_id": self.session_id, "tenant": self.tenant,
+                "actor": self.actor, "action": self.action, "version": self.version,
+                "detail": list(self.detail)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StateChange:
+        """Read :meth:`as_json`'s form back.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type; the message names it.
+        """
+        action = data.get("action")
+        if action not in ("put", "delete"):
+            raise ValueError("action: not put or delete")
+        detail = data.get("detail", [])
+        if not isinstance(detail, list) or not all(isinstance(line, str) for line in detail):
+            raise ValueError("detail: not a list of strings")
+        return cls(at=_time("at", data.get("at")),
+                   session_id=_text("session_id", data.get("session_id")),
+                   tenant=_text("tenant", data.get("tenant")),
+                   actor=_text("actor", data.get("actor")), action=action,
+                   version=_count("version", data.get("version")), detail=tuple(detail))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +257,62 @@ class SessionSummary:
             return None
         return 1 - self.tokens_after / self.tokens_before
 
+    def as_json(self) -> dict[str, Any]:
+        """Every field by name, ``last_seen`` as ISO 8601 in UTC, plus ``saved_ratio``."""
+        ratio = self.saved_ratio
+        return {"session_id": self.session_id, "tenant": self.tenant,
+                "last_seen": _iso(self.last_seen), "requests": self.requests,
+                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+                "saved_ratio": None if ratio is None else round(ratio, 4),
+                "blocked": self.blocked}
+
 
 SessionOrder = Literal["last_seen", "blocked"]
+#: Every order :meth:`RequestLog.sessions` takes.
+SESSION_ORDERS: Final[tuple[SessionOrder, ...]] = get_args(SessionOrder)
+
+
+def _without_status(item: Any) -> dict[str, Any]:
+    data: dict[str, Any] = item.to_dict()
+    data.pop("status", None)
+    return data
+
+
+def state_change_detail(old: DurableContextState | None,
+                        new: DurableContextState | None) -> tuple[str, ...]:
+    """What replacing ``old`` by ``new`` changed (``None``: no state), as ids and statuses:
+    ``fact keep-api added``, ``fact keep-api removed``, ``fact keep-api changed``,
+    ``pending changelog added (open)``, ``pending changelog: open -> done`` (with
+    ``pending changelog changed`` when more than its status changed), ``evidence m1 …``.
+
+    Items in ``new``'s order, then the removed ones in ``old``'s; empty when nothing changed.
+    """
+    before = old or DurableContextState()
+    after = new or DurableContextState()
+    detail: list[str] = []
+    kinds = (("fact", "fact_id", before.facts, after.facts),
+             ("pending", "item_id", before.pending_items, after.pending_items),
+             ("evidence", "memory_id", before.retrieval_evidence, after.retrieval_evidence))
+    for noun, id_field, old_items, new_items in kinds:
+        previous: dict[str, Any] = {getattr(item, id_field): item for item in old_items}
+        kept: set[str] = set()
+        for item in new_items:
+            item_id = getattr(item, id_field)
+            was = previous.get(item_id)
+            if was is None:
+                status = getattr(item, "status", None)
+                detail.append(f"{noun} {item_id} added" + (f" ({status})" if status else ""))
+                continue
+            kept.add(item_id)
+            if was == item:
+                continue
+            was_status, status = getattr(was, "status", None), getattr(item, "status", None)
+            if was_status == status or _without_status(was) != _without_status(item):
+                detail.append(f"{noun} {item_id} changed")
+            if was_status != status:
+                detail.append(f"{noun} {item_id}: {was_status} -> {status}")
+        detail.extend(f"{noun} {item_id} removed" for item_id in previous if item_id not in kept)
+    return tuple(detail)
 
 
 @runtime_checkable
@@ -160,9 +332,11 @@ class RequestLog(Protocol):
         ...
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
-                       order: SessionOrder = "last_seen") -> tuple[list[SessionSummary], int]:
-        """One page of sessions, newest (or most blocked) first, and how many match in all;
-        ``contains`` keeps the sessions whose id contains it."""
+                       order: SessionOrder = "last_seen",
+                       tenant: str | None = None) -> tuple[list[SessionSummary], int]:
+        """One page of sessions, newest (or most blocked, then newest) first, and how many
+        match in all; ``contains`` keeps the sessions whose id contains it (ignoring ASCII
+        case), ``tenant`` those of that tenant."""
         ...
 
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,

@@ -186,3 +186,20 @@ async def test_child_processes_are_stopped_when_a_run_fails(tmp_path: Path) -> N
     assert len(started) == 2
     assert not any(p.running for p in started)
     assert not set(started) & set(bench.ManagedProcess.live())
+
+
+def test_audit_part_compares_audit_on_and_off_in_one_run() -> None:
+    """``--audit`` at the tiny size: every cell timed through both proxies and directly,
+    throughput for both, entries written by the audit-on proxy only, a report with the
+    ratio."""
+    audit = asyncio.run(bench.run_audit_benchmark(bench.TINY, bench.TINY_THRESHOLDS))
+    assert len(audit.latency) == 4
+    for cell in audit.latency:
+        assert finite_dist(cell.proxy, bench.TINY.latency_requests)
+        assert cell.relay is not None and finite_dist(cell.relay, bench.TINY.latency_requests)
+        assert cell.failures == 0
+    assert audit.throughput.failures == 0 and audit.throughput.rps["relay"] > 0
+    # Every timed and warm-up request of the latency cells at least, one entry each.
+    assert audit.entries >= 4 * bench.TINY.latency_requests
+    report = bench.format_audit_report(audit)
+    assert "on/off p50" in report and "audit off" in report

@@ -67,7 +67,8 @@ def test_render_shows_each_item_with_status_and_evidence_fields() -> None:
         'source_pointer="artifact:s1:db.md:0123456789ab" last_confirmed_at=2025-03-01T12:30:00Z '
         "source_status=corrupt evidence_unavailable=true",
         '- item_id="p1" description="rotate the staging key" source_pointer="transcript:s1:9" '
-        "last_confirmed_at=2025-03-01T12:00:00Z source_status=missing evidence_unavailable=true",
+        "last_confirmed_at=2025-03-01T12:00:00Z status=open "
+        "source_status=missing evidence_unavailable=true",
         '- memory_id="m1" source_id="transcript:s1:4" source_type="transcript" '
         'source_title="design review" captured_at=2025-03-01T12:00:00Z score=0.877 rank=1 '
         f"conflict_winner=deploy-target source_status=available evidence_sha256={SHA_A}",
@@ -75,6 +76,16 @@ def test_render_shows_each_item_with_status_and_evidence_fields() -> None:
         "captured_at=2025-03-01T12:00:00Z score=0.500 rank=2 conflict=none "
         "source_status=unsupported evidence_unavailable=true",
     ]
+
+
+@pytest.mark.parametrize("status", ["open", "blocked", "done"])
+def test_pending_item_shows_the_status_the_operator_set(status: str) -> None:
+    """Each pending item line says ``status=<status>`` right before its source status."""
+    state = DurableContextState(pending_items=[
+        PendingItem("p1", "rotate the key", "transcript:s1:9", T0, status=status)])
+    (line,) = item_lines(render_durable_context(state, [unavailable("transcript:s1:9",
+                                                                    "missing")]))
+    assert line.endswith(f"Z status={status} source_status=missing evidence_unavailable=true")
 
 
 def test_render_is_a_delimited_block_with_an_operator_heading() -> None:

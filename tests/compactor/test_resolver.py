@@ -623,3 +623,91 @@ def test_source_resolution_rejects_inconsistent_status_and_digest(kwargs: dict[s
     """A resolution cannot claim availability without a full digest, or carry one otherwise."""
     with pytest.raises(ValueError, match=f"^{field}:"):
         SourceResolution(pointer="transcript:s1:1", detail="", **kwargs)
+
+
+# --- excerpts (for the operator) ------------------------------------------------------
+
+
+def test_excerpt_of_a_transcript_event_is_its_text(roots: tuple[Path, Path]) -> None:
+    """An available event's excerpt is its ``text``, next to the same resolution."""
+    resolver = resolver_for(roots)
+    excerpt = resolver.excerpt("transcript:s1:3")
+    assert excerpt.resolution == resolver.resolve("transcript:s1:3")
+    assert excerpt.text == "event number 3"
+
+
+def test_excerpt_of_an_event_without_text_is_its_line(tmp_path: Path) -> None:
+    """An event whose ``text`` is not a string shows its JSON line instead."""
+    troot = tmp_path / "t"
+    write_transcript(troot, SESSION, [event_line(1, text={"not": "text"})])
+    excerpt = SourcePointerResolver(troot, tmp_path / "a", allow_all).excerpt("transcript:s1:1")
+    assert excerpt.text == event_line(1, text={"not": "text"}).decode()
+
+
+def test_excerpt_of_an_artifact_is_its_start(roots: tuple[Path, Path]) -> None:
+    """An available artifact's excerpt is its first characters."""
+    excerpt = resolver_for(roots).excerpt(f"artifact:s1:report.txt:{REPORT_SHA[:12]}")
+    assert excerpt.resolution.status == "available"
+    assert excerpt.text == "quarterly numbers\n"
+
+
+@pytest.mark.parametrize("data", ["x" * 2000, "é" * 2000, "🙂" * 2000, "a" + "🙂" * 700])
+def test_artifact_excerpt_is_at_most_max_chars_whole_characters(tmp_path: Path,
+                                                                data: str) -> None:
+    """However many bytes each character takes, the excerpt is the first 500 characters."""
+    aroot = tmp_path / "a"
+    _, digest = write_artifact(aroot, SESSION, "big.txt", data.encode())
+    excerpt = SourcePointerResolver(tmp_path / "t", aroot, allow_all).excerpt(
+        f"artifact:s1:big.txt:{digest}")
+    assert excerpt.text == data[:500]
+
+
+def test_transcript_excerpt_is_bounded_too(tmp_path: Path) -> None:
+    """A long event text is cut at ``max_chars``."""
+    troot = tmp_path / "t"
+    write_transcript(troot, SESSION, [event_line(1, text="y" * 5000)])
+    resolver = SourcePointerResolver(troot, tmp_path / "a", allow_all)
+    assert resolver.excerpt("transcript:s1:1").text == "y" * 500
+    assert resolver.excerpt("transcript:s1:1", max_chars=7).text == "y" * 7
+
+
+@pytest.mark.parametrize(
+    ("pointer", "status"),
+    [("transcript:s1:99", "missing"), ("transcript:s2:1", "denied"),
+     ("artifact:s1:report.txt:" + "0" * 12, "corrupt"), ("memory:kb-1", "unsupported"),
+     ("transcript:../s2:1", "denied")],
+)
+def test_no_excerpt_unless_the_source_is_available(roots: tuple[Path, Path], pointer: str,
+                                                   status: str) -> None:
+    """Missing, denied (another session's, a traversal), corrupt and unsupported sources
+    show their status and no text."""
+    excerpt = resolver_for(roots, own_session_only(SESSION)).excerpt(pointer)
+    assert (excerpt.resolution.status, excerpt.text) == (status, None)
+
+
+def test_no_excerpt_when_the_file_changed_since_it_was_verified(
+        roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source whose bytes no longer have the verified digest shows no text."""
+    resolver = resolver_for(roots)
+    real_resolve = resolver.resolve
+
+    def resolve_then_change(pointer: str) -> SourceResolution:
+        result = real_resolve(pointer)
+        write_artifact(roots[1], SESSION, "report.txt", b"quarterly numbers, revised\n")
+        return result
+
+    monkeypatch.setattr(resolver, "resolve", resolve_then_change)
+    excerpt = resolver.excerpt(f"artifact:s1:report.txt:{REPORT_SHA}")
+    assert excerpt.resolution.status == "available" and excerpt.text is None
+
+
+def test_excerpts_are_never_rendered(roots: tuple[Path, Path]) -> None:
+    """The rendered block is built from resolutions only: no excerpt text in it."""
+    from compactor._render import render_durable_context
+
+    state = DurableContextState(facts=[DurableFact("f1", "c", "transcript:s1:3",
+                                                   datetime(2025, 3, 1, tzinfo=UTC))])
+    resolver = resolver_for(roots)
+    assert resolver.excerpt("transcript:s1:3").text == "event number 3"
+    text = render_durable_context(state, resolve_durable_sources(state, resolver))
+    assert "event number" not in text

@@ -64,6 +64,10 @@ def evidence(memory_id: str = "m1", source_id: str = "transcript:s1:3",
         (lambda: PendingItem("p", "", "transcript:s1:1", T0), "description"),
         (lambda: PendingItem("p", "d", "", T0), "source_pointer"),
         (lambda: PendingItem("p", "d", "transcript:s1:1", NAIVE), "last_confirmed_at"),
+        (lambda: PendingItem("p", "d", "transcript:s1:1", T0, status="finished"), "status"),
+        (lambda: PendingItem("p", "d", "transcript:s1:1", T0, status="Open"), "status"),
+        (lambda: PendingItem("p", "d", "transcript:s1:1", T0, status=None),  # type: ignore[arg-type]
+         "status"),
         (lambda: evidence(memory_id=""), "memory_id"),
         (lambda: evidence(source_id=" "), "source_id"),
         (lambda: evidence(source_type=None), "source_type"),
@@ -265,7 +269,8 @@ def test_to_dict_uses_dataclass_field_names_and_iso_timestamps() -> None:
                    "last_confirmed_at": "2025-03-01T12:00:00+00:00"}],
         "pending_items": [{"item_id": "p1", "description": "rotate the staging key",
                            "source_pointer": "transcript:s1:2",
-                           "last_confirmed_at": "2025-03-01T12:00:00+00:00"}],
+                           "last_confirmed_at": "2025-03-01T12:00:00+00:00",
+                           "status": "open"}],
         "retrieval_evidence": [{"memory_id": "m1", "source_id": "transcript:s1:3",
                                 "source_type": "transcript", "source_title": "design review",
                                 "captured_at": "2025-03-01T12:00:00+00:00", "score": 0.5,
@@ -285,6 +290,41 @@ def test_from_dict_accepts_z_suffix_and_missing_lists() -> None:
     assert state.facts == () and state.pending_items == ()
     assert state.retrieval_evidence[0].captured_at == T0
     assert state.retrieval_evidence[0].conflict_key is None
+
+
+# --- pending items' status -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["open", "blocked", "done"])
+def test_pending_status_is_kept_and_round_trips(status: str) -> None:
+    """Each status is kept, written by to_dict and read back by from_dict."""
+    kept = PendingItem("p1", "d", "transcript:s1:2", T0, status=status)
+    assert kept.status == status
+    assert kept.to_dict()["status"] == status
+    assert PendingItem.from_dict(kept.to_dict()) == kept
+
+
+def test_pending_status_defaults_to_open() -> None:
+    """A new item is open."""
+    assert item().status == "open"
+
+
+def test_a_stored_pending_item_without_status_reads_as_open() -> None:
+    """A state written before pending items had a status loads, each item open."""
+    state = DurableContextState.from_dict({"pending_items": [
+        {"item_id": "p1", "description": "d", "source_pointer": "transcript:s1:2",
+         "last_confirmed_at": "2025-03-01T12:00:00Z"}]})
+    assert state.pending_items[0].status == "open"
+
+
+def test_an_unknown_pending_status_is_refused_naming_the_field() -> None:
+    """from_dict names the item's status and lists the statuses."""
+    with pytest.raises(ValueError) as info:
+        DurableContextState.from_dict({"pending_items": [
+            {"item_id": "p1", "description": "d", "source_pointer": "transcript:s1:2",
+             "last_confirmed_at": "2025-03-01T12:00:00Z", "status": "finished"}]})
+    assert str(info.value) == ("pending_items[0].status: must be one of open, blocked, done, "
+                               "got 'finished'")
 
 
 def test_from_dict_of_empty_object_is_empty_state() -> None:
@@ -351,7 +391,7 @@ _ids = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
 _facts = st.builds(DurableFact, fact_id=_ids, content=_ids, source_pointer=_ids,
                    last_confirmed_at=_aware)
 _items = st.builds(PendingItem, item_id=_ids, description=_ids, source_pointer=_ids,
-                   last_confirmed_at=_aware)
+                   last_confirmed_at=_aware, status=st.sampled_from(["open", "blocked", "done"]))
 _evidence = st.builds(
     RetrievalEvidence, memory_id=_ids, source_id=_ids, source_type=st.text(max_size=10),
     source_title=st.text(max_size=10), captured_at=_aware,

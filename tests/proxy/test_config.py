@@ -536,6 +536,28 @@ def test_summary_api_key_comes_from_the_named_env_var() -> None:
     assert config.summary_api_key({"SUMMARY_KEY": ""}) is None
 
 
+def test_audit_section_defaults_limits_and_store_bounds() -> None:
+    """audit: on, 1000 requests per session, 14 days; bounds below 1 are refused naming the
+    key; store_for hands the bounds to either backend."""
+    from proxy.state.store import RedisStateStore, SQLiteStateStore, store_for
+
+    audit = Config.from_mapping(UPSTREAM).audit
+    assert (audit.enabled, audit.max_requests_per_session, audit.retention_days) == (
+        True, 1000, 14)
+    for key in ("max_requests_per_session", "retention_days"):
+        with pytest.raises(ConfigError) as info:
+            Config.from_mapping({**UPSTREAM, "audit": {key: 0}})
+        assert info.value.key == f"audit.{key}"
+    with pytest.raises(ConfigError) as info:
+        Config.from_mapping({**UPSTREAM, "audit": {"enabled": "yes"}})
+    assert info.value.key == "audit.enabled"
+    bounds = {"max_requests_per_session": 7, "retention_days": 3}
+    for store in ({}, {"backend": "redis", "url": "redis://127.0.0.1:6379/0"}):
+        backend = store_for(Config.from_mapping({**UPSTREAM, "store": store, "audit": bounds}))
+        assert isinstance(backend, SQLiteStateStore | RedisStateStore)
+        assert (backend.max_requests_per_session, backend.retention_days) == (7, 3)
+
+
 def test_as_dict_round_trips_and_holds_no_secret() -> None:
     """as_dict() is plain data that loads back to the same effective config, with no secret."""
     config = Config.from_mapping(

@@ -1,7 +1,7 @@
 """The per-session store: durable context state with versioned writes, plus the compaction
-caches and the usage ledger. Callers depend on the part they use (:class:`StateStore`,
-:class:`SummaryCache`, :class:`RecordStore`, :class:`UsageLedger`); a backend implements all
-of them (:class:`StoreBackend`).
+caches, the usage ledger and the audit log. Callers depend on the part they use
+(:class:`StateStore`, :class:`SummaryCache`, :class:`RecordStore`, :class:`UsageLedger`,
+:class:`RequestLog`); a backend implements all of them (:class:`StoreBackend`).
 :class:`SQLiteStateStore` is the embedded backend, :class:`RedisStateStore` the one several
 proxy processes can share; it (and redis-py) is imported only when first named."""
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .base import (
     CorruptStateError,
     RecordStore,
+    RequestLog,
     StateStore,
     StoreBackend,
     StoredState,
@@ -34,6 +35,7 @@ __all__ = [
     "CorruptStateError",
     "RecordStore",
     "RedisStateStore",
+    "RequestLog",
     "SQLiteStateStore",
     "StateStore",
     "StoreBackend",
@@ -49,22 +51,27 @@ __all__ = [
 
 def store_for(config: Config) -> StoreBackend:
     """The configured store, not yet opened (``open()`` creates the file and checks its
-    schema, or reaches the server).
+    schema, or reaches the server), keeping the audit log within ``audit.*``'s bounds.
 
     Raises:
         ConfigError: an unusable ``store.url``.
     """
     from proxy.config import ConfigError
 
+    audit = config.audit
     if config.store.backend == "redis":
         from .redis import RedisStateStore
 
         assert config.store.url is not None  # StoreConfig requires it for redis
         try:
-            return RedisStateStore(config.store.url)
+            return RedisStateStore(config.store.url,
+                                   max_requests_per_session=audit.max_requests_per_session,
+                                   retention_days=audit.retention_days)
         except ValueError as exc:
             raise ConfigError("store.url", str(exc)) from None
-    return SQLiteStateStore(config.store.path)
+    return SQLiteStateStore(config.store.path,
+                            max_requests_per_session=audit.max_requests_per_session,
+                            retention_days=audit.retention_days)
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,11 @@ not decode raises every time (exceptions are never cached).
 Usage rows store each counter of :class:`~proxy.state.usage.UsageEntry` as an integer under
 its field name, and ``last_seen`` as an ISO time in UTC with microseconds, so later times
 compare greater as text too.
+
+Audit entries (:class:`~proxy.state.audit_log.RequestEntry`,
+:class:`~proxy.state.audit_log.StateChange`) are stored as the compact JSON of their
+``as_json()``, their times in the same fixed-width ISO form; one that does not read back
+raises :class:`CorruptStateError`.
 """
 
 from __future__ import annotations
@@ -18,15 +23,28 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from typing import Final
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
 
 from compactor import DurableContextState
+from proxy.state.audit_log import RequestEntry, StateChange
 from proxy.state.usage import UsageEntry, UsageRow
 
 from .base import CorruptStateError, StoredState
 
-__all__ = ["decode_state", "decode_usage_row", "encode_state", "usage_stamp", "utc_now"]
+__all__ = [
+    "audit_stamp",
+    "check_bounds",
+    "decode_change",
+    "decode_entry",
+    "decode_state",
+    "decode_usage_row",
+    "encode_audit",
+    "encode_state",
+    "retention_cutoff",
+    "usage_stamp",
+    "utc_now",
+]
 
 #: Decoded rows kept, least recently used evicted.
 DECODED_ROWS: Final = 1024
@@ -46,6 +64,61 @@ def utc_now() -> datetime:
 def usage_stamp() -> str:
     """The ``last_seen`` of a usage addition: now, in UTC, as fixed-width ISO text."""
     return utc_now().isoformat(timespec="microseconds")
+
+
+def audit_stamp(when: datetime) -> str:
+    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text)."""
+    return when.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
+    """Refuse audit bounds no store can keep (a backend's constructor calls this).
+
+    Raises:
+        ValueError: a bound below 1.
+    """
+    if max_requests_per_session < 1:
+        raise ValueError(
+            f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
+    if retention_days < 1:
+        raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+
+
+def retention_cutoff(now: datetime, retention_days: int) -> datetime:
+    """The oldest time an audit entry may have at ``now``."""
+    return now - timedelta(days=retention_days)
+
+
+def encode_audit(item: RequestEntry | StateChange) -> str:
+    """The stored text of an audit entry: the compact JSON of its ``as_json()``."""
+    return json.dumps(item.as_json(), ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def _audit_json(raw: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise CorruptStateError("<audit log>", f"{what} is not a JSON object")
+    return data
+
+
+def decode_entry(raw: str | bytes) -> RequestEntry:
+    """A stored request entry read back, or :class:`CorruptStateError`."""
+    try:
+        return RequestEntry.from_json(_audit_json(raw, "a request entry"))
+    except ValueError as exc:
+        raise CorruptStateError("<audit log>", f"a request entry: {exc}") from None
+
+
+def decode_change(raw: str | bytes) -> StateChange:
+    """A stored state change read back, or :class:`CorruptStateError`."""
+    try:
+        return StateChange.from_json(_audit_json(raw, "a state change"))
+    except ValueError as exc:
+        raise CorruptStateError("<audit log>", f"a state change: {exc}") from None
 
 
 def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],

@@ -8,7 +8,10 @@ implements all of them (:class:`StoreBackend`); each caller depends only on the 
 - :class:`SummaryCache`: the content-addressed summary cache, for the summariser;
 - :class:`RecordStore`: opaque per-session records, for the sticky-compaction checkpoints;
 - :class:`UsageLedger`: the per-(session, model) usage counters, for ``compact-proxy report``;
-- :class:`StoreBackend`: all four plus :meth:`~StoreBackend.open` (connect and verify, what
+- :class:`~proxy.state.audit_log.RequestLog`: the audit log (one entry per request, one per
+  change of a durable state), for the admin API, the console and the ``sessions`` /
+  ``session`` / ``blocked`` commands;
+- :class:`StoreBackend`: all five plus :meth:`~StoreBackend.open` (connect and verify, what
   startup calls) and :meth:`~StoreBackend.close`, for whoever owns the backend.
 
 Theory of operation
@@ -30,6 +33,11 @@ The usage ledger is neither: one row of additive counters
 (:class:`~proxy.state.usage.UsageEntry`) per ``(session key, model)``. Adding to a row is one
 atomic step on the backend, so concurrent additions, from any number of processes, are never
 lost; nothing else ever changes a row.
+
+The audit log is append-only within bounds: each session keeps its newest
+``max_requests_per_session`` request entries and nothing older than ``retention_days``
+(trimmed on every write, and by ``trim``), with running totals per session kept in the same
+atomic step as the entries they add up, so a page of sessions never scans the entries.
 """
 
 from __future__ import annotations
@@ -39,11 +47,13 @@ from datetime import datetime
 from typing import Protocol, Self, runtime_checkable
 
 from compactor import DurableContextState
+from proxy.state.audit_log import RequestLog
 from proxy.state.usage import UsageEntry, UsageRow
 
 __all__ = [
     "CorruptStateError",
     "RecordStore",
+    "RequestLog",
     "StateStore",
     "StoreBackend",
     "StoreError",
@@ -194,7 +204,7 @@ class UsageLedger(Protocol):
 
 
 @runtime_checkable
-class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, Protocol):
+class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, RequestLog, Protocol):
     """One engine's store: every part above, plus its lifecycle.
 
     Construction does no I/O; the backend connects lazily on first use, or now with

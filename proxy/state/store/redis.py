@@ -15,7 +15,15 @@ last, two namespaces can never collide, whatever characters a session id holds:
 - ``<prefix>usage:row:<["session key","model"]>``: a hash of one usage row, each counter of
   :class:`~proxy.state.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
   the two variable parts are a JSON array, so no session key or model name can collide;
-  ``<prefix>usage:rows``: the set of those JSON arrays, which ``usage_rows`` lists.
+  ``<prefix>usage:rows``: the set of those JSON arrays, which ``usage_rows`` lists;
+- the audit log, per session ``<["tenant","session id"]>`` (a JSON array, like a usage row):
+  ``<prefix>audit:requests:<session>``, a sorted set of request entries (their JSON) scored by
+  arrival time (Unix seconds); ``<prefix>audit:totals:<session>``, a hash of the session's
+  totals over those entries (``requests``, ``tokens_before``, ``tokens_after``, ``blocked``,
+  ``last_seen`` as ISO text); ``<prefix>audit:sessions``, a sorted set of the sessions scored
+  by ``last_seen``; ``<prefix>audit:blocked``, a sorted set of every refused entry (the same
+  JSON) by time; ``<prefix>audit:changes:<session>``, a sorted set of state changes by time,
+  and ``<prefix>audit:changed``, the sessions that have some.
 
 *Compare-and-swap in one script.* Redis runs a Lua script atomically: no other client's
 command runs between its first and its last step. The write script reads the current version,
@@ -23,7 +31,10 @@ compares it with the caller's and writes the new hash, so of several writers rac
 same version (in this process or another) exactly one wins; the others get the new version
 back and raise :class:`~proxy.state.store.base.VersionConflict`. The delete and the summary-cache
 scripts (insert if absent, then evict the oldest beyond the bound) and the usage script (every
-``HINCRBY`` of a row, its ``last_seen`` and its index entry) are atomic the same way.
+``HINCRBY`` of a row, its ``last_seen`` and its index entry) are atomic the same way, and
+so is each audit write: the entry, the session's totals, the indexes and the trim (the
+session's oldest entries beyond the bound, and those older than the retention, each
+subtracted from the totals as it goes) happen in one script.
 Scripts are sent once and then called by their SHA (``EVALSHA``; redis-py reloads them if the
 server forgot them).
 
@@ -47,16 +58,38 @@ Everything in ``__all__`` gets re-exported by ``proxy.state.store``, on first us
 from __future__ import annotations
 
 import json
-from typing import Final, Self
+from datetime import datetime
+from typing import Any, Final, Self, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from compactor import DurableContextState
+from proxy.state.audit_log import (
+    DEFAULT_MAX_REQUESTS_PER_SESSION,
+    DEFAULT_RETENTION_DAYS,
+    SESSION_ORDERS,
+    RequestEntry,
+    SessionOrder,
+    SessionSummary,
+    StateChange,
+)
 from proxy.state.usage import UsageEntry, UsageRow
 
-from ._rows import decode_state, decode_usage_row, encode_state, usage_stamp, utc_now
+from ._rows import (
+    audit_stamp,
+    check_bounds,
+    decode_change,
+    decode_entry,
+    decode_state,
+    decode_usage_row,
+    encode_audit,
+    encode_state,
+    retention_cutoff,
+    usage_stamp,
+    utc_now,
+)
 from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["RedisStateStore"]
@@ -131,6 +164,94 @@ return 0
 """
 
 
+# The trim of one session's audit entries, shared by the add and trim scripts.
+# KEYS = the session's entries zset, its totals hash, the sessions zset, the blocked zset;
+# ARGV[1] = the session's member, ARGV[2] = max entries, ARGV[3] = the retention cutoff score.
+# Each entry dropped is subtracted from the totals (and leaves the blocked index); a session
+# left without entries goes entirely. trim() returns how many entries went.
+_TRIM_FUNCTIONS_LUA: Final = """
+local function drop(members)
+    for _, m in ipairs(members) do
+        local e = cjson.decode(m)
+        redis.call('HINCRBY', KEYS[2], 'requests', -1)
+        if type(e.tokens_before) == 'number' then
+            redis.call('HINCRBY', KEYS[2], 'tokens_before', -e.tokens_before)
+        end
+        if type(e.tokens_after) == 'number' then
+            redis.call('HINCRBY', KEYS[2], 'tokens_after', -e.tokens_after)
+        end
+        if type(e.reason) == 'string' then
+            redis.call('HINCRBY', KEYS[2], 'blocked', -1)
+            redis.call('ZREM', KEYS[4], m)
+        end
+        redis.call('ZREM', KEYS[1], m)
+    end
+    return #members
+end
+local function trim()
+    local removed = drop(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3]))
+    local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
+    if excess > 0 then
+        removed = removed + drop(redis.call('ZRANGE', KEYS[1], 0, excess - 1))
+    end
+    if redis.call('ZCARD', KEYS[1]) == 0 then
+        redis.call('DEL', KEYS[1], KEYS[2])
+        redis.call('ZREM', KEYS[3], ARGV[1])
+    end
+    return removed
+end
+"""
+
+_TRIM_SESSION_LUA: Final = _TRIM_FUNCTIONS_LUA + "return trim()\n"
+
+# KEYS as the trim; ARGV as the trim, then the entry's JSON, its score, its ISO time,
+# tokens_before, tokens_after, blocked (0/1). A member already there is not counted again.
+# The session's last_seen (the hash's ISO text, the zset's score) only moves forward; the
+# blocked index is trimmed by age as well (its other entries' sessions are trimmed on their
+# next write, or by trim()).
+_ADD_REQUEST_LUA: Final = _TRIM_FUNCTIONS_LUA + """
+if redis.call('ZADD', KEYS[1], ARGV[5], ARGV[4]) == 1 then
+    redis.call('HINCRBY', KEYS[2], 'requests', 1)
+    redis.call('HINCRBY', KEYS[2], 'tokens_before', ARGV[7])
+    redis.call('HINCRBY', KEYS[2], 'tokens_after', ARGV[8])
+    redis.call('HINCRBY', KEYS[2], 'blocked', ARGV[9])
+    if ARGV[9] == '1' then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4]) end
+end
+local seen = redis.call('HGET', KEYS[2], 'last_seen')
+if not seen or seen < ARGV[6] then
+    redis.call('HSET', KEYS[2], 'last_seen', ARGV[6])
+    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[3])
+return trim()
+"""
+
+# KEYS = the session's changes zset, the changed-sessions zset; ARGV = the session's member,
+# the change's JSON, its score, max entries, the retention cutoff score.
+_ADD_CHANGE_LUA: Final = """
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[5])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if #newest == 0 then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+else
+    redis.call('ZADD', KEYS[2], newest[2], ARGV[1])
+end
+return 0
+"""
+
+# KEYS = the session's changes zset, the changed-sessions zset; ARGV = the session's member,
+# the retention cutoff score. Returns how many changes went.
+_TRIM_CHANGES_LUA: Final = """
+local removed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
+if redis.call('ZCARD', KEYS[1]) == 0 then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return removed
+"""
+
+
 def _as_bytes(value: bytes | str | None) -> bytes | None:
     # The client is built with decode_responses=False, so replies are bytes; the str branch
     # only satisfies redis-py's types (which allow both).
@@ -156,6 +277,47 @@ def _usage_pair(member: bytes | str) -> tuple[str, str]:
             or not all(isinstance(part, str) for part in pair)):
         raise CorruptStateError("<usage index>", "a member is not a [session key, model] pair")
     return pair[0], pair[1]
+
+
+def _listed(reply: object) -> list[bytes | str]:
+    """A list reply of members (redis-py types every reply as a union of shapes)."""
+    return list(cast("list[bytes | str]", reply))
+
+
+def _session_member(tenant: str, session_id: str) -> str:
+    """The audit log's name of a session (and its keys' suffix): ``["tenant","session id"]``."""
+    return json.dumps([tenant, session_id], ensure_ascii=False, separators=(",", ":"))
+
+
+def _session_of(member: bytes | str) -> tuple[str, str]:
+    """``(tenant, session_id)`` back from an audit session member."""
+    try:
+        pair = json.loads(member)
+    except ValueError:
+        pair = None
+    if (not isinstance(pair, list) or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)):
+        raise CorruptStateError("<audit log>", "a session is not a [tenant, session id] pair")
+    return pair[0], pair[1]
+
+
+def _score(when: datetime) -> str:
+    """A time as a sorted-set score: Unix seconds, exact to the microsecond as text."""
+    return repr(when.timestamp())
+
+
+def _totals(member: str, raw: dict[Any, Any]) -> SessionSummary:
+    """A session's totals hash as a :class:`SessionSummary`."""
+    tenant, session_id = _session_of(member)
+    fields = {_as_text(name): _as_text(value) for name, value in raw.items()}
+    try:
+        counts = {name: int(fields.get(name, "0")) for name in
+                  ("requests", "tokens_before", "tokens_after", "blocked")}
+        last_seen = datetime.fromisoformat(fields["last_seen"])
+    except (KeyError, ValueError):
+        raise CorruptStateError("<audit log>", f"the totals of session {session_id!r} "
+                                "do not read back") from None
+    return SessionSummary(session_id=session_id, tenant=tenant, last_seen=last_seen, **counts)
 
 
 def redacted_url(url: str) -> str:
@@ -186,15 +348,22 @@ class RedisStateStore:
         max_summaries: how many summaries the cache keeps before evicting the oldest.
         key_prefix: the prefix of every key this store reads or writes.
         timeout_s: connect and per-command socket timeout.
+        max_requests_per_session: how many request entries a session keeps in the audit log.
+        retention_days: how long audit entries are kept.
 
     Raises:
         ValueError: a bound is out of range, the prefix is empty or the URL is not a Redis URL.
     """
 
     def __init__(self, url: str, *, max_summaries: int = 1000,
-                 key_prefix: str = "compact-proxy:", timeout_s: float = 5.0) -> None:
+                 key_prefix: str = "compact-proxy:", timeout_s: float = 5.0,
+                 max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
+                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
         if max_summaries < 1:
             raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
+        check_bounds(max_requests_per_session, retention_days)
+        self.max_requests_per_session = max_requests_per_session
+        self.retention_days = retention_days
         if not key_prefix:
             raise ValueError("key_prefix must not be empty")
         if timeout_s <= 0:
@@ -213,6 +382,10 @@ class RedisStateStore:
         self._delete_state_script = self._redis.register_script(_DELETE_STATE_LUA)
         self._put_summary_script = self._redis.register_script(_PUT_SUMMARY_LUA)
         self._add_usage_script = self._redis.register_script(_ADD_USAGE_LUA)
+        self._add_request_script = self._redis.register_script(_ADD_REQUEST_LUA)
+        self._trim_session_script = self._redis.register_script(_TRIM_SESSION_LUA)
+        self._add_change_script = self._redis.register_script(_ADD_CHANGE_LUA)
+        self._trim_changes_script = self._redis.register_script(_TRIM_CHANGES_LUA)
         self._summary_keys = [f"{key_prefix}summary:text", f"{key_prefix}summary:order",
                               f"{key_prefix}summary:seq"]
         self._closed = False
@@ -251,6 +424,19 @@ class RedisStateStore:
     def usage_index_key(self) -> str:
         """The Redis key of the set indexing every usage row."""
         return f"{self.key_prefix}usage:rows"
+
+    def audit_keys(self, tenant: str, session_id: str) -> list[str]:
+        """The keys of one session's audit log, as the scripts take them: its entries, its
+        totals, the sessions index, the blocked index."""
+        member = _session_member(tenant, session_id)
+        return [f"{self.key_prefix}audit:requests:{member}",
+                f"{self.key_prefix}audit:totals:{member}",
+                f"{self.key_prefix}audit:sessions", f"{self.key_prefix}audit:blocked"]
+
+    def change_keys(self, tenant: str, session_id: str) -> list[str]:
+        """The keys of one session's state changes: its changes, the changed-sessions index."""
+        member = _session_member(tenant, session_id)
+        return [f"{self.key_prefix}audit:changes:{member}", f"{self.key_prefix}audit:changed"]
 
     # -- the async interface -------------------------------------------------------------
 
@@ -397,6 +583,147 @@ class RedisStateStore:
                                          counters.get("last_seen")))
         return rows
 
+    # -- the audit log (proxy.state.audit_log.RequestLog) ---------------------------------
+
+    async def add_request(self, entry: RequestEntry) -> None:
+        """Keep ``entry``, then trim the session and the retention, in one script."""
+        if not isinstance(entry, RequestEntry):
+            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        self._check_open()
+        args = [*self._trim_args(entry.tenant, entry.session_id), encode_audit(entry),
+                _score(entry.at), audit_stamp(entry.at), entry.tokens_before or 0,
+                entry.tokens_after or 0, int(entry.blocked)]
+        try:
+            await self._add_request_script(keys=self.audit_keys(entry.tenant, entry.session_id),
+                                           args=args)
+        except RedisError as exc:
+            raise self._audit_error("add audit entry", exc) from exc
+
+    async def add_state_change(self, change: StateChange) -> None:
+        """Keep ``change``, then trim the session's changes by count and age."""
+        if not isinstance(change, StateChange):
+            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+        self._check_open()
+        member, _, cutoff = self._trim_args(change.tenant, change.session_id)
+        try:
+            await self._add_change_script(
+                keys=self.change_keys(change.tenant, change.session_id),
+                args=[member, encode_audit(change), _score(change.at),
+                      self.max_requests_per_session, cutoff])
+        except RedisError as exc:
+            raise self._audit_error("add state change", exc) from exc
+
+    async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
+                       order: SessionOrder = "last_seen",
+                       tenant: str | None = None) -> tuple[list[SessionSummary], int]:
+        """One page of sessions and how many match; see
+        :meth:`proxy.state.audit_log.RequestLog.sessions`."""
+        _check_page(offset, limit)
+        if order not in SESSION_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
+        self._check_open()
+        index = f"{self.key_prefix}audit:sessions"
+        try:
+            if order == "last_seen" and not contains and tenant is None:
+                # The index is in the order asked for: read just the page.
+                total = int(await self._redis.zcard(index))
+                page = [_as_text(m) for m in _listed(
+                    await self._redis.zrevrange(index, offset, offset + limit - 1))]
+                summaries = await self._summaries(page)
+            else:
+                members = [_as_text(m) for m in _listed(await self._redis.zrevrange(index, 0, -1))]
+                if contains or tenant is not None:
+                    needle = (contains or "").lower()
+                    members = [m for m in members
+                               if needle in _session_of(m)[1].lower()
+                               and tenant in (None, _session_of(m)[0])]
+                total = len(members)
+                if order == "last_seen":
+                    summaries = await self._summaries(members[offset:offset + limit])
+                else:
+                    everything = await self._summaries(members)
+                    # Stable: equal counts keep the index's newest-first order.
+                    everything.sort(key=lambda summary: -summary.blocked)
+                    summaries = everything[offset:offset + limit]
+        except RedisError as exc:
+            raise self._audit_error("read audit sessions", exc) from exc
+        return summaries, total
+
+    async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
+                               limit: int = 100) -> tuple[list[RequestEntry], int]:
+        """One page of a session's requests, newest first, and how many it has."""
+        _check_page(offset, limit)
+        self._check_open()
+        key = self.audit_keys(tenant, session_id)[0]
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.zcard(key)
+                pipe.zrevrange(key, offset, offset + limit - 1)
+                total, members = await pipe.execute()
+        except RedisError as exc:
+            raise self._audit_error("read audit entries", exc) from exc
+        return [decode_entry(member) for member in members], int(total)
+
+    async def state_changes(self, tenant: str, session_id: str, *,
+                            limit: int = 100) -> list[StateChange]:
+        """A session's state changes, newest first."""
+        _check_page(0, limit)
+        self._check_open()
+        try:
+            members = await self._redis.zrevrange(self.change_keys(tenant, session_id)[0],
+                                                  0, limit - 1)
+        except RedisError as exc:
+            raise self._audit_error("read state changes", exc) from exc
+        return [decode_change(member) for member in _listed(members)]
+
+    async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
+        """Refused requests that arrived at or after ``since``, oldest first."""
+        _check_page(0, limit)
+        self._check_open()
+        try:
+            members = await self._redis.zrangebyscore(f"{self.key_prefix}audit:blocked",
+                                                      _score(since), "+inf", start=0, num=limit)
+        except RedisError as exc:
+            raise self._audit_error("read blocked requests", exc) from exc
+        return [decode_entry(member) for member in _listed(members)]
+
+    async def trim(self, now: datetime) -> int:
+        """Drop the audit entries older than the retention at ``now``, session by session;
+        returns how many went."""
+        self._check_open()
+        cutoff = _score(retention_cutoff(now, self.retention_days))
+        removed = 0
+        try:
+            for tenant, session_id in [_session_of(m) for m in _listed(await self._redis.zrange(
+                    f"{self.key_prefix}audit:sessions", 0, -1))]:
+                member, maximum, _ = self._trim_args(tenant, session_id)
+                removed += int(await self._trim_session_script(
+                    keys=self.audit_keys(tenant, session_id), args=[member, maximum, cutoff]))
+            await self._redis.zremrangebyscore(f"{self.key_prefix}audit:blocked", "-inf",
+                                               f"({cutoff}")
+            for tenant, session_id in [_session_of(m) for m in _listed(await self._redis.zrange(
+                    f"{self.key_prefix}audit:changed", 0, -1))]:
+                removed += int(await self._trim_changes_script(
+                    keys=self.change_keys(tenant, session_id),
+                    args=[_session_member(tenant, session_id), cutoff]))
+        except RedisError as exc:
+            raise self._audit_error("trim the audit log", exc) from exc
+        return removed
+
+    async def _summaries(self, members: list[str]) -> list[SessionSummary]:
+        """The totals of each session, in the order given."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.hgetall(f"{self.key_prefix}audit:totals:{member}")
+            hashes = await pipe.execute()
+        return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True)]
+
+    def _trim_args(self, tenant: str, session_id: str) -> list[Any]:
+        """The trim script's ARGV for a session: its member, the bound, the cutoff score."""
+        cutoff = retention_cutoff(utc_now(), self.retention_days)
+        return [_session_member(tenant, session_id), self.max_requests_per_session,
+                _score(cutoff)]
+
     async def close(self) -> None:
         """Close the connection pool; idempotent. Later calls raise :class:`StoreError`."""
         if self._closed:
@@ -413,6 +740,13 @@ class RedisStateStore:
     def _error(self, action: str, exc: RedisError) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.
         return StoreError(f"redis store {self.url}: cannot {action}: {exc}")
+
+    def _audit_error(self, action: str, exc: RedisError) -> StoreError:
+        if isinstance(exc, ResponseError) and ("WRONGTYPE" in str(exc)
+                                               or "cjson" in str(exc).lower()):
+            return CorruptStateError("<audit log>", f"cannot {action}: a key does not hold "
+                                     "what the audit log keeps there")
+        return self._error(action, exc)
 
     def _write_error(self, session_id: str, action: str, exc: RedisError) -> StoreError:
         if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
@@ -438,3 +772,10 @@ class RedisStateStore:
         except UnicodeDecodeError:
             raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
         return decode_state(session_id, number, state_json, stamp)
+
+
+def _check_page(offset: int, limit: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")

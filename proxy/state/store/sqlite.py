@@ -21,6 +21,18 @@ records and summaries written on the request path are caches, and an admin write
 rolled back shows up as an older version, so the admin's next ``If-Match`` gets a clean 409
 rather than a silent overwrite. FULL would fsync on every commit of the request path.
 
+*The audit log* is three tables: ``audit_request`` (one row per request: its indexed columns
+and the entry's JSON), ``audit_session`` (each session's running totals, kept in the same
+transaction as the rows they add up, so a page of sessions reads one small table) and
+``audit_change`` (the state changes). Request entries that arrive within a few milliseconds of
+each other, or while a write is under way, are written together in one transaction, so under
+load one commit serves many requests.
+Each write inserts, then trims each session it touched in the same transaction: the rows
+beyond ``max_requests_per_session`` (oldest first; the totals say when there are any), then
+those older than ``retention_days`` (an index range, empty nearly always), subtracting what
+it deletes from the totals. Sessions nobody writes to any more are trimmed by
+:meth:`SQLiteStateStore.trim`, which the proxy runs at startup and hourly.
+
 *Never garbage.* Rows are decoded through ``DurableContextState.from_dict`` (memoised, see
 :mod:`proxy.state.store._rows`); a row that does not decode raises
 :class:`~proxy.state.store.base.CorruptStateError`.
@@ -36,13 +48,34 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from compactor import DurableContextState
+from proxy.state.audit_log import (
+    DEFAULT_MAX_REQUESTS_PER_SESSION,
+    DEFAULT_RETENTION_DAYS,
+    RequestEntry,
+    SessionOrder,
+    SessionSummary,
+    StateChange,
+)
 from proxy.state.usage import UsageEntry, UsageRow
 
-from ._rows import decode_state, decode_usage_row, encode_state, usage_stamp, utc_now
+from ._rows import (
+    audit_stamp,
+    check_bounds,
+    decode_change,
+    decode_entry,
+    decode_state,
+    decode_usage_row,
+    encode_audit,
+    encode_state,
+    retention_cutoff,
+    usage_stamp,
+    utc_now,
+)
 from .base import CorruptStateError, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
@@ -53,6 +86,12 @@ _T = TypeVar("_T")
 #: A new table (``CREATE TABLE IF NOT EXISTS``) is no such change: a file from before gets it
 #: when it is opened, and an older program never looks at it (``session_usage`` came so).
 SCHEMA_VERSION = 1
+
+#: The most request entries written in one transaction.
+MAX_AUDIT_BATCH = 256
+#: How long the first of a batch of request entries waits for others to join it (seconds):
+#: a commit costs far more than a row, and nobody waits for these entries.
+AUDIT_LINGER_S = 0.01
 
 #: The usage counters, one INTEGER column each (names from our own dataclass, not input).
 _USAGE_COLUMNS: tuple[str, ...] = UsageEntry.field_names()
@@ -88,7 +127,68 @@ _SCHEMA = (
     + "    last_seen TEXT NOT NULL,\n"
     "    PRIMARY KEY (session_key, model)\n"
     ") WITHOUT ROWID",
+    # The audit log (see proxy.state.audit_log): one row per request, its JSON in ``entry``;
+    # the columns are what the queries and the totals need. ``at`` is fixed-width ISO (UTC).
+    """CREATE TABLE IF NOT EXISTS audit_request (
+        seq INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        at TEXT NOT NULL,
+        tokens_before INTEGER NOT NULL,
+        tokens_after INTEGER NOT NULL,
+        blocked INTEGER NOT NULL,
+        entry TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS audit_request_session ON audit_request (tenant, session_id, at)",
+    "CREATE INDEX IF NOT EXISTS audit_request_at ON audit_request (at)",
+    "CREATE INDEX IF NOT EXISTS audit_request_blocked ON audit_request (at) WHERE blocked = 1",
+    # Each session's totals over its rows in audit_request, changed with them.
+    """CREATE TABLE IF NOT EXISTS audit_session (
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        last_seen TEXT NOT NULL,
+        requests INTEGER NOT NULL,
+        tokens_before INTEGER NOT NULL,
+        tokens_after INTEGER NOT NULL,
+        blocked INTEGER NOT NULL,
+        PRIMARY KEY (tenant, session_id)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS audit_session_last_seen ON audit_session (last_seen)",
+    "CREATE INDEX IF NOT EXISTS audit_session_blocked ON audit_session (blocked, last_seen)",
+    """CREATE TABLE IF NOT EXISTS audit_change (
+        seq INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        at TEXT NOT NULL,
+        change TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS audit_change_session ON audit_change (tenant, session_id, at)",
+    "CREATE INDEX IF NOT EXISTS audit_change_at ON audit_change (at)",
 )
+
+_INSERT_REQUEST = (
+    "INSERT INTO audit_request (tenant, session_id, at, tokens_before, tokens_after, blocked,"
+    " entry) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_ADD_SESSION_TOTALS = (
+    "INSERT INTO audit_session (tenant, session_id, last_seen, requests, tokens_before,"
+    " tokens_after, blocked) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (tenant, session_id) DO UPDATE SET"
+    " last_seen = max(last_seen, excluded.last_seen), requests = requests + excluded.requests,"
+    " tokens_before = tokens_before + excluded.tokens_before,"
+    " tokens_after = tokens_after + excluded.tokens_after, blocked = blocked + excluded.blocked"
+    " RETURNING requests"
+)
+_SUBTRACT_SESSION_TOTALS = (
+    "UPDATE audit_session SET requests = requests - ?, tokens_before = tokens_before - ?,"
+    " tokens_after = tokens_after - ?, blocked = blocked - ? WHERE tenant = ? AND session_id = ?"
+)
+_SESSION_COLUMNS = "tenant, session_id, last_seen, requests, tokens_before, tokens_after, blocked"
+#: ORDER BY of each session order; ties go the same way every time.
+_SESSION_ORDERS: dict[str, str] = {
+    "last_seen": "last_seen DESC, tenant DESC, session_id DESC",
+    "blocked": "blocked DESC, last_seen DESC, tenant DESC, session_id DESC",
+}
 
 # Every counter added to the row's own, in one statement; last_seen only moves forward.
 _ADD_USAGE = (
@@ -115,17 +215,28 @@ class SQLiteStateStore:
         path: the database file.
         max_summaries: how many summaries the cache keeps before evicting the oldest.
         busy_timeout_s: how long a write waits for another writer's lock before failing.
+        max_requests_per_session: how many request entries a session keeps in the audit log.
+        retention_days: how long audit entries are kept.
     """
 
     def __init__(self, path: str | Path, *, max_summaries: int = 1000,
-                 busy_timeout_s: float = 5.0) -> None:
+                 busy_timeout_s: float = 5.0,
+                 max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
+                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
         if max_summaries < 1:
             raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
         if busy_timeout_s <= 0:
             raise ValueError(f"busy_timeout_s must be > 0, got {busy_timeout_s}")
+        check_bounds(max_requests_per_session, retention_days)
         self.path = Path(path)
         self.max_summaries = max_summaries
         self.busy_timeout_s = busy_timeout_s
+        self.max_requests_per_session = max_requests_per_session
+        self.retention_days = retention_days
+        # Audit entries waiting for the next transaction, and the task writing them (used
+        # from the event loop only).
+        self._pending_requests: list[tuple[RequestEntry, str, asyncio.Future[None]]] = []
+        self._request_writer: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
         # Touched only from the worker thread.
@@ -191,6 +302,91 @@ class SQLiteStateStore:
     async def usage_rows(self) -> list[UsageRow]:
         """Every usage row, ordered by session key, then model."""
         return await self._call(self._usage_rows)
+
+    # -- the audit log (proxy.state.audit_log.RequestLog) ---------------------------------
+
+    async def add_request(self, entry: RequestEntry) -> None:
+        """Keep ``entry``, then trim its session (bound and retention).
+
+        Entries added within :data:`AUDIT_LINGER_S` of each other, or while a write is under
+        way, go together in one transaction (at most :data:`MAX_AUDIT_BATCH`): under load one
+        commit serves many requests. Returns once this entry's transaction committed (or
+        raises its error).
+        """
+        if not isinstance(entry, RequestEntry):
+            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
+        self._pending_requests.append((entry, encode_audit(entry), written))
+        writer = self._request_writer
+        if writer is None or writer.done() or writer.get_loop() is not loop:
+            self._request_writer = loop.create_task(self._write_pending_requests())
+        await written
+
+    async def _write_pending_requests(self) -> None:
+        """Write the pending entries, a batch per transaction, until none are left."""
+        try:
+            await asyncio.sleep(AUDIT_LINGER_S)
+            while self._pending_requests:
+                batch = self._pending_requests[:MAX_AUDIT_BATCH]
+                del self._pending_requests[:MAX_AUDIT_BATCH]
+                failure: Exception | None = None
+                try:
+                    await self._call(self._add_requests, [(e, text) for e, text, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - handed to each writer
+                    failure = exc
+                loop = asyncio.get_running_loop()
+                for *_, written in batch:
+                    # A caller that gave up (or whose loop is gone) is not told.
+                    if written.done() or written.get_loop() is not loop:
+                        continue
+                    if failure is None:
+                        written.set_result(None)
+                    else:
+                        written.set_exception(failure)
+        finally:
+            if self._request_writer is asyncio.current_task():
+                self._request_writer = None
+
+    async def add_state_change(self, change: StateChange) -> None:
+        """Keep ``change``, then trim the session's changes and the retention."""
+        if not isinstance(change, StateChange):
+            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+        await self._call(self._add_state_change, change, encode_audit(change))
+
+    async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
+                       order: SessionOrder = "last_seen",
+                       tenant: str | None = None) -> tuple[list[SessionSummary], int]:
+        """One page of sessions and how many match; see
+        :meth:`proxy.state.audit_log.RequestLog.sessions`."""
+        _check_page(offset, limit)
+        if order not in _SESSION_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(_SESSION_ORDERS)}, got {order!r}")
+        return await self._call(self._sessions, offset, limit, contains, order, tenant)
+
+    async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
+                               limit: int = 100) -> tuple[list[RequestEntry], int]:
+        """One page of a session's requests, newest first, and how many it has."""
+        _check_page(offset, limit)
+        return await self._call(self._session_requests, tenant, session_id, offset, limit)
+
+    async def state_changes(self, tenant: str, session_id: str, *,
+                            limit: int = 100) -> list[StateChange]:
+        """A session's state changes, newest first."""
+        _check_page(0, limit)
+        return await self._call(self._state_changes, tenant, session_id, limit)
+
+    async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
+        """Refused requests that arrived at or after ``since``, oldest first."""
+        _check_page(0, limit)
+        return await self._call(self._blocked_since, audit_stamp(since), limit)
+
+    async def trim(self, now: datetime) -> int:
+        """Drop the audit entries older than the retention at ``now``; returns how many."""
+        return await self._call(self._trim, audit_stamp(
+            retention_cutoff(now, self.retention_days)))
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread; idempotent."""
@@ -387,3 +583,146 @@ class SQLiteStateStore:
                                                             strict=True)), last_seen)
             for key, model, *counters, last_seen in rows
         ]
+
+    # -- the audit log, worker-thread side --------------------------------------------------
+
+    def _add_requests(self, batch: list[tuple[RequestEntry, str]]) -> None:
+        """Write a batch of entries in one transaction, then trim each session it touched."""
+        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+        rows = []
+        # (tenant, session id) -> [last_seen, requests, tokens_before, tokens_after, blocked]
+        totals: dict[tuple[str, str], list[Any]] = {}
+        for entry, text in batch:
+            before, after = entry.tokens_before or 0, entry.tokens_after or 0
+            blocked, when = int(entry.blocked), audit_stamp(entry.at)
+            rows.append((entry.tenant, entry.session_id, when, before, after, blocked, text))
+            sums = totals.setdefault((entry.tenant, entry.session_id), [when, 0, 0, 0, 0])
+            sums[0] = max(sums[0], when)
+            for index, value in enumerate((1, before, after, blocked), start=1):
+                sums[index] += value
+        with self._sqlite_errors("add audit entries") as conn, self._immediate(conn):
+            conn.executemany(_INSERT_REQUEST, rows)
+            for (tenant, session_id), sums in totals.items():
+                (held,) = conn.execute(_ADD_SESSION_TOTALS,
+                                       (tenant, session_id, *sums)).fetchone()
+                if held > self.max_requests_per_session:
+                    self._trim_excess(conn, tenant, session_id,
+                                      held - self.max_requests_per_session)
+                self._trim_older(conn, cutoff, tenant, session_id)
+
+    def _trim_excess(self, conn: sqlite3.Connection, tenant: str, session_id: str,
+                     count: int) -> None:
+        """Delete the session's ``count`` oldest rows, subtracting them from its totals."""
+        excess = conn.execute(
+            "SELECT seq, tokens_before, tokens_after, blocked FROM audit_request"
+            " WHERE tenant = ? AND session_id = ? ORDER BY at, seq LIMIT ?",
+            (tenant, session_id, count)).fetchall()
+        conn.execute(_SUBTRACT_SESSION_TOTALS, (
+            len(excess), sum(row[1] for row in excess), sum(row[2] for row in excess),
+            sum(row[3] for row in excess), tenant, session_id))
+        conn.executemany("DELETE FROM audit_request WHERE seq = ?", [(row[0],) for row in excess])
+
+    def _add_state_change(self, change: StateChange, text: str) -> None:
+        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+        with self._sqlite_errors("add state change") as conn, self._immediate(conn):
+            conn.execute("INSERT INTO audit_change (tenant, session_id, at, change)"
+                         " VALUES (?, ?, ?, ?)",
+                         (change.tenant, change.session_id, audit_stamp(change.at), text))
+            conn.execute(
+                "DELETE FROM audit_change WHERE seq IN (SELECT seq FROM audit_change"
+                " WHERE tenant = ? AND session_id = ? ORDER BY at DESC, seq DESC"
+                " LIMIT -1 OFFSET ?)",
+                (change.tenant, change.session_id, self.max_requests_per_session))
+            conn.execute("DELETE FROM audit_change WHERE tenant = ? AND session_id = ?"
+                         " AND at < ?", (change.tenant, change.session_id, cutoff))
+
+    def _trim_older(self, conn: sqlite3.Connection, cutoff: str,
+                    tenant: str | None = None, session_id: str | None = None) -> int:
+        """Delete the audit rows older than ``cutoff`` (in the caller's transaction) of one
+        session, or of every session, keeping the totals right; returns how many went."""
+        scope, args = ("tenant = ? AND session_id = ? AND ", (tenant, session_id)
+                       ) if session_id is not None else ("", ())
+        gone = conn.execute(
+            "SELECT tenant, session_id, COUNT(*), SUM(tokens_before), SUM(tokens_after),"
+            f" SUM(blocked) FROM audit_request WHERE {scope}at < ? GROUP BY tenant, session_id",
+            (*args, cutoff)).fetchall()
+        removed = 0
+        if gone:
+            conn.executemany(_SUBTRACT_SESSION_TOTALS,
+                             [(count, before, after, blocked, tenant, session_id)
+                              for tenant, session_id, count, before, after, blocked in gone])
+            removed += conn.execute(f"DELETE FROM audit_request WHERE {scope}at < ?",
+                                    (*args, cutoff)).rowcount
+            conn.execute("DELETE FROM audit_session WHERE requests <= 0")
+        removed += conn.execute(f"DELETE FROM audit_change WHERE {scope}at < ?",
+                                (*args, cutoff)).rowcount
+        return removed
+
+    def _trim(self, cutoff: str) -> int:
+        with self._sqlite_errors("trim the audit log") as conn, self._immediate(conn):
+            return self._trim_older(conn, cutoff)
+
+    def _sessions(self, offset: int, limit: int, contains: str | None, order: str,
+                  tenant: str | None) -> tuple[list[SessionSummary], int]:
+        where, args = [], []
+        if contains:
+            where.append("instr(lower(session_id), lower(?)) > 0")
+            args.append(contains)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._sqlite_errors("read audit sessions") as conn:
+            total = conn.execute(f"SELECT COUNT(*) FROM audit_session{clause}",
+                                 args).fetchone()[0]
+            rows = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM audit_session{clause}"
+                f" ORDER BY {_SESSION_ORDERS[order]} LIMIT ? OFFSET ?",
+                (*args, limit, offset)).fetchall()
+        return [_summary(row) for row in rows], int(total)
+
+    def _session_requests(self, tenant: str, session_id: str, offset: int,
+                          limit: int) -> tuple[list[RequestEntry], int]:
+        with self._sqlite_errors("read audit entries") as conn:
+            total = conn.execute(
+                "SELECT COUNT(*) FROM audit_request WHERE tenant = ? AND session_id = ?",
+                (tenant, session_id)).fetchone()[0]
+            rows = conn.execute(
+                "SELECT entry FROM audit_request WHERE tenant = ? AND session_id = ?"
+                " ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?",
+                (tenant, session_id, limit, offset)).fetchall()
+        return [decode_entry(row[0]) for row in rows], int(total)
+
+    def _state_changes(self, tenant: str, session_id: str, limit: int) -> list[StateChange]:
+        with self._sqlite_errors("read state changes") as conn:
+            rows = conn.execute(
+                "SELECT change FROM audit_change WHERE tenant = ? AND session_id = ?"
+                " ORDER BY at DESC, seq DESC LIMIT ?",
+                (tenant, session_id, limit)).fetchall()
+        return [decode_change(row[0]) for row in rows]
+
+    def _blocked_since(self, since: str, limit: int) -> list[RequestEntry]:
+        with self._sqlite_errors("read blocked requests") as conn:
+            rows = conn.execute(
+                "SELECT entry FROM audit_request WHERE blocked = 1 AND at >= ?"
+                " ORDER BY at, seq LIMIT ?", (since, limit)).fetchall()
+        return [decode_entry(row[0]) for row in rows]
+
+
+def _check_page(offset: int, limit: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+
+
+def _summary(row: tuple[Any, ...]) -> SessionSummary:
+    tenant, session_id, last_seen, requests, before, after, blocked = row
+    try:
+        when = datetime.fromisoformat(last_seen)
+    except (TypeError, ValueError):
+        raise CorruptStateError("<audit log>", "a session's last_seen is not an ISO time"
+                                ) from None
+    return SessionSummary(session_id=str(session_id), tenant=str(tenant), last_seen=when,
+                          requests=int(requests), tokens_before=int(before),
+                          tokens_after=int(after), blocked=int(blocked))
