@@ -23,6 +23,7 @@ from aiohttp import web
 
 import compactor
 from proxy.config import Config, ConfigError
+from proxy.console import setup_console
 from proxy.http.audit import request_context_middleware
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
@@ -193,6 +194,10 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     if config.summary.enabled:
         app.cleanup_ctx.append(_summarizer_ctx)
     setup_routes(app)
+    # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
+    setup_console(app, token=config.admin_token(), store=app[STORE], log=app[AUDIT_LOG],
+                  resolvers=app[RESOLVERS], policies=app[ROLE_POLICIES],
+                  record_changes=config.audit.enabled)
     return app
 
 

@@ -1,0 +1,104 @@
+"""The audit console: server-rendered pages at ``/admin/ui/`` over the audit log and the
+durable state (issue #12).
+
+Routes (a sub-application mounted at ``/admin/ui``, only when the admin token is set; without
+it ``/admin`` and all under it answer 404)::
+
+    GET  /admin/ui/login                                  the login form (field: token)
+    POST /admin/ui/login                                  -> 303 + session cookie | 401 form
+    POST /admin/ui/logout                                 -> 303 to the login form
+    GET  /admin/ui/                                       sessions (?q=, ?sort=, ?page=)
+    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session
+    POST /admin/ui/tenants/{tenant}/sessions/{sid}/fact/{add|edit|delete}
+    POST /admin/ui/tenants/{tenant}/sessions/{sid}/pending/{add|edit|delete|status}
+    GET  /admin/ui/static/console.css
+
+Pages are Jinja2 templates with autoescaping on; there is no JavaScript (the chart is an
+inline SVG drawn on the server). Login, the session cookie and the CSRF tokens:
+:mod:`proxy.console._auth`; what every request goes through: :mod:`proxy.console._middleware`;
+the edits: :mod:`proxy.console._edits` and :mod:`proxy.console._pages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from policies import RolePolicies
+from proxy.console._auth import Signer
+from proxy.console._context import CONSOLE, PREFIX, Console
+from proxy.console._edits import EDITS
+from proxy.console._login import login_form, login_submit, logout
+from proxy.console._middleware import console_middlewares
+from proxy.console._pages import edit_handler, session_page, sessions_page
+from proxy.state.audit_log import RequestLog
+from proxy.state.resolvers import ResolverPool
+from proxy.state.store import StateStore
+
+__all__ = ["PREFIX", "setup_console"]
+
+_HERE: Final = Path(__file__).parent
+_SESSION: Final = "/tenants/{tenant}/sessions/{sid}"
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _tokens(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+_FILTERS: Final[dict[str, Callable[..., str]]] = {
+    "when": _when, "tokens": _tokens, "percent": _percent}
+
+
+def setup_console(app: web.Application, *, token: str | None, store: StateStore,
+                  log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
+                  record_changes: bool = True) -> None:
+    """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
+
+    Args:
+        app: the proxy's application (not yet frozen); its ``/admin`` sub-app is the admin
+            API, which this more specific prefix is resolved before.
+        token: the admin token (the login's secret); ``None`` or ``""``: no console.
+        store: the durable state, as the request path and the admin API reach it.
+        log: the store's audit log, when it keeps one.
+        resolvers: the request path's source-pointer resolvers.
+        policies: the roles' thresholds.
+        record_changes: whether each change is recorded in ``log`` (``audit.enabled``, as
+            for the admin API).
+    """
+    if not token:
+        return
+    console = web.Application(middlewares=console_middlewares())
+    console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
+                               signer=Signer(token), record_changes=record_changes)
+    aiohttp_jinja2.setup(
+        console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        default_helpers=False,
+        filters=_FILTERS,
+    )
+    router = console.router
+    router.add_get("/login", login_form)
+    router.add_post("/login", login_submit)
+    router.add_post("/logout", logout)
+    router.add_get("/", sessions_page)
+    router.add_get(_SESSION, session_page)
+    for kind, operation in EDITS:
+        router.add_post(f"{_SESSION}/{kind}/{operation}", edit_handler(kind, operation))
+    router.add_static("/static/", _HERE / "static")
+    app.add_subapp(PREFIX, console)

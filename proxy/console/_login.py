@@ -1,0 +1,94 @@
+"""Logging in and out of the console.
+
+``GET /admin/ui/login`` serves a form with one field, ``token`` (the admin token), and a CSRF
+token bound to a fresh nonce cookie. ``POST /admin/ui/login`` checks both: the right token
+gets the session cookie (:mod:`proxy.console._auth`) and a redirect; a wrong one gets the form
+again (401) and no cookie. ``POST /admin/ui/logout`` ends the login. The token is only ever
+in the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets
+re-exported.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import structlog
+from aiohttp import web
+
+from proxy.console._auth import LOGIN_FORM_TTL_S, SESSION_TTL_S
+from proxy.console._context import (
+    CONSOLE,
+    LOGIN,
+    LOGIN_COOKIE,
+    PREFIX,
+    SESSION_COOKIE,
+    render,
+    see_other,
+)
+from proxy.console._middleware import forbidden
+
+__all__ = ["login_form", "login_submit", "logout"]
+
+_log = structlog.get_logger("proxy.console")
+_HOME: Final = f"{PREFIX}/"
+
+
+def _next_path(raw: object) -> str:
+    """Where to go after logging in: a console path, else the sessions page (no open
+    redirect: ``//host``, schemes, backslashes and ``..`` are refused)."""
+    if (isinstance(raw, str) and raw.startswith(_HOME) and raw.isprintable()
+            and not any(bad in raw for bad in ("//", "\\", ".."))):
+        return raw
+    return _HOME
+
+
+def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str,
+                max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=PREFIX, httponly=True,
+                        samesite="Strict", secure=request.secure)
+
+
+def _form_page(request: web.Request, *, error: str | None = None,
+               status: int = 200) -> web.Response:
+    cookie, csrf = request.app[CONSOLE].signer.new_login_form()
+    response = render(request, "login.html",
+                      {"title": "Log in", "login_csrf": csrf, "error": error,
+                       "next": _next_path(request.query.get("next"))}, status=status)
+    _set_cookie(request, response, LOGIN_COOKIE, cookie, LOGIN_FORM_TTL_S)
+    return response
+
+
+async def login_form(request: web.Request) -> web.StreamResponse:
+    """``GET /login``: the form (or the sessions page, when already logged in)."""
+    if request.app[CONSOLE].signer.session(request.cookies.get(SESSION_COOKIE)) is not None:
+        raise web.HTTPSeeOther(_next_path(request.query.get("next")))
+    return _form_page(request)
+
+
+async def login_submit(request: web.Request) -> web.StreamResponse:
+    """``POST /login``: a session cookie for the admin token, a 401 form otherwise."""
+    signer = request.app[CONSOLE].signer
+    form = await request.post()
+    csrf, token, next_path = form.get("csrf"), form.get("token"), form.get("next")
+    if not signer.login_form_matches(request.cookies.get(LOGIN_COOKIE),
+                                     csrf if isinstance(csrf, str) else None):
+        _log.warning("console_csrf_refused", path=request.path)
+        return forbidden(request, "The login form expired or did not come from this console: "
+                                  "reload it and try again.")
+    if not isinstance(token, str) or not token or not signer.token_matches(token):
+        _log.warning("console_login_refused")
+        return _form_page(request, error="Wrong admin token.", status=401)
+    response = see_other(_next_path(next_path))
+    _set_cookie(request, response, SESSION_COOKIE, signer.new_session(), SESSION_TTL_S)
+    response.del_cookie(LOGIN_COOKIE, path=PREFIX)
+    _log.info("console_login")
+    return response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    """``POST /logout``: forget the login (the middleware checked its CSRF token)."""
+    request.app[CONSOLE].signer.revoke(request[LOGIN])
+    response = see_other(f"{PREFIX}/login")
+    response.del_cookie(SESSION_COOKIE, path=PREFIX)
+    _log.info("console_logout")
+    return response

@@ -1,0 +1,36 @@
+"""Each source pointer of a state, as the session page shows it: its status and an excerpt.
+
+What the admin API's ``?resolve=true`` shows, from the same function
+(:meth:`~proxy.state.resolvers.ResolverPool.excerpts`: at most 500 characters, only of an
+available source, with the session's own resolver and so the request path's authorization).
+Resolving reads files, so it runs in a worker thread. Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import compactor
+from proxy.state.resolvers import ResolverPool
+
+__all__ = ["SourceView", "source_views"]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceView:
+    """One pointer's status (``available``, ``missing``, ...), why, and an excerpt of it
+    when available."""
+
+    pointer: str
+    status: str
+    detail: str
+    excerpt: str | None = None
+
+
+async def source_views(resolvers: ResolverPool, session_id: str,
+                       state: compactor.DurableContextState) -> dict[str, SourceView]:
+    """Every distinct pointer of ``state`` resolved for ``session_id``."""
+    excerpts = await asyncio.to_thread(resolvers.excerpts, session_id, state)
+    return {e.resolution.pointer: SourceView(e.resolution.pointer, e.resolution.status,
+                                             e.resolution.detail, e.text) for e in excerpts}
