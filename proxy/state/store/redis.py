@@ -262,43 +262,27 @@ def _as_text(value: bytes | str) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
-def _usage_member(session_key: str, model: str) -> str:
-    """The index member (and key suffix) of a usage row: ``["session key","model"]``."""
-    return json.dumps([session_key, model], ensure_ascii=False, separators=(",", ":"))
+def _pair_member(first: str, second: str) -> str:
+    """An index member (and key suffix) naming two strings: ``["first","second"]`` — a usage
+    row's ``[session key, model]``, an audit session's ``[tenant, session id]``."""
+    return json.dumps([first, second], ensure_ascii=False, separators=(",", ":"))
 
 
-def _usage_pair(member: bytes | str) -> tuple[str, str]:
-    """``(session_key, model)`` back from an index member."""
+def _pair_of(member: bytes | str, where: str) -> tuple[str, str]:
+    """The two strings back from a :func:`_pair_member` member of the index ``where``."""
     try:
         pair = json.loads(member)
     except ValueError:
         pair = None
     if (not isinstance(pair, list) or len(pair) != 2
             or not all(isinstance(part, str) for part in pair)):
-        raise CorruptStateError("<usage index>", "a member is not a [session key, model] pair")
+        raise CorruptStateError(where, "an index member is not a pair of strings")
     return pair[0], pair[1]
 
 
 def _listed(reply: object) -> list[bytes | str]:
     """A list reply of members (redis-py types every reply as a union of shapes)."""
     return list(cast("list[bytes | str]", reply))
-
-
-def _session_member(tenant: str, session_id: str) -> str:
-    """The audit log's name of a session (and its keys' suffix): ``["tenant","session id"]``."""
-    return json.dumps([tenant, session_id], ensure_ascii=False, separators=(",", ":"))
-
-
-def _session_of(member: bytes | str) -> tuple[str, str]:
-    """``(tenant, session_id)`` back from an audit session member."""
-    try:
-        pair = json.loads(member)
-    except ValueError:
-        pair = None
-    if (not isinstance(pair, list) or len(pair) != 2
-            or not all(isinstance(part, str) for part in pair)):
-        raise CorruptStateError("<audit log>", "a session is not a [tenant, session id] pair")
-    return pair[0], pair[1]
 
 
 def _score(when: datetime) -> str:
@@ -308,7 +292,7 @@ def _score(when: datetime) -> str:
 
 def _totals(member: str, raw: dict[Any, Any]) -> SessionSummary:
     """A session's totals hash as a :class:`SessionSummary`."""
-    tenant, session_id = _session_of(member)
+    tenant, session_id = _pair_of(member, "<audit log>")
     fields = {_as_text(name): _as_text(value) for name, value in raw.items()}
     try:
         counts = {name: int(fields.get(name, "0")) for name in
@@ -418,7 +402,7 @@ class RedisStateStore:
 
     def usage_key(self, session_key: str, model: str) -> str:
         """The Redis key of the usage row of ``(session_key, model)``."""
-        return f"{self.key_prefix}usage:row:{_usage_member(session_key, model)}"
+        return f"{self.key_prefix}usage:row:{_pair_member(session_key, model)}"
 
     @property
     def usage_index_key(self) -> str:
@@ -428,14 +412,14 @@ class RedisStateStore:
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's audit log, as the scripts take them: its entries, its
         totals, the sessions index, the blocked index."""
-        member = _session_member(tenant, session_id)
+        member = _pair_member(tenant, session_id)
         return [f"{self.key_prefix}audit:requests:{member}",
                 f"{self.key_prefix}audit:totals:{member}",
                 f"{self.key_prefix}audit:sessions", f"{self.key_prefix}audit:blocked"]
 
     def change_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's state changes: its changes, the changed-sessions index."""
-        member = _session_member(tenant, session_id)
+        member = _pair_member(tenant, session_id)
         return [f"{self.key_prefix}audit:changes:{member}", f"{self.key_prefix}audit:changed"]
 
     # -- the async interface -------------------------------------------------------------
@@ -544,7 +528,7 @@ class RedisStateStore:
         if not isinstance(entry, UsageEntry):
             raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
         self._check_open()
-        args: list[str | int] = [_usage_member(session_key, model), usage_stamp()]
+        args: list[str | int] = [_pair_member(session_key, model), usage_stamp()]
         for name in UsageEntry.field_names():
             args += [name, getattr(entry, name)]
         try:
@@ -567,7 +551,7 @@ class RedisStateStore:
         self._check_open()
         try:
             members = await self._redis.smembers(self.usage_index_key)
-            pairs = sorted(_usage_pair(member) for member in members)
+            pairs = sorted(_pair_of(member, "<usage index>") for member in members)
             async with self._redis.pipeline(transaction=False) as pipe:
                 for session_key, model in pairs:
                     pipe.hgetall(self.usage_key(session_key, model))
@@ -635,8 +619,8 @@ class RedisStateStore:
                 if contains or tenant is not None:
                     needle = (contains or "").lower()
                     members = [m for m in members
-                               if needle in _session_of(m)[1].lower()
-                               and tenant in (None, _session_of(m)[0])]
+                               if needle in _pair_of(m, "<audit log>")[1].lower()
+                               and tenant in (None, _pair_of(m, "<audit log>")[0])]
                 total = len(members)
                 if order == "last_seen":
                     summaries = await self._summaries(members[offset:offset + limit])
@@ -694,18 +678,18 @@ class RedisStateStore:
         cutoff = _score(retention_cutoff(now, self.retention_days))
         removed = 0
         try:
-            for tenant, session_id in [_session_of(m) for m in _listed(await self._redis.zrange(
-                    f"{self.key_prefix}audit:sessions", 0, -1))]:
+            sessions = _listed(await self._redis.zrange(f"{self.key_prefix}audit:sessions", 0, -1))
+            for tenant, session_id in [_pair_of(m, "<audit log>") for m in sessions]:
                 member, maximum, _ = self._trim_args(tenant, session_id)
                 removed += int(await self._trim_session_script(
                     keys=self.audit_keys(tenant, session_id), args=[member, maximum, cutoff]))
             await self._redis.zremrangebyscore(f"{self.key_prefix}audit:blocked", "-inf",
                                                f"({cutoff}")
-            for tenant, session_id in [_session_of(m) for m in _listed(await self._redis.zrange(
-                    f"{self.key_prefix}audit:changed", 0, -1))]:
+            changed = _listed(await self._redis.zrange(f"{self.key_prefix}audit:changed", 0, -1))
+            for tenant, session_id in [_pair_of(m, "<audit log>") for m in changed]:
                 removed += int(await self._trim_changes_script(
                     keys=self.change_keys(tenant, session_id),
-                    args=[_session_member(tenant, session_id), cutoff]))
+                    args=[_pair_member(tenant, session_id), cutoff]))
         except RedisError as exc:
             raise self._audit_error("trim the audit log", exc) from exc
         return removed
@@ -721,7 +705,7 @@ class RedisStateStore:
     def _trim_args(self, tenant: str, session_id: str) -> list[Any]:
         """The trim script's ARGV for a session: its member, the bound, the cutoff score."""
         cutoff = retention_cutoff(utc_now(), self.retention_days)
-        return [_session_member(tenant, session_id), self.max_requests_per_session,
+        return [_pair_member(tenant, session_id), self.max_requests_per_session,
                 _score(cutoff)]
 
     async def close(self) -> None:
