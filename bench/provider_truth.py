@@ -226,12 +226,12 @@ async def cost_run(client: aiohttp.ClientSession, turns: int, mode: str | None) 
                                                         "compaction": COST_THRESHOLDS}) as (
                     url, store_path):
                 await _drive_cost(client, url, turns, run)
-                await asyncio.sleep(0.2)  # the ledger is written after each response
-                store = SQLiteStateStore(store_path)
-                try:
-                    rows = await store.usage_rows()
-                finally:
-                    await store.close()
+            # The proxy has stopped: it wrote the usage it sums between writes.
+            store = SQLiteStateStore(store_path)
+            try:
+                rows = await store.usage_rows()
+            finally:
+                await store.close()
     for row in rows:
         if not row.entry.summary_calls:
             continue

@@ -51,6 +51,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
+from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
 from proxy.state.summarizer import ProviderSummarizer
@@ -101,6 +102,7 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     tasks = app[BACKGROUND]
     if tasks:
         await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
+    await app[USAGE_LEDGER].close()  # the usage summed since its last write
 
 
 async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -181,7 +183,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[STORE] = CachedStateReads(backend)
     app[SUMMARIES] = backend
     app[CHECKPOINTS] = SessionCheckpoints(backend)
-    app[USAGE_LEDGER] = backend
+    app[USAGE_LEDGER] = BufferedLedger(backend)
     app[AUDIT_LOG] = backend
     app[CALIBRATION] = Calibration()
     app[ACCOUNTING] = Accounting()

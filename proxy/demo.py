@@ -31,9 +31,10 @@ from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
 from proxy.fake_upstream.scripts import default_script, is_summarizer_request
+from proxy.keys import USAGE_LEDGER
 from proxy.logs import configure_logging
 from proxy.report import build_report
-from proxy.state.store import SQLiteStateStore
+from proxy.state.ledger_buffer import BufferedLedger
 
 __all__ = ["main"]
 
@@ -220,7 +221,8 @@ async def _run(out: TextIO) -> int:
         configure_logging(config.logging, stream=logs, secrets=[token])
         proxy_runner, proxy_url = await start_proxy(config)
         try:
-            return await _session(out, agent, upstream, proxy_url, token, root, logs)
+            return await _session(out, agent, upstream, proxy_url, token, root, logs,
+                                  proxy_runner.app[USAGE_LEDGER])
         finally:
             await proxy_runner.cleanup()
             await upstream_runner.cleanup()
@@ -228,7 +230,8 @@ async def _run(out: TextIO) -> int:
 
 
 async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url: str,
-                   token: str, root: Path, logs: io.StringIO) -> int:
+                   token: str, root: Path, logs: io.StringIO,
+                   ledger: BufferedLedger) -> int:
     out.write(f"fake provider (strict, offline) and compact-proxy on {proxy_url}\n")
     out.write(f"thresholds: soft {COMPACTION['soft_threshold_tokens']:,}  hard "
               f"{COMPACTION['hard_limit_tokens']:,}  L1 cuts tool results over "
@@ -288,7 +291,7 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     finally:
         await client.close()
 
-    await _write_report(out, root / "state.db")
+    await _write_report(out, ledger)
     missing = {"L1", "L2", "L3", "L4"} - seen_layers
     out.write(f"\nlayers seen at work: {', '.join(sorted(seen_layers)) or 'none'}\n")
     if missing:
@@ -297,14 +300,9 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     return 0
 
 
-async def _write_report(out: TextIO, store_path: Path) -> None:
+async def _write_report(out: TextIO, ledger: BufferedLedger) -> None:
     """What ``compact-proxy report`` shows for the demo's store: billed tokens and the saving."""
-    await asyncio.sleep(0.1)  # the ledger is written just after each response
-    store = SQLiteStateStore(store_path)
-    try:
-        rows = await store.usage_rows()
-    finally:
-        await store.close()
+    rows = await ledger.usage_rows()  # written first: the proxy sums them between writes
     report = build_report(rows, Config.from_mapping({}, require_upstream=False).price_for)
     out.write("\nwhat the provider billed, and what it would have without the proxy "
               "(compact-proxy report, list prices):\n")

@@ -20,8 +20,9 @@ from proxy.state.accounting import Accounting
 from proxy.state.audit_log import RequestLog
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
+from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import StateStore, SummaryCache, UsageLedger
+from proxy.state.store import StateStore, SummaryCache
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 # audit record, which imports these keys.
 TENANTS: Final[web.AppKey[TenantScope]] = web.AppKey("tenants")
 #: The store's usage ledger (billed tokens per session and model).
-USAGE_LEDGER: Final[web.AppKey[UsageLedger]] = web.AppKey("usage_ledger")
+USAGE_LEDGER: Final = web.AppKey("usage_ledger", BufferedLedger)
 #: The store's audit log (one entry per request, one per change of a durable state).
 AUDIT_LOG: Final[web.AppKey[RequestLog]] = web.AppKey("audit_log")
 #: Turns an answered request into a ledger entry (remembers each lane's previous size).

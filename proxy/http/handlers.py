@@ -32,7 +32,6 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.background import in_background
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import (
     dump_body,
@@ -166,9 +165,7 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
     def on_usage(model: str, usage: ProviderUsage) -> None:
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
-        in_background(app, app[USAGE_LEDGER].add_usage(
-            session.key, model, Accounting.summary_entry(usage)),
-            failure_event="usage_not_recorded")
+        app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
     return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
                           tenant=session.tenant, fork=fork, counter=app[COUNTER],
@@ -363,8 +360,7 @@ def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
     # at the ratio the provider's count of this view showed to the estimate of the view.
     without = round(result.tokens_before * provider / max(1, result.tokens_after))
     entry = app[ACCOUNTING].entry(f"{session.key}:{plan.lane}", without, usage)
-    in_background(app, app[USAGE_LEDGER].add_usage(session.key, plan.model, entry),
-                  failure_event="usage_not_recorded")
+    app[USAGE_LEDGER].add(session.key, plan.model, entry)  # summed, written now and then
 
 
 def _set_beta(headers: CIMultiDict[str], value: str) -> None:

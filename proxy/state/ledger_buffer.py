@@ -1,0 +1,76 @@
+"""Usage-ledger additions summed in memory and written to the store once in a while.
+
+Every answered request adds a :class:`~proxy.state.usage.UsageEntry` to its session's row;
+written one by one that is a store transaction per request (measured: most of the proxy's
+added CPU per request at the ledger's debut). The entries are sums, so they can be summed
+first: :meth:`BufferedLedger.add` adds to an in-memory total per (session, model) and returns
+at once; a task writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes what
+is left at shutdown. A failed write keeps its totals for the next one. What a crash loses is at
+most the last interval's figures — the ledger is a report, not durable context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import structlog
+
+from proxy.state.store import UsageLedger
+from proxy.state.usage import UsageEntry, UsageRow
+
+__all__ = ["FLUSH_INTERVAL_S", "BufferedLedger"]
+
+_log = structlog.get_logger("proxy.state.ledger_buffer")
+
+#: How long additions wait before they are written (seconds).
+FLUSH_INTERVAL_S: Final = 1.0
+
+
+class BufferedLedger:
+    """A :class:`UsageLedger` in front of another, summing additions between writes."""
+
+    def __init__(self, ledger: UsageLedger, *, interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self._ledger = ledger
+        self._interval_s = interval_s
+        self._pending: dict[tuple[str, str], UsageEntry] = {}
+        self._writer: asyncio.Task[None] | None = None
+
+    def add(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        """Add ``entry`` to the row of (``session_key``, ``model``); written within the
+        interval. Call from the event loop."""
+        key = (session_key, model)
+        known = self._pending.get(key)
+        self._pending[key] = entry if known is None else known + entry
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_later())
+
+    async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
+        """:meth:`add`, as the :class:`UsageLedger` protocol has it."""
+        self.add(session_key, model, entry)
+
+    async def usage_rows(self) -> list[UsageRow]:
+        """The store's rows, once everything added so far is written."""
+        await self.flush()
+        return await self._ledger.usage_rows()
+
+    async def _write_later(self) -> None:
+        await asyncio.sleep(self._interval_s)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write every pending total now; a total whose write fails is kept for the next."""
+        pending, self._pending = self._pending, {}
+        for (session_key, model), entry in pending.items():
+            try:
+                await self._ledger.add_usage(session_key, model, entry)
+            except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
+                _log.warning("usage_not_recorded", error_class=type(exc).__name__)
+                known = self._pending.get((session_key, model))
+                self._pending[(session_key, model)] = entry if known is None else known + entry
+
+    async def close(self) -> None:
+        """Stop the timer and write what is pending."""
+        if self._writer is not None and not self._writer.done():
+            self._writer.cancel()
+        await self.flush()
