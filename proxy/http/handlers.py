@@ -151,15 +151,17 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
     provider = app.get(SUMMARIZER) if may_call_model else None
-    fork = None
-    if provider is not None:
+
+    def fork() -> ForkSource:
+        # Made only when a summary call is (most requests never need one).
         headers = upstream_request_headers(request.headers)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
             system = compactor.append_to_system(system, durable.text)
-        fork = ForkSource.from_request(headers.items(), request.query_string, body,
+        return ForkSource.from_request(headers.items(), request.query_string, body,
                                        system=system)
+
     metrics = app[METRICS]
 
     def on_usage(model: str, usage: ProviderUsage) -> None:
@@ -168,7 +170,8 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
     return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
-                          tenant=session.tenant, fork=fork, counter=app[COUNTER],
+                          tenant=session.tenant, fork=fork if provider is not None else None,
+                          counter=app[COUNTER],
                           metrics=metrics, on_usage=on_usage)
 
 

@@ -334,7 +334,7 @@ class ProviderSummarizer:
 
 def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    caller: CallerCredentials, *, tenant: str = "none",
-                   fork: ForkSource | None = None,
+                   fork: Callable[[], ForkSource] | None = None,
                    counter: compactor.CachingCounter | None = None,
                    metrics: ProxyMetrics | None = None,
                    on_usage: UsageCallback | None = None) -> Summarizer:
@@ -351,7 +351,8 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         provider: the summary client, ``None`` for the cache only.
         caller: the client's credentials (``separate`` mode).
         tenant: the request's tenant.
-        fork: the client's request, which ``fork`` mode's calls copy.
+        fork: makes the client's request that ``fork`` mode's calls copy; called only when a
+            call is made (most requests never need one).
         counter: counts prompts against the model's window (``None``: never in pieces).
         metrics: counts every summary asked for, by outcome (``cached``, ``joined``, ``ok``,
             ``failed``, ``empty``).
@@ -376,8 +377,9 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         text = await cached(key)
         if text is not None:
             return text
-        result = await provider.summarize(request, caller, fork=fork, counter=counter,
-                                          on_usage=on_usage)
+        result = await provider.summarize(request, caller,
+                                          fork=fork() if fork is not None else None,
+                                          counter=counter, on_usage=on_usage)
         count(result.outcome)
         if result.text is None:
             _log.warning("summary_failed", error_class=result.error_class,
