@@ -43,7 +43,6 @@ from proxy.http.body import (
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
     PromptTooLong,
-    Retry,
     forward,
     request_body_stream,
     upstream_request_headers,
@@ -258,17 +257,17 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
 
 
 def _outgoing(request: web.Request, body: dict[str, Any], messages: list[dict[str, Any]],
-              system: Any, durable: DurableContext,
-              headers: CIMultiDict[str]) -> bytes:
-    """The body to forward: ``body`` with the compacted ``messages``, the durable block
-    appended to the client's ``system``, and the thinking-binding opt-out where needed."""
-    body["messages"] = messages
+              durable: DurableContext, headers: CIMultiDict[str]) -> bytes:
+    """The body to forward: the client's ``body`` (left as it is) with the compacted
+    ``messages``, the durable block appended to its ``system``, and the thinking-binding
+    opt-out where needed."""
+    out = {**body, "messages": messages}
     if durable.text:
-        body["system"] = compactor.append_to_system(system, durable.text)
-    if needs_binding_opt_out(body, prefix_changed=True):
-        apply_binding_opt_out(body)
+        out["system"] = compactor.append_to_system(body.get("system"), durable.text)
+    if needs_binding_opt_out(out, prefix_changed=True):
+        apply_binding_opt_out(out)
         _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    return dump_body(body)
+    return dump_body(out)
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
@@ -288,7 +287,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record.session_id, record.tenant = session_id, tenant
     structlog.contextvars.bind_contextvars(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    messages, system = body["messages"], body.get("system")
+    messages = body["messages"]
     plan = _plan(request, session, body, durable)
     result = await _compact(request, record, session, messages, body, durable, plan,
                             may_call_model)
@@ -299,43 +298,35 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # Nothing to rewrite: the client's bytes go out as they came.
         outgoing = raw
     else:
-        outgoing = _outgoing(request, body, result.messages, system, durable, headers)
+        outgoing = _outgoing(request, body, result.messages, durable, headers)
     if not may_call_model:
         return await forward(request, record, body=outgoing, headers=headers)
 
-    sent = [(plan, result)]
+    sent = plan, result  # what the provider answered last: learnt from below
 
     async def recompact(refusal: PromptTooLong) -> bytes | None:
         # The provider counted the view at N > M: compact the same request again below M, at
-        # the ratio this refusal showed (never lower than the factor it was sent with).
-        first_plan, first = sent[0]
-        if first_plan.model is None:
+        # the ratio this refusal showed over the view as compacted (fixed part included),
+        # uniformly — the per-message counts that estimated the refused view are not trusted.
+        nonlocal sent
+        if plan.model is None:
             return None
-        calibration = app[CALIBRATION]
-        calibration.learn_window(first_plan.model, refusal.maximum)
-        # At the ratio the refusal showed, over the view as compacted (fixed part included),
-        # uniformly: the per-message counts that estimated the refused view are not trusted.
-        shown = refusal.tokens / max(1, first.tokens_after)
+        app[CALIBRATION].learn_window(plan.model, refusal.maximum)
+        shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
         tighter = dataclasses.replace(
-            first_plan, policy=clamp_to_window(first_plan.policy, refusal.maximum),
-            scale=first_plan.scale * max(1.0, shown),
-            reserved_scale=first_plan.reserved_scale * max(1.0, shown), known=None)
-        if system is None:  # counted again from the client's own system
-            body.pop("system", None)
-        else:
-            body["system"] = system
+            plan, policy=clamp_to_window(plan.policy, refusal.maximum),
+            scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
         again = await _compact(request, record, session, messages, body, durable, tighter,
                                may_call_model)
-        sent.append((tighter, again))
+        sent = tighter, again
         app[METRICS].recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
-                  provider_maximum=refusal.maximum, tokens_before=first.tokens_after,
+                  provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
-        return _outgoing(request, body, again.messages, system, durable, headers)
+        return _outgoing(request, body, again.messages, durable, headers)
 
-    retry: Retry = recompact
-    response = await forward(request, record, body=outgoing, headers=headers, retry=retry)
-    _learn(request, record, session, *sent[-1])
+    response = await forward(request, record, body=outgoing, headers=headers, retry=recompact)
+    _learn(request, record, session, *sent)
     return response
 
 
