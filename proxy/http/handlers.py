@@ -20,7 +20,6 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from proxy.http.body import (
     read_body,
     replace_lone_surrogates,
 )
+from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
     PromptTooLong,
@@ -48,7 +48,6 @@ from proxy.http.forward import (
     upstream_request_headers,
 )
 from proxy.http.session import resolve_session_id
-from proxy.http.tenants import scoped_key
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
@@ -57,9 +56,7 @@ from proxy.keys import (
     CONFIG,
     COUNTER,
     METRICS,
-    RESOLVERS,
     ROLE_POLICIES,
-    STORE,
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
@@ -78,14 +75,6 @@ from proxy.state.usage import ProviderUsage
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
 _log = structlog.get_logger("proxy.http.handlers")
-
-
-@dataclass(frozen=True)
-class DurableContext:
-    """A session's durable state and its rendered block (``""`` when there is none)."""
-
-    state: compactor.DurableContextState | None
-    text: str
 
 
 async def messages_handler(request: web.Request) -> web.StreamResponse:
@@ -108,37 +97,6 @@ async def passthrough_handler(request: web.Request) -> web.StreamResponse:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)
     return await forward(request, request[RECORD], body=body, headers=headers)
-
-
-@dataclass(frozen=True)
-class SessionRef:
-    """A request's session: the client's own id, its tenant, and the key the store knows it
-    by (:func:`proxy.http.tenants.scoped_key`)."""
-
-    session_id: str
-    tenant: str
-
-    @property
-    def key(self) -> str:
-        """The store key of this tenant's session."""
-        return scoped_key(self.tenant, self.session_id)
-
-
-async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
-    """The session's state with every source pointer verified, rendered for ``system``.
-
-    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
-    it is the session's long-lived one, so unchanged files are not read again. Pointers are
-    authorized against the client's own session id.
-    """
-    session_id = session.session_id
-    stored = await app[STORE].get_state(session.key)
-    if stored is None or stored.state.is_empty:
-        return DurableContext(None if stored is None else stored.state, "")
-    resolver = app[RESOLVERS].for_session(session_id)
-    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
-    text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
-    return DurableContext(stored.state, text)
 
 
 def _summarizer(request: web.Request, policy: CompactionPolicy, session: SessionRef,

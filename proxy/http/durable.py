@@ -1,0 +1,54 @@
+"""A request's session and its durable context: the state the admin API pinned, every source
+pointer verified, rendered for ``system`` (SPEC section 4, step 4)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+import compactor
+from proxy.http.tenants import scoped_key
+from proxy.keys import RESOLVERS, STORE
+
+__all__ = ["DurableContext", "SessionRef", "load_durable_context"]
+
+
+@dataclass(frozen=True)
+class DurableContext:
+    """A session's durable state and its rendered block (``""`` when there is none)."""
+
+    state: compactor.DurableContextState | None
+    text: str
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """A request's session: the client's own id, its tenant, and the key the store knows it
+    by (:func:`proxy.http.tenants.scoped_key`)."""
+
+    session_id: str
+    tenant: str
+
+    @property
+    def key(self) -> str:
+        """The store key of this tenant's session."""
+        return scoped_key(self.tenant, self.session_id)
+
+
+async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
+    """The session's state with every source pointer verified, rendered for ``system``.
+
+    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
+    it is the session's long-lived one, so unchanged files are not read again. Pointers are
+    authorized against the client's own session id.
+    """
+    session_id = session.session_id
+    stored = await app[STORE].get_state(session.key)
+    if stored is None or stored.state.is_empty:
+        return DurableContext(None if stored is None else stored.state, "")
+    resolver = app[RESOLVERS].for_session(session_id)
+    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
+    text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
+    return DurableContext(stored.state, text)
