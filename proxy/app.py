@@ -53,6 +53,7 @@ from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
+from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
 from proxy.state.summarizer import ProviderSummarizer
 
@@ -180,12 +181,17 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # The request path reads the session's state on every call; the admin API writes
     # through the same object, so its changes are seen at once.
     backend = store if store is not None else store_for(config)
-    app[STORE] = CachedStateReads(backend)
+    # Per-session calibration: shared through the store when other processes serve from it
+    # (refreshed with each request's state read), else this process's own.
+    calibration = SharedCalibration(backend) if backend.shared else Calibration()
+    app[STORE] = CachedStateReads(
+        backend, listeners=[calibration.refresh] if isinstance(calibration, SharedCalibration)
+        else ())
     app[SUMMARIES] = backend
     app[CHECKPOINTS] = SessionCheckpoints(backend)
     app[USAGE_LEDGER] = BufferedLedger(backend)
     app[AUDIT_LOG] = backend
-    app[CALIBRATION] = Calibration()
+    app[CALIBRATION] = calibration
     app[ACCOUNTING] = Accounting()
     app[BACKGROUND] = set()
     app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))

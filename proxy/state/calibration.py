@@ -22,13 +22,33 @@ later thresholds of that model below the window it learnt.
 
 All of this lives in the process's memory, bounded (least recently used sessions go): it is
 relearnt from the first answer after a restart.
+
+Across replicas
+---------------
+Thresholds depend on the factors, so two processes serving one session must hold the same
+ones to cross the soft threshold on the same turn. :meth:`Calibration.snapshot` and
+:meth:`Calibration.restore` turn what one (session, model) taught — its ratios, its fixed
+part's ratio and its messages' own counts — into bytes and back, exactly (floats bit for bit);
+:class:`proxy.state.shared_calibration.SharedCalibration` saves them in the store after every
+answer and loads them, when their version changed, with the request's state read. The
+messages' counts are keyed by the process's fingerprints (:func:`compactor.content_fingerprint`,
+Python's string hashes), which are comparable only between processes with the same hash seed:
+a snapshot carries :data:`compactor._fingerprint.PROCESS_SALT`, and a process with another
+salt restores the ratios only. Replicas that must forward byte-identical views therefore run
+with one ``PYTHONHASHSEED`` (any fixed value, the same on every replica).
+
+What stays per process: the fleet's medians (a session's starting point before it taught
+anything of its own) and the learnt context windows (from refusals).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+import struct
 import threading
+from array import array
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +56,7 @@ from typing import Final
 
 from cachetools import LRUCache
 
+from compactor._fingerprint import PROCESS_SALT
 from policies import CompactionPolicy
 
 __all__ = [
@@ -74,6 +95,10 @@ MAX_SESSIONS_WITH_MESSAGES: Final = 1_024
 PRUNE_SLACK: Final = 256
 #: Sessions remembered.
 MAX_SESSIONS: Final = 50_000
+# A snapshot: its format, the size of its JSON head and how many message counts follow
+# (each an int64 fingerprint, then each a float64 count).
+_SNAPSHOT_HEAD: Final = struct.Struct("<BII")
+_SNAPSHOT_FORMAT: Final = 1
 
 
 @dataclass
@@ -243,6 +268,60 @@ class Calibration:
         it taught, by fingerprint (empty when none)."""
         with self._lock:
             return self._known.get((session_key, model)) or {}
+
+    def holds(self, session_key: str, model: str) -> bool:
+        """Whether ``(session_key, model)`` taught something this process still holds."""
+        with self._lock:
+            return (session_key, model) in self._sessions
+
+    def snapshot(self, session_key: str, model: str) -> bytes | None:
+        """What ``(session_key, model)`` taught, as bytes for :meth:`restore` (``None``:
+        nothing yet)."""
+        key = (session_key, model)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is None:
+                return None
+            known = self._known.get(key) or {}
+            head = json.dumps({"ratios": list(session.ratios), "reserved": session.reserved,
+                               "messages": list(session.messages), "salt": PROCESS_SALT},
+                              separators=(",", ":")).encode()
+            prints = array("q", known.keys())
+            counts = array("d", known.values())
+        return b"".join((_SNAPSHOT_HEAD.pack(_SNAPSHOT_FORMAT, len(head), len(prints)), head,
+                         prints.tobytes(), counts.tobytes()))
+
+    def restore(self, session_key: str, model: str, data: bytes) -> bool:
+        """Replace what ``(session_key, model)`` taught by a :meth:`snapshot` (made by any
+        process); ``False`` (nothing changed) when ``data`` is not one. The messages' counts
+        come along only from a process with this one's hash salt."""
+        try:
+            form, head_size, count = _SNAPSHOT_HEAD.unpack_from(data)
+            start = _SNAPSHOT_HEAD.size
+            head = json.loads(data[start:start + head_size])
+            start += head_size
+            prints = array("q")
+            prints.frombytes(data[start:start + 8 * count])
+            counts = array("d")
+            counts.frombytes(data[start + 8 * count:start + 16 * count])
+            if form != _SNAPSHOT_FORMAT or len(prints) != count or len(counts) != count:
+                return False
+            session = _Session()
+            session.ratios.extend(float(r) for r in head["ratios"])
+            session.messages.extend(float(r) for r in head["messages"])
+            reserved = head["reserved"]
+            session.reserved = None if reserved is None else float(reserved)
+            same_salt = head["salt"] == PROCESS_SALT
+        except (struct.error, ValueError, KeyError, TypeError):
+            return False
+        key = (session_key, model)
+        with self._lock:
+            self._sessions[key] = session
+            if same_salt:
+                self._known[key] = dict(zip(prints, counts, strict=True))
+            else:
+                self._known.pop(key, None)
+        return True
 
     def window(self, model: str) -> int | None:
         """The context window the provider said ``model`` has, once it said so."""

@@ -30,8 +30,8 @@ import structlog
 import compactor
 from proxy.config import SummaryConfig
 from proxy.metrics import ProxyMetrics
-from proxy.state.flights import SingleFlight
-from proxy.state.store import SummaryCache
+from proxy.state.flights import SingleFlight, fleet_single_flight
+from proxy.state.store import ReplicaConsistency, SummaryCache
 from proxy.state.summary_calls import (
     SUMMARIZER_MARKER,
     SUMMARY_SYSTEM_PROMPT,
@@ -344,7 +344,9 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
     ``count_tokens``) writes one, which is cached under the request's content hash — within
     the request's tenant (another tenant's equal span is never answered from this cache).
     Requests that need a summary another request is already asking for wait for that call
-    (at most ``summary.timeout_s``) instead of making their own.
+    (at most ``summary.timeout_s``) instead of making their own; when ``store`` is shared by
+    other processes, the one call is the fleet's (a lease of the store per key, see
+    :func:`proxy.state.flights.fleet_single_flight`): the others read the cache when it lands.
 
     Args:
         store: the summary cache.
@@ -363,6 +365,9 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         if metrics is not None:
             metrics.count_summary(outcome)
 
+    # Other processes share the cache: one of them makes each summary (a lease per key).
+    fleet = store if isinstance(store, ReplicaConsistency) and store.shared else None
+
     async def cached(key: str) -> str | None:
         text = await store.get_summary(key)
         if text:
@@ -377,6 +382,24 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         text = await cached(key)
         if text is not None:
             return text
+        if fleet is None:
+            return await make(key, request)
+
+        async def made_elsewhere() -> str | None:
+            return await store.get_summary(key) or None
+
+        text, outcome = await fleet_single_flight(
+            fleet, f"summary:{key}", made_elsewhere, lambda: make(key, request),
+            timeout_s=provider.config.timeout_s)
+        if outcome in ("joined", "found"):
+            count("joined")
+            _log.info("summary_ready", cached=True, fleet=outcome)
+        elif outcome == "timeout":
+            _log.warning("summary_failed", error_class="FleetJoinTimeout", joined=True)
+        return text
+
+    async def make(key: str, request: compactor.SummaryRequest) -> str | None:
+        assert provider is not None
         result = await provider.summarize(request, caller,
                                           fork=fork() if fork is not None else None,
                                           counter=counter, on_usage=on_usage)

@@ -1,10 +1,17 @@
-"""A short-lived cache in front of a store's state reads, for the request hot path.
+"""A cache in front of a store's state reads, for the request hot path, never stale.
 
 Every ``/v1/messages`` asks the store for its session's durable state, and most sessions
-have none: without this, each request pays a round trip to the store's worker thread (or to
-Redis) to learn nothing. Reads — present or absent — are remembered for ``ttl_s``; a write or
-delete through this object forgets the session at once, so the admin API of this process is
-seen immediately, and a write by another process sharing the store within ``ttl_s``.
+have none, and the others rarely change. So each read first asks the store for the session's
+*versions* (:meth:`~proxy.state.store.base.ReplicaConsistency.session_versions`: the state's
+version and write time, and the version of each versioned record: one small round trip, no
+state text) and re-reads the state only when its version is not the one cached. A state
+written through any process — another replica, another worker, the CLI — is therefore in the
+very next request of every process: there is no time window.
+
+The versions read for a request are also kept for the rest of it (a context variable of the
+request's task, :func:`request_versions`): the checkpoints (:mod:`proxy.state.checkpoints`)
+check their in-memory copies against them without another round trip, and the listeners
+given here (the shared calibration) refresh what changed before the request is planned.
 
 Only the durable state goes through here: the summary cache and the records are reached on
 the backend itself, and the backend's owner opens and closes it.
@@ -12,51 +19,87 @@ the backend itself, and the backend's owner opens and closes it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Final
 
-from cachetools import TTLCache
+from cachetools import LRUCache
 
 from compactor import DurableContextState
 
-from .base import StateStore, StoredState
+from .base import ReplicaConsistency, SessionVersions, StateStore, StoredState
 
-__all__ = ["CachedStateReads"]
+__all__ = ["CachedStateReads", "VersionsListener", "request_versions"]
 
-DEFAULT_TTL_S: Final = 1.0
 DEFAULT_MAX_ENTRIES: Final = 10_000
+
+#: Told each session's versions as read for a request (before the state is returned).
+VersionsListener = Callable[[str, SessionVersions], Awaitable[None]]
+
+# The versions the current task (a request) read: (store, session id, versions).
+_READ: ContextVar[tuple[object, str, SessionVersions] | None] = ContextVar(
+    "compact_proxy_session_versions", default=None)
+
+
+def request_versions(store: object, session_id: str) -> SessionVersions | None:
+    """The versions of ``session_id`` that this request (task) read from ``store`` (its
+    state read comes first on the request path), ``None`` when it read none."""
+    read = _READ.get()
+    if read is None or read[0] is not store or read[1] != session_id:
+        return None
+    return read[2]
 
 
 class CachedStateReads:
-    """A :class:`StateStore` that caches another's ``get_state`` briefly and writes through.
+    """A :class:`StateStore` that checks its cached ``get_state`` against the store's version
+    on every read, and writes through.
 
     Used from the event loop only. Beyond ``max_entries`` sessions the least recently used
-    entry goes.
+    entry goes. A store without versions (not a
+    :class:`~proxy.state.store.base.ReplicaConsistency`) is read every time.
+
+    Args:
+        store: the backend.
+        max_entries: how many sessions' states to keep.
+        listeners: told each session's versions on every read.
     """
 
-    def __init__(self, store: StateStore, *, ttl_s: float = DEFAULT_TTL_S,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 listeners: Sequence[VersionsListener] = ()) -> None:
         self.inner = store
-        self._states: TTLCache[str, StoredState | None] = TTLCache(maxsize=max_entries,
-                                                                    ttl=ttl_s)
+        self.listeners = list(listeners)
+        self._versioned = store if isinstance(store, ReplicaConsistency) else None
+        self._states: LRUCache[str, StoredState | None] = LRUCache(maxsize=max_entries)
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """The session's state, from the cache when read less than ``ttl_s`` ago."""
+        """The session's current state: the cached one while the store's version is its."""
+        if self._versioned is None:
+            return await self.inner.get_state(session_id)
+        versions = await self._versioned.session_versions(session_id)
+        _READ.set((self._versioned, session_id, versions))
+        for listener in self.listeners:
+            await listener(session_id, versions)
         try:
-            return self._states[session_id]
+            cached = self._states[session_id]
         except KeyError:
             pass
-        stored = await self.inner.get_state(session_id)
+        else:
+            if versions.same_state(cached):
+                return cached
+        if versions.state is None:
+            stored = None
+        else:
+            stored = await self.inner.get_state(session_id)
         self._states[session_id] = stored
         return stored
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None) -> StoredState:
-        """Write through, forgetting the cached read."""
+        """Write through, keeping what was written."""
         self._states.pop(session_id, None)
-        try:
-            return await self.inner.put_state(session_id, state, expected_version)
-        finally:
-            self._states.pop(session_id, None)
+        stored = await self.inner.put_state(session_id, state, expected_version)
+        self._states[session_id] = stored
+        return stored
 
     async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
         """Delete through, forgetting the cached read."""

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -76,7 +77,7 @@ from ._rows import (
     usage_stamp,
     utc_now,
 )
-from .base import CorruptStateError, StoredState, StoreError, VersionConflict
+from .base import CorruptStateError, SessionVersions, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
 
@@ -164,6 +165,20 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS audit_change_session ON audit_change (tenant, session_id, at)",
     "CREATE INDEX IF NOT EXISTS audit_change_at ON audit_change (at)",
+    # Replica consistency: the version of each versioned record (bumped with the record in
+    # one transaction), and leases by name (a row whose expires_at, Unix seconds, has passed
+    # is free).
+    """CREATE TABLE IF NOT EXISTS record_version (
+        session_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        PRIMARY KEY (session_id, kind)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS store_lock (
+        name TEXT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    ) WITHOUT ROWID""",
 )
 
 _INSERT_REQUEST = (
@@ -217,12 +232,14 @@ class SQLiteStateStore:
         busy_timeout_s: how long a write waits for another writer's lock before failing.
         max_requests_per_session: how many request entries a session keeps in the audit log.
         retention_days: how long audit entries are kept.
+        shared: whether other processes serve from the same file (``listen.workers`` > 1):
+            then in-memory copies are checked against the file's versions on every request.
     """
 
     def __init__(self, path: str | Path, *, max_summaries: int = 1000,
                  busy_timeout_s: float = 5.0,
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
-                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
+                 retention_days: int = DEFAULT_RETENTION_DAYS, shared: bool = False) -> None:
         if max_summaries < 1:
             raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
         if busy_timeout_s <= 0:
@@ -233,6 +250,7 @@ class SQLiteStateStore:
         self.busy_timeout_s = busy_timeout_s
         self.max_requests_per_session = max_requests_per_session
         self.retention_days = retention_days
+        self._shared = shared
         # Audit entries waiting for the next transaction, and the task writing them (used
         # from the event loop only).
         self._pending_requests: list[tuple[RequestEntry, str, asyncio.Future[None]]] = []
@@ -707,6 +725,112 @@ class SQLiteStateStore:
                 "SELECT entry FROM audit_request WHERE blocked = 1 AND at >= ?"
                 " ORDER BY at, seq LIMIT ?", (since, limit)).fetchall()
         return [decode_entry(row[0]) for row in rows]
+
+    # --- replica consistency ---
+    # (proxy.state.store.base.ReplicaConsistency; the loop side first, then the worker side)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes serve from this file (the ``shared`` argument)."""
+        return self._shared
+
+    async def session_versions(self, session_id: str) -> SessionVersions:
+        """The session's state version and its versioned records' versions (one call)."""
+        return await self._call(self._session_versions, session_id)
+
+    async def get_versioned_record(self, session_id: str, kind: str
+                                   ) -> tuple[int, bytes] | None:
+        """The record ``kind`` and its version, read in one transaction."""
+        return await self._call(self._get_versioned_record, session_id, kind)
+
+    async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
+        """Replace the record ``kind`` and bump its version in one transaction."""
+        return await self._call(self._put_versioned_record, session_id, kind, bytes(data))
+
+    async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Take the lease ``name`` if it is free or expired."""
+        return await self._call(self._acquire_lock, name, token, _ttl_s(ttl_ms))
+
+    async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Renew the lease if ``token`` holds it."""
+        return await self._call(self._extend_lock, name, token, _ttl_s(ttl_ms))
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        """Drop the lease if ``token`` holds it."""
+        return await self._call(self._release_lock, name, token)
+
+    def _session_versions(self, session_id: str) -> SessionVersions:
+        with self._sqlite_errors("read versions") as conn:
+            # One read transaction: both answers from the same snapshot of the file.
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(
+                    "SELECT version, updated_at FROM session_state WHERE session_id = ?",
+                    (session_id,)).fetchone()
+                records = conn.execute(
+                    "SELECT kind, version FROM record_version WHERE session_id = ?",
+                    (session_id,)).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        return SessionVersions(None if row is None else int(row[0]),
+                               None if row is None else str(row[1]),
+                               {str(kind): int(version) for kind, version in records})
+
+    def _get_versioned_record(self, session_id: str, kind: str) -> tuple[int, bytes] | None:
+        with self._sqlite_errors("read record") as conn:
+            row = conn.execute(
+                "SELECT v.version, r.data FROM record_version v JOIN session_record r"
+                " ON r.session_id = v.session_id AND r.kind = v.kind"
+                " WHERE v.session_id = ? AND v.kind = ?", (session_id, kind)).fetchone()
+        if row is None:
+            return None
+        if not isinstance(row[1], bytes):
+            raise CorruptStateError(session_id, f"record {kind!r} is not a blob")
+        return int(row[0]), row[1]
+
+    def _put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
+        with self._sqlite_errors("write record") as conn, self._immediate(conn):
+            conn.execute(
+                "INSERT INTO session_record (session_id, kind, data, updated_at)"
+                " VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
+                " updated_at = excluded.updated_at",
+                (session_id, kind, data, utc_now().isoformat()))
+            row = conn.execute(
+                "INSERT INTO record_version (session_id, kind, version) VALUES (?, ?, 1)"
+                " ON CONFLICT (session_id, kind) DO UPDATE SET version = version + 1"
+                " RETURNING version", (session_id, kind)).fetchone()
+        return int(row[0])
+
+    def _acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
+        now = time.time()  # wall clock: the one every process on the machine shares
+        with self._sqlite_errors("take lock") as conn, self._immediate(conn):
+            conn.execute("DELETE FROM store_lock WHERE name = ? AND expires_at <= ?",
+                         (name, now))
+            taken = conn.execute(
+                "INSERT INTO store_lock (name, token, expires_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO NOTHING", (name, token, now + ttl_s)).rowcount
+        return bool(taken == 1)
+
+    def _extend_lock(self, name: str, token: str, ttl_s: float) -> bool:
+        now = time.time()
+        with self._sqlite_errors("extend lock") as conn:
+            changed = conn.execute(
+                "UPDATE store_lock SET expires_at = ? WHERE name = ? AND token = ?"
+                " AND expires_at > ?", (now + ttl_s, name, token, now)).rowcount
+        return bool(changed == 1)
+
+    def _release_lock(self, name: str, token: str) -> bool:
+        with self._sqlite_errors("release lock") as conn:
+            changed = conn.execute("DELETE FROM store_lock WHERE name = ? AND token = ?",
+                                   (name, token)).rowcount
+        return bool(changed == 1)
+
+
+def _ttl_s(ttl_ms: int) -> float:
+    if ttl_ms < 1:
+        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
+    return ttl_ms / 1000
 
 
 def _check_page(offset: int, limit: int) -> None:

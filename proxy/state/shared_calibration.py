@@ -1,0 +1,122 @@
+"""The per-session calibration shared by every process serving from one store.
+
+:class:`SharedCalibration` is a :class:`~proxy.state.calibration.Calibration` whose
+per-(session, model) part lives in the store as well, as the versioned record
+``calibration:<model>`` of the session:
+
+- after every answer it learnt from (:meth:`~SharedCalibration.observe`), the session's
+  :meth:`~proxy.state.calibration.Calibration.snapshot` is written (in the background, one
+  write per (session, model) at a time, the newest snapshot winning);
+- on every request, the session's versions arrive with its state read
+  (:class:`~proxy.state.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`
+  with them, in the same round trip), and a ``calibration:<model>`` record whose version is
+  not the one this process holds is read and restored before the request is planned.
+
+So a replica plans each request with the factors and per-message counts the session's last
+answer taught, whichever replica forwarded it. The fleet's medians and the learnt windows stay
+per process (see :mod:`proxy.state.calibration`).
+
+The write follows the answer: a next request sent within that one store write of the answer's
+end may still find the previous calibration (see the module docs of
+:mod:`proxy.state.checkpoints` for the rule of determinism).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Final
+
+import structlog
+from cachetools import LRUCache
+
+from proxy.state.calibration import MAX_SESSIONS, Calibration
+from proxy.state.store import ReplicaConsistency, SessionVersions, StoreError
+
+__all__ = ["CALIBRATION_RECORD_PREFIX", "SharedCalibration"]
+
+_log = structlog.get_logger("proxy.state.shared_calibration")
+
+#: Record kind in the store: ``calibration:<model>``.
+CALIBRATION_RECORD_PREFIX: Final = "calibration:"
+
+
+class SharedCalibration(Calibration):
+    """Calibration whose per-session part is saved in, and refreshed from, ``store``.
+
+    Used from the event loop (``observe`` schedules the write on the running loop).
+
+    Args:
+        store: the shared store (versioned records).
+        max_sessions: as :class:`~proxy.state.calibration.Calibration`.
+    """
+
+    def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS) -> None:
+        super().__init__(max_sessions=max_sessions)
+        self._store = store
+        # (session, model) -> the store's version of what this process holds.
+        self._versions: LRUCache[tuple[str, str], int] = LRUCache(maxsize=max_sessions)
+        # (session, model) -> the newest snapshot not yet written; its writer task.
+        self._unsaved: dict[tuple[str, str], bytes] = {}
+        self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def observe(self, session_key: str, model: str, counted: int, provider: int,
+                reserved: int = 0, fingerprints: Sequence[int] = (),
+                tokens: Sequence[int] = ()) -> float | None:
+        """Learn as :meth:`Calibration.observe`, then save the session's calibration."""
+        ratio = super().observe(session_key, model, counted, provider, reserved,
+                                fingerprints, tokens)
+        if ratio is not None:
+            data = self.snapshot(session_key, model)
+            if data is not None:
+                self._save(session_key, model, data)
+        return ratio
+
+    def _save(self, session_key: str, model: str, data: bytes) -> None:
+        key = (session_key, model)
+        self._unsaved[key] = data
+        if key not in self._writers:
+            task = asyncio.get_running_loop().create_task(self._write(key))
+            self._writers[key] = task
+
+    async def _write(self, key: tuple[str, str]) -> None:
+        session_key, model = key
+        try:
+            while (data := self._unsaved.pop(key, None)) is not None:
+                try:
+                    version = await self._store.put_versioned_record(
+                        session_key, CALIBRATION_RECORD_PREFIX + model, data)
+                except StoreError as exc:
+                    _log.warning("calibration_save_failed", error_class=type(exc).__name__)
+                    continue
+                self._versions[key] = version
+        finally:
+            del self._writers[key]
+
+    async def refresh(self, session_key: str, versions: SessionVersions) -> None:
+        """Restore each of the session's calibrations whose store version is not the one held
+        (a :data:`~proxy.state.store.read_cache.VersionsListener`)."""
+        for kind, version in versions.records.items():
+            if not kind.startswith(CALIBRATION_RECORD_PREFIX):
+                continue
+            model = kind[len(CALIBRATION_RECORD_PREFIX):]
+            key = (session_key, model)
+            if ((self._versions.get(key) == version and self.holds(session_key, model))
+                    or key in self._writers):
+                # Held already, or this process's newer answer is being written.
+                continue
+            try:
+                found = await self._store.get_versioned_record(session_key, kind)
+            except StoreError as exc:
+                _log.warning("calibration_load_failed", error_class=type(exc).__name__)
+                continue
+            if found is None:
+                continue
+            stored_version, data = found
+            if self.restore(session_key, model, data):
+                self._versions[key] = stored_version
+
+    async def flush(self) -> None:
+        """Wait until every snapshot taken so far is written (or failed)."""
+        while self._writers:
+            await asyncio.gather(*self._writers.values(), return_exceptions=True)
