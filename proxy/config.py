@@ -368,17 +368,41 @@ class SummaryConfig(_Section):
 
 @_section("store")
 class StoreConfig(_Section):
-    """Where per-session state lives: embedded SQLite at ``path``, or Redis at ``url``."""
+    """Where per-session state lives: embedded SQLite at ``path``, or Redis at ``url``.
+
+    ``redis_mode`` says what ``url`` names: one server (``standalone``), any node of a Redis
+    Cluster (``cluster``), or the Sentinels (``redis://host:port,host:port/db``) that know the
+    primary of ``sentinel_service`` (``sentinel``). ``on_unavailable`` says what a request
+    does while the store cannot be reached: ``reject`` (503 ``api_error``) or ``forward``
+    (without its durable context and sticky compaction).
+    """
 
     backend: Literal["sqlite", "redis"] = "sqlite"
     path: Text = "./compact-proxy-state/state.db"
     url: RedisUrl | None = None
+    redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    sentinel_service: Text | None = None
+    on_unavailable: Literal["reject", "forward"] = "reject"
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StoreConfig:
         if self.backend == "redis" and self.url is None:
             raise invalid("url", "required when store.backend is redis")
+        if self.backend == "redis" and self.redis_mode == "sentinel" and not self.sentinel_service:
+            raise invalid("sentinel_service", "required when store.redis_mode is sentinel")
+        if self.redis_mode != "standalone" and (self.url or "").startswith("unix:"):
+            raise invalid("url", f"a unix:// socket cannot be store.redis_mode {self.redis_mode}")
         return self
+
+
+@_section("sources.s3")
+class S3SourcesConfig(_Section):
+    """``sources.s3``: the object store of ``s3://`` roots. ``endpoint_url`` names an
+    S3-compatible service (unset: AWS); ``region`` the signing region (unset: the AWS
+    variables or files). Credentials come from the standard AWS variables and files."""
+
+    endpoint_url: HttpUrl | None = None
+    region: Text | None = None
 
 
 @_section("sources")

@@ -1,5 +1,8 @@
 """A real, throw-away ``redis-server`` for the tests: started on a free loopback port with
-persistence off, ready once it answers PING, stopped (and its directory removed) afterwards.
+persistence off (or, for a server the tests stop and start again, an append-only file
+synced on every write), ready once it answers PING, stopped (and its directory removed)
+afterwards; and a throw-away three-master Redis Cluster of three such servers
+(:class:`RedisClusterServers`), created with ``redis-cli --cluster create``.
 
 No fake: the Redis store is tested against the server it will run against. When
 ``redis-server`` is not installed :func:`find_redis_server` raises
@@ -18,7 +21,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-__all__ = ["RedisServer", "RedisServerUnavailable", "find_redis_server", "free_port"]
+__all__ = [
+    "RedisClusterServers",
+    "RedisServer",
+    "RedisServerUnavailable",
+    "find_redis_server",
+    "free_port",
+]
 
 #: How long a starting server may take to answer PING.
 START_TIMEOUT_S = 10.0
@@ -65,13 +74,20 @@ class RedisServer:
     """One ``redis-server`` subprocess on 127.0.0.1; use as a context manager, or call
     :meth:`start` and :meth:`stop`.
 
+    Args:
+        persistent: keep the data in an append-only file synced on every write, so the
+            server can be killed (:meth:`kill`) and started again (:meth:`restart`) with it.
+        extra_args: more ``redis-server`` options (each ``--name`` then its values).
+
     Attributes:
         port: the port it listens on (0 until started).
         url: ``redis://127.0.0.1:<port>/0`` once started.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, persistent: bool = False, extra_args: tuple[str, ...] = ()) -> None:
         self.port = 0
+        self.persistent = persistent
+        self.extra_args = extra_args
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
 
@@ -98,14 +114,41 @@ class RedisServer:
         self.stop()
         raise RedisServerUnavailable(f"redis-server did not start: {problem}")
 
+    def kill(self) -> None:
+        """Kill the server (SIGKILL, no shutdown), keeping its port and data directory."""
+        if self._proc is None:
+            raise RuntimeError("the redis server is not running")
+        self._proc.kill()
+        self._proc.wait(timeout=5)
+        self._proc = None
+
+    def restart(self) -> None:
+        """Start the server again on its port, on its data (after :meth:`kill`).
+
+        Raises:
+            RedisServerUnavailable: it did not answer (its port was taken meanwhile, ...).
+        """
+        if self._proc is not None or self._dir is None:
+            raise RuntimeError("restart() follows kill()")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        problem = ""
+        while time.monotonic() < deadline:  # the killed server's port may linger briefly
+            problem = self._try_start(find_redis_server(), self.port)
+            if not problem:
+                return
+            time.sleep(0.1)
+        raise RedisServerUnavailable(f"redis-server did not restart: {problem}")
+
     def _try_start(self, executable: str, port: int) -> str:
         """Start on ``port``; ``""`` when it answers PING, else what went wrong."""
         assert self._dir is not None
         log_path = self._dir / f"redis-{port}.log"
-        with log_path.open("wb") as log:
+        persistence = (["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+                       if self.persistent else ["--save", "", "--appendonly", "no"])
+        with log_path.open("ab") as log:
             proc = subprocess.Popen(
-                [executable, "--save", "", "--appendonly", "no", "--port", str(port),
-                 "--bind", "127.0.0.1", "--dir", str(self._dir), "--daemonize", "no"],
+                [executable, *persistence, "--port", str(port), "--bind", "127.0.0.1",
+                 "--dir", str(self._dir), "--daemonize", "no", *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -145,3 +188,76 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+class RedisClusterServers:
+    """A three-master Redis Cluster on loopback ports (no replicas), for the tests; use as a
+    context manager, or call :meth:`start` and :meth:`stop`.
+
+    Attributes:
+        nodes: the three servers (each a master of about a third of the slots).
+        url: the URL of the first node: a cluster client finds the others from it.
+    """
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes = [RedisServer(extra_args=("--cluster-enabled", "yes",
+                                              "--cluster-config-file", "nodes.conf",
+                                              "--cluster-port", str(free_port())))
+                      for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        """Where a cluster client starts."""
+        return self.nodes[0].url
+
+    def start(self) -> Self:
+        """Start the servers, join them into one cluster, and wait until every node says
+        ``cluster_state:ok``; returns ``self``.
+
+        Raises:
+            RedisServerUnavailable: a server did not start, ``redis-cli`` is missing or the
+                cluster did not form.
+        """
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RedisServerUnavailable("redis-cli was not found on PATH (it comes with "
+                                         "redis-server: apt-get install -y redis-server)")
+        try:
+            for node in self.nodes:
+                node.start()
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            created = subprocess.run(
+                [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0",
+                 "--cluster-yes"],
+                capture_output=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+            if created.returncode != 0:
+                tail = created.stdout.decode(errors="replace").strip().splitlines()[-3:]
+                raise RedisServerUnavailable("redis-cli --cluster create failed: "
+                                             + " | ".join(tail))
+            deadline = time.monotonic() + START_TIMEOUT_S * 3
+            while not all(_cluster_ok(cli, node.port) for node in self.nodes):
+                if time.monotonic() > deadline:
+                    raise RedisServerUnavailable("the cluster never reached cluster_state:ok")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every node; idempotent."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _cluster_ok(cli: str, port: int) -> bool:
+    info = subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True,
+                          timeout=10, check=False, stdin=subprocess.DEVNULL)
+    return b"cluster_state:ok" in info.stdout

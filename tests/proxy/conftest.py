@@ -1,5 +1,6 @@
-"""Fixtures of the proxy tests: a real ``redis-server`` for the Redis store (one per test
-session, started only when a test asks for it)."""
+"""Fixtures of the proxy tests: a real ``redis-server`` for the Redis store, and a real
+three-master Redis Cluster (each one per test session, started only when a test asks for
+it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.redis_server import RedisServer, RedisServerUnavailable
+from tests.redis_server import RedisClusterServers, RedisServer, RedisServerUnavailable
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +33,27 @@ def redis_server() -> Iterator[RedisServer]:
 def redis_url(redis_server: RedisServer) -> str:
     """The URL (``redis://127.0.0.1:<port>/0``) of the session's ``redis-server``."""
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A three-master Redis Cluster on free loopback ports; fails (never skips) when
+    ``redis-server`` or ``redis-cli`` is missing."""
+    cluster = RedisClusterServers()
+    problem = ""
+    try:
+        cluster.start()
+    except RedisServerUnavailable as exc:
+        problem = str(exc)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
+    """The URL of one node of the session's Redis Cluster."""
+    return redis_cluster.url

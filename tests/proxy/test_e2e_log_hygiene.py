@@ -85,7 +85,7 @@ def forget_audit_log(url: str, prefix: str) -> None:
 
     client = redis.Redis.from_url(url)
     try:
-        for key in list(client.scan_iter(match=f"{prefix}audit:*", count=500)):
+        for key in list(client.scan_iter(match=f"{prefix}{{*}}:audit:*", count=500)):
             client.delete(key)
     finally:
         client.close()
@@ -99,7 +99,7 @@ def redis_audit_values(url: str, prefix: str) -> list[str]:
 
     client = redis.Redis.from_url(url)
     try:
-        keys = list(client.scan_iter(match=f"{prefix}audit:*", count=500))
+        keys = list(client.scan_iter(match=f"{prefix}{{*}}:audit:*", count=500))
         return [part.decode("utf-8", "replace") for key in keys
                 for part in (key, *redis_values(client, key))]
     finally:

@@ -502,7 +502,7 @@ def test_no_credential_in_any_redis_key_after_tenant_traffic(
             assert_no_credential(value, f"a value of {key!r}")
     for tenant in (tenant_a, tenant_b):
         assert any(tenant.encode() in key for key in keys), f"no key of tenant {tenant}"
-    state_key = b":state:" + scoped_key(tenant_a, SESSION).encode()
+    state_key = b"{" + scoped_key(tenant_a, SESSION).encode() + b"}:state"
     state_keys = [key for key in keys if key.endswith(state_key)]
     assert state_keys and all(FACT_A.encode() in dumps[key] for key in state_keys)
     assert_no_credential(proxy_log.read_bytes(), "the proxy log")

@@ -50,7 +50,7 @@ async def test_state_is_stored_as_a_hash_of_version_json_and_timestamp(
 ) -> None:
     """The state key holds version, the canonical JSON of to_dict() and an ISO updated_at."""
     written = await store.put_state("s1", make_state("a", facts=2), None)
-    fields = await raw.hgetall(f"{store.key_prefix}state:s1")
+    fields = await raw.hgetall(f"{store.key_prefix}{{s1}}:state")
     assert set(fields) == {b"version", b"state", b"updated_at"}
     assert fields[b"version"] == b"1"
     assert json.loads(fields[b"state"]) == make_state("a", facts=2).to_dict()
@@ -100,7 +100,7 @@ async def test_corrupt_hash_raises_instead_of_returning_garbage(
 ) -> None:
     """A state hash that does not decode into a valid state raises CorruptStateError naming why."""
     for name, value in fields.items():
-        await raw.hset(f"{store.key_prefix}state:bad", name, value)
+        await raw.hset(f"{store.key_prefix}{{bad}}:state", name, value)
     with pytest.raises(CorruptStateError) as info:
         await store.get_state("bad")
     assert info.value.session_id == "bad"
@@ -111,7 +111,7 @@ async def test_state_key_of_another_type_is_corrupt(
     store: RedisStateStore, raw: aioredis.Redis
 ) -> None:
     """A plain string under the state key is reported as corrupt by get and put alike."""
-    await raw.set(f"{store.key_prefix}state:bad", "hello")
+    await raw.set(f"{store.key_prefix}{{bad}}:state", "hello")
     with pytest.raises(CorruptStateError, match="not a hash"):
         await store.get_state("bad")
     with pytest.raises(CorruptStateError, match="not a hash"):
@@ -124,11 +124,11 @@ async def test_corrupt_version_blocks_writes_but_delete_clears_it(
     store: RedisStateStore, raw: aioredis.Redis
 ) -> None:
     """A write on a hash with a non-integer version fails; an unconditional delete removes it."""
-    await raw.hset(f"{store.key_prefix}state:bad",
+    await raw.hset(f"{store.key_prefix}{{bad}}:state",
                    mapping={"version": "x", "state": "{}", "updated_at": "now"})
     with pytest.raises(CorruptStateError, match="version"):
         await store.put_state("bad", make_state(), 1)
-    assert await raw.hget(f"{store.key_prefix}state:bad", "version") == b"x"
+    assert await raw.hget(f"{store.key_prefix}{{bad}}:state", "version") == b"x"
     assert await store.delete_state("bad") is True
     assert (await store.put_state("bad", make_state(), None)).version == 1
 
@@ -137,22 +137,22 @@ async def test_hash_without_a_version_is_never_overwritten(
     store: RedisStateStore, raw: aioredis.Redis
 ) -> None:
     """A create over a state hash lacking its version fails as corrupt and keeps the hash."""
-    await raw.hset(f"{store.key_prefix}state:bad", "state", "{}")
+    await raw.hset(f"{store.key_prefix}{{bad}}:state", "state", "{}")
     with pytest.raises(CorruptStateError):
         await store.put_state("bad", make_state(), None)
-    assert await raw.hgetall(f"{store.key_prefix}state:bad") == {b"state": b"{}"}
+    assert await raw.hgetall(f"{store.key_prefix}{{bad}}:state") == {b"state": b"{}"}
 
 
 async def test_usage_rows_are_hashes_of_counters_indexed_by_a_set(
     store: RedisStateStore, raw: aioredis.Redis
 ) -> None:
-    """A usage row is a hash of every counter plus last_seen under usage:row:<json pair>, and
-    the pair is a member of usage:rows."""
+    """A usage row is a hash of every counter plus last_seen under {<session>}:usage:"<model>"
+    (in the session's slot), and the pair is a member of {usage}:usage:rows."""
     await store.add_usage("t0123/sess:1", "claude-opus-4-5", UsageEntry(requests=2,
                                                                         output_tokens=7))
     member = '["t0123/sess:1","claude-opus-4-5"]'
-    assert await raw.smembers(f"{store.key_prefix}usage:rows") == {member.encode()}
-    fields = await raw.hgetall(f"{store.key_prefix}usage:row:{member}")
+    assert await raw.smembers(f"{store.key_prefix}{{usage}}:usage:rows") == {member.encode()}
+    fields = await raw.hgetall(f'{store.key_prefix}{{t0123/sess:1}}:usage:"claude-opus-4-5"')
     assert set(fields) == {name.encode() for name in UsageEntry.field_names()} | {b"last_seen"}
     assert (fields[b"requests"], fields[b"output_tokens"], fields[b"input_tokens"]) == (
         b"2", b"7", b"0")

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 from .base import (
     CorruptStateError,
     RecordStore,
-    ReplicaConsistency,
     RequestLog,
-    SessionVersions,
     StateStore,
     StoreBackend,
     StoredState,
     StoreError,
+    StoreUnavailable,
     SummaryCache,
     UsageLedger,
     UsageRow,
@@ -37,13 +36,12 @@ __all__ = [
     "CorruptStateError",
     "RecordStore",
     "RedisStateStore",
-    "ReplicaConsistency",
     "RequestLog",
     "SQLiteStateStore",
-    "SessionVersions",
     "StateStore",
     "StoreBackend",
     "StoreError",
+    "StoreUnavailable",
     "StoredState",
     "SummaryCache",
     "UsageLedger",
@@ -68,16 +66,15 @@ def store_for(config: Config) -> StoreBackend:
 
         assert config.store.url is not None  # StoreConfig requires it for redis
         try:
-            return RedisStateStore(config.store.url,
+            return RedisStateStore(config.store.url, mode=config.store.redis_mode,
+                                   sentinel_service=config.store.sentinel_service,
                                    max_requests_per_session=audit.max_requests_per_session,
                                    retention_days=audit.retention_days)
         except ValueError as exc:
             raise ConfigError("store.url", str(exc)) from None
     return SQLiteStateStore(config.store.path,
                             max_requests_per_session=audit.max_requests_per_session,
-                            retention_days=audit.retention_days,
-                            # Other workers serve from the same file: check their writes.
-                            shared=getattr(config.listen, "workers", 1) > 1)
+                            retention_days=audit.retention_days)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,46 +1,88 @@
-"""The shared store backend: one Redis server, safe for any number of proxy processes.
+"""The shared store backend: Redis (one server, a Sentinel-managed primary, or a Cluster),
+safe for any number of proxy processes.
 
 Theory of operation
 -------------------
 *Layout.* Every key starts with ``key_prefix`` (default ``compact-proxy:``), so several
-deployments can share one database. Because the variable part (the session id) always comes
-last, two namespaces can never collide, whatever characters a session id holds:
+deployments can share one database, followed by a Redis Cluster *hash tag* in braces: Redis
+(and a cluster's client) hashes only the text between the first ``{`` and the next ``}``,
+so every key of one session lives in the same hash slot, on the same cluster node:
 
-- ``<prefix>state:<session_id>``: a hash ``{version, state, updated_at}``; ``state`` is the
+- ``<prefix>{<session key>}:state``: a hash ``{version, state, updated_at}``; ``state`` is the
   canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
-- ``<prefix>summary:text``: a hash ``key -> summary text``;
-  ``<prefix>summary:order``: a sorted set of the same keys scored by insertion sequence, and
-  ``<prefix>summary:seq``: the counter that hands out those sequence numbers;
-- ``<prefix>record:<session_id>``: a hash ``kind -> bytes``;
-- ``<prefix>usage:row:<["session key","model"]>``: a hash of one usage row, each counter of
+- ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``;
+- ``<prefix>{<session key>}:usage:<"model">``: a hash of one usage row, each counter of
   :class:`~proxy.state.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
-  the two variable parts are a JSON array, so no session key or model name can collide;
-  ``<prefix>usage:rows``: the set of those JSON arrays, which ``usage_rows`` lists;
-- the audit log, per session ``<["tenant","session id"]>`` (a JSON array, like a usage row):
-  ``<prefix>audit:requests:<session>``, a sorted set of request entries (their JSON) scored by
-  arrival time (Unix seconds); ``<prefix>audit:totals:<session>``, a hash of the session's
-  totals over those entries (``requests``, ``tokens_before``, ``tokens_after``, ``blocked``,
-  ``last_seen`` as ISO text); ``<prefix>audit:sessions``, a sorted set of the sessions scored
-  by ``last_seen``; ``<prefix>audit:blocked``, a sorted set of every refused entry (the same
-  JSON) by time; ``<prefix>audit:changes:<session>``, a sorted set of state changes by time,
-  and ``<prefix>audit:changed``, the sessions that have some.
+  the model is a JSON string;
+- ``<prefix>{<session>}:audit:requests``, a sorted set of the session's request entries
+  (their JSON) scored by arrival time (Unix seconds); ``<prefix>{<session>}:audit:totals``, a
+  hash of the session's totals over those entries (``requests``, ``tokens_before``,
+  ``tokens_after``, ``blocked``, ``last_seen`` as ISO text and ``last_score``, the same time
+  as a score); ``<prefix>{<session>}:audit:changes``, a sorted set of its state changes by
+  time. The audit log's ``<session>`` is the session key of ``(tenant, session id)`` (the
+  session id for tenant ``none``, else ``<tenant>/<session id>``: the state's own key);
+- ``<prefix>{<name>}:lock``: a lock (:meth:`RedisStateStore.lock_key`).
 
-*Compare-and-swap in one script.* Redis runs a Lua script atomically: no other client's
-command runs between its first and its last step. The write script reads the current version,
-compares it with the caller's and writes the new hash, so of several writers racing from the
-same version (in this process or another) exactly one wins; the others get the new version
-back and raise :class:`~proxy.state.store.base.VersionConflict`. The delete and the summary-cache
-scripts (insert if absent, then evict the oldest beyond the bound) and the usage script (every
-``HINCRBY`` of a row, its ``last_seen`` and its index entry) are atomic the same way, and
-so is each audit write: the entry, the session's totals, the indexes and the trim (the
-session's oldest entries beyond the bound, and those older than the retention, each
-subtracted from the totals as it goes) happen in one script.
+What belongs to no session has a tag of its own, so each group is in one slot:
+
+- ``<prefix>{summary}:summary:text``: a hash ``key -> summary text``;
+  ``<prefix>{summary}:summary:order``: a sorted set of the same keys scored by insertion
+  sequence, and ``<prefix>{summary}:summary:seq``: the counter handing those numbers out;
+- ``<prefix>{usage}:usage:rows``: the set of every usage row as ``["session key","model"]``,
+  which ``usage_rows`` lists;
+- ``<prefix>{audit}:audit:sessions``: the sessions (``["tenant","session id"]``) scored by
+  ``last_seen``; ``<prefix>{audit}:audit:blocked``: every refused entry (the same JSON) by
+  time; ``<prefix>{audit}:audit:changed``: the sessions that have state changes, scored by
+  their newest.
+
+No two keys collide, whatever a session key holds: a key ends in ``}:`` and one of a fixed
+set of suffixes (none the end of another), or in ``}:usage:`` and a JSON string (whose inner
+quotes are escaped, so it cannot hold ``}:usage:"``). A session key holding ``}`` only makes
+Redis hash a shorter tag, the same one for every key of that session. The prefix may not
+hold a brace (it would become the tag of every key).
+
+*What is atomic.* Redis runs a Lua script atomically: no other client's command runs between
+its first and its last step. Each script here touches the keys of one slot only (a cluster
+refuses anything else):
+
+- the state's compare-and-swap: the write script reads the current version, compares it
+  with the caller's and writes the new hash, so of several writers racing from the same
+  version (in this process or another) exactly one wins; the others get the new version
+  back and raise :class:`~proxy.state.store.base.VersionConflict`; the delete likewise;
+- the summary cache's insert-if-absent and eviction of the oldest beyond the bound (its
+  three keys share the ``{summary}`` tag);
+- a usage row's ``HINCRBY`` of every counter and its ``last_seen``;
+- a session's audit entry with its totals and the trim of its entries (the oldest beyond the
+  bound, and those older than the retention, each subtracted from the totals as it goes);
+  a session's state change with the trim of its changes.
+
+The global indexes (``usage:rows``, ``audit:sessions``, ``audit:blocked``,
+``audit:changed``) live in another slot, so they are updated by separate commands right
+after (a usage row's index entry right *before* its row): not atomically with the session's
+keys. A process dying in between leaves an index entry whose row or session is gone (the
+readers skip it; ``trim`` removes such sessions) or, for ``audit:blocked``, a refused entry
+trimmed by count that stays listed until it ages out of the retention. Index scores only
+move forward (``ZADD GT``), and a session left without entries is re-indexed if a racing
+write gave it one, so concurrent writers never drop a live session from an index.
 Scripts are sent once and then called by their SHA (``EVALSHA``; redis-py reloads them if the
 server forgot them).
 
-*One server.* All the keys a script touches are named in ``KEYS``, but the summary keys do
-not share a hash slot, so Redis Cluster is not supported; a single server (or a primary with
-replicas) is.
+*Deployments* (``mode``): ``standalone``, one server (or a primary with replicas) at
+``url``; ``cluster``, a Redis Cluster reached through any node at ``url``
+(``redis.asyncio.cluster.RedisCluster``, which follows ``MOVED``/``ASK`` and failovers);
+``sentinel``, the primary of ``sentinel_service`` as the Sentinels at ``url`` name it
+(``redis://[[user]:password@]host:port[,host:port...][/db]``; the credentials are the
+primary's, the Sentinels themselves are asked without).
+
+*Outages.* A connection refused or reset, a timeout, a server loading its data, a failover
+in progress, a cluster that is down or a Sentinel that names no primary is
+:class:`~proxy.state.store.base.StoreUnavailable`. After one, the store fails fast (no
+command is sent) while a probe PINGs every :data:`PROBE_INTERVAL_S` seconds; the first
+answer opens it again. redis-py drops a broken connection and reconnects on the next
+command, so nothing broken stays cached: the store recovers by itself. Commands are retried
+once on a connection error (a pooled connection the server closed while it restarted), never
+on a timeout (a script may have run). :meth:`RedisStateStore.available` is what ``/healthz``
+asks.
 
 *Durability* is whatever the server is configured for (RDB snapshots, AOF). The summaries and
 records are caches; a lost admin write shows up as an older version, so the admin's next
@@ -51,19 +93,40 @@ state that does not validate, a key of another type) raises
 :class:`~proxy.state.store.base.CorruptStateError`. Every other Redis failure is a
 :class:`~proxy.state.store.base.StoreError` whose message names the server without its password.
 
+*Data written before this layout* (keys ``<prefix>state:<session>`` and so on, without
+braces) is not read: :func:`proxy.state.migrate.migrate_redis_layout` copies the durable
+states (what the admin API pinned) to their new keys; the summaries, records, usage rows and
+audit log of the old layout are caches and reports, and start afresh.
+
 Everything in ``__all__`` gets re-exported by ``proxy.state.store``, on first use: importing
 ``proxy.state.store`` does not import redis-py; naming ``proxy.state.store.RedisStateStore`` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Final, Self, cast
-from urllib.parse import urlsplit, urlunsplit
+from functools import partial
+from typing import Any, Final, Literal, Self, cast, get_args
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from compactor import DurableContextState
 from proxy.state.audit_log import (
@@ -90,9 +153,35 @@ from ._rows import (
     usage_stamp,
     utc_now,
 )
-from .base import CorruptStateError, SessionVersions, StoredState, StoreError, VersionConflict
+from .base import (
+    CorruptStateError,
+    StoredState,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
 
-__all__ = ["RedisStateStore"]
+__all__ = ["PROBE_INTERVAL_S", "REDIS_MODES", "RedisMode", "RedisStateStore"]
+
+#: How a store reaches Redis (``store.redis_mode``).
+RedisMode = Literal["standalone", "cluster", "sentinel"]
+REDIS_MODES: Final[tuple[str, ...]] = get_args(RedisMode)
+#: While the server is unreachable, how often a probe PINGs it (seconds).
+PROBE_INTERVAL_S: Final = 0.5
+#: How long a probe's PING may take (seconds).
+PROBE_TIMEOUT_S: Final = 1.0
+#: How long :meth:`RedisStateStore.available` reuses its last PING (seconds).
+HEALTH_TTL_S: Final = 1.0
+#: The Sentinels' port when ``store.url`` names none.
+SENTINEL_PORT: Final = 26379
+
+# Everything redis-py raises: its cluster client's own errors are not RedisErrors.
+_FAILURES: Final = (RedisError, RedisClusterException)
+_Failure = RedisError | RedisClusterException
+# The server cannot be reached, or cannot answer for now (a failover, a load, a primary
+# turned replica, a cluster resharding or down): retrying later may succeed.
+_OUTAGES: Final = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
+                   ReadOnlyError)
 
 # KEYS[1] = state hash; ARGV = expected version ("" = must not exist), state JSON, updated_at.
 # Returns {1, new_version} on success, {0, current_version} on a conflict (-1: no state),
@@ -148,28 +237,29 @@ end
 return 0
 """
 
-# KEYS = the row's hash, the rows index set; ARGV = the row's index member, last_seen, then
-# (counter, increment) pairs. last_seen only moves forward (fixed-width ISO text compares as
-# the times do).
+# KEYS = the row's hash; ARGV = last_seen, then (counter, increment) pairs. last_seen only
+# moves forward (fixed-width ISO text compares as the times do). The index is not here: it
+# is in another slot (the caller adds the row to it first).
 _ADD_USAGE_LUA: Final = """
-for i = 3, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
     redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 local seen = redis.call('HGET', KEYS[1], 'last_seen')
-if not seen or seen < ARGV[2] then
-    redis.call('HSET', KEYS[1], 'last_seen', ARGV[2])
+if not seen or seen < ARGV[1] then
+    redis.call('HSET', KEYS[1], 'last_seen', ARGV[1])
 end
-redis.call('SADD', KEYS[2], ARGV[1])
 return 0
 """
 
 
 # The trim of one session's audit entries, shared by the add and trim scripts.
-# KEYS = the session's entries zset, its totals hash, the sessions zset, the blocked zset;
-# ARGV[1] = the session's member, ARGV[2] = max entries, ARGV[3] = the retention cutoff score.
-# Each entry dropped is subtracted from the totals (and leaves the blocked index); a session
-# left without entries goes entirely. trim() returns how many entries went.
+# KEYS = the session's entries zset, its totals hash; ARGV[1] = max entries, ARGV[2] = the
+# retention cutoff score. Each entry dropped is subtracted from the totals; a session left
+# without entries loses both keys. trim() returns {entries removed, 1 if the session is gone,
+# the refused entries removed (for the caller to take out of the blocked index), the
+# session's last_score ('' when gone)}.
 _TRIM_FUNCTIONS_LUA: Final = """
+local refused = {}
 local function drop(members)
     for _, m in ipairs(members) do
         local e = cjson.decode(m)
@@ -182,23 +272,23 @@ local function drop(members)
         end
         if type(e.reason) == 'string' then
             redis.call('HINCRBY', KEYS[2], 'blocked', -1)
-            redis.call('ZREM', KEYS[4], m)
+            refused[#refused + 1] = m
         end
         redis.call('ZREM', KEYS[1], m)
     end
     return #members
 end
 local function trim()
-    local removed = drop(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3]))
-    local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[2])
+    local removed = drop(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2]))
+    local excess = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
     if excess > 0 then
         removed = removed + drop(redis.call('ZRANGE', KEYS[1], 0, excess - 1))
     end
     if redis.call('ZCARD', KEYS[1]) == 0 then
         redis.call('DEL', KEYS[1], KEYS[2])
-        redis.call('ZREM', KEYS[3], ARGV[1])
+        return {removed, 1, refused, ''}
     end
-    return removed
+    return {removed, 0, refused, redis.call('HGET', KEYS[2], 'last_score') or ''}
 end
 """
 
@@ -206,49 +296,40 @@ _TRIM_SESSION_LUA: Final = _TRIM_FUNCTIONS_LUA + "return trim()\n"
 
 # KEYS as the trim; ARGV as the trim, then the entry's JSON, its score, its ISO time,
 # tokens_before, tokens_after, blocked (0/1). A member already there is not counted again.
-# The session's last_seen (the hash's ISO text, the zset's score) only moves forward; the
-# blocked index is trimmed by age as well (its other entries' sessions are trimmed on their
-# next write, or by trim()).
+# The session's last_seen (ISO text, and last_score, the same time as a score) only moves
+# forward. Returns the trim's reply.
 _ADD_REQUEST_LUA: Final = _TRIM_FUNCTIONS_LUA + """
-if redis.call('ZADD', KEYS[1], ARGV[5], ARGV[4]) == 1 then
+if redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3]) == 1 then
     redis.call('HINCRBY', KEYS[2], 'requests', 1)
-    redis.call('HINCRBY', KEYS[2], 'tokens_before', ARGV[7])
-    redis.call('HINCRBY', KEYS[2], 'tokens_after', ARGV[8])
-    redis.call('HINCRBY', KEYS[2], 'blocked', ARGV[9])
-    if ARGV[9] == '1' then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4]) end
+    redis.call('HINCRBY', KEYS[2], 'tokens_before', ARGV[6])
+    redis.call('HINCRBY', KEYS[2], 'tokens_after', ARGV[7])
+    redis.call('HINCRBY', KEYS[2], 'blocked', ARGV[8])
 end
 local seen = redis.call('HGET', KEYS[2], 'last_seen')
-if not seen or seen < ARGV[6] then
-    redis.call('HSET', KEYS[2], 'last_seen', ARGV[6])
-    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+if not seen or seen < ARGV[5] then
+    redis.call('HSET', KEYS[2], 'last_seen', ARGV[5], 'last_score', ARGV[4])
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[3])
 return trim()
 """
 
-# KEYS = the session's changes zset, the changed-sessions zset; ARGV = the session's member,
-# the change's JSON, its score, max entries, the retention cutoff score.
+# KEYS = the session's changes zset; ARGV = the change's JSON, its score, max entries, the
+# retention cutoff score. Returns the newest change's score, or false when none is left.
 _ADD_CHANGE_LUA: Final = """
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[5])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if #newest == 0 then
-    redis.call('ZREM', KEYS[2], ARGV[1])
-else
-    redis.call('ZADD', KEYS[2], newest[2], ARGV[1])
-end
-return 0
+if #newest == 0 then return false end
+return newest[2]
 """
 
-# KEYS = the session's changes zset, the changed-sessions zset; ARGV = the session's member,
-# the retention cutoff score. Returns how many changes went.
+# KEYS = the session's changes zset; ARGV[1] = the retention cutoff score. Returns {how many
+# changes went, the newest one's score or ''}.
 _TRIM_CHANGES_LUA: Final = """
-local removed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
-if redis.call('ZCARD', KEYS[1]) == 0 then
-    redis.call('ZREM', KEYS[2], ARGV[1])
-end
-return removed
+local removed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if #newest == 0 then return {removed, ''} end
+return {removed, newest[2]}
 """
 
 
@@ -260,6 +341,12 @@ def _as_bytes(value: bytes | str | None) -> bytes | None:
 
 def _as_text(value: bytes | str) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def _session_key(tenant: str, session_id: str) -> str:
+    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it
+    (the audit log's keys share the hash slot of the session's state)."""
+    return session_id if tenant == "none" else f"{tenant}/{session_id}"
 
 
 def _pair_member(first: str, second: str) -> str:
@@ -318,6 +405,72 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def _sentinels(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The Sentinels' addresses of a ``sentinel`` mode URL, and the primary's connection
+    options (database, credentials, TLS) from it.
+
+    Raises:
+        ValueError: not ``redis://`` or ``rediss://``, no address, a bad port or database,
+            or a query string.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("sentinel mode needs a redis:// or rediss:// URL")
+    if parts.query:
+        raise ValueError("sentinel mode takes no options in the URL")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    addresses = []
+    for address in hosts.split(","):
+        if address.startswith("["):  # [IPv6]:port
+            host, _, rest = address[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = address.partition(":")
+        if not host or (port and not port.isdigit()):
+            raise ValueError(f"sentinel address {address!r} is not host[:port]")
+        addresses.append((host, int(port) if port else SENTINEL_PORT))
+    options: dict[str, Any] = {"ssl": parts.scheme == "rediss"}
+    path = parts.path.strip("/")
+    if path:
+        if not path.isdigit():
+            raise ValueError(f"database {path!r} is not a number")
+        options["db"] = int(path)
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        options["username"] = unquote(user) or None
+        options["password"] = unquote(password) or None
+    return addresses, options
+
+
+def _client(url: str, mode: str, service: str | None,
+            timeout_s: float) -> aioredis.Redis | RedisCluster:
+    """The redis-py client of ``mode``: one connection pool, nothing connected yet.
+
+    A command is retried once, at once, on a connection error (a pooled connection the
+    server closed); never on a timeout, since a script may have run.
+    """
+    options: dict[str, Any] = {
+        "socket_connect_timeout": timeout_s, "socket_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    }
+    if mode == "cluster":
+        if urlsplit(url).scheme not in ("redis", "rediss"):
+            raise ValueError("cluster mode needs a redis:// or rediss:// URL")
+        return RedisCluster.from_url(url, **options)
+    if mode == "sentinel":
+        if not service:
+            raise ValueError("sentinel mode needs the service name of the primary")
+        addresses, primary = _sentinels(url)
+        sentinel_options = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s}
+        sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_options,  # type: ignore[no-untyped-call]
+                            **options)
+        return cast("aioredis.Redis", sentinel.master_for(service, redis_class=aioredis.Redis,
+                                                          **primary))
+    if mode != "standalone":
+        raise ValueError(f"mode must be one of {', '.join(REDIS_MODES)}, got {mode!r}")
+    return aioredis.Redis.from_url(url, **options)
+
+
 class RedisStateStore:
     """The :class:`~proxy.state.store.base.StoreBackend` backed by a Redis server.
 
@@ -328,18 +481,26 @@ class RedisStateStore:
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or
             ``unix:///path/to/socket[?db=N]``; redis-py options in the query string (e.g.
-            ``?socket_timeout=2``) win over the defaults below.
+            ``?socket_timeout=2``) win over the defaults below. In ``cluster`` mode, any
+            node of the cluster (``redis://`` or ``rediss://``, database 0); in
+            ``sentinel`` mode, ``redis[s]://[[user]:password@]host[:port][,host[:port]...]
+            [/db]``: the Sentinels (port 26379 unless named), with the primary's
+            credentials and database.
+        mode: ``standalone``, ``cluster`` or ``sentinel`` (see the module's docstring).
+        sentinel_service: the name the Sentinels monitor the primary under (``sentinel``).
         max_summaries: how many summaries the cache keeps before evicting the oldest.
-        key_prefix: the prefix of every key this store reads or writes.
+        key_prefix: the prefix of every key this store reads or writes (no braces).
         timeout_s: connect and per-command socket timeout.
         max_requests_per_session: how many request entries a session keeps in the audit log.
         retention_days: how long audit entries are kept.
 
     Raises:
-        ValueError: a bound is out of range, the prefix is empty or the URL is not a Redis URL.
+        ValueError: a bound is out of range, the prefix is empty or holds a brace, the URL
+            is not a Redis URL (of the mode), or sentinel mode lacks its service.
     """
 
-    def __init__(self, url: str, *, max_summaries: int = 1000,
+    def __init__(self, url: str, *, mode: RedisMode = "standalone",
+                 sentinel_service: str | None = None, max_summaries: int = 1000,
                  key_prefix: str = "compact-proxy:", timeout_s: float = 5.0,
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
                  retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
@@ -350,15 +511,16 @@ class RedisStateStore:
         self.retention_days = retention_days
         if not key_prefix:
             raise ValueError("key_prefix must not be empty")
+        if "{" in key_prefix or "}" in key_prefix:
+            raise ValueError("key_prefix must not hold { or } (the hash tags' braces)")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.url = redacted_url(url)
         self.max_summaries = max_summaries
         self.key_prefix = key_prefix
+        self.mode = mode
         try:
-            self._redis: aioredis.Redis = aioredis.Redis.from_url(
-                url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-            )
+            self._redis = _client(url, mode, sentinel_service, timeout_s)
         except ValueError as exc:
             # redis-py's messages name the scheme or option, never the URL itself.
             raise ValueError(f"invalid redis url {self.url}: {exc}") from None
@@ -370,9 +532,15 @@ class RedisStateStore:
         self._trim_session_script = self._redis.register_script(_TRIM_SESSION_LUA)
         self._add_change_script = self._redis.register_script(_ADD_CHANGE_LUA)
         self._trim_changes_script = self._redis.register_script(_TRIM_CHANGES_LUA)
-        self._summary_keys = [f"{key_prefix}summary:text", f"{key_prefix}summary:order",
-                              f"{key_prefix}summary:seq"]
+        self._summary_keys = [self._key("summary", "summary:text"),
+                              self._key("summary", "summary:order"),
+                              self._key("summary", "summary:seq")]
         self._closed = False
+        # Why the server is unreachable (None: it is not known to be); while set, every
+        # call fails fast and a probe PINGs until it answers.
+        self._down: str | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._health: tuple[float, bool] | None = None  # (when, answered) of the last PING
 
     async def open(self) -> Self:
         """PING the server now; returns the store itself.
@@ -384,7 +552,7 @@ class RedisStateStore:
         try:
             self._check_open()
             await self._redis.ping()
-        except RedisError as exc:
+        except _FAILURES as exc:
             await self.close()
             raise self._error("connect", exc) from None
         except BaseException:
@@ -392,35 +560,77 @@ class RedisStateStore:
             raise
         return self
 
+    async def available(self) -> bool:
+        """Whether the server answers now: ``False`` while it is known to be unreachable,
+        else a PING (at most :data:`PROBE_TIMEOUT_S`), whose answer is reused for
+        :data:`HEALTH_TTL_S`. What ``/healthz`` asks; never raises."""
+        if self._closed or self._down is not None:
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._health is not None and now - self._health[0] < HEALTH_TTL_S:
+            return self._health[1]
+        answered = await self._ping()
+        self._health = (asyncio.get_running_loop().time(), answered)
+        if not answered:
+            self._mark_down(f"redis store {self.url}: no answer to PING")
+        return answered
+
+    # -- the key layout (see the module's docstring) ----------------------------------------
+
+    def _key(self, tag: str, suffix: str) -> str:
+        """``<prefix>{<tag>}:<suffix>``: every key with the same tag is in one hash slot."""
+        return f"{self.key_prefix}{{{tag}}}:{suffix}"
+
     def state_key(self, session_id: str) -> str:
         """The Redis key of the session's state hash."""
-        return f"{self.key_prefix}state:{session_id}"
+        return self._key(session_id, "state")
 
     def record_key(self, session_id: str) -> str:
         """The Redis key of the session's record hash."""
-        return f"{self.key_prefix}record:{session_id}"
+        return self._key(session_id, "record")
+
+    def lock_key(self, name: str) -> str:
+        """The Redis key of the lock ``name`` (in the slot of a session named ``name``)."""
+        return self._key(name, "lock")
 
     def usage_key(self, session_key: str, model: str) -> str:
         """The Redis key of the usage row of ``(session_key, model)``."""
-        return f"{self.key_prefix}usage:row:{_pair_member(session_key, model)}"
+        return self._key(session_key, "usage:" + json.dumps(model, ensure_ascii=False))
 
     @property
     def usage_index_key(self) -> str:
         """The Redis key of the set indexing every usage row."""
-        return f"{self.key_prefix}usage:rows"
+        return self._key("usage", "usage:rows")
+
+    @property
+    def summary_keys(self) -> list[str]:
+        """The summary cache's keys: its text hash, its age index, its sequence counter."""
+        return list(self._summary_keys)
 
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:
-        """The keys of one session's audit log, as the scripts take them: its entries, its
-        totals, the sessions index, the blocked index."""
-        member = _pair_member(tenant, session_id)
-        return [f"{self.key_prefix}audit:requests:{member}",
-                f"{self.key_prefix}audit:totals:{member}",
-                f"{self.key_prefix}audit:sessions", f"{self.key_prefix}audit:blocked"]
+        """The keys of one session's audit log, as the scripts take them: its entries and its
+        totals (in the slot of the session's state)."""
+        tag = _session_key(tenant, session_id)
+        return [self._key(tag, "audit:requests"), self._key(tag, "audit:totals")]
 
     def change_keys(self, tenant: str, session_id: str) -> list[str]:
-        """The keys of one session's state changes: its changes, the changed-sessions index."""
-        member = _pair_member(tenant, session_id)
-        return [f"{self.key_prefix}audit:changes:{member}", f"{self.key_prefix}audit:changed"]
+        """The keys of one session's state changes: its changes (in the session's slot)."""
+        return [self._key(_session_key(tenant, session_id), "audit:changes")]
+
+    @property
+    def audit_sessions_key(self) -> str:
+        """The index of the audit log's sessions, by ``last_seen``."""
+        return self._key("audit", "audit:sessions")
+
+    @property
+    def audit_blocked_key(self) -> str:
+        """The index of every refused request entry, by time."""
+        return self._key("audit", "audit:blocked")
+
+    @property
+    def audit_changed_key(self) -> str:
+        """The index of the sessions with state changes, by their newest."""
+        return self._key("audit", "audit:changed")
 
     # -- the async interface -------------------------------------------------------------
 
@@ -435,7 +645,7 @@ class RedisStateStore:
             if str(exc).startswith("WRONGTYPE"):
                 raise CorruptStateError(session_id, "the state key is not a hash") from None
             raise self._error("read state", exc) from exc
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("read state", exc) from exc
         version, state_json, updated_at = (_as_bytes(value) for value in values)
         if version is None and state_json is None and updated_at is None:
@@ -456,7 +666,7 @@ class RedisStateStore:
             outcome, version = await self._put_state_script(
                 keys=[self.state_key(session_id)], args=[expected, state_json, when_text]
             )
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._write_error(session_id, "write state", exc) from exc
         if outcome == -1:
             raise CorruptStateError(session_id, "stored version is not an integer >= 1")
@@ -473,7 +683,7 @@ class RedisStateStore:
             outcome, current = await self._delete_state_script(
                 keys=[self.state_key(session_id)], args=[expected]
             )
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._write_error(session_id, "delete state", exc) from exc
         if outcome == -1:
             raise CorruptStateError(session_id, "stored version is not an integer >= 1")
@@ -486,7 +696,7 @@ class RedisStateStore:
         self._check_open()
         try:
             raw = await self._redis.hget(self._summary_keys[0], key)
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("read summary", exc) from exc
         text = _as_bytes(raw)
         if text is None:
@@ -502,7 +712,7 @@ class RedisStateStore:
         try:
             await self._put_summary_script(keys=self._summary_keys,
                                            args=[key, text, self.max_summaries])
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("write summary", exc) from exc
 
     async def get_record(self, session_id: str, kind: str) -> bytes | None:
@@ -510,7 +720,7 @@ class RedisStateStore:
         self._check_open()
         try:
             raw = await self._redis.hget(self.record_key(session_id), kind)
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("read record", exc) from exc
         return _as_bytes(raw)
 
@@ -519,7 +729,7 @@ class RedisStateStore:
         self._check_open()
         try:
             await self._redis.hset(self.record_key(session_id), kind, bytes(data))
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("write record", exc) from exc
 
     async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
@@ -528,14 +738,15 @@ class RedisStateStore:
         if not isinstance(entry, UsageEntry):
             raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
         self._check_open()
-        args: list[str | int] = [_pair_member(session_key, model), usage_stamp()]
+        args: list[str | int] = [usage_stamp()]
         for name in UsageEntry.field_names():
             args += [name, getattr(entry, name)]
         try:
-            await self._add_usage_script(
-                keys=[self.usage_key(session_key, model), self.usage_index_key], args=args
-            )
-        except RedisError as exc:
+            # The index first: a row it lists but that is not written is left out by
+            # usage_rows, while a row written but not listed would be lost to it.
+            await self._redis.sadd(self.usage_index_key, _pair_member(session_key, model))
+            await self._add_usage_script(keys=[self.usage_key(session_key, model)], args=args)
+        except _FAILURES as exc:
             if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
                 raise CorruptStateError(session_key, "the usage key is not a hash") from None
             if isinstance(exc, ResponseError) and "not an integer" in str(exc):
@@ -556,7 +767,7 @@ class RedisStateStore:
                 for session_key, model in pairs:
                     pipe.hgetall(self.usage_key(session_key, model))
                 hashes = await pipe.execute()
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._error("read usage", exc) from exc
         rows = []
         for (session_key, model), raw in zip(pairs, hashes, strict=True):
@@ -574,13 +785,20 @@ class RedisStateStore:
         if not isinstance(entry, RequestEntry):
             raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
         self._check_open()
-        args = [*self._trim_args(entry.tenant, entry.session_id), encode_audit(entry),
-                _score(entry.at), audit_stamp(entry.at), entry.tokens_before or 0,
-                entry.tokens_after or 0, int(entry.blocked)]
+        member, maximum, cutoff = self._trim_args(entry.tenant, entry.session_id)
+        text = encode_audit(entry)
+        keys = self.audit_keys(entry.tenant, entry.session_id)
         try:
-            await self._add_request_script(keys=self.audit_keys(entry.tenant, entry.session_id),
-                                           args=args)
-        except RedisError as exc:
+            reply = await self._add_request_script(
+                keys=keys, args=[maximum, cutoff, text, _score(entry.at), audit_stamp(entry.at),
+                                 entry.tokens_before or 0, entry.tokens_after or 0,
+                                 int(entry.blocked)])
+            refused = {_as_text(m) for m in reply[2]}
+            if entry.blocked and text not in refused:
+                await self._redis.zadd(self.audit_blocked_key, {text: _score(entry.at)})
+            await self._after_trim(member, keys[1], reply)
+            await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
+        except _FAILURES as exc:
             raise self._audit_error("add audit entry", exc) from exc
 
     async def add_state_change(self, change: StateChange) -> None:
@@ -589,12 +807,15 @@ class RedisStateStore:
             raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
         self._check_open()
         member, _, cutoff = self._trim_args(change.tenant, change.session_id)
+        key = self.change_keys(change.tenant, change.session_id)[0]
         try:
-            await self._add_change_script(
-                keys=self.change_keys(change.tenant, change.session_id),
-                args=[member, encode_audit(change), _score(change.at),
-                      self.max_requests_per_session, cutoff])
-        except RedisError as exc:
+            newest = await self._add_change_script(
+                keys=[key], args=[encode_audit(change), _score(change.at),
+                                  self.max_requests_per_session, cutoff])
+            await self._index(self.audit_changed_key, member,
+                              None if newest is None else _as_text(newest),
+                              partial(self._newest_change, key))
+        except _FAILURES as exc:
             raise self._audit_error("add state change", exc) from exc
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
@@ -606,7 +827,7 @@ class RedisStateStore:
         if order not in SESSION_ORDERS:
             raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
         self._check_open()
-        index = f"{self.key_prefix}audit:sessions"
+        index = self.audit_sessions_key
         try:
             if order == "last_seen" and not contains and tenant is None:
                 # The index is in the order asked for: read just the page.
@@ -629,7 +850,7 @@ class RedisStateStore:
                     # Stable: equal counts keep the index's newest-first order.
                     everything.sort(key=lambda summary: -summary.blocked)
                     summaries = everything[offset:offset + limit]
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._audit_error("read audit sessions", exc) from exc
         return summaries, total
 
@@ -644,7 +865,7 @@ class RedisStateStore:
                 pipe.zcard(key)
                 pipe.zrevrange(key, offset, offset + limit - 1)
                 total, members = await pipe.execute()
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._audit_error("read audit entries", exc) from exc
         return [decode_entry(member) for member in members], int(total)
 
@@ -656,7 +877,7 @@ class RedisStateStore:
         try:
             members = await self._redis.zrevrange(self.change_keys(tenant, session_id)[0],
                                                   0, limit - 1)
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._audit_error("read state changes", exc) from exc
         return [decode_change(member) for member in _listed(members)]
 
@@ -665,9 +886,9 @@ class RedisStateStore:
         _check_page(0, limit)
         self._check_open()
         try:
-            members = await self._redis.zrangebyscore(f"{self.key_prefix}audit:blocked",
+            members = await self._redis.zrangebyscore(self.audit_blocked_key,
                                                       _score(since), "+inf", start=0, num=limit)
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise self._audit_error("read blocked requests", exc) from exc
         return [decode_entry(member) for member in _listed(members)]
 
@@ -678,29 +899,67 @@ class RedisStateStore:
         cutoff = _score(retention_cutoff(now, self.retention_days))
         removed = 0
         try:
-            sessions = _listed(await self._redis.zrange(f"{self.key_prefix}audit:sessions", 0, -1))
+            sessions = _listed(await self._redis.zrange(self.audit_sessions_key, 0, -1))
             for tenant, session_id in [_pair_of(m, "<audit log>") for m in sessions]:
                 member, maximum, _ = self._trim_args(tenant, session_id)
-                removed += int(await self._trim_session_script(
-                    keys=self.audit_keys(tenant, session_id), args=[member, maximum, cutoff]))
-            await self._redis.zremrangebyscore(f"{self.key_prefix}audit:blocked", "-inf",
-                                               f"({cutoff}")
-            changed = _listed(await self._redis.zrange(f"{self.key_prefix}audit:changed", 0, -1))
+                keys = self.audit_keys(tenant, session_id)
+                reply = await self._trim_session_script(keys=keys, args=[maximum, cutoff])
+                removed += int(reply[0])
+                await self._after_trim(member, keys[1], reply)
+            await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
+            changed = _listed(await self._redis.zrange(self.audit_changed_key, 0, -1))
             for tenant, session_id in [_pair_of(m, "<audit log>") for m in changed]:
-                removed += int(await self._trim_changes_script(
-                    keys=self.change_keys(tenant, session_id),
-                    args=[_pair_member(tenant, session_id), cutoff]))
-        except RedisError as exc:
+                key = self.change_keys(tenant, session_id)[0]
+                gone, newest = await self._trim_changes_script(keys=[key], args=[cutoff])
+                removed += int(gone)
+                await self._index(self.audit_changed_key, _pair_member(tenant, session_id),
+                                  _as_text(newest) or None, partial(self._newest_change, key))
+        except _FAILURES as exc:
             raise self._audit_error("trim the audit log", exc) from exc
         return removed
 
     async def _summaries(self, members: list[str]) -> list[SessionSummary]:
-        """The totals of each session, in the order given."""
+        """The totals of each session, in the order given; a session whose totals are gone
+        (a writer stopped between its session's keys and the index) is left out."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for member in members:
-                pipe.hgetall(f"{self.key_prefix}audit:totals:{member}")
+                pipe.hgetall(self.audit_keys(*_pair_of(member, "<audit log>"))[1])
             hashes = await pipe.execute()
-        return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True)]
+        return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True) if raw]
+
+    async def _after_trim(self, member: str, totals_key: str, reply: list[Any]) -> None:
+        """The global indexes after a session's add or trim script (its ``reply``): the
+        refused entries it dropped leave the blocked index, and the session's entry in the
+        sessions index follows its totals."""
+        refused = [_as_text(m) for m in reply[2]]
+        if refused:
+            await self._redis.zrem(self.audit_blocked_key, *refused)
+        score = None if int(reply[1]) else _as_text(reply[3]) or None
+
+        async def last_score() -> str | None:
+            value = await self._redis.hget(totals_key, "last_score")
+            return None if value is None else _as_text(value)
+
+        await self._index(self.audit_sessions_key, member, score, last_score)
+
+    async def _newest_change(self, key: str) -> str | None:
+        """The score of the newest change in the changes zset ``key``, or ``None``."""
+        newest = await self._redis.zrange(key, -1, -1, withscores=True)
+        return repr(float(newest[0][1])) if newest else None
+
+    async def _index(self, index: str, member: str, score: str | None,
+                     current: Callable[[], Awaitable[str | None]]) -> None:
+        """Bring ``member``'s place in ``index`` (a global sorted set) in line with its
+        session's keys just written: at ``score`` (only ever raised), or out when ``score``
+        is ``None`` (the session has nothing left). A write of the same session that raced
+        this one may have indexed it just before the ZREM, so ``current`` (the session's
+        score now, ``None``: nothing) is asked again after it."""
+        if score is None:
+            await self._redis.zrem(index, member)
+            score = await current()
+            if score is None:
+                return
+        await self._redis.zadd(index, {member: score}, gt=True)
 
     def _trim_args(self, tenant: str, session_id: str) -> list[Any]:
         """The trim script's ARGV for a session: its member, the bound, the cutoff score."""
@@ -713,26 +972,60 @@ class RedisStateStore:
         if self._closed:
             return
         self._closed = True
+        if self._probe is not None:
+            self._probe.cancel()
         await self._redis.aclose()
 
     # -- helpers -----------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        """Called first by every method: a closed store raises :class:`StoreError`, and one
+        whose server is known to be unreachable :class:`StoreUnavailable`, at once."""
         if self._closed:
             raise StoreError(f"redis store {self.url} is closed")
+        if self._down is not None:
+            raise StoreUnavailable(self._down)
 
-    def _error(self, action: str, exc: RedisError) -> StoreError:
+    def _error(self, action: str, exc: _Failure) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.
-        return StoreError(f"redis store {self.url}: cannot {action}: {exc}")
+        message = f"redis store {self.url}: cannot {action}: {exc}"
+        if isinstance(exc, _OUTAGES) or (isinstance(exc, RedisClusterException)
+                                         and "slot" not in str(exc)):
+            self._mark_down(message)
+            return StoreUnavailable(message)
+        return StoreError(message)
 
-    def _audit_error(self, action: str, exc: RedisError) -> StoreError:
+    def _mark_down(self, why: str) -> None:
+        """Fail fast from now on, until a probe's PING is answered."""
+        self._down = why
+        self._health = None
+        if not self._closed and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
+
+    async def _probe_until_up(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            if await self._ping():
+                self._down = None
+                return
+
+    async def _ping(self) -> bool:
+        """Whether the server answers a PING within :data:`PROBE_TIMEOUT_S`."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self._redis.ping()
+        except (*_FAILURES, TimeoutError, OSError):
+            return False
+        return True
+
+    def _audit_error(self, action: str, exc: _Failure) -> StoreError:
         if isinstance(exc, ResponseError) and ("WRONGTYPE" in str(exc)
                                                or "cjson" in str(exc).lower()):
             return CorruptStateError("<audit log>", f"cannot {action}: a key does not hold "
                                      "what the audit log keeps there")
         return self._error(action, exc)
 
-    def _write_error(self, session_id: str, action: str, exc: RedisError) -> StoreError:
+    def _write_error(self, session_id: str, action: str, exc: _Failure) -> StoreError:
         if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
             return CorruptStateError(session_id, "the state key is not a hash")
         return self._error(action, exc)
@@ -756,140 +1049,6 @@ class RedisStateStore:
         except UnicodeDecodeError:
             raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
         return decode_state(session_id, number, state_json, stamp)
-
-    # --- replica consistency ---
-    # proxy.state.store.base.ReplicaConsistency. A session's versioned records are fields of
-    # its record hash; their versions, fields of the same name in the hash
-    # ``record_versions_key`` (in the session's slot); each script touches one session's keys.
-
-    @property
-    def shared(self) -> bool:
-        """Always: any number of processes may use the same server."""
-        return True
-
-    def record_versions_key(self, session_id: str) -> str:
-        """The Redis key of the hash of the session's record versions (``kind -> n``)."""
-        return f"{self.record_key(session_id)}-versions"
-
-    def lock_key(self, name: str) -> str:
-        """The Redis key of the lease ``name``."""
-        return f"{self.key_prefix}lock:{name}"
-
-    def _replica_script(self, text: str) -> Any:
-        scripts: dict[str, Any] = self.__dict__.setdefault("_replica_scripts", {})
-        script = scripts.get(text)
-        if script is None:
-            script = scripts[text] = self._redis.register_script(text)
-        return script
-
-    async def session_versions(self, session_id: str) -> SessionVersions:
-        """The state's version and every record version of the session: one round trip."""
-        self._check_open()
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.state_key(session_id), ["version", "updated_at"])
-                pipe.hgetall(self.record_versions_key(session_id))
-                (version, updated_at), records = await pipe.execute()
-        except RedisError as exc:
-            raise self._error("read versions", exc) from exc
-        try:
-            return SessionVersions(
-                None if version is None else int(version),
-                None if updated_at is None else _as_text(updated_at),
-                {_as_text(kind): int(number) for kind, number in records.items()})
-        except ValueError:
-            raise CorruptStateError(session_id, "a version is not an integer") from None
-
-    async def get_versioned_record(self, session_id: str, kind: str
-                                   ) -> tuple[int, bytes] | None:
-        """The record ``kind`` and its version, read by one script."""
-        self._check_open()
-        try:
-            version, data = await self._replica_script(_GET_VERSIONED_LUA)(
-                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
-                args=[kind])
-        except RedisError as exc:
-            raise self._error("read record", exc) from exc
-        if version is None or data is None:
-            return None
-        return int(version), bytes(_as_bytes(data) or b"")
-
-    async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
-        """Replace the record ``kind`` and bump its version, in one script."""
-        self._check_open()
-        try:
-            version = await self._replica_script(_PUT_VERSIONED_LUA)(
-                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
-                args=[kind, bytes(data)])
-        except RedisError as exc:
-            raise self._error("write record", exc) from exc
-        return int(version)
-
-    async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        """``SET lock token NX PX ttl``."""
-        self._check_open()
-        try:
-            taken = await self._redis.set(self.lock_key(name), token, nx=True,
-                                          px=_ttl_ms(ttl_ms))
-        except RedisError as exc:
-            raise self._error("take lock", exc) from exc
-        return bool(taken)
-
-    async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        """``PEXPIRE`` the lease if it still holds ``token`` (one script)."""
-        self._check_open()
-        try:
-            done = await self._replica_script(_EXTEND_LOCK_LUA)(
-                keys=[self.lock_key(name)], args=[token, _ttl_ms(ttl_ms)])
-        except RedisError as exc:
-            raise self._error("extend lock", exc) from exc
-        return bool(done)
-
-    async def release_lock(self, name: str, token: str) -> bool:
-        """Delete the lease if it still holds ``token`` (compare-and-delete, one script)."""
-        self._check_open()
-        try:
-            done = await self._replica_script(_RELEASE_LOCK_LUA)(
-                keys=[self.lock_key(name)], args=[token])
-        except RedisError as exc:
-            raise self._error("release lock", exc) from exc
-        return bool(done)
-
-
-# --- replica consistency: scripts (each on one session's keys, or one lease's) ---
-
-# KEYS = the record hash, the record versions hash; ARGV = kind. Returns {version, data}.
-_GET_VERSIONED_LUA: Final = """
-return {redis.call('HGET', KEYS[2], ARGV[1]), redis.call('HGET', KEYS[1], ARGV[1])}
-"""
-
-# KEYS as above; ARGV = kind, data. Returns the record's new version.
-_PUT_VERSIONED_LUA: Final = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-"""
-
-# KEYS = the lease; ARGV = token, ttl (ms). 1 when renewed.
-_EXTEND_LOCK_LUA: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# KEYS = the lease; ARGV = token. 1 when this holder's lease was deleted.
-_RELEASE_LOCK_LUA: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-def _ttl_ms(ttl_ms: int) -> int:
-    if ttl_ms < 1:
-        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
-    return int(ttl_ms)
 
 
 def _check_page(offset: int, limit: int) -> None:
