@@ -558,7 +558,8 @@ async def test_data_from_before_the_usage_ledger_opens_and_gets_usage(
         conn = sqlite3.connect(store_factory.location)
         try:
             conn.execute("DROP TABLE session_usage")
-            for table in ("audit_request", "audit_session", "audit_change"):
+            for table in ("audit_request", "audit_session", "audit_change", "record_version",
+                          "store_lock"):
                 conn.execute(f"DROP TABLE {table}")
             conn.commit()
             tables = {name for (name,) in conn.execute(

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from .base import (
     CorruptStateError,
     RecordStore,
+    ReplicaConsistency,
     RequestLog,
+    SessionVersions,
     StateStore,
     StoreBackend,
     StoredState,
@@ -36,8 +38,10 @@ __all__ = [
     "CorruptStateError",
     "RecordStore",
     "RedisStateStore",
+    "ReplicaConsistency",
     "RequestLog",
     "SQLiteStateStore",
+    "SessionVersions",
     "StateStore",
     "StoreBackend",
     "StoreError",
@@ -74,7 +78,9 @@ def store_for(config: Config) -> StoreBackend:
             raise ConfigError("store.url", str(exc)) from None
     return SQLiteStateStore(config.store.path,
                             max_requests_per_session=audit.max_requests_per_session,
-                            retention_days=audit.retention_days)
+                            retention_days=audit.retention_days,
+                            # Other workers serve from the same file: check their writes.
+                            shared=getattr(config.listen, "workers", 1) > 1)
 
 
 def __getattr__(name: str) -> Any:

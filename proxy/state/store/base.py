@@ -11,7 +11,9 @@ implements all of them (:class:`StoreBackend`); each caller depends only on the 
 - :class:`~proxy.state.audit_log.RequestLog`: the audit log (one entry per request, one per
   change of a durable state), for the admin API, the console and the ``sessions`` /
   ``session`` / ``blocked`` commands;
-- :class:`StoreBackend`: all five plus :meth:`~StoreBackend.open` (connect and verify, what
+- :class:`ReplicaConsistency`: versioned records, a session's versions in one round trip, and
+  leases, so that several processes sharing the store give the same answers;
+- :class:`StoreBackend`: all six plus :meth:`~StoreBackend.open` (connect and verify, what
   startup calls) and :meth:`~StoreBackend.close`, for whoever owns the backend.
 
 Theory of operation
@@ -42,7 +44,8 @@ atomic step as the entries they add up, so a page of sessions never scans the en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, Self, runtime_checkable
 
@@ -53,7 +56,9 @@ from proxy.state.usage import UsageEntry, UsageRow
 __all__ = [
     "CorruptStateError",
     "RecordStore",
+    "ReplicaConsistency",
     "RequestLog",
+    "SessionVersions",
     "StateStore",
     "StoreBackend",
     "StoreError",
@@ -210,8 +215,83 @@ class UsageLedger(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SessionVersions:
+    """What a replica checks its in-memory copies of one session against: the store's current
+    version of each, read in one round trip (:meth:`ReplicaConsistency.session_versions`).
+
+    Attributes:
+        state: the durable state's version, ``None`` when the session has none.
+        state_updated_at: when that version was written (ISO text, as stored): a state
+            deleted and created again starts at version 1 anew, so the version alone does
+            not tell two states apart.
+        records: the version of each versioned record (``put_versioned_record``) by kind; a
+            kind absent here has no such record. A version only grows (1 for the first write).
+    """
+
+    state: int | None = None
+    state_updated_at: str | None = None
+    records: Mapping[str, int] = field(default_factory=dict)
+
+    def same_state(self, stored: StoredState | None) -> bool:
+        """Whether ``stored`` (a state read earlier, ``None``: none) is still the current one."""
+        if stored is None:
+            return self.state is None
+        return (stored.version == self.state
+                and stored.updated_at.isoformat() == self.state_updated_at)
+
+
 @runtime_checkable
-class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, RequestLog, Protocol):
+class ReplicaConsistency(Protocol):
+    """What lets several processes share the store and give the same answers: versioned
+    per-session records, one cheap read of a session's versions, and leases (locks with a
+    token and an expiry). May raise :class:`StoreError`.
+
+    Versioned records are the opaque records of :class:`RecordStore` (the same
+    ``(session_id, kind)`` space) written with :meth:`put_versioned_record`, which also bumps
+    the record's version in the same atomic step; a replica keeps ``(version, record)`` and
+    re-reads the record only when :meth:`session_versions` shows another version.
+    """
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes may write this store while this one runs (Redis: always;
+        SQLite: when configured so). When not, a process's in-memory copies of what it wrote
+        stay authoritative."""
+        ...
+
+    async def session_versions(self, session_id: str) -> SessionVersions:
+        """The session's state version and every versioned record's version, in one round
+        trip (nothing else is read)."""
+        ...
+
+    async def get_versioned_record(self, session_id: str, kind: str
+                                   ) -> tuple[int, bytes] | None:
+        """The record ``kind`` and its version, read together (``None``: no such record)."""
+        ...
+
+    async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
+        """Store (replace) the record ``kind`` and bump its version atomically; returns the
+        new version."""
+        ...
+
+    async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Take the lease ``name`` for ``ttl_ms`` milliseconds if nobody holds it (or its
+        holder's lease expired); ``True`` when taken. ``token`` identifies the holder."""
+        ...
+
+    async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """Renew the lease to ``ttl_ms`` from now if ``token`` still holds it."""
+        ...
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        """Drop the lease if ``token`` still holds it (never another holder's)."""
+        ...
+
+
+@runtime_checkable
+class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, RequestLog,
+                   ReplicaConsistency, Protocol):
     """One engine's store: every part above, plus its lifecycle.
 
     Construction does no I/O; the backend connects lazily on first use, or now with

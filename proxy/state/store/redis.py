@@ -155,6 +155,7 @@ from ._rows import (
 )
 from .base import (
     CorruptStateError,
+    SessionVersions,
     StoredState,
     StoreError,
     StoreUnavailable,
@@ -1049,6 +1050,136 @@ class RedisStateStore:
         except UnicodeDecodeError:
             raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
         return decode_state(session_id, number, state_json, stamp)
+
+    # --- replica consistency ---
+    # proxy.state.store.base.ReplicaConsistency. A session's versioned records are fields of
+    # its record hash; their versions, fields of the same name in the hash
+    # ``record_versions_key`` (in the session's slot); each script touches one session's keys.
+
+    @property
+    def shared(self) -> bool:
+        """Always: any number of processes may use the same server."""
+        return True
+
+    def record_versions_key(self, session_id: str) -> str:
+        """The Redis key of the hash of the session's record versions (``kind -> n``)."""
+        return f"{self.record_key(session_id)}-versions"
+
+    def _replica_script(self, text: str) -> Any:
+        scripts: dict[str, Any] = self.__dict__.setdefault("_replica_scripts", {})
+        script = scripts.get(text)
+        if script is None:
+            script = scripts[text] = self._redis.register_script(text)
+        return script
+
+    async def session_versions(self, session_id: str) -> SessionVersions:
+        """The state's version and every record version of the session: one round trip."""
+        self._check_open()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.state_key(session_id), ["version", "updated_at"])
+                pipe.hgetall(self.record_versions_key(session_id))
+                (version, updated_at), records = await pipe.execute()
+        except _FAILURES as exc:
+            raise self._error("read versions", exc) from exc
+        try:
+            return SessionVersions(
+                None if version is None else int(version),
+                None if updated_at is None else _as_text(updated_at),
+                {_as_text(kind): int(number) for kind, number in records.items()})
+        except ValueError:
+            raise CorruptStateError(session_id, "a version is not an integer") from None
+
+    async def get_versioned_record(self, session_id: str, kind: str
+                                   ) -> tuple[int, bytes] | None:
+        """The record ``kind`` and its version, read by one script."""
+        self._check_open()
+        try:
+            version, data = await self._replica_script(_GET_VERSIONED_LUA)(
+                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
+                args=[kind])
+        except _FAILURES as exc:
+            raise self._error("read record", exc) from exc
+        if version is None or data is None:
+            return None
+        return int(version), bytes(_as_bytes(data) or b"")
+
+    async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
+        """Replace the record ``kind`` and bump its version, in one script."""
+        self._check_open()
+        try:
+            version = await self._replica_script(_PUT_VERSIONED_LUA)(
+                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
+                args=[kind, bytes(data)])
+        except _FAILURES as exc:
+            raise self._error("write record", exc) from exc
+        return int(version)
+
+    async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """``SET lock token NX PX ttl``."""
+        self._check_open()
+        try:
+            taken = await self._redis.set(self.lock_key(name), token, nx=True,
+                                          px=_ttl_ms(ttl_ms))
+        except _FAILURES as exc:
+            raise self._error("take lock", exc) from exc
+        return bool(taken)
+
+    async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        """``PEXPIRE`` the lease if it still holds ``token`` (one script)."""
+        self._check_open()
+        try:
+            done = await self._replica_script(_EXTEND_LOCK_LUA)(
+                keys=[self.lock_key(name)], args=[token, _ttl_ms(ttl_ms)])
+        except _FAILURES as exc:
+            raise self._error("extend lock", exc) from exc
+        return bool(done)
+
+    async def release_lock(self, name: str, token: str) -> bool:
+        """Delete the lease if it still holds ``token`` (compare-and-delete, one script)."""
+        self._check_open()
+        try:
+            done = await self._replica_script(_RELEASE_LOCK_LUA)(
+                keys=[self.lock_key(name)], args=[token])
+        except _FAILURES as exc:
+            raise self._error("release lock", exc) from exc
+        return bool(done)
+
+
+# --- replica consistency: scripts (each on one session's keys, or one lease's) ---
+
+# KEYS = the record hash, the record versions hash; ARGV = kind. Returns {version, data}.
+_GET_VERSIONED_LUA: Final = """
+return {redis.call('HGET', KEYS[2], ARGV[1]), redis.call('HGET', KEYS[1], ARGV[1])}
+"""
+
+# KEYS as above; ARGV = kind, data. Returns the record's new version.
+_PUT_VERSIONED_LUA: Final = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+"""
+
+# KEYS = the lease; ARGV = token, ttl (ms). 1 when renewed.
+_EXTEND_LOCK_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS = the lease; ARGV = token. 1 when this holder's lease was deleted.
+_RELEASE_LOCK_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def _ttl_ms(ttl_ms: int) -> int:
+    if ttl_ms < 1:
+        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
+    return int(ttl_ms)
 
 
 def _check_page(offset: int, limit: int) -> None:
