@@ -8,6 +8,7 @@ proxy uses and :class:`MessageShapeError` (the one exception a caller answers wi
 """
 
 from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
+from ._fingerprint import fingerprint as content_fingerprint
 from ._pipeline import (
     CompactionCheckpoint,
     CompactionOptions,
@@ -85,6 +86,7 @@ __all__ = [
     "append_to_system",
     "capture_retrieval_evidence",
     "check_session_id",
+    "content_fingerprint",
     "compact_context",
     "compact_context_async",
     "compact_if_needed",

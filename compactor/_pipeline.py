@@ -14,7 +14,7 @@ callable, the async driver with an awaitable, and a driver that may not call a m
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,6 +92,9 @@ class CompactionOptions:
         known_tokens: the provider's own count of messages it counted before, by fingerprint
             (:attr:`CompactionResult.fingerprints`): used instead of counted × scale for those
             messages, so a view whose mix of messages changed is still estimated right.
+        fingerprints: :func:`content_fingerprint` of each message, when the caller made them
+            already (the proxy keeps them with the decoded bytes of each message, so a warm
+            request fingerprints only its new messages); None: made here.
     """
 
     reserved_tokens: int = 0
@@ -100,6 +103,7 @@ class CompactionOptions:
     copy: bool = True
     token_scale: float = 1.0
     known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
+    fingerprints: Sequence[int] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -275,7 +279,12 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
            counter: CachingCounter, options: CompactionOptions, summaries: bool) -> Steps:
     check_shape(messages)
-    raw = View(messages, counter, options.reserved_tokens, scale=options.token_scale,
+    prints = options.fingerprints
+    if prints is not None and len(prints) != len(messages):
+        raise ValueError(f"options.fingerprints has {len(prints)} entries for "
+                         f"{len(messages)} messages")
+    raw = View(messages, counter, options.reserved_tokens,
+               None if prints is None else list(prints), scale=options.token_scale,
                known=options.known_tokens)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens

@@ -27,6 +27,7 @@ from proxy.console import setup_console
 from proxy.http.audit import request_context_middleware
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
+from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.keys import (
     ACCOUNTING,
@@ -36,6 +37,8 @@ from proxy.keys import (
     CHECKPOINTS,
     CONFIG,
     COUNTER,
+    DECODED_SPANS,
+    ENCODED_VIEWS,
     METRICS,
     RESOLVERS,
     ROLE_POLICIES,
@@ -174,6 +177,8 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[CONFIG] = config
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
+    app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
+    app[ENCODED_VIEWS] = EncodedViews()
     app[ROLE_POLICIES] = config.role_policies()
     app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
                                   config.source_access())

@@ -274,6 +274,9 @@ class LimitsConfig(_Section):
     """Request limits; a body larger than ``max_body_bytes`` gets 413 ``request_too_large``."""
 
     max_body_bytes: Positive = 32 * 1024 * 1024
+    #: Bytes of messages kept decoded across requests (a warm request decodes only what is
+    #: new in it); 0 decodes every message of every request.
+    decoded_cache_bytes: NonNegative = 256 * 1024 * 1024
 
 
 @_section("upstream")

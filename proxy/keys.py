@@ -26,6 +26,7 @@ from proxy.state.store import StateStore, SummaryCache
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
+    from proxy.http.spans import DecodedSpans, EncodedViews
     from proxy.http.tenants import TenantScope
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
     "CHECKPOINTS",
     "CONFIG",
     "COUNTER",
+    "DECODED_SPANS",
+    "ENCODED_VIEWS",
     "METRICS",
     "RESOLVERS",
     "ROLE_POLICIES",
@@ -83,3 +86,7 @@ CALIBRATION: Final = web.AppKey("calibration", Calibration)
 BACKGROUND: Final[web.AppKey[set[asyncio.Task[None]]]] = web.AppKey("background")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)
+#: Decoded messages by the hash of their bytes (:mod:`proxy.http.spans`).
+DECODED_SPANS: Final[web.AppKey[DecodedSpans]] = web.AppKey("decoded_spans")
+#: The encoded messages of recent checkpoints' views (:mod:`proxy.http.spans`).
+ENCODED_VIEWS: Final[web.AppKey[EncodedViews]] = web.AppKey("encoded_views")

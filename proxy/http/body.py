@@ -24,8 +24,8 @@ from aiohttp import web
 
 from proxy.http.errors import RequestRejected
 
-__all__ = ["SUPPORTED_ENCODINGS", "decoded", "dump_body", "may_hold_lone_surrogates", "parse_body",
-           "parse_json_object", "read_body", "replace_lone_surrogates"]
+__all__ = ["SUPPORTED_ENCODINGS", "check_body", "decoded", "dump_body", "may_hold_lone_surrogates",
+           "parse_body", "parse_json_object", "read_body", "replace_lone_surrogates"]
 
 
 def _too_large(limit: int) -> RequestRejected:
@@ -338,7 +338,15 @@ def parse_body(raw: bytes) -> dict[str, Any]:
             :func:`parse_json_object` refuses, ``messages`` missing or not a list, a message
             not an object, ``system`` neither a string nor a list.
     """
-    body = parse_json_object(raw)
+    return check_body(parse_json_object(raw))
+
+
+def check_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``body``, checked: ``messages`` a list of objects, ``system`` a string or a list.
+
+    Raises:
+        RequestRejected: as :func:`parse_body`.
+    """
     messages = body.get("messages")
     if not isinstance(messages, list):
         problem = ("is missing" if "messages" not in body

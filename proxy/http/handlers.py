@@ -32,13 +32,7 @@ from multidict import CIMultiDict
 import compactor
 from policies import CompactionPolicy
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
-from proxy.http.body import (
-    dump_body,
-    may_hold_lone_surrogates,
-    parse_body,
-    read_body,
-    replace_lone_surrogates,
-)
+from proxy.http.body import read_body
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
@@ -48,6 +42,7 @@ from proxy.http.forward import (
     upstream_request_headers,
 )
 from proxy.http.session import resolve_session_id
+from proxy.http.spans import RequestBody, parse_request
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
@@ -55,6 +50,8 @@ from proxy.keys import (
     CHECKPOINTS,
     CONFIG,
     COUNTER,
+    DECODED_SPANS,
+    ENCODED_VIEWS,
     METRICS,
     ROLE_POLICIES,
     SUMMARIES,
@@ -132,10 +129,20 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
                           metrics=metrics, on_usage=on_usage)
 
 
-def _reserved_tokens(app: web.Application, body: dict[str, Any], durable_text: str) -> int:
-    """Tokens outside ``messages`` that count toward the thresholds."""
+def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: str) -> int:
+    """Tokens outside ``messages`` that count toward the thresholds (``system`` and
+    ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
-    reserved = counter.count_value(body.get("system")) + counter.count_value(body.get("tools"))
+    reserved = 0
+    for name in ("system", "tools"):
+        memo = parsed.memo(name)
+        if memo is None:
+            reserved += counter.count_value(parsed.doc.get(name))
+            continue
+        tokens = memo.get("tokens")
+        if tokens is None:
+            tokens = memo["tokens"] = counter.count_value(parsed.doc.get(name))
+        reserved += tokens
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved
@@ -157,12 +164,30 @@ class CompactionPlan:
     known: Mapping[int, float] | None = None
 
 
-def _plan(request: web.Request, session: SessionRef, body: dict[str, Any],
+def _conversation_key(parsed: RequestBody) -> str:
+    """:meth:`compactor.CompactionCheckpoint.conversation_key` of the request's messages,
+    made once per decoded first user message."""
+    for index, message in enumerate(parsed.messages):
+        if message.get("role") != "user":
+            continue
+        memo = parsed.message_memo(index)
+        if memo is None:
+            return compactor.CompactionCheckpoint.conversation_key([message])
+        key: str | None = memo.get("conversation_key")
+        if key is None:
+            key = memo["conversation_key"] = compactor.CompactionCheckpoint.conversation_key(
+                [message])
+        return key
+    return compactor.CompactionCheckpoint.conversation_key([])
+
+
+def _plan(request: web.Request, session: SessionRef, parsed: RequestBody,
           durable: DurableContext) -> CompactionPlan:
     app = request.app
+    body = parsed.doc
     model = body.get("model") if isinstance(body.get("model"), str) else None
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
-    lane = f"{role}:{compactor.CompactionCheckpoint.conversation_key(body['messages'])}"
+    lane = f"{role}:{_conversation_key(parsed)}"
     scale = reserved_scale = 1.0
     known = None
     if model is not None:
@@ -172,20 +197,20 @@ def _plan(request: web.Request, session: SessionRef, body: dict[str, Any],
             reserved_scale, scale = calibration.factors(session.key, model)
             known = calibration.known(session.key, model)
     return CompactionPlan(role, policy, lane, model, scale, reserved_scale,
-                          _reserved_tokens(app, body, durable.text), known)
+                          _reserved_tokens(app, parsed, durable.text), known)
 
 
 async def _compact(request: web.Request, record: RequestRecord, session: SessionRef,
-                   messages: list[dict[str, Any]], body: dict[str, Any],
-                   durable: DurableContext, plan: CompactionPlan,
+                   parsed: RequestBody, durable: DurableContext, plan: CompactionPlan,
                    may_call_model: bool) -> compactor.CompactionResult:
     app = request.app
+    body = parsed.doc
     record.role = plan.role
     sticky = app[CONFIG].compaction.sticky
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
-            messages,
+            parsed.messages,
             durable.state,
             policy=plan.policy,
             summarizer=_summarizer(request, plan.policy, session, may_call_model,
@@ -196,7 +221,7 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
-                known_tokens=plan.known),
+                known_tokens=plan.known, fingerprints=parsed.fingerprints()),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
@@ -214,18 +239,22 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
     return result
 
 
-def _outgoing(request: web.Request, body: dict[str, Any], messages: list[dict[str, Any]],
+def _outgoing(request: web.Request, parsed: RequestBody, result: compactor.CompactionResult,
               durable: DurableContext, headers: CIMultiDict[str]) -> bytes:
-    """The body to forward: the client's ``body`` (left as it is) with the compacted
-    ``messages``, the durable block appended to its ``system``, and the thinking-binding
-    opt-out where needed."""
-    out = {**body, "messages": messages}
+    """The body to forward: the client's (spliced from its own bytes where unchanged) with
+    the compacted messages, the durable block appended to its ``system``, and the
+    thinking-binding opt-out where needed."""
+    body = parsed.doc
+    replaced: dict[str, Any] = {}
     if durable.text:
-        out["system"] = compactor.append_to_system(body.get("system"), durable.text)
-    if needs_binding_opt_out(out, prefix_changed=True):
-        apply_binding_opt_out(out)
+        replaced["system"] = compactor.append_to_system(body.get("system"), durable.text)
+    candidate = {**body, "messages": result.messages}
+    if needs_binding_opt_out(candidate, prefix_changed=True):
+        apply_binding_opt_out(candidate)
+        replaced["thinking"] = candidate["thinking"]
         _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    return dump_body(out)
+    return parsed.encode(result.messages, replaced,
+                         request.app[ENCODED_VIEWS].of(result.checkpoint))
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
@@ -233,10 +262,11 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     config = app[CONFIG]
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
-    body = parse_body(raw)
+    parsed = parse_request(raw, app[DECODED_SPANS])
+    body = parsed.doc
     if isinstance(body.get("model"), str):
         record.model = body["model"]
-    mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
+    mended = parsed.mended
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
     tenant = app[TENANTS].tenant_of(request.headers)
@@ -245,10 +275,8 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record.session_id, record.tenant = session_id, tenant
     structlog.contextvars.bind_contextvars(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    messages = body["messages"]
-    plan = _plan(request, session, body, durable)
-    result = await _compact(request, record, session, messages, body, durable, plan,
-                            may_call_model)
+    plan = _plan(request, session, parsed, durable)
+    result = await _compact(request, record, session, parsed, durable, plan, may_call_model)
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
@@ -256,7 +284,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # Nothing to rewrite: the client's bytes go out as they came.
         outgoing = raw
     else:
-        outgoing = _outgoing(request, body, result.messages, durable, headers)
+        outgoing = _outgoing(request, parsed, result, durable, headers)
     if not may_call_model:
         return await forward(request, record, body=outgoing, headers=headers)
 
@@ -274,14 +302,14 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         tighter = dataclasses.replace(
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
-        again = await _compact(request, record, session, messages, body, durable, tighter,
+        again = await _compact(request, record, session, parsed, durable, tighter,
                                may_call_model)
         sent = tighter, again
         app[METRICS].recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
                   provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
-        return _outgoing(request, body, again.messages, durable, headers)
+        return _outgoing(request, parsed, again, durable, headers)
 
     response = await forward(request, record, body=outgoing, headers=headers, retry=recompact)
     _learn(request, record, session, *sent)

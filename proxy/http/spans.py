@@ -1,0 +1,287 @@
+"""The request body as raw spans: each message kept as the bytes the client sent, decoded
+once per process, and the forwarded body spliced from bytes.
+
+An agent's request is its previous request plus a message or two, so most of a body's bytes
+were decoded before. The body is scanned once by ``msgspec`` into the raw bytes of each
+top-level field and of each message (:class:`msgspec.Raw`, no objects made); each span is
+keyed by a 128-bit hash of its bytes (xxh3, memory speed), and a span seen before — by any
+request of any session — is not decoded again: :class:`DecodedSpans` hands back the same
+decoded object, its fingerprint already made. A message whose bytes changed (the
+``cache_control`` marker Claude Code moves every turn) is decoded anew, and compared by its
+marker-insensitive fingerprint like any other.
+
+Shared decoded objects are read-only: the compactor never mutates its input, the proxy builds
+new objects for what it rewrites, and a body that needs mending (a lone surrogate, see
+:mod:`proxy.http.body`) takes the plain path, whose objects are its own. Within one request
+every message is a distinct object (a message sent twice is decoded twice), since the
+compactor tells messages apart by identity.
+
+The forwarded body is spliced (:meth:`RequestBody.encode`): the client's own bytes for every
+field and message the proxy did not change, one encoder (``msgspec``) for what it rewrote.
+The output is strict JSON, and the same for the same request and checkpoint in every process:
+whether a message goes out as the client's bytes depends only on the view, never on what a
+cache held.
+
+Anything the fast decoder refuses takes the plain path (:func:`proxy.http.body.parse_body`),
+which names the problem exactly, or accepts what the fast decoder is stricter about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+import xxhash
+from cachetools import LRUCache
+
+import compactor
+from proxy.http.body import (
+    check_body,
+    dump_body,
+    may_hold_lone_surrogates,
+    parse_body,
+    replace_lone_surrogates,
+)
+
+__all__ = ["DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews", "RequestBody",
+           "parse_request"]
+
+#: Bytes of spans whose decoded objects are kept (least recently used go first).
+DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
+#: Spans shorter than this are decoded every time (a lookup would cost what decoding does).
+_SMALL: Final = 256
+
+_FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_SPANS: Final = msgspec.json.Decoder(list[msgspec.Raw])
+_VALUE: Final = msgspec.json.Decoder()
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+class _Slow(Exception):
+    """The fast path cannot take this body: parse it the plain way."""
+
+
+@dataclass(slots=True, eq=False)
+class Decoded:
+    """One span's decoded value, shared by every request that sends the same bytes.
+
+    Attributes:
+        value: the decoded JSON value (read-only).
+        fingerprint: :func:`compactor.content_fingerprint` of ``value`` (made on first use).
+        size: the span's length in bytes (what it costs in the cache).
+        memo: facts derived from ``value`` by its users (token counts, conversation keys),
+            made once per decoded object.
+    """
+
+    value: Any
+    size: int
+    _fingerprint: int | None = None
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> int:
+        found = self._fingerprint
+        if found is None:
+            found = self._fingerprint = compactor.content_fingerprint(self.value)
+        return found
+
+
+class DecodedSpans:
+    """Decoded spans by the hash of their bytes, least recently used evicted beyond
+    ``max_bytes`` of spans. Used from the event loop only.
+
+    Args:
+        max_bytes: how many bytes of spans to keep decoded (0: keep none).
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: LRUCache[int, Decoded] | None = (
+            LRUCache(maxsize=max_bytes, getsizeof=lambda entry: entry.size)
+            if max_bytes > 0 else None)
+
+    def __len__(self) -> int:
+        return 0 if self._entries is None else len(self._entries)
+
+    def decode(self, span: msgspec.Raw) -> Decoded:
+        """The decoded value of ``span``, from the cache when these bytes were seen.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError: the span is not JSON the fast
+                decoder takes.
+        """
+        entries = self._entries
+        size = len(span)
+        if entries is None or size < _SMALL or size > entries.maxsize:
+            return Decoded(_VALUE.decode(span), size)
+        key = xxhash.xxh3_128_intdigest(span)
+        found = entries.get(key)
+        if found is None:
+            found = entries[key] = Decoded(_VALUE.decode(span), size)
+        return found
+
+    @staticmethod
+    def fresh(span: msgspec.Raw) -> Decoded:
+        """``span`` decoded into objects of its own (never cached)."""
+        return Decoded(_VALUE.decode(span), len(span))
+
+
+@dataclass(eq=False)
+class RequestBody:
+    """A parsed ``/v1/messages`` (or ``count_tokens``) body.
+
+    Attributes:
+        raw: the body's bytes, as read (decoded from its content coding).
+        doc: the body as a JSON object; ``doc["messages"]`` the messages (read-only: they
+            may be shared with other requests).
+        fields: each top-level field's bytes in the client's order (None: parsed the plain
+            way, see :func:`parse_request`).
+        spans: each message's bytes (None with ``fields``).
+        entries: each message's :class:`Decoded` (None with ``fields``).
+        values: each top-level field's :class:`Decoded`, but ``messages`` (empty with
+            ``fields``).
+        mended: how many lone surrogates were replaced (the plain path only).
+    """
+
+    raw: bytes
+    doc: dict[str, Any]
+    fields: dict[str, msgspec.Raw] | None = None
+    spans: list[msgspec.Raw] | None = None
+    entries: list[Decoded] | None = None
+    values: dict[str, Decoded] = field(default_factory=dict)
+    mended: int = 0
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's messages (read-only)."""
+        messages: list[dict[str, Any]] = self.doc["messages"]
+        return messages
+
+    def fingerprints(self) -> list[int] | None:
+        """Each message's fingerprint when made already (the fast path), else None."""
+        if self.entries is None:
+            return None
+        return [entry.fingerprint for entry in self.entries]
+
+    def memo(self, name: str) -> dict[str, Any] | None:
+        """The memo of top-level field ``name``'s decoded value (None: none kept)."""
+        found = self.values.get(name)
+        return None if found is None else found.memo
+
+    def message_memo(self, index: int) -> dict[str, Any] | None:
+        """The memo of message ``index``'s decoded object (None: none kept)."""
+        return None if self.entries is None else self.entries[index].memo
+
+    def encode(self, messages: Sequence[dict[str, Any]], replaced: Mapping[str, Any],
+               reused: Iterable[tuple[Sequence[dict[str, Any]], Sequence[bytes]]] = ()) -> bytes:
+        """The body to forward: this one with ``messages`` in place of the client's and each
+        field of ``replaced`` in place of (or after) the client's.
+
+        A message that is one of the client's own objects goes out as the client's bytes; a
+        message of a ``reused`` pair ``(objects, encoded)`` as its encoded bytes; any other
+        message, and every replaced field, through the one encoder.
+        """
+        if self.fields is None or self.spans is None:
+            return dump_body({**self.doc, **replaced, "messages": list(messages)})
+        known: dict[int, Any] = {id(m): span for m, span in zip(self.doc["messages"], self.spans,
+                                                                strict=True)}
+        for objects, encoded in reused:
+            known.update(zip(map(id, objects), encoded, strict=True))
+        try:
+            encode = _ENCODER.encode
+            parts = [known.get(id(m)) or encode(m) for m in messages]
+            out: list[Any] = []
+            for key, value in self.fields.items():
+                if key == "messages":
+                    out.append(encode(key) + b":[" + b",".join(parts) + b"]")
+                elif key in replaced:
+                    out.append(encode(key) + b":" + encode(replaced[key]))
+                else:
+                    out.append(encode(key) + b":" + value)
+            out.extend(encode(k) + b":" + encode(v) for k, v in replaced.items()
+                       if k not in self.fields)
+        except (UnicodeEncodeError, OverflowError, TypeError):
+            # What the one encoder cannot write (a lone surrogate a layer made by cutting a
+            # text): the plain dump escapes it.
+            return dump_body({**self.doc, **replaced, "messages": list(messages)})
+        return b"{" + b",".join(out) + b"}"
+
+
+class EncodedViews:
+    """The encoded bytes of each message of recent checkpoints' views, so a warm request
+    encodes none of the prefix it forwarded before. Used from the event loop only.
+
+    Args:
+        max_bytes: how many encoded bytes to keep (least recently used checkpoints go first).
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._entries: LRUCache[int, tuple[compactor.CompactionCheckpoint, list[bytes]]] = (
+            LRUCache(maxsize=max(1, max_bytes), getsizeof=lambda entry: sum(map(len, entry[1]))))
+
+    def of(self, checkpoint: compactor.CompactionCheckpoint | None,
+           ) -> list[tuple[Sequence[dict[str, Any]], Sequence[bytes]]]:
+        """``[(checkpoint.view, its messages encoded)]`` for :meth:`RequestBody.encode`
+        (``[]`` for no checkpoint, or a view the encoder cannot write)."""
+        if checkpoint is None:
+            return []
+        found = self._entries.get(id(checkpoint))
+        if found is None or found[0] is not checkpoint:
+            try:
+                found = (checkpoint, [_ENCODER.encode(m) for m in checkpoint.view])
+            except (UnicodeEncodeError, OverflowError, TypeError):
+                return []
+            if sum(map(len, found[1])) <= self._entries.maxsize:
+                self._entries[id(checkpoint)] = found
+        return [(checkpoint.view, found[1])]
+
+
+def parse_request(raw: bytes, cache: DecodedSpans) -> RequestBody:
+    """``raw`` as a :class:`RequestBody`: by spans where the fast decoder takes it, else the
+    plain way (:func:`proxy.http.body.parse_body`, whose errors name the problem).
+
+    A body holding a lone surrogate escape is parsed the plain way and mended: each lone
+    surrogate becomes U+FFFD (:func:`proxy.http.body.replace_lone_surrogates`, counted in
+    :attr:`RequestBody.mended`).
+
+    Raises:
+        RequestRejected: 400 ``invalid_request_error`` naming the problem, as
+            :func:`proxy.http.body.parse_body`.
+    """
+    if may_hold_lone_surrogates(raw):
+        body = parse_body(raw)
+        return RequestBody(raw, body, mended=replace_lone_surrogates(body))
+    try:
+        return _by_spans(raw, cache)
+    except (_Slow, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return RequestBody(raw, parse_body(raw))
+
+
+def _by_spans(raw: bytes, cache: DecodedSpans) -> RequestBody:
+    fields = _FIELDS.decode(raw)
+    spans_raw = fields.get("messages")
+    if spans_raw is None:
+        raise _Slow
+    spans = _SPANS.decode(spans_raw)
+    doc: dict[str, Any] = {}
+    values: dict[str, Decoded] = {}
+    for key, value in fields.items():
+        if key == "messages":
+            doc[key] = None  # the client's position; filled below
+            continue
+        decoded = cache.decode(value)
+        values[key] = decoded
+        doc[key] = decoded.value
+    entries = [cache.decode(span) for span in spans]
+    seen: set[int] = set()
+    for index, entry in enumerate(entries):
+        if id(entry.value) in seen:  # the same bytes twice: objects of its own
+            entries[index] = entry = cache.fresh(spans[index])
+        seen.add(id(entry.value))
+        if not isinstance(entry.value, dict):
+            raise _Slow  # the plain parse names it
+    doc["messages"] = [entry.value for entry in entries]
+    check_body(doc)
+    return RequestBody(raw, doc, fields, spans, entries, values)
