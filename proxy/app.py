@@ -60,7 +60,7 @@ from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
 from proxy.state.summarizer import ProviderSummarizer
 
-__all__ = ["create_app", "run_server", "start_proxy"]
+__all__ = ["create_app", "run_server", "serve", "start_proxy"]
 
 _log = structlog.get_logger("proxy.app")
 
@@ -214,26 +214,30 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     return app
 
 
-async def start_proxy(config: Config, *, store: StoreBackend | None = None
-                      ) -> tuple[web.AppRunner, str]:
+async def start_proxy(config: Config, *, store: StoreBackend | None = None,
+                      reuse_port: bool = False) -> tuple[web.AppRunner, str]:
     """Serve a new app on ``config.listen``; returns the runner and the base URL.
 
     Clients going away cancel their handler (and so the upstream request); aiohttp's access
-    log is off, the proxy writes its own ``request_completed`` line.
+    log is off, the proxy writes its own ``request_completed`` line. ``runner.cleanup()``
+    stops accepting, then waits up to ``listen.drain_timeout_s`` for the requests in flight.
+    ``reuse_port`` binds with ``SO_REUSEPORT`` (a worker sharing the port with others).
 
     Raises:
         ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
             the address cannot be bound (``listen.port``).
     """
     app = create_app(config, store=store)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=config.listen.drain_timeout_s)
     try:
         await runner.setup()
     except StoreError as exc:
         await runner.cleanup()
         key = "store.url" if config.store.backend == "redis" else "store.path"
         raise ConfigError(key, f"cannot open the state store: {exc}") from None
-    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    site = web.TCPSite(runner, config.listen.host, config.listen.port,
+                       reuse_port=True if reuse_port else None)
     try:
         await site.start()
     except OSError as exc:
@@ -246,8 +250,13 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None
     return runner, f"http://{host}:{port}"
 
 
-async def _serve(config: Config) -> int:
-    runner, base_url = await start_proxy(config)
+async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event | None = None,
+                started: Callable[[], None] | None = None) -> int:
+    """Serve until SIGINT / SIGTERM (or ``stop`` is set), then drain and clean up; returns 0.
+
+    ``started`` is called once the site accepts connections (a worker tells its supervisor).
+    """
+    runner, base_url = await start_proxy(config, reuse_port=reuse_port)
     upstream = urlsplit(config.upstream.require_base_url())
     _log.info(
         "proxy_started",
@@ -260,11 +269,13 @@ async def _serve(config: Config) -> int:
         admin_enabled=config.admin_token() is not None,
         log_format=config.logging.format,
     )
-    stop = asyncio.Event()
+    stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
+    if started is not None:
+        started()
     try:
         await stop.wait()
     finally:
@@ -276,9 +287,16 @@ async def _serve(config: Config) -> int:
 def run_server(config: Config) -> int:
     """Run the proxy until SIGINT or SIGTERM; returns the exit code (0).
 
+    With ``listen.workers`` above 1 this process supervises that many worker processes
+    (:func:`proxy.workers.supervise`) instead of serving itself.
+
     Raises:
         ConfigError: the proxy could not start (see :func:`start_proxy`); nothing is served.
     """
+    if config.listen.workers > 1:
+        from proxy.workers import supervise
+
+        return supervise(config)
     secrets = [value for value in (config.admin_token(), config.summary_api_key()) if value]
     configure_logging(config.logging, secrets=secrets)
-    return asyncio.run(_serve(config))
+    return asyncio.run(serve(config))

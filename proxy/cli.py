@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", metavar="PATH", help=config_help)
+    serve.add_argument("--workers", type=_positive, metavar="N",
+                       help="processes serving the port together (default: listen.workers)")
 
     commands.add_parser(
         "demo", help="offline demo: fake provider + proxy + a scripted agent"
@@ -142,20 +145,31 @@ def _load(path: str | None) -> Config | None:
         return None
 
 
-def _serve(path: str | None) -> int:
+def _serve(path: str | None, workers: int | None = None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    from .app import run_server  # imported here: aiohttp and the app only when serving
+    if workers is not None:  # --workers overrides listen.workers
+        try:
+            config = dataclasses.replace(
+                config, listen=dataclasses.replace(config.listen, workers=workers))
+        except ConfigError as exc:
+            print(f"serve: --workers: {exc.problem}", file=sys.stderr)
+            return EXIT_CONFIG
+    if config.listen.workers > 1:
+        # The supervisor checks the address and the store before it imports the app.
+        from .workers import supervise as run_server
+    else:
+        from .app import run_server  # imported here: aiohttp and the app only when serving
 
     try:
-        run_server(config)  # runs until SIGINT / SIGTERM
+        code = run_server(config)  # runs until SIGINT / SIGTERM
     except ConfigError as exc:  # a problem only found at startup (e.g. an unusable store)
         print(exc, file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
-        pass
-    return EXIT_OK
+        return EXIT_OK
+    return code
 
 
 def _check_config(path: str | None) -> int:
@@ -426,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
     if args.command == "serve":
-        return _serve(args.config)
+        return _serve(args.config, args.workers)
     if args.command == "check-config":
         return _check_config(args.config)
     if args.command == "tenant-id":

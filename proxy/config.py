@@ -152,6 +152,8 @@ Bool = Annotated[bool, Strict()]
 Positive = Annotated[int, Strict(), Ge(1)]
 NonNegative = Annotated[int, Strict(), Ge(0)]
 Port = Annotated[int, Strict(), Ge(0), Le(65535)]
+#: The most worker processes ``listen.workers`` may ask for.
+MAX_WORKERS: Final = 256
 
 
 def _seconds(value: object, info: ValidationInfo) -> float:
@@ -263,10 +265,18 @@ class _Section:
 
 @_section("listen")
 class ListenConfig(_Section):
-    """Where the proxy listens. ``port`` 0 picks a free port."""
+    """Where the proxy listens. ``port`` 0 picks a free port.
+
+    ``workers`` processes serve the port together (``SO_REUSEPORT``), supervised by the one
+    ``compact-proxy serve`` started (:mod:`proxy.workers`); 1 serves in that process itself.
+    On SIGTERM / SIGINT a process stops accepting and lets the requests and streams in
+    flight finish for up to ``drain_timeout_s``, then cancels what is left.
+    """
 
     host: Text = "127.0.0.1"
     port: Port = 8787
+    workers: Annotated[int, Strict(), Ge(1), Le(MAX_WORKERS)] = 1
+    drain_timeout_s: Seconds = 60.0
 
 
 @_section("limits")

@@ -19,7 +19,7 @@ import logging
 import re
 import sys
 import traceback
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, Final, TextIO
 
 import structlog
@@ -51,6 +51,9 @@ SAFE_KEYS: Final = frozenset({
     # startup
     "host", "port", "upstream_host", "store_backend", "token_counter", "summary_enabled",
     "admin_enabled", "log_format",
+    # worker processes (``listen.workers``): which one logged, and the supervisor's events
+    "worker", "pid", "workers", "worker_pid", "exit_code", "signal", "restart_in_s",
+    "uptime_s", "drain_timeout_s",
     # the redaction report itself
     "redacted",
 })
@@ -181,7 +184,8 @@ def _renderer(config: LoggingConfig) -> Processor:
 
 
 def configure_logging(
-    config: LoggingConfig, *, stream: TextIO | None = None, secrets: Iterable[str] = ()
+    config: LoggingConfig, *, stream: TextIO | None = None, secrets: Iterable[str] = (),
+    fields: Mapping[str, int | str] | None = None,
 ) -> None:
     """Configure structlog and the standard ``logging`` module for the whole process.
 
@@ -189,6 +193,8 @@ def configure_logging(
         config: ``logging.format`` (``json`` | ``console``) and ``logging.level``.
         stream: where lines go (default ``sys.stderr``); one line per event, flushed.
         secrets: exact values to blank wherever they would appear (the admin token...).
+        fields: added to every line of the process (a worker's ``worker`` and ``pid``); a
+            field the line sets itself wins.
     """
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
@@ -199,6 +205,8 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if fields:
+        shared.insert(1, _ProcessFields(fields))
     structlog.configure(
         processors=[*shared, redactor, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -220,6 +228,19 @@ def configure_logging(
     root.setLevel(max(level, logging.WARNING))
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class _ProcessFields:
+    """Adds fixed fields to every event (those the event has already are kept)."""
+
+    def __init__(self, fields: Mapping[str, int | str]) -> None:
+        self._fields = dict(fields)
+
+    def __call__(self, logger: WrappedLogger, method_name: str,
+                 event_dict: EventDict) -> EventDict:
+        for key, value in self._fields.items():
+            event_dict.setdefault(key, value)
+        return event_dict
 
 
 def reset_logging() -> None:

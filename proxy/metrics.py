@@ -17,19 +17,32 @@ Names:
   provider's count of each forwarded view the provider counted;
 - ``compact_proxy_requests_recompacted_total`` — requests the provider refused as too long and
   the proxy compacted again and retried.
+
+With several worker processes (``listen.workers``) the supervisor gives every worker the same
+empty directory in ``PROMETHEUS_MULTIPROC_DIR`` before it starts, so prometheus_client keeps
+each process's values in files there, and ``/metrics`` — whichever worker the connection
+lands on — renders the sum over all of them (a worker that died still counts what it
+counted). Without that variable, as with one process, the app's own registry is rendered.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 import compactor
 from proxy.state.usage import ProviderUsage
 
-__all__ = ["CONTENT_TYPE", "ProxyMetrics"]
+__all__ = ["CONTENT_TYPE", "MULTIPROCESS_ENV", "ProxyMetrics"]
+
+#: prometheus_client's multi-process directory; read when it is imported, so it is set
+#: before a worker process starts.
+MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 #: The ``Content-Type`` of :meth:`ProxyMetrics.render`.
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -46,6 +59,8 @@ class ProxyMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: Where every worker's values are (multi-process mode), or ``None``.
+        self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
         self.requests = Counter(
             "compact_proxy_requests", "Requests served, by route and outcome.",
             ("route", "outcome"), registry=self.registry,
@@ -119,6 +134,11 @@ class ProxyMetrics:
         self.estimate_error.observe(ratio)
 
     def render(self) -> bytes:
-        """The registry in the Prometheus text exposition format."""
-        return generate_latest(self.registry)
+        """The registry in the Prometheus text exposition format; in multi-process mode the
+        sum over every worker's values."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
 
