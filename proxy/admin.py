@@ -56,7 +56,6 @@ and item counts, never the state's text or the token.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import re
 from datetime import UTC, datetime
@@ -295,9 +294,8 @@ async def _get_state(request: web.Request) -> web.Response:
     sources = None
     if resolve:
         # The client's own session authorizes, as on the request path; files are read in a
-        # worker thread.
-        sources = await asyncio.to_thread(request.app[ADMIN_RESOLVERS_KEY].excerpts, sid,
-                                          stored.state)
+        # worker thread, objects (s3:// roots) on the loop.
+        sources = await request.app[ADMIN_RESOLVERS_KEY].excerpts(sid, stored.state)
     return _state_response(sid, tenant, stored, sources=sources)
 
 

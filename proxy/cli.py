@@ -340,7 +340,7 @@ def _session(path: str | None, args: argparse.Namespace) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    from compactor import SourceResolution, resolve_durable_sources, session_id_problem
+    from compactor import SourceResolution, session_id_problem
 
     from .audit_report import session_json, session_text
     from .http.tenants import is_tenant, scoped_key
@@ -373,8 +373,16 @@ def _session(path: str | None, args: argparse.Namespace) -> int:
     if stored is not None:
         # The session's own resolver, as on the request path (statuses only: no text).
         resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
-                                 config.source_access())
-        statuses = resolve_durable_sources(stored.state, resolvers.for_session(sid))
+                                 config.source_access(), s3=config.sources.s3_settings())
+        state = stored.state
+
+        async def resolve() -> tuple[SourceResolution, ...]:
+            try:
+                return await resolvers.resolve(sid, state)
+            finally:
+                await resolvers.close()
+
+        statuses = asyncio.run(resolve())
     if args.json:
         print(json.dumps(session_json(sid, tenant, entries, total, stored, statuses, changes),
                          indent=2))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import ipaddress
 import math
 import os
@@ -72,6 +73,7 @@ from policies._compaction import (
 from policies._roles import DEFAULT_ROLE_RULES, ROLE_NAMES, HeaderName, Role, RolePolicies, RoleRule
 from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from policies._source_access import SourceAccessPolicy
+from proxy.state.s3_roots import S3Settings, is_s3_url, parse_s3_root
 
 __all__ = [
     "AdminConfig",
@@ -89,6 +91,7 @@ __all__ = [
     "RoleOverride",
     "SEPARATE_SUMMARY_MODEL",
     "SessionConfig",
+    "S3SourcesConfig",
     "SourceAccessConfig",
     "SourcesConfig",
     "StoreConfig",
@@ -420,10 +423,35 @@ class S3SourcesConfig(_Section):
 
 @_section("sources")
 class SourcesConfig(_Section):
-    """The roots the source-pointer resolver reads transcripts and artifacts from."""
+    """The roots the source-pointer resolver reads transcripts and artifacts from: two paths,
+    or two ``s3://<bucket>/<prefix>`` URLs (replicas on several hosts share no disk) reached
+    as ``s3`` says, which needs the ``s3`` extra (aiobotocore)."""
 
     transcript_root: Text = "./compact-proxy-state/transcripts"
     artifact_root: Text = "./compact-proxy-state/artifacts"
+    s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
+
+    @model_validator(mode="after")
+    def _roots_of_one_kind(self) -> SourcesConfig:
+        roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
+        for name, root in roots.items():
+            if is_s3_url(root):
+                try:
+                    parse_s3_root(root)
+                except ValueError as exc:
+                    raise invalid(name, f"is not a valid s3:// root: {exc}") from None
+        remote = is_s3_url(self.transcript_root)
+        if is_s3_url(self.artifact_root) != remote:
+            raise invalid("artifact_root", "must be an s3:// URL when transcript_root is one, "
+                                           "and a path when it is a path")
+        if remote and importlib.util.find_spec("aiobotocore") is None:
+            raise invalid("transcript_root", "s3:// roots need the s3 extra (aiobotocore): "
+                                             "pip install 'compact-proxy[s3]'")
+        return self
+
+    def s3_settings(self) -> S3Settings:
+        """The object store's endpoint and region, for the resolvers."""
+        return S3Settings(endpoint_url=self.s3.endpoint_url, region=self.s3.region)
 
 
 @_section("session")

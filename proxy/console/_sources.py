@@ -3,12 +3,12 @@
 What the admin API's ``?resolve=true`` shows, from the same function
 (:meth:`~proxy.state.resolvers.ResolverPool.excerpts`: at most 500 characters, only of an
 available source, with the session's own resolver and so the request path's authorization).
-Resolving reads files, so it runs in a worker thread. Everything in ``__all__`` gets re-exported.
+Resolving reads files (in a worker thread) or objects (``s3://`` roots, on the loop).
+Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import compactor
@@ -31,6 +31,6 @@ class SourceView:
 async def source_views(resolvers: ResolverPool, session_id: str,
                        state: compactor.DurableContextState) -> dict[str, SourceView]:
     """Every distinct pointer of ``state`` resolved for ``session_id``."""
-    excerpts = await asyncio.to_thread(resolvers.excerpts, session_id, state)
+    excerpts = await resolvers.excerpts(session_id, state)
     return {e.resolution.pointer: SourceView(e.resolution.pointer, e.resolution.status,
                                              e.resolution.detail, e.text) for e in excerpts}

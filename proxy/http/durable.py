@@ -3,7 +3,6 @@ pointer verified, rendered for ``system`` (SPEC section 4, step 4)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -40,15 +39,14 @@ class SessionRef:
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
-    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
-    it is the session's long-lived one, so unchanged files are not read again. Pointers are
-    authorized against the client's own session id.
+    The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
+    (``s3://`` roots: awaited on the loop); it is the session's long-lived one, so unchanged
+    sources are not read again. Pointers are authorized against the client's own session id.
     """
     session_id = session.session_id
     stored = await app[STORE].get_state(session.key)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolver = app[RESOLVERS].for_session(session_id)
-    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
+    resolutions = await app[RESOLVERS].resolve(session_id, stored.state)
     text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
     return DurableContext(stored.state, text)

@@ -1,0 +1,537 @@
+"""Source pointers resolved against an S3-compatible object store (``s3://`` roots).
+
+Replicas on several hosts share no disk, so ``sources.transcript_root`` and
+``sources.artifact_root`` may name a bucket and prefix (:mod:`proxy.state.s3_roots`). This is
+the object-store twin of :class:`compactor.SourcePointerResolver`, with the same contract and
+the same five states, through aiobotocore (an async client on the proxy's own event loop: no
+worker thread waits on the network).
+
+Theory of operation. :meth:`S3SourceResolver.resolve` never raises for a bad pointer or a
+bad object. The order is fixed: parse (:func:`compactor.parse_source_pointer`, the strict
+names), then authorize (no request at all for a pointer the authorizer refuses), then ``HEAD``
+the one key the pointer names, then ``GET`` it with ``If-Match`` on the ETag just seen, and
+stream it: an artifact is hashed chunk by chunk (never held whole), a transcript is read line
+by line up to the target (each line capped, every line before it checked as the local
+resolver checks it). Keys are built from the root's prefix and the parsed names only, and
+checked to lie under the session's own prefix before any request (a defence in depth: the
+pointer grammar already refuses ``/``, ``..``, percent-encoded separators, controls).
+
+Statuses, the local resolver's plus what only a network store can do:
+
+- ``denied``: a malformed pointer, the authorizer said no (or raised), a key outside the
+  session's prefix, the store refused (403, any other 4xx but 404/412: bad or expired
+  credentials, a forged signature), no credentials at all, or *any redirect*. Redirects are
+  never followed: the HTTP layer does not follow ``Location`` (``allow_redirects`` off) and
+  botocore's region redirector may not re-send a request (a re-sent request is refused
+  before it is signed), so a 3xx is an answer, and that answer is ``denied``.
+- ``missing``: no such key or bucket (404), a transcript too short, or the store could not be
+  reached or failed (connection refused, timeout, 5xx, an answer cut short): the source
+  cannot be verified now. Such a failure is not remembered.
+- ``corrupt``: the digest does not match, a broken transcript line, or the object was
+  replaced between the ``HEAD`` and the ``GET`` (412 on ``If-Match``; not remembered).
+- ``available``: verified; ``evidence_sha256`` as locally.
+- ``unsupported``: an unknown pointer scheme.
+
+Pointers carry names only (``artifact:<session>:<file>:<sha256>``), never URLs, so a
+presigned URL cannot reach the resolver; requests are signed by the client with the
+configured credentials (the standard AWS variables and files), and a forged or expired
+credential is refused by the store: ``denied``.
+
+Outcomes read from an object are remembered (an LRU shared by every session's resolver, keyed
+by the pointer, bucket, key, ETag, Last-Modified, size and version id), so an unchanged
+object is not read again: a hit still costs the parse, the authorization and the ``HEAD``,
+never the ``GET``. Any write to the object changes its ETag or Last-Modified, so it misses.
+
+:meth:`S3SourceResolver.excerpt` is for an operator (the admin API, the console): the
+resolution, then, for an available source, the start of its text from a second read shown
+only when that read has the digest just verified. Excerpts never reach a prompt.
+
+Everything here runs on the event loop that first used the store: one client per
+:class:`S3ObjectStore`, created on first use, closed by :meth:`S3ObjectStore.close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
+from aiobotocore.session import AioSession, get_session
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    CredentialRetrievalError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+from cachetools import LRUCache
+
+import compactor
+from compactor import (
+    ArtifactPointer,
+    SourceExcerpt,
+    SourcePointer,
+    SourceResolution,
+    TranscriptPointer,
+)
+from compactor._pointers import UnsupportedPointerError
+from compactor._resolver import (
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_EXCERPT_CHARS,
+    DEFAULT_MAX_LINE_BYTES,
+    ResolutionStatus,
+    _check_event,
+    _Outcome,
+)
+from proxy.state.s3_roots import S3Root, S3Settings
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3.client import S3Client
+
+__all__ = ["OutcomeCache", "S3ObjectStore", "S3SourceResolver", "new_outcome_cache"]
+
+#: Seconds to open a connection to the store, and to wait for its next bytes.
+CONNECT_TIMEOUT_S: Final = 5.0
+READ_TIMEOUT_S: Final = 30.0
+#: Attempts per call (the first included) on a connection error, a throttle or a 5xx.
+MAX_ATTEMPTS: Final = 2
+
+# (pointer, bucket, key, etag, last-modified, size, version id) -> (status, digest, detail)
+_CacheKey = tuple[str, str, str, str, str, int, str]
+_Cached = tuple[ResolutionStatus, str | None, str]
+OutcomeCache = LRUCache[_CacheKey, _Cached]
+
+_REDIRECT_CODES: Final = frozenset({"PermanentRedirect", "TemporaryRedirect", "Redirect"})
+_MISSING_CODES: Final = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound"})
+
+
+def new_outcome_cache(entries: int = DEFAULT_CACHE_ENTRIES) -> OutcomeCache | None:
+    """An outcome cache of ``entries`` verified outcomes (``None`` for 0: no caching)."""
+    if entries < 0:
+        raise ValueError("cache entries must not be negative")
+    return LRUCache(maxsize=entries) if entries else None
+
+
+class _RedirectRefused(Exception):
+    """Internal: botocore was about to re-send a request elsewhere after a redirect."""
+
+
+def _refuse_redirect_answer(response: Any = None, **_: Any) -> None:
+    # Runs first among botocore's "needs-retry" handlers: a 3xx ends the call here, before
+    # the S3 region redirector could re-send the request (or, for a 307 without a region,
+    # probe the bucket with HeadBucket calls that are redirected in turn, without end).
+    if response is not None and 300 <= response[0].status_code < 400:
+        raise _RedirectRefused("the object store answered with a redirect")
+
+
+def _refuse_redirected(request: Any, **_: Any) -> None:
+    # botocore's S3 region redirector marks the request it re-sends after a wrong-region
+    # answer (a 400 naming another region); no such second request is signed or sent.
+    context = getattr(request, "context", None) or {}
+    if context.get("s3_redirected") or (context.get("s3_redirect") or {}).get("redirected"):
+        raise _RedirectRefused("the object store answered with a redirect")
+
+
+class _RedirectsOff:
+    """An ``aiohttp.ClientSession`` stand-in whose requests never follow ``Location``."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["allow_redirects"] = False
+        return self._session.request(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+class _NoRedirectHTTPSession(AIOHTTPSession):
+    """aiobotocore's HTTP session with redirects off (aiohttp follows them by default)."""
+
+    async def _get_session(self, proxy_url: Any) -> _RedirectsOff:
+        return _RedirectsOff(await super()._get_session(proxy_url))  # type: ignore[misc]
+
+
+class S3ObjectStore:
+    """One S3 client, created on first use on the running loop, closed by :meth:`close`.
+
+    Args:
+        settings: the endpoint and region (``sources.s3``).
+        session: the aiobotocore session to create the client from (a new one by default;
+            a session remembers the credentials it found first).
+    """
+
+    def __init__(self, settings: S3Settings, *, session: AioSession | None = None) -> None:
+        self._settings = settings
+        self._session = session
+        self._client: S3Client | None = None
+        self._stack: AsyncExitStack | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def client(self) -> S3Client:
+        """The client (created on the first call)."""
+        if self._client is not None:
+            return self._client
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._client is None:
+                self._client = await self._create()
+        return self._client
+
+    async def _create(self) -> S3Client:
+        settings = self._settings
+        config = AioConfig(
+            connect_timeout=CONNECT_TIMEOUT_S,
+            read_timeout=READ_TIMEOUT_S,
+            retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+            # Path-style for a custom endpoint: every S3-compatible service serves it.
+            s3={"addressing_style": "path" if settings.endpoint_url else "auto"},
+            # Checksums only where an operation requires them: older S3-compatible services
+            # refuse the newer defaults, and the resolver hashes what it reads itself.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            http_session_cls=_NoRedirectHTTPSession,
+        )
+        stack = AsyncExitStack()
+        session = self._session if self._session is not None else get_session()
+        client = await stack.enter_async_context(session.create_client(
+            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region,
+            config=config))
+        client.meta.events.register_first("needs-retry.s3", _refuse_redirect_answer)
+        client.meta.events.register("before-sign.s3", _refuse_redirected)
+        self._stack = stack
+        return client
+
+    async def close(self) -> None:
+        """Close the client (a later call creates a new one)."""
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+
+class _Body(Protocol):
+    async def read(self, amt: int | None = ...) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Located:
+    """The object a pointer names."""
+
+    bucket: str
+    key: str
+
+
+class S3SourceResolver:
+    """Checks source pointers against the objects they name (see the module's doc).
+
+    Args:
+        store: the client.
+        transcript_root: where ``<session_id>.jsonl`` transcripts are.
+        artifact_root: where ``<session_id>/<filename>`` artifacts are.
+        authorize: called with the parsed pointer before any request; only exactly ``True``
+            allows the lookup (fail closed).
+        cache: remembered outcomes (may be shared by several resolvers: its keys hold the
+            pointer, so its session); ``None`` reads every time.
+        chunk_size: the most bytes taken from the stream at a time.
+        max_line_bytes: a transcript line up to the target longer than this is corrupt.
+    """
+
+    def __init__(self, store: S3ObjectStore, transcript_root: S3Root, artifact_root: S3Root,
+                 authorize: Callable[[SourcePointer], bool], *,
+                 cache: OutcomeCache | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        if chunk_size < 1 or max_line_bytes < 1:
+            raise ValueError("chunk_size and max_line_bytes must be positive")
+        self._store = store
+        self._transcript_root = transcript_root
+        self._artifact_root = artifact_root
+        self._authorize = authorize
+        self._cache = cache
+        self._chunk_size = chunk_size
+        self._max_line_bytes = max_line_bytes
+
+    async def resolve(self, pointer: str) -> SourceResolution:
+        """Resolve one pointer string; never raises for a bad pointer or a bad object."""
+        shown = pointer if isinstance(pointer, str) else repr(pointer)
+        parsed = self._parse_and_authorize(shown, pointer)
+        if isinstance(parsed, SourceResolution):
+            return parsed
+        try:
+            if isinstance(parsed, TranscriptPointer):
+                digest = await self._resolve_transcript(parsed)
+            else:
+                digest = await self._resolve_artifact(parsed)
+        except _Outcome as outcome:
+            return SourceResolution(shown, outcome.status, None, outcome.detail)
+        except _STORE_ERRORS as exc:
+            failure = _store_error_outcome(exc)
+            return SourceResolution(shown, failure.status, None, failure.detail)
+        return SourceResolution(shown, "available", digest, "verified")
+
+    async def resolve_all(self, state: compactor.DurableContextState
+                          ) -> tuple[SourceResolution, ...]:
+        """Every distinct pointer of ``state``, first-seen order (as
+        :func:`compactor.resolve_durable_sources`)."""
+        return tuple([await self.resolve(p) for p in state.source_pointers()])
+
+    def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
+        try:
+            parsed = compactor.parse_source_pointer(pointer)
+        except UnsupportedPointerError as exc:
+            return SourceResolution(shown, "unsupported", None, str(exc))
+        except (ValueError, TypeError) as exc:
+            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
+        try:
+            allowed = self._authorize(parsed) is True
+        except Exception as exc:  # an authorizer bug must fail closed, not open
+            return SourceResolution(shown, "denied", None,
+                                    f"authorizer raised {type(exc).__name__}")
+        if not allowed:
+            return SourceResolution(shown, "denied", None, "not authorized for this session")
+        return parsed
+
+    # --- where a pointer's object is -------------------------------------------------------
+
+    def _transcript_object(self, pointer: TranscriptPointer) -> _Located:
+        root = self._transcript_root
+        key = root.transcript_key(pointer.session_id)
+        _check_contained(key, root.prefix, f"{pointer.session_id}.jsonl")
+        return _Located(root.bucket, key)
+
+    def _artifact_object(self, pointer: ArtifactPointer) -> _Located:
+        root = self._artifact_root
+        session_prefix = root.session_prefix(pointer.session_id)
+        key = root.artifact_key(pointer.session_id, pointer.filename)
+        _check_contained(key, session_prefix, pointer.filename)
+        return _Located(root.bucket, key)
+
+    # --- verification -----------------------------------------------------------------------
+
+    async def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
+        async def scan(body: _Body) -> str:
+            return hashlib.sha256(await self._target_line(body, pointer)).hexdigest()
+
+        return await self._lookup(self._transcript_object(pointer), str(pointer), scan)
+
+    async def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
+        async def verify(body: _Body) -> str:
+            hasher = hashlib.sha256()
+            await self._stream(body, hasher.update)
+            digest = hasher.hexdigest()
+            if not digest.startswith(pointer.sha256):
+                raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
+            return digest
+
+        return await self._lookup(self._artifact_object(pointer), str(pointer), verify)
+
+    async def _lookup(self, where: _Located, pointer: str,
+                      verify: Callable[[_Body], Awaitable[str]]) -> str:
+        """HEAD the object, reuse its remembered outcome or GET it (``If-Match`` its ETag)
+        and run ``verify`` on the body."""
+        client = await self._store.client()
+        head = await client.head_object(Bucket=where.bucket, Key=where.key)
+        etag = head.get("ETag") or ""
+        modified = head.get("LastModified")
+        key: _CacheKey = (pointer, where.bucket, where.key, etag,
+                          modified.isoformat() if modified is not None else "",
+                          int(head.get("ContentLength") or 0), head.get("VersionId") or "")
+        # Without an ETag the object's identity is unknown: read it, remember nothing.
+        cache = self._cache if etag else None
+        cached = cache.get(key) if cache is not None else None
+        if cached is not None:
+            status, digest, detail = cached
+            if digest is None:
+                raise _Outcome(status, detail)
+            return digest
+        body = await self._get(where, etag)
+        try:
+            digest = await verify(body)
+        except _Outcome as outcome:
+            if cache is not None:
+                cache[key] = (outcome.status, None, outcome.detail)
+            raise
+        finally:
+            body.close()
+        if cache is not None:
+            cache[key] = ("available", digest, "verified")
+        return digest
+
+    async def _get(self, where: _Located, etag: str) -> _Body:
+        """The object's body, streaming; a GET whose object changed since ``etag`` is
+        refused by the store (412: ``corrupt``, never remembered)."""
+        client = await self._store.client()
+        if etag:
+            response = await client.get_object(Bucket=where.bucket, Key=where.key, IfMatch=etag)
+        else:
+            response = await client.get_object(Bucket=where.bucket, Key=where.key)
+        body: _Body = response["Body"]
+        return body
+
+    async def _stream(self, body: _Body, sink: Callable[[bytes], object]) -> None:
+        """Feed the body to ``sink`` in chunks of at most ``chunk_size`` bytes."""
+        while chunk := await body.read(self._chunk_size):
+            sink(chunk)
+
+    async def _target_line(self, body: _Body, pointer: TranscriptPointer) -> bytes:
+        """The event line the pointer names (without its line ending), every line before it
+        checked; the same rules as the local resolver's ``readline`` loop."""
+        limit = self._max_line_bytes
+        buffer = bytearray()
+        start = 0      # where the next line begins in buffer
+        searched = 0   # buffer[start:searched] holds no line feed
+        eof = False
+        expected = 1
+        while True:
+            newline = buffer.find(b"\n", searched)
+            if newline >= 0:
+                line = bytes(buffer[start:newline])
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                start = searched = newline + 1
+            elif eof:
+                if start == len(buffer):
+                    raise _Outcome(
+                        "missing",
+                        f"transcript has {expected - 1} events, sequence {pointer.sequence} "
+                        "not found",
+                    )
+                line = bytes(buffer[start:])  # the last line, without a line ending
+                start = searched = len(buffer)
+            else:
+                if len(buffer) - start > limit + 1:  # room for a "\r" before the "\n"
+                    raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
+                del buffer[:start]
+                start, searched = 0, len(buffer)
+                chunk = await body.read(self._chunk_size)
+                if chunk:
+                    buffer += chunk
+                else:
+                    eof = True
+                continue
+            if len(line) > limit:
+                raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
+            _check_event(line, expected, pointer.session_id)
+            if expected == pointer.sequence:
+                return line
+            expected += 1
+
+    # --- excerpts (for an operator, never for a prompt) ---------------------------------------
+
+    async def excerpt(self, pointer: str, *,
+                      max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
+        """Resolve ``pointer``; for an available source, add the start of its text, read
+        again and shown only when that read has the digest just verified.
+
+        Raises:
+            ValueError: ``max_chars`` is negative.
+        """
+        if max_chars < 0:
+            raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+        resolution = await self.resolve(pointer)
+        if resolution.status != "available":
+            return SourceExcerpt(resolution, None)
+        # resolve() parsed and authorized this very pointer.
+        parsed = compactor.parse_source_pointer(pointer)
+        try:
+            if isinstance(parsed, TranscriptPointer):
+                digest, text = await self._transcript_excerpt(parsed, max_chars)
+            else:
+                digest, text = await self._artifact_excerpt(parsed, max_chars)
+        except (_Outcome, *_STORE_ERRORS):
+            return SourceExcerpt(resolution, None)
+        if digest != resolution.evidence_sha256:  # changed since it was verified
+            return SourceExcerpt(resolution, None)
+        return SourceExcerpt(resolution, text)
+
+    async def excerpts(self, state: compactor.DurableContextState, *,
+                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> tuple[SourceExcerpt, ...]:
+        """:meth:`excerpt` of each distinct pointer of ``state``, first-seen order."""
+        return tuple([await self.excerpt(p, max_chars=max_chars)
+                      for p in state.source_pointers()])
+
+    async def _transcript_excerpt(self, pointer: TranscriptPointer,
+                                  max_chars: int) -> tuple[str, str]:
+        body = await self._get(self._transcript_object(pointer), "")
+        try:
+            line = await self._target_line(body, pointer)
+        finally:
+            body.close()
+        event = json.loads(line)  # checked by _target_line: a JSON object
+        text = event.get("text")
+        if not isinstance(text, str):
+            text = event.get("content")
+        if not isinstance(text, str):
+            text = line.decode("utf-8", errors="replace")
+        return hashlib.sha256(line).hexdigest(), text[:max_chars]
+
+    async def _artifact_excerpt(self, pointer: ArtifactPointer,
+                                max_chars: int) -> tuple[str, str]:
+        wanted = max_chars * 4  # the most bytes max_chars characters take in UTF-8
+        head = bytearray()
+        hasher = hashlib.sha256()
+        size = 0
+
+        def take(chunk: bytes) -> None:
+            nonlocal size
+            hasher.update(chunk)
+            size += len(chunk)
+            if len(head) < wanted:
+                head.extend(chunk[: wanted - len(head)])
+
+        body = await self._get(self._artifact_object(pointer), "")
+        try:
+            await self._stream(body, take)
+        finally:
+            body.close()
+        # A character cut in two at the end of the head is left out, not replaced.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = decoder.decode(bytes(head), final=size <= wanted)
+        return hasher.hexdigest(), text[:max_chars]
+
+
+# What a request to the store may raise (anything else is a bug and propagates).
+_STORE_ERRORS: Final = (BotoCoreError, ClientError, _RedirectRefused, aiohttp.ClientError,
+                        asyncio.TimeoutError, OSError)
+
+
+def _check_contained(key: str, prefix: str, name: str) -> None:
+    """``key`` must be ``prefix`` followed by one plain name: nothing that climbs out."""
+    rest = key[len(prefix):] if key.startswith(prefix) else None
+    if rest != name or not rest or "/" in rest or rest in (".", ".."):
+        raise _Outcome("denied", "key leads outside the session's prefix")
+
+
+def _store_error_outcome(exc: BaseException) -> _Outcome:
+    """What a failed request to the store means (no key, bucket or content in the detail)."""
+    if isinstance(exc, _RedirectRefused):
+        return _Outcome("denied", "the object store answered with a redirect (not followed)")
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)):
+        return _Outcome("denied", "no credentials for the object store")
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error")
+        code = str(error.get("Code") or "") if error else ""
+        meta = exc.response.get("ResponseMetadata")
+        status = int(meta.get("HTTPStatusCode") or 0) if meta else 0
+        if 300 <= status < 400 or code in _REDIRECT_CODES:
+            return _Outcome("denied", "the object store answered with a redirect (not followed)")
+        if status == 404 or code in _MISSING_CODES:
+            return _Outcome("missing", "no such object")
+        if status == 412:
+            return _Outcome("corrupt", "object was replaced while being read")
+        if 400 <= status < 500:
+            return _Outcome("denied", f"the object store refused access ({code or status})")
+        return _Outcome("missing", f"the object store failed ({code or status})")
+    return _Outcome("missing", f"the object store is unreachable ({type(exc).__name__})")
