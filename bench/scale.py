@@ -1,6 +1,7 @@
 """Scaling on one machine: the throughput of ``serve --workers 2`` against ``--workers 1``.
 
-    python -m bench.scale [--concurrency 32] [--rounds 6] [--requests 400] [--body-kb 50]
+    python -m bench.scale [--quick] [--concurrency 32] [--rounds 6] [--requests 400]
+                          [--body-kb 50] [--json PATH]
 
 One run starts the stamped fake provider (``bench/stamped_upstream.py``) in its own process
 and two proxies (``python -m proxy.cli serve``), one with ``--workers 1`` and one with
@@ -32,7 +33,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -101,6 +102,8 @@ class ScaleResults:
             and of the provider's process: the work that shares the machine's cores with the
             proxy.
         processes: how many processes served each proxy (the workers; 1 for ``workers_1``).
+        layers: the compaction layers the proxy reported for the request (``x-compact-layers``;
+            empty: it was under the soft threshold and forwarded as it came).
         cores: the machine's CPU count.
         load_before: the 1-minute load average before the run.
     """
@@ -112,6 +115,7 @@ class ScaleResults:
     cpu_ms: dict[str, float]
     shared_cpu_ms: dict[str, dict[str, float]]
     processes: dict[str, int]
+    layers: str
     cores: int
     load_before: float
 
@@ -204,6 +208,9 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
                     "workers_2": two.process.pid if two.process else 0}
             processes = {"workers_1": 1, "workers_2": len(_children(pids["workers_2"]))}
             body = request_body(history_of_size(sizes.body_bytes), stream=False)
+            probe = await send(client, one.url, body, _headers("bench-scale-probe"), stream=False)
+            if probe.status != 200:
+                raise BenchError(f"the request got HTTP {probe.status} through the proxy")
             for name, url in urls.items():  # warm connections, caches and sessions, untimed
                 await _closed_loop(client, url, body, 2 * sizes.concurrency,
                                    sizes.concurrency, name)
@@ -237,6 +244,7 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
         shared_cpu_ms={name: {who: spent * 1000.0 / total for who, spent in used.items()}
                        for name, used in shared.items()},
         processes=processes,
+        layers=probe.headers.get("x-compact-layers", ""),
         cores=os.cpu_count() or 0,
         load_before=load_before,
     )
@@ -248,7 +256,8 @@ def format_report(results: ScaleResults) -> str:
     lines = [
         f"Scaling on one machine ({results.cores} cores, load {results.load_before:.2f} "
         f"before the run): {s.rounds} interleaved rounds x {s.requests} requests per target, "
-        f"concurrency {s.concurrency}, {s.body_bytes // 1000} KB request under the threshold",
+        f"concurrency {s.concurrency}, a {s.body_bytes // 1000} KB request ("
+        + (f"compacted: {results.layers})" if results.layers else "under the soft threshold)"),
         "",
         f"{'target':<22}{'req/s':>9}{'per round':>32}{'failures':>9}"
         f"{'CPU ms/req: proxy':>19}{'client':>8}{'provider':>10}",
@@ -276,10 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=defaults.requests,
                         help="requests per round and target")
     parser.add_argument("--body-kb", type=int, default=defaults.body_bytes // 1000)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK.rounds} rounds of {QUICK.requests} requests")
     parser.add_argument("--json", metavar="PATH", help="also write the figures there")
     args = parser.parse_args(argv)
     sizes = ScaleSizes(concurrency=args.concurrency, rounds=args.rounds, requests=args.requests,
                        body_bytes=args.body_kb * 1000)
+    if args.quick:
+        sizes = replace(sizes, rounds=QUICK.rounds, requests=QUICK.requests)
     # SIGTERM ends the run like Ctrl-C: every context manager stops its process on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:

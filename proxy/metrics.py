@@ -40,8 +40,8 @@ from proxy.state.usage import ProviderUsage
 
 __all__ = ["CONTENT_TYPE", "MULTIPROCESS_ENV", "ProxyMetrics"]
 
-#: prometheus_client's multi-process directory; read when it is imported, so it is set
-#: before a worker process starts.
+#: prometheus_client's multi-process directory: a worker sets it, and has prometheus_client
+#: read it again, before it makes its metrics (:func:`proxy.workers._run_worker`).
 MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 #: The ``Content-Type`` of :meth:`ProxyMetrics.render`.

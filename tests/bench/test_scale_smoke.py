@@ -51,6 +51,7 @@ def test_the_two_worker_proxy_ran_two_worker_processes(results: scale.ScaleResul
         assert set(used) == {"client", "provider"}
         assert all(math.isfinite(ms) and ms >= 0 for ms in used.values())
     assert results.cores >= 1
+    assert results.layers == ""  # the tiny request is under the soft threshold
 
 
 def test_the_report_prints_every_target_and_the_ratio(results: scale.ScaleResults) -> None:
