@@ -43,6 +43,7 @@ from proxy.keys import (
     RESOLVERS,
     ROLE_POLICIES,
     STORE,
+    STORE_HEALTH,
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
@@ -58,6 +59,7 @@ from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
 from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
+from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
 __all__ = ["create_app", "run_server", "serve", "start_proxy"]
@@ -180,11 +182,8 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
     app[ENCODED_VIEWS] = EncodedViews()
     app[ROLE_POLICIES] = config.role_policies()
-    resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
-                             config.source_access(), s3=config.sources.s3_settings())
-    app[RESOLVERS] = resolvers
-    # The object store's client (s3:// roots) is closed with the app.
-    app.on_cleanup.append(lambda _app: resolvers.close())
+    app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
+                                  config.source_access())
     app[METRICS] = ProxyMetrics()
     # The request path reads the session's state on every call; the admin API writes
     # through the same object, so its changes are seen at once.
@@ -196,8 +195,10 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
         backend, listeners=[calibration.refresh] if isinstance(calibration, SharedCalibration)
         else ())
     app[SUMMARIES] = backend
+    app[STORE_HEALTH] = health = StoreHealth(backend,
+                                             on_unavailable=config.store.on_unavailable)
     app[CHECKPOINTS] = SessionCheckpoints(backend)
-    app[USAGE_LEDGER] = BufferedLedger(backend)
+    app[USAGE_LEDGER] = BufferedLedger(backend, unavailable=health.note_unavailable)
     app[AUDIT_LOG] = backend
     app[CALIBRATION] = calibration
     app[ACCOUNTING] = Accounting()

@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from proxy.keys import BACKGROUND
+from proxy.keys import BACKGROUND, STORE_HEALTH
+from proxy.state.store import StoreUnavailable
 
 __all__ = ["in_background"]
 
@@ -36,6 +37,10 @@ def in_background(app: web.Application, work: Coroutine[Any, Any, None], *,
     async def run() -> None:
         try:
             await work
+        except StoreUnavailable as exc:
+            # Fails fast while the store is down: counted in the once-a-second line, not
+            # one warning per request.
+            app[STORE_HEALTH].note_unavailable(failure_event, exc)
         except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
             _log.warning(failure_event, error_class=type(exc).__name__)
 

@@ -23,6 +23,7 @@ from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore, SummaryCache
+from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "RESOLVERS",
     "ROLE_POLICIES",
     "STORE",
+    "STORE_HEALTH",
     "SUMMARIES",
     "SUMMARIZER",
     "TENANTS",
@@ -55,6 +57,8 @@ CONFIG: Final = web.AppKey("config", Config)
 #: The per-session durable state (reads cached briefly; the admin API writes through it).
 # A Protocol is not a concrete class, so the type lives in the annotation only.
 STORE: Final[web.AppKey[StateStore]] = web.AppKey("store")
+#: The store's availability (``/healthz``) and the rate-limited log of its outages.
+STORE_HEALTH: Final = web.AppKey("store_health", StoreHealth)
 #: The store's summary cache (the store backend itself).
 SUMMARIES: Final[web.AppKey[SummaryCache]] = web.AppKey("summaries")
 #: The one upstream HTTP session (created in a cleanup context).

@@ -54,6 +54,9 @@ SAFE_KEYS: Final = frozenset({
     # worker processes (``listen.workers``): which one logged, and the supervisor's events
     "worker", "pid", "workers", "worker_pid", "exit_code", "signal", "restart_in_s",
     "uptime_s", "drain_timeout_s",
+    # the store's outages (store_unavailable): the policy, what went without the store and
+    # how many times since the previous such line
+    "on_unavailable", "what", "events",
     # the redaction report itself
     "redacted",
 })

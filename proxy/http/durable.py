@@ -1,25 +1,39 @@
 """A request's session and its durable context: the state the admin API pinned, every source
-pointer verified, rendered for ``system`` (SPEC section 4, step 4)."""
+pointer verified, rendered for ``system`` (SPEC section 4, step 4).
+
+While the store cannot be reached (:class:`~proxy.state.store.StoreUnavailable`),
+``store.on_unavailable`` decides: ``reject`` lets the error through, so the request is
+answered 503 before anything is forwarded (:mod:`proxy.http.errors`); ``forward`` gives the
+request no durable context (:attr:`DurableContext.store_available` false) and counts it in
+the ``store_unavailable`` log line (once a second at most).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
 
 import compactor
 from proxy.http.tenants import scoped_key
-from proxy.keys import RESOLVERS, STORE
+from proxy.keys import CONFIG, RESOLVERS, STORE, STORE_HEALTH
+from proxy.state.store import StoreUnavailable
 
 __all__ = ["DurableContext", "SessionRef", "load_durable_context"]
 
 
 @dataclass(frozen=True)
 class DurableContext:
-    """A session's durable state and its rendered block (``""`` when there is none)."""
+    """A session's durable state and its rendered block (``""`` when there is none).
+
+    ``store_available`` is false when the store could not be reached and the request goes
+    on without it (``store.on_unavailable: forward``): no state, and no sticky reuse.
+    """
 
     state: compactor.DurableContextState | None
     text: str
+    store_available: bool = True
 
 
 @dataclass(frozen=True)
@@ -39,14 +53,21 @@ class SessionRef:
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
-    The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
-    (``s3://`` roots: awaited on the loop); it is the session's long-lived one, so unchanged
-    sources are not read again. Pointers are authorized against the client's own session id.
+    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
+    it is the session's long-lived one, so unchanged files are not read again. Pointers are
+    authorized against the client's own session id.
     """
     session_id = session.session_id
-    stored = await app[STORE].get_state(session.key)
+    try:
+        stored = await app[STORE].get_state(session.key)
+    except StoreUnavailable as exc:
+        if app[CONFIG].store.on_unavailable != "forward":
+            raise
+        app[STORE_HEALTH].note_unavailable("request", exc)
+        return DurableContext(None, "", store_available=False)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolutions = await app[RESOLVERS].resolve(session_id, stored.state)
+    resolver = app[RESOLVERS].for_session(session_id)
+    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
     text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
     return DurableContext(stored.state, text)

@@ -20,10 +20,12 @@ from aiohttp import web
 
 import compactor
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
+from proxy.keys import STORE_HEALTH
 from proxy.state.audit_log import LayerSaving
-from proxy.state.store import StoreError
+from proxy.state.store import StoreError, StoreUnavailable
 
 __all__ = [
+    "STORE_UNAVAILABLE_MESSAGE",
     "ProxyError",
     "RequestRejected",
     "UpstreamFailure",
@@ -35,6 +37,10 @@ __all__ = [
 _log = structlog.get_logger("proxy.http.errors")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The message of the 503 answered while the session store cannot be reached.
+STORE_UNAVAILABLE_MESSAGE = ("the session store is unavailable; the request was not forwarded "
+                             "(retry shortly)")
 
 
 class ProxyError(Exception):
@@ -194,6 +200,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(exc.status, exc.error_type, exc.message,
                               compaction=exc.compaction,
                               headers={**_compact_headers(request), **exc.headers})
+    except StoreUnavailable as exc:
+        # Nothing was forwarded: the session's state could not be read (on_unavailable
+        # reject), or the store failed before the forward. A load balancer retries elsewhere.
+        _note_outcome(request, Outcome.STORE_ERROR)
+        health = request.app.get(STORE_HEALTH)
+        if health is not None:
+            health.note_unavailable("request", exc)
+        return error_response(503, "api_error", STORE_UNAVAILABLE_MESSAGE,
+                              headers={**_compact_headers(request), "Retry-After": "1"})
     except StoreError as exc:
         _note_outcome(request, Outcome.STORE_ERROR)
         _log.error("store_failed", error_class=type(exc).__name__)

@@ -11,15 +11,20 @@ from aiohttp import web
 
 from proxy.admin import setup_admin
 from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
-from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE
+from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.metrics import CONTENT_TYPE
 
 __all__ = ["setup_routes"]
 
 
 async def healthz_handler(request: web.Request) -> web.Response:
-    """``GET /healthz``: ``{"status": "ok"}`` while the process serves requests."""
-    return web.json_response({"status": "ok"})
+    """``GET /healthz``: ``{"status": "ok", "store": "ok"}`` while the process serves
+    requests and reaches its store; 503 with ``"store": "unavailable"`` while the store
+    cannot be reached (a load balancer routes away). The store is asked cheaply: a PING at
+    most once a second, none while it is known to be down."""
+    if await request.app[STORE_HEALTH].available():
+        return web.json_response({"status": "ok", "store": "ok"})
+    return web.json_response({"status": "unavailable", "store": "unavailable"}, status=503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

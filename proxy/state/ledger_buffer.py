@@ -12,11 +12,12 @@ most the last interval's figures — the ledger is a report, not durable context
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 import structlog
 
-from proxy.state.store import UsageLedger
+from proxy.state.store import StoreUnavailable, UsageLedger
 from proxy.state.usage import UsageEntry, UsageRow
 
 __all__ = ["FLUSH_INTERVAL_S", "BufferedLedger"]
@@ -30,9 +31,12 @@ FLUSH_INTERVAL_S: Final = 1.0
 class BufferedLedger:
     """A :class:`UsageLedger` in front of another, summing additions between writes."""
 
-    def __init__(self, ledger: UsageLedger, *, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, ledger: UsageLedger, *, interval_s: float = FLUSH_INTERVAL_S,
+                 unavailable: Callable[[str, BaseException], None] | None = None) -> None:
         self._ledger = ledger
         self._interval_s = interval_s
+        # Told when a flush stops because the store is unreachable (instead of a warning).
+        self._unavailable = unavailable
         self._pending: dict[tuple[str, str], UsageEntry] = {}
         self._writer: asyncio.Task[None] | None = None
 
@@ -59,12 +63,28 @@ class BufferedLedger:
         await self.flush()
 
     async def flush(self) -> None:
-        """Write every pending total now; a total whose write fails is kept for the next."""
+        """Write every pending total now; a total whose write fails is kept for the next.
+
+        While the store is unreachable the flush stops at the first failure and keeps
+        everything (at most one total per session and model: the memory it takes is
+        bounded by the sessions served meanwhile), reported once.
+        """
         pending, self._pending = self._pending, {}
-        for (session_key, model), entry in pending.items():
+        for (session_key, model), entry in list(pending.items()):
             try:
                 await self._ledger.add_usage(session_key, model, entry)
+                del pending[session_key, model]
+            except StoreUnavailable as exc:
+                if self._unavailable is not None:
+                    self._unavailable("usage", exc)
+                else:
+                    _log.warning("usage_not_recorded", error_class=type(exc).__name__)
+                for key, kept in pending.items():
+                    known = self._pending.get(key)
+                    self._pending[key] = kept if known is None else known + kept
+                return
             except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
+                del pending[session_key, model]
                 _log.warning("usage_not_recorded", error_class=type(exc).__name__)
                 known = self._pending.get((session_key, model))
                 self._pending[(session_key, model)] = entry if known is None else known + entry

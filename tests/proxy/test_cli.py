@@ -244,7 +244,7 @@ def test_serve_with_good_config_runs_the_proxy(tmp_path: Path) -> None:
                     break
             except OSError:
                 time.sleep(0.1)
-        assert body == {"status": "ok"}, f"serve exited with {proc.poll()}"
+        assert body == {"status": "ok", "store": "ok"}, f"serve exited with {proc.poll()}"
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=20)

@@ -233,11 +233,11 @@ def test_provider_timeout_is_504(
 
 
 async def test_healthz_answers_ok(proxy: RunningProxy) -> None:
-    """``GET /healthz`` is ``{"status": "ok"}``, served by the proxy itself."""
+    """``GET /healthz`` is ``{"status": "ok", "store": "ok"}``, served by the proxy itself."""
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{proxy.base_url}/healthz") as resp:
             assert resp.status == 200
-            assert await resp.json() == {"status": "ok"}
+            assert await resp.json() == {"status": "ok", "store": "ok"}
 
 
 async def test_metrics_count_requests_by_route_and_outcome(

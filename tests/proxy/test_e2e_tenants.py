@@ -367,7 +367,7 @@ def test_serve_on_loopback_without_a_scope_starts_with_scope_none(
         assert started.wait(30), f"serve did not start: {lines[-5:]} rc={process.poll()}"
         base_url = f"http://127.0.0.1:{port[0]}"
         with urllib.request.urlopen(f"{base_url}/healthz", timeout=5) as resp:
-            assert json.loads(resp.read()) == {"status": "ok"}
+            assert json.loads(resp.read()) == {"status": "ok", "store": "ok"}
         raw = send(base_url, [{"role": "user", "content": user_text("hello")}])
         assert raw.http_response.status_code == 200
         request_id = raw.headers["x-compact-request-id"]
