@@ -8,7 +8,7 @@ proxy uses and :class:`MessageShapeError` (the one exception a caller answers wi
 """
 
 from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
-from ._fingerprint import fingerprint as content_fingerprint
+from ._facts import MessageFact, message_fact
 from ._pipeline import (
     CompactionCheckpoint,
     CompactionOptions,
@@ -66,6 +66,7 @@ __all__ = [
     "Interaction",
     "LayerOutcome",
     "MAX_SESSION_ID_CHARS",
+    "MessageFact",
     "MessageShapeError",
     "MessageViewLimitExceeded",
     "PENDING_STATUSES",
@@ -86,12 +87,12 @@ __all__ = [
     "append_to_system",
     "capture_retrieval_evidence",
     "check_session_id",
-    "content_fingerprint",
     "compact_context",
     "compact_context_async",
     "compact_if_needed",
     "estimate_tokens",
     "is_session_id",
+    "message_fact",
     "parse_source_pointer",
     "render_durable_context",
     "resolve_durable_sources",

@@ -50,6 +50,11 @@ def _marked_blocks(message: Message) -> list[int]:
     return [j for j, block in enumerate(content) if _block_marked(block)]
 
 
+def has_markers(message: Message) -> bool:
+    """Whether any block of ``message`` carries a ``cache_control`` marker."""
+    return bool(_marked_blocks(message))
+
+
 def _id_key(block: Block) -> tuple[str, str] | None:
     for field in ("id", "tool_use_id"):
         value = block.get(field)
@@ -84,11 +89,13 @@ def _find_from_end(prints: Sequence[int], value: int, nth: int) -> int | None:
 
 
 def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: list[Message],
-                    raw_fingerprints: Sequence[int], covered: int) -> list[Message]:
+                    raw_fingerprints: Sequence[int], covered: int,
+                    candidates: Sequence[int] | None = None) -> list[Message]:
     """``view`` (the compacted form of ``raw[:covered]``, without markers) with the markers
     those raw messages carry on the blocks that survived; ``view`` itself when they carry
-    none."""
-    marked = [i for i in range(covered) if _marked_blocks(raw[i])]
+    none. ``candidates``: the only indexes that may carry markers, when known."""
+    search = range(covered) if candidates is None else (i for i in candidates if i < covered)
+    marked = [i for i in search if _marked_blocks(raw[i])]
     if not marked:
         return view
     out = list(view)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from policies import CompactionPolicy
 
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
+from ._facts import MessageFact
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import drop_superseded_reads
 from ._l3_prune import prune_old_messages
@@ -92,9 +93,9 @@ class CompactionOptions:
         known_tokens: the provider's own count of messages it counted before, by fingerprint
             (:attr:`CompactionResult.fingerprints`): used instead of counted × scale for those
             messages, so a view whose mix of messages changed is still estimated right.
-        fingerprints: :func:`content_fingerprint` of each message, when the caller made them
-            already (the proxy keeps them with the decoded bytes of each message, so a warm
-            request fingerprints only its new messages); None: made here.
+        facts: the :class:`MessageFact` of each message (made by :func:`message_fact` with
+            the same counter), when the caller kept them: those messages are not checked,
+            fingerprinted, counted or searched for markers again. None: all made here.
     """
 
     reserved_tokens: int = 0
@@ -103,7 +104,7 @@ class CompactionOptions:
     copy: bool = True
     token_scale: float = 1.0
     known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
-    fingerprints: Sequence[int] | None = field(default=None, compare=False, repr=False)
+    facts: Sequence[MessageFact | None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -278,14 +279,7 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
 
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
            counter: CachingCounter, options: CompactionOptions, summaries: bool) -> Steps:
-    check_shape(messages)
-    prints = options.fingerprints
-    if prints is not None and len(prints) != len(messages):
-        raise ValueError(f"options.fingerprints has {len(prints)} entries for "
-                         f"{len(messages)} messages")
-    raw = View(messages, counter, options.reserved_tokens,
-               None if prints is None else list(prints), scale=options.token_scale,
-               known=options.known_tokens)
+    raw = _raw_view(messages, counter, options)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
     key = policy_key(policy)
@@ -317,6 +311,24 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
                                                     tuple(sorted(layers)), raw.fingerprints)
     return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
                    summary_request, new_checkpoint, reused=reused is not None)
+
+
+def _raw_view(messages: list[dict[str, Any]], counter: CachingCounter,
+              options: CompactionOptions) -> View:
+    """The input as a view: with the caller's facts when it has all of them, else checked,
+    fingerprinted and counted here."""
+    facts = options.facts
+    if facts is not None and len(facts) != len(messages):
+        raise ValueError(f"options.facts has {len(facts)} entries for {len(messages)} messages")
+    if facts is None or None in facts:
+        check_shape(messages)
+        return View(messages, counter, options.reserved_tokens, scale=options.token_scale,
+                    known=options.known_tokens)
+    known = cast("Sequence[MessageFact]", facts)
+    view = View(messages, counter, options.reserved_tokens, [f.fingerprint for f in known],
+                [f.tokens for f in known], options.token_scale, options.known_tokens)
+    view.marked = [i for i, f in enumerate(known) if f.marked]
+    return view
 
 
 def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_before: int,

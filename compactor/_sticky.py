@@ -199,7 +199,7 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
              raw.scale, raw.known),
         {}, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
-                             covered)
+                             covered, raw.marked)
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
                 [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale,
                 known=raw.known)

@@ -38,7 +38,7 @@ class View:
     """
 
     __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved", "scale", "known",
-                 "_total")
+                 "marked", "_total")
 
     def __init__(self, messages: list[Message], counter: CachingCounter, reserved: int = 0,
                  fingerprints: list[int] | None = None, tokens: list[int] | None = None,
@@ -48,6 +48,8 @@ class View:
         self.reserved = reserved
         self.scale = scale
         self.known = known or None
+        #: The only indexes that may carry ``cache_control`` markers, when the caller knew.
+        self.marked: list[int] | None = None
         self._total: int | None = None
         self.fingerprints = (fingerprints if fingerprints is not None
                              else [fingerprint(m) for m in messages])

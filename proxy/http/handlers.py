@@ -221,7 +221,7 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
-                known_tokens=plan.known, fingerprints=parsed.fingerprints()),
+                known_tokens=plan.known, facts=parsed.facts(app[COUNTER])),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.

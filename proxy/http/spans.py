@@ -28,6 +28,7 @@ which names the problem exactly, or accepts what the fast decoder is stricter ab
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -50,8 +51,8 @@ __all__ = ["DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews", "Re
 
 #: Bytes of spans whose decoded objects are kept (least recently used go first).
 DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
-#: Spans shorter than this are decoded every time (a lookup would cost what decoding does).
-_SMALL: Final = 256
+#: What a cached span costs beyond its bytes (the entry and its objects), roughly.
+_OVERHEAD: Final = 200
 
 _FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _SPANS: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -69,23 +70,16 @@ class Decoded:
 
     Attributes:
         value: the decoded JSON value (read-only).
-        fingerprint: :func:`compactor.content_fingerprint` of ``value`` (made on first use).
-        size: the span's length in bytes (what it costs in the cache).
-        memo: facts derived from ``value`` by its users (token counts, conversation keys),
-            made once per decoded object.
+        size: what it costs in the cache: the span's length in bytes, plus a little for the
+            objects around it.
+        memo: facts derived from ``value`` by its users (a message's
+            :class:`compactor.MessageFact`, token counts, conversation keys), made once per
+            decoded object.
     """
 
     value: Any
     size: int
-    _fingerprint: int | None = None
     memo: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def fingerprint(self) -> int:
-        found = self._fingerprint
-        if found is None:
-            found = self._fingerprint = compactor.content_fingerprint(self.value)
-        return found
 
 
 class DecodedSpans:
@@ -98,12 +92,14 @@ class DecodedSpans:
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: LRUCache[int, Decoded] | None = (
-            LRUCache(maxsize=max_bytes, getsizeof=lambda entry: entry.size)
-            if max_bytes > 0 else None)
+        # hash of the bytes -> its entry, least recently used first. An OrderedDict, not
+        # cachetools: a lookup here runs once per message of every request, and the C
+        # OrderedDict's get + move_to_end is several times cheaper than LRUCache's.
+        self._entries: OrderedDict[int, Decoded] = OrderedDict()
+        self._bytes = 0
 
     def __len__(self) -> int:
-        return 0 if self._entries is None else len(self._entries)
+        return len(self._entries)
 
     def decode(self, span: msgspec.Raw) -> Decoded:
         """The decoded value of ``span``, from the cache when these bytes were seen.
@@ -112,14 +108,19 @@ class DecodedSpans:
             msgspec.DecodeError, msgspec.ValidationError: the span is not JSON the fast
                 decoder takes.
         """
-        entries = self._entries
-        size = len(span)
-        if entries is None or size < _SMALL or size > entries.maxsize:
+        size = len(span) + _OVERHEAD
+        if size > self.max_bytes:
             return Decoded(_VALUE.decode(span), size)
         key = xxhash.xxh3_128_intdigest(span)
+        entries = self._entries
         found = entries.get(key)
-        if found is None:
-            found = entries[key] = Decoded(_VALUE.decode(span), size)
+        if found is not None:
+            entries.move_to_end(key)
+            return found
+        found = entries[key] = Decoded(_VALUE.decode(span), size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._bytes -= entries.popitem(last=False)[1].size
         return found
 
     @staticmethod
@@ -159,11 +160,21 @@ class RequestBody:
         messages: list[dict[str, Any]] = self.doc["messages"]
         return messages
 
-    def fingerprints(self) -> list[int] | None:
-        """Each message's fingerprint when made already (the fast path), else None."""
+    def facts(self, counter: compactor.CachingCounter,
+              ) -> list[compactor.MessageFact | None] | None:
+        """Each message's :class:`compactor.MessageFact` (made once per decoded message, with
+        ``counter``: always pass the same one), or None on the plain path."""
         if self.entries is None:
             return None
-        return [entry.fingerprint for entry in self.entries]
+        facts = []
+        for entry in self.entries:
+            memo = entry.memo
+            try:
+                fact = memo["fact"]
+            except KeyError:
+                fact = memo["fact"] = compactor.message_fact(entry.value, counter)
+            facts.append(fact)
+        return facts
 
     def memo(self, name: str) -> dict[str, Any] | None:
         """The memo of top-level field ``name``'s decoded value (None: none kept)."""
@@ -250,13 +261,14 @@ def parse_request(raw: bytes, cache: DecodedSpans) -> RequestBody:
         RequestRejected: 400 ``invalid_request_error`` naming the problem, as
             :func:`proxy.http.body.parse_body`.
     """
-    if may_hold_lone_surrogates(raw):
-        body = parse_body(raw)
-        return RequestBody(raw, body, mended=replace_lone_surrogates(body))
     try:
+        # The fast decoder refuses every lone surrogate, and decodes every span it hands
+        # out (or decoded the same bytes before): a body that needs mending is never here.
         return _by_spans(raw, cache)
     except (_Slow, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return RequestBody(raw, parse_body(raw))
+        body = parse_body(raw)
+    mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
+    return RequestBody(raw, body, mended=mended)
 
 
 def _by_spans(raw: bytes, cache: DecodedSpans) -> RequestBody:

@@ -1,0 +1,50 @@
+"""What a caller may already know about each message of a request, so a warm request works
+out only its new messages.
+
+Everything in ``__all__`` gets re-exported.
+
+An agent resends its whole history on every call. A caller that keeps each decoded message
+across requests (the proxy keeps them by the hash of their bytes) keeps its
+:class:`MessageFact` with it, made once by :func:`message_fact`, and hands the pipeline the
+facts of the request's messages (:attr:`CompactionOptions.facts`): no message the pipeline was
+told about is shape-checked, fingerprinted, counted or searched for markers again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._blocks import Message
+from ._errors import MessageShapeError
+from ._fingerprint import fingerprint
+from ._markers import has_markers
+from ._protocol import check_shape
+from ._tokens import CachingCounter
+
+__all__ = ["MessageFact", "message_fact"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFact:
+    """One message's facts, as :func:`message_fact` made them.
+
+    Attributes:
+        fingerprint: its content fingerprint (``cache_control`` markers ignored).
+        tokens: its count by the counter it was made with (pass the pipeline that counter).
+        marked: whether it carries a ``cache_control`` marker on a block.
+    """
+
+    fingerprint: int
+    tokens: int
+    marked: bool
+
+
+def message_fact(message: Message, counter: CachingCounter) -> MessageFact | None:
+    """The facts of ``message`` counted by ``counter``; None when it is not a well-shaped
+    message (the pipeline's own check then names the problem by its index)."""
+    try:
+        check_shape([message])
+    except MessageShapeError:
+        return None
+    print_ = fingerprint(message)
+    return MessageFact(print_, counter.count_message(message, print_), has_markers(message))

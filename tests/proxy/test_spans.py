@@ -1,0 +1,191 @@
+"""The request body as raw spans (:mod:`proxy.http.spans`): the same refusals as the plain
+parser, messages decoded once per process, and a forwarded body spliced from the client's
+bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import compactor
+from proxy.http.body import parse_body
+from proxy.http.errors import RequestRejected
+from proxy.http.spans import DecodedSpans, EncodedViews, parse_request
+
+BIG_TEXT = "x" * 400  # long enough that the span is worth keeping
+
+
+def _body(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    return {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": messages, **fields}
+
+
+def _sdk_bytes(body: dict[str, Any]) -> bytes:
+    """As the Python SDK sends it: ``json.dumps`` defaults (spaces, ASCII escapes)."""
+    return json.dumps(body).encode()
+
+
+def _history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"start {BIG_TEXT}"}]
+    for turn in range(turns):
+        messages.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"step {turn} {BIG_TEXT}"},
+            {"type": "tool_use", "id": f"toolu_{turn:04d}", "name": "Read",
+             "input": {"path": f"/src/f{turn}.py"}}]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{turn:04d}",
+             "content": f"contents {turn} é ☃ {BIG_TEXT}"}]})
+    return messages
+
+
+@pytest.mark.parametrize("raw", [
+    b"",
+    b"not json",
+    b"[1, 2]",
+    b'{"messages": 3}',
+    b'{"model": "m"}',
+    b'{"messages": [1]}',
+    b'{"messages": [], "system": 5}',
+    b'{"messages": [], "temperature": 1e400}',
+    b'{"messages": [], "metadata": {"n": ' + b"1" * 5000 + b"}}",
+    b'{"messages": [{"role": "user", "content": "a"}], "x": NaN}',
+    b'{"messages": [{"role": "user", "content": "\xff"}]}',
+    b'{"messages": [{"role": "user", "content": "a"},]}',
+    b'{"messages": []} trailing',
+])
+def test_every_refusal_is_the_plain_parsers_own(raw: bytes) -> None:
+    """What the fast decoder refuses goes to the plain parser: the same status, reason and
+    message, whichever path saw it first."""
+    with pytest.raises(RequestRejected) as plain:
+        parse_body(raw)
+    with pytest.raises(RequestRejected) as fast:
+        parse_request(raw, DecodedSpans())
+    assert (fast.value.status, fast.value.reason, fast.value.message) == (
+        plain.value.status, plain.value.reason, plain.value.message)
+
+
+def test_a_body_with_a_lone_surrogate_takes_the_plain_path_and_is_mended() -> None:
+    raw = b'{"messages": [{"role": "user", "content": "half \\ud83d of it"}], "model": "m"}'
+    parsed = parse_request(raw, DecodedSpans())
+    assert parsed.fields is None and parsed.mended == 1
+    assert parsed.messages[0]["content"] == "half \ufffd of it"
+
+
+def test_big_numbers_and_paired_surrogates_take_the_fast_path_unchanged() -> None:
+    raw = _sdk_bytes(_body([{"role": "user", "content": "😀 " + BIG_TEXT}],
+                           metadata={"n": 10**30, "f": 1e-400}))
+    parsed = parse_request(raw, DecodedSpans())
+    assert parsed.fields is not None and parsed.mended == 0
+    assert parsed.doc == json.loads(raw)
+
+
+def test_a_message_seen_before_is_not_decoded_again() -> None:
+    """The second request's unchanged messages are the very objects of the first (and keep
+    their facts); its new and changed messages are decoded anew."""
+    cache = DecodedSpans()
+    counter = compactor.CachingCounter()
+    history = _history(3)
+    first = parse_request(_sdk_bytes(_body(history)), cache)
+    first_facts = first.facts(counter)
+    grown = [*history, {"role": "assistant", "content": f"done {BIG_TEXT}"}]
+    grown[2] = {**grown[2], "content": [{**grown[2]["content"][0],
+                                         "cache_control": {"type": "ephemeral"}}]}
+    second = parse_request(_sdk_bytes(_body(grown)), cache)
+    second_facts = second.facts(counter)
+    for index in (0, 1, 3, 4, 5, 6):
+        assert second.messages[index] is first.messages[index]
+        assert second_facts is not None and first_facts is not None
+        assert second_facts[index] is first_facts[index]
+    assert second.messages[2] is not first.messages[2]  # its bytes changed: the marker
+    assert second_facts is not None and first_facts is not None
+    changed, before = second_facts[2], first_facts[2]
+    assert changed is not None and before is not None
+    assert changed.fingerprint == before.fingerprint  # a marker is not content
+    assert changed.marked and not before.marked
+    assert second.messages == grown
+
+
+def test_the_same_bytes_twice_in_one_request_are_two_objects() -> None:
+    """The compactor tells messages apart by identity."""
+    twice = {"role": "user", "content": [{"type": "text", "text": BIG_TEXT}]}
+    history = [twice, {"role": "assistant", "content": "ok " + BIG_TEXT}, twice]
+    parsed = parse_request(_sdk_bytes(_body(history)), DecodedSpans())
+    assert parsed.messages[0] == parsed.messages[2]
+    assert parsed.messages[0] is not parsed.messages[2]
+
+
+def test_the_cache_stays_within_its_bytes() -> None:
+    cache = DecodedSpans(max_bytes=4_000)
+    for turn in range(40):
+        parse_request(_sdk_bytes(_body(_history(turn % 5 + 1))), cache)
+        parse_request(_sdk_bytes(_body([{"role": "user", "content": f"{turn} {BIG_TEXT}"}])),
+                      cache)
+    assert 0 < len(cache) <= 4_000 // 400
+    off = DecodedSpans(max_bytes=0)
+    parse_request(_sdk_bytes(_body(_history(2))), off)
+    assert len(off) == 0
+
+
+def test_the_spliced_body_keeps_the_clients_bytes_where_nothing_changed() -> None:
+    """Fields and messages the proxy did not touch go out as the client sent them (the SDK's
+    spacing and escapes); what it rewrote through the one encoder; the client's key order."""
+    history = _history(2)
+    body = _body(history, system=[{"type": "text", "text": "be brief"}],
+                 metadata={"user_id": "u é"})
+    raw = _sdk_bytes(body)
+    parsed = parse_request(raw, DecodedSpans())
+    rewritten = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0001",
+                                             "content": "[cut]"}]}
+    view = [*parsed.messages[:4], rewritten]
+    system = [{"type": "text", "text": "be brief"}, {"type": "text", "text": "durable ☃"}]
+    out = parsed.encode(view, {"system": system, "added": True})
+    decoded = json.loads(out)
+    assert decoded == {**body, "messages": [*history[:4], rewritten], "system": system,
+                       "added": True}
+    assert list(decoded) == [*body, "added"]
+    for message in history[:4]:
+        assert json.dumps(message).encode() in out  # the client's bytes, spaces and all
+    assert json.dumps({"user_id": "u é"}).encode() in out
+    assert b'"durable \xe2\x98\x83"' in out  # rewritten: compact UTF-8, one encoder
+    assert b'"content":"[cut]"' in out
+
+
+def test_the_splice_is_the_same_whether_or_not_the_prefix_was_cached() -> None:
+    """Bytes out depend on the view, never on what a cache held: a warm process and a
+    process that decodes everything anew forward the same body."""
+    raw = _sdk_bytes(_body(_history(4)))
+
+    def splice(cache: DecodedSpans) -> bytes:
+        parsed = parse_request(raw, cache)
+        view = [parsed.messages[0], {"role": "assistant", "content": "summary"},
+                *parsed.messages[5:]]
+        return parsed.encode(view, {})
+
+    warm = DecodedSpans()
+    first = splice(warm)
+    assert splice(warm) == first
+    assert splice(DecodedSpans()) == first
+    assert splice(DecodedSpans(max_bytes=0)) == first
+    assert json.dumps(_history(4)[5]).encode() in first
+
+
+def test_a_checkpoints_view_is_encoded_once_and_reused() -> None:
+    history = _history(3)
+    checkpoint = compactor.CompactionCheckpoint.build(history, history[:3], "p", ("L3",))
+    views = EncodedViews()
+    first = views.of(checkpoint)
+    again = views.of(checkpoint)
+    assert again[0][1] is first[0][1]
+    parsed = parse_request(_sdk_bytes(_body(history)), DecodedSpans())
+    out = parsed.encode([*checkpoint.view, *parsed.messages[3:]], {}, again)
+    assert json.loads(out)["messages"] == [*history[:3], *history[3:]]
+    assert views.of(None) == []
+
+
+def test_the_plain_path_encodes_like_before() -> None:
+    raw = b'{"messages": [{"role": "user", "content": "a \\ud800"}], "model": "m"}'
+    parsed = parse_request(raw, DecodedSpans())
+    out = parsed.encode(parsed.messages, {"system": "s"})
+    assert json.loads(out) == {"messages": [{"role": "user", "content": "a \ufffd"}],
+                               "model": "m", "system": "s"}
