@@ -56,10 +56,10 @@ import asyncio
 import codecs
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -104,11 +104,16 @@ CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 30.0
 #: Attempts per call (the first included) on a connection error, a throttle or a 5xx.
 MAX_ATTEMPTS: Final = 2
+#: Pointers of one state resolved at once (each a HEAD, then a GET unless remembered); the
+#: client's connection pool is this size too.
+CONCURRENCY: Final = 8
 
 # (pointer, bucket, key, etag, last-modified, size, version id) -> (status, digest, detail)
 _CacheKey = tuple[str, str, str, str, str, int, str]
 _Cached = tuple[ResolutionStatus, str | None, str]
 OutcomeCache = LRUCache[_CacheKey, _Cached]
+
+_T = TypeVar("_T")
 
 _REDIRECT_CODES: Final = frozenset({"PermanentRedirect", "TemporaryRedirect", "Redirect"})
 _MISSING_CODES: Final = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound"})
@@ -193,6 +198,7 @@ class S3ObjectStore:
         settings = self._settings
         config = AioConfig(
             connect_timeout=CONNECT_TIMEOUT_S,
+            max_pool_connections=CONCURRENCY,
             read_timeout=READ_TIMEOUT_S,
             retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
             # Path-style for a custom endpoint: every S3-compatible service serves it.
@@ -284,8 +290,8 @@ class S3SourceResolver:
     async def resolve_all(self, state: compactor.DurableContextState
                           ) -> tuple[SourceResolution, ...]:
         """Every distinct pointer of ``state``, first-seen order (as
-        :func:`compactor.resolve_durable_sources`)."""
-        return tuple([await self.resolve(p) for p in state.source_pointers()])
+        :func:`compactor.resolve_durable_sources`), :data:`CONCURRENCY` at a time."""
+        return await _bounded(self.resolve(p) for p in state.source_pointers())
 
     def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
         try:
@@ -459,8 +465,8 @@ class S3SourceResolver:
     async def excerpts(self, state: compactor.DurableContextState, *,
                        max_chars: int = DEFAULT_EXCERPT_CHARS) -> tuple[SourceExcerpt, ...]:
         """:meth:`excerpt` of each distinct pointer of ``state``, first-seen order."""
-        return tuple([await self.excerpt(p, max_chars=max_chars)
-                      for p in state.source_pointers()])
+        return await _bounded(self.excerpt(p, max_chars=max_chars)
+                              for p in state.source_pointers())
 
     async def _transcript_excerpt(self, pointer: TranscriptPointer,
                                   max_chars: int) -> tuple[str, str]:
@@ -505,6 +511,17 @@ class S3SourceResolver:
 # What a request to the store may raise (anything else is a bug and propagates).
 _STORE_ERRORS: Final = (BotoCoreError, ClientError, _RedirectRefused, aiohttp.ClientError,
                         asyncio.TimeoutError, OSError)
+
+
+async def _bounded(calls: Iterable[Coroutine[Any, Any, _T]]) -> tuple[_T, ...]:
+    """Await ``calls``, at most :data:`CONCURRENCY` at once; results in their order."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def run(call: Coroutine[Any, Any, _T]) -> _T:
+        async with gate:
+            return await call
+
+    return tuple(await asyncio.gather(*(run(call) for call in calls)))
 
 
 def _check_contained(key: str, prefix: str, name: str) -> None:

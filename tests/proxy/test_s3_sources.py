@@ -301,6 +301,41 @@ async def test_a_corrupted_object_is_corrupt_even_after_it_was_verified(
     assert resolver.gets in (2, 3)
 
 
+class ReplacedBeforeRead(S3SourceResolver):
+    """A real resolver whose object is overwritten (through the store) between its HEAD and
+    its first GET: the race of a writer replacing a source while it is verified."""
+
+    def __init__(self, *args: Any, writer: S3Client, data: bytes, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writer = writer
+        self.data = data
+        self.raced = False
+
+    async def _get(self, where: _Located, etag: str) -> _Body:
+        if not self.raced:
+            self.raced = True
+            await self.writer.put_object(Bucket=where.bucket, Key=where.key, Body=self.data)
+        return await super()._get(where, etag)
+
+
+async def test_an_object_replaced_between_head_and_get_is_corrupt_and_not_remembered(
+        s3: S3Client, bucket: str, store: S3ObjectStore) -> None:
+    """The GET asks for the ETag the HEAD saw (If-Match): the store refuses the replaced
+    object (412), so no digest of bytes other than those whose stamps were looked up is
+    ever remembered; the next resolution verifies the new object."""
+    await put_artifact(s3, bucket, "report.txt", b"the old report\n")
+    transcripts, artifacts = roots(bucket)
+    cache = new_outcome_cache()
+    resolver = ReplacedBeforeRead(store, transcripts, artifacts,
+                                  SourceAccessPolicy().authorizer(SID), cache=cache,
+                                  writer=s3, data=REPORT)
+    pointer = f"artifact:sess-s3:report.txt:{REPORT_SHA}"
+    result = await resolver.resolve(pointer)
+    assert (result.status, result.detail) == ("corrupt", "object was replaced while being read")
+    assert cache is not None and len(cache) == 0
+    assert (await resolver.resolve(pointer)).status == "available"
+
+
 async def test_a_vanished_object_is_missing(
         s3: S3Client, bucket: str, store: S3ObjectStore) -> None:
     await put_transcript(s3, bucket, [event(1)])
