@@ -182,8 +182,11 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
     app[ENCODED_VIEWS] = EncodedViews()
     app[ROLE_POLICIES] = config.role_policies()
-    app[RESOLVERS] = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
-                                  config.source_access())
+    resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
+                             config.source_access(), s3=config.sources.s3_settings())
+    app[RESOLVERS] = resolvers
+    # The object store's client (s3:// roots) is closed with the app.
+    app.on_cleanup.append(lambda _app: resolvers.close())
     app[METRICS] = ProxyMetrics()
     # The request path reads the session's state on every call; the admin API writes
     # through the same object, so its changes are seen at once.

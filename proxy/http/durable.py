@@ -10,7 +10,6 @@ the ``store_unavailable`` log line (once a second at most).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -53,9 +52,9 @@ class SessionRef:
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
-    The resolver reads files (transcripts, artifact hashes), so it runs in a worker thread;
-    it is the session's long-lived one, so unchanged files are not read again. Pointers are
-    authorized against the client's own session id.
+    The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
+    (``s3://`` roots: awaited on the loop); it is the session's long-lived one, so unchanged
+    sources are not read again. Pointers are authorized against the client's own session id.
     """
     session_id = session.session_id
     try:
@@ -67,7 +66,6 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
         return DurableContext(None, "", store_available=False)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolver = app[RESOLVERS].for_session(session_id)
-    resolutions = await asyncio.to_thread(compactor.resolve_durable_sources, stored.state, resolver)
+    resolutions = await app[RESOLVERS].resolve(session_id, stored.state)
     text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
     return DurableContext(stored.state, text)
