@@ -32,13 +32,17 @@ this process writes every checkpoint and its memory stays authoritative.
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+from array import array
 from typing import Final, Protocol
 
 import structlog
 from cachetools import LRUCache
 
 import compactor
-from proxy.state.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
+from compactor._fingerprint import PROCESS_SALT
+from proxy.state.store import RecordStore, ReplicaConsistency, StoreError
 from proxy.state.store.read_cache import request_versions
 
 __all__ = ["CHECKPOINT_RECORD_PREFIX", "CheckpointStore", "SessionCheckpoints"]
@@ -48,6 +52,39 @@ _log = structlog.get_logger("proxy.state.checkpoints")
 #: Record kind in the store: ``checkpoint:<lane>``.
 CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"
 DEFAULT_MAX_ENTRIES: Final = 1024
+# A record's head: the magic (never the ``{`` a bare to_bytes starts with), the salt, how
+# many int64 fingerprints follow.
+_MAGIC: Final = b"\x00CP1"
+_HEAD: Final = struct.Struct("<4sqI")
+
+
+def _encode(checkpoint: compactor.CompactionCheckpoint) -> bytes:
+    """The record: :meth:`~compactor.CompactionCheckpoint.to_bytes`, after a head carrying
+    the checkpoint's fingerprints of its covered messages and the hash salt they were made
+    with, so another process with the same salt (replicas run with one ``PYTHONHASHSEED``)
+    matches the next request by them instead of digesting every covered message again."""
+    prints = checkpoint.fingerprints
+    if checkpoint.salt != PROCESS_SALT or len(prints) != checkpoint.covered:
+        return checkpoint.to_bytes()
+    return b"".join((_HEAD.pack(_MAGIC, PROCESS_SALT, len(prints)),
+                     array("q", prints).tobytes(), checkpoint.to_bytes()))
+
+
+def _decode(data: bytes) -> compactor.CompactionCheckpoint | None:
+    """A record back (a bare ``to_bytes`` too: records written before the head)."""
+    if not data.startswith(_MAGIC):
+        return compactor.CompactionCheckpoint.from_bytes(data)
+    try:
+        _, salt, count = _HEAD.unpack_from(data)
+    except struct.error:
+        return None
+    start = _HEAD.size + 8 * count
+    checkpoint = compactor.CompactionCheckpoint.from_bytes(data[start:])
+    if checkpoint is None or salt != PROCESS_SALT or count != checkpoint.covered:
+        return checkpoint
+    prints = array("q")
+    prints.frombytes(data[_HEAD.size:start])
+    return dataclasses.replace(checkpoint, fingerprints=tuple(prints), salt=salt)
 
 
 class CheckpointStore(RecordStore, ReplicaConsistency, Protocol):
@@ -92,14 +129,13 @@ class SessionCheckpoints:
                     return None
             found = await self._store.get_versioned_record(session_id, kind)
         except StoreError as exc:
-            if not isinstance(exc, StoreUnavailable):  # that is logged once a second
-                _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
+            _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
             return None
         if found is None:
             self._memory[key] = (0, None)
             return None
         version, data = found
-        checkpoint = compactor.CompactionCheckpoint.from_bytes(data)
+        checkpoint = _decode(data)
         self._memory[key] = (version, checkpoint)
         return checkpoint
 
@@ -109,10 +145,9 @@ class SessionCheckpoints:
         key = (session_id, lane)
         try:
             version = await self._store.put_versioned_record(
-                session_id, CHECKPOINT_RECORD_PREFIX + lane, checkpoint.to_bytes())
+                session_id, CHECKPOINT_RECORD_PREFIX + lane, _encode(checkpoint))
         except StoreError as exc:
-            if not isinstance(exc, StoreUnavailable):  # that is logged once a second
-                _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)
+            _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)
             # Not in the store: kept only where nobody else writes.
             if not self._store.shared:
                 self._memory[key] = (0, checkpoint)

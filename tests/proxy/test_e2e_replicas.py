@@ -30,6 +30,7 @@ from proxy.fake_upstream import (
     default_script,
     is_summarizer_request,
 )
+from proxy.fake_upstream.replies import TokenRule
 from proxy.fake_upstream.server import start_fake_upstream
 from tests.conftest import TEST_API_KEY, LoopThread, UpstreamServer, deep_merge, user_text
 from tests.reliability.conftest import (
@@ -168,6 +169,9 @@ def test_a_session_round_robin_over_three_replicas_gets_a_single_replicas_views(
     the soft threshold with L4 summaries on the way."""
     tag = uuid.uuid4().hex[:12]
     turns = 100
+    # The provider counts its own way (1.3 x chars / 4, +-10 % per block): calibration moves
+    # the thresholds, so replicas that did not share it would cross on other turns.
+    upstream_server.upstream.token_rule = TokenRule(1.3, 0.1)
     single = start_proxy(upstream_server.base_url, {"path": str(tmp_path / "single.db")})
     alone_layers = run_session([single.base_url], f"alone-{tag}", tag, turns)
     single.stop()

@@ -80,7 +80,7 @@ def store_for(config: Config) -> StoreBackend:
                             max_requests_per_session=audit.max_requests_per_session,
                             retention_days=audit.retention_days,
                             # Other workers serve from the same file: check their writes.
-                            shared=getattr(config.listen, "workers", 1) > 1)
+                            shared=config.listen.workers > 1)
 
 
 def __getattr__(name: str) -> Any:

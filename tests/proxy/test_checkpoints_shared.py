@@ -1,0 +1,88 @@
+"""SessionCheckpoints on a shared store: a copy in memory is used only at the store's version
+of its (session, lane); a miss never hides a checkpoint written since; the record carries the
+fingerprints for a process with the same hash salt; an unshared store's memory is
+authoritative."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import compactor
+from proxy.state.checkpoints import CHECKPOINT_RECORD_PREFIX, SessionCheckpoints
+from proxy.state.store import CachedStateReads, SQLiteStateStore
+
+
+def checkpoint(turns: int) -> compactor.CompactionCheckpoint:
+    raw: list[dict[str, Any]] = [{"role": "user", "content": f"turn {i}"} for i in range(turns)]
+    return compactor.CompactionCheckpoint.build(raw, raw[-2:], "policy", ("L4",))
+
+
+async def test_a_checkpoint_written_elsewhere_replaces_the_one_in_memory_and_a_miss(
+        tmp_path: Path) -> None:
+    a_store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    b_store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    a, b = SessionCheckpoints(a_store), SessionCheckpoints(b_store)
+    try:
+        assert await b.load("s", "lane") is None  # a miss, remembered at "no version"
+        await a.save("s", "lane", checkpoint(4))
+        found = await b.load("s", "lane")
+        assert found is not None and found.covered == 4
+        await b.save("s", "lane", checkpoint(6))
+        again = await a.load("s", "lane")  # a's own (older) copy is not the store's
+        assert again is not None and again.covered == 6
+        # Carried fingerprints: same salt here, so the fast match is used.
+        assert again.fingerprints == checkpoint(6).fingerprints and again.salt != 0
+    finally:
+        await a_store.close()
+        await b_store.close()
+
+
+async def test_the_requests_versions_spare_a_round_trip(tmp_path: Path) -> None:
+    """After the request's state read, loading an unchanged checkpoint reads nothing more."""
+
+    class Counting(SQLiteStateStore):
+        reads = 0
+
+        async def session_versions(self, session_id: str) -> Any:
+            self.reads += 1
+            return await super().session_versions(session_id)
+
+    store = await Counting(tmp_path / "s.db", shared=True).open()
+    states = CachedStateReads(store)
+    checkpoints = SessionCheckpoints(store)
+    try:
+        await checkpoints.save("s", "lane", checkpoint(3))
+        await states.get_state("s")
+        assert store.reads == 1
+        assert (await checkpoints.load("s", "lane")) is not None
+        assert store.reads == 1
+    finally:
+        await store.close()
+
+
+async def test_a_bare_record_from_before_reads_back(tmp_path: Path) -> None:
+    store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    try:
+        await store.put_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane",
+                                         checkpoint(5).to_bytes())
+        found = await SessionCheckpoints(store).load("s", "lane")
+        assert found is not None and found.covered == 5 and found.fingerprints == ()
+    finally:
+        await store.close()
+
+
+async def test_an_unshared_store_keeps_memory_authoritative(tmp_path: Path) -> None:
+    """One process on its own file: what it saved is used without asking the store."""
+    store = await SQLiteStateStore(tmp_path / "s.db").open()
+    other = await SQLiteStateStore(tmp_path / "s.db").open()
+    checkpoints = SessionCheckpoints(store)
+    try:
+        await checkpoints.save("s", "lane", checkpoint(3))
+        await other.put_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane",
+                                         checkpoint(9).to_bytes())
+        found = await checkpoints.load("s", "lane")
+        assert found is not None and found.covered == 3
+    finally:
+        await store.close()
+        await other.close()
