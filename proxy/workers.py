@@ -46,17 +46,30 @@ What the workers share, and what each keeps for itself
   second, as one process does). *The audit log*: each worker writes its own entries (one row
   per request) and adds them to the session's totals in the same transaction or script. Each
   worker also runs the hourly retention trim, which is idempotent.
-- *The console's cookies* are signed with a key derived from the admin token, so a login on
-  one worker is valid on every other. A logout revokes the cookie's nonce in the worker that
-  served it only (the browser forgets the cookie either way).
+- *The console's cookies* are signed with a key derived from the admin token (never a random
+  key per process), so a login on one worker is valid on every other. A logout revokes the
+  cookie's nonce in the worker that served it only (the browser forgets the cookie either
+  way; a copy of the cookie kept elsewhere stays valid on the other workers until it
+  expires, as it does on another replica).
 - *``/metrics``* is the sum over every worker, including workers that died: see
   :mod:`proxy.metrics` (prometheus_client's multi-process mode, in a directory the supervisor
-  creates and removes).
-- *Per worker, in memory:* the one-second cache of durable-state reads (a state written
-  through one worker reaches another's requests within a second), the in-memory checkpoints,
-  the single flight of summary calls (two workers crossing the same threshold at once may
-  each ask for the summary), the calibration of token estimates and the accounting's previous
-  request per conversation. They are caches or estimates, relearnt by each worker.
+  creates and removes; a supervisor killed with SIGKILL leaves it in the temporary directory).
+- *Coherent through the store* (as for replicas, issue #11): a durable state is checked
+  against the store's version on every request (:mod:`proxy.state.store.read_cache`), so a
+  write through one worker is in the next request on every other; the in-memory checkpoints
+  are checked against the store's versions too; a session's calibration is a versioned record
+  (:mod:`proxy.state.shared_calibration`); a summary is made once per crossing across the
+  processes (a lease of the store, :mod:`proxy.state.flights`).
+- *Per worker, in memory only:* caches that are exact whoever fills them (token counts,
+  decoded messages), the fleet-wide medians of the calibration, console logouts (above), and
+  the accounting's previous request per conversation (:mod:`proxy.state.accounting`). That
+  last one is an estimate that workers make worse: the ledger's "without the proxy"
+  counterfactual lets a request read from the provider's cache what the conversation's
+  previous request sent, and a worker knows only the previous request *it* served, so with
+  a conversation spread over N workers the counterfactual's cache reads come out lower and
+  its cost, hence the saving ``compact-proxy report`` shows, higher than with one process
+  (billed figures are exact). The workers are forks of one process, so they share its hash
+  seed.
 """
 
 from __future__ import annotations
