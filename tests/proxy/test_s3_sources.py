@@ -29,8 +29,10 @@ from aiohttp import web
 import compactor
 from compactor import DurableContextState, DurableFact, PendingItem
 from policies import SourceAccessPolicy
+from proxy.cli import main as cli_main
 from proxy.config import Config, ConfigError
 from proxy.fake_upstream import is_summarizer_request
+from proxy.http.tenants import scoped_key
 from proxy.state.resolvers import ResolverPool
 from proxy.state.s3_roots import S3Root, S3Settings, parse_s3_root
 from proxy.state.s3_sources import (
@@ -40,6 +42,7 @@ from proxy.state.s3_sources import (
     _Located,
     new_outcome_cache,
 )
+from proxy.state.store.sqlite import SQLiteStateStore
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.redis_server import free_port
 from tests.s3_server import MotoServer, MotoServerUnavailable
@@ -707,6 +710,43 @@ def test_config_refuses_bad_s3_roots(sources: dict[str, Any], key: str, words: s
 def test_the_pool_refuses_roots_of_two_kinds() -> None:
     with pytest.raises(ValueError, match="both be s3:// URLs or both be paths"):
         ResolverPool("s3://team-sources/t", "./artifacts", SourceAccessPolicy())
+
+
+def test_session_command_resolves_against_the_object_store(
+        moto: MotoServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``compact-proxy session`` shows each pointer's status from the s3:// roots."""
+    bucket = f"cli-{uuid.uuid4().hex[:12]}"
+    line = event(1)
+
+    async def seed() -> None:
+        async with setup_client(moto.url) as client:
+            await client.create_bucket(Bucket=bucket)
+            await put_transcript(client, bucket, [line])
+        store = await SQLiteStateStore(tmp_path / "state.db").open()
+        try:
+            await store.put_state(scoped_key("none", SID), DurableContextState(facts=(
+                DurableFact("f1", "a fact", "transcript:sess-s3:1", "2025-03-01T12:30:00Z"),
+                DurableFact("f2", "gone", "transcript:sess-s3:2", "2025-03-01T12:30:00Z"),
+                DurableFact("f3", "not ours", "transcript:sess-other:1",
+                            "2025-03-01T12:30:00Z"))), None)
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({
+        "upstream": {"base_url": "https://api.anthropic.com"},
+        "store": {"path": str(tmp_path / "state.db")},
+        "sources": {"transcript_root": f"s3://{bucket}/team/transcripts",
+                    "artifact_root": f"s3://{bucket}/team/artifacts",
+                    "s3": {"endpoint_url": moto.url}}}), encoding="utf-8")
+    assert cli_main(["session", SID, "--config", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(s["pointer"], s["status"], s["evidence_sha256"])
+            for s in data["state"]["sources"]] == [
+        ("transcript:sess-s3:1", "available", sha(line)),
+        ("transcript:sess-s3:2", "missing", None),
+        ("transcript:sess-other:1", "denied", None)]
 
 
 # --- end to end: the real proxy with s3:// roots ------------------------------------------------
