@@ -411,6 +411,30 @@ async def test_sigterm_lets_a_slow_stream_finish_then_the_supervisor_exits_0(
     assert total == 11 and len({entry.request_id for entry in entries}) == 11
 
 
+async def test_the_drain_is_bounded_by_listen_drain_timeout_s(upstream: str,
+                                                                tmp_path: Path) -> None:
+    """A stream paced at 1 s per event outlives ``drain_timeout_s: 1``: it is cut, and the
+    supervisor still exits 0 within the timeout and a margin, not at the stream's end."""
+    config = write_config(tmp_path, upstream, backend="sqlite", drain_timeout_s=1)
+    with fleet(config, "--workers", "2") as running:
+        async with fresh_client() as client:
+            async with client.post(f"{running.url}/v1/messages",
+                                   json=message_body("slow", stream=True),
+                                   headers=headers("cut", **{DELAY_HEADER: "1000"})
+                                   ) as response:
+                assert response.status == 200
+                received = bytearray(await response.content.readany())
+                os.kill(running.pid, signal.SIGTERM)
+                stopped_at = time.monotonic()
+                with suppress(aiohttp.ClientPayloadError):
+                    async for chunk in response.content.iter_any():
+                        received += chunk
+        assert running.log.process.wait(30) == 0
+        took = time.monotonic() - stopped_at
+    assert b"event: message_stop" not in received
+    assert took < 6.0, f"the supervisor took {took:.1f}s to stop with a 1 s drain timeout"
+
+
 async def _ledger_and_audit(config: Path, session: str) -> tuple[int, tuple[list[Any], int]]:
     """The requests the usage ledger counted for ``session``, and its audit entries (and
     how many there are), read from the fleet's SQLite file."""
