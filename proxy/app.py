@@ -27,7 +27,7 @@ from proxy.console import setup_console
 from proxy.http.audit import request_context_middleware
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
-from proxy.http.spans import DecodedSpans, EncodedViews
+from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
 from proxy.http.tenants import TenantScope
 from proxy.keys import (
     ACCOUNTING,
@@ -40,6 +40,7 @@ from proxy.keys import (
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
+    RECENT_BODIES,
     RESOLVERS,
     ROLE_POLICIES,
     STORE,
@@ -181,6 +182,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[COUNTER] = _token_counter(config)
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
     app[ENCODED_VIEWS] = EncodedViews()
+    app[RECENT_BODIES] = RecentBodies()
     app[ROLE_POLICIES] = config.role_policies()
     resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
                              config.source_access(), s3=config.sources.s3_settings())

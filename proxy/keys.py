@@ -27,7 +27,7 @@ from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
-    from proxy.http.spans import DecodedSpans, EncodedViews
+    from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
     from proxy.http.tenants import TenantScope
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "DECODED_SPANS",
     "ENCODED_VIEWS",
     "METRICS",
+    "RECENT_BODIES",
     "RESOLVERS",
     "ROLE_POLICIES",
     "STORE",
@@ -94,3 +95,5 @@ SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)
 DECODED_SPANS: Final[web.AppKey[DecodedSpans]] = web.AppKey("decoded_spans")
 #: The encoded messages of recent checkpoints' views (:mod:`proxy.http.spans`).
 ENCODED_VIEWS: Final[web.AppKey[EncodedViews]] = web.AppKey("encoded_views")
+#: The last body of recent conversations (:mod:`proxy.http.spans`).
+RECENT_BODIES: Final[web.AppKey[RecentBodies]] = web.AppKey("recent_bodies")

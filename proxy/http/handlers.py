@@ -41,8 +41,8 @@ from proxy.http.forward import (
     request_body_stream,
     upstream_request_headers,
 )
-from proxy.http.session import resolve_session_id
-from proxy.http.spans import RequestBody, parse_request
+from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
+from proxy.http.spans import RecentBodies, RequestBody, parse_request
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
@@ -53,6 +53,7 @@ from proxy.keys import (
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
+    RECENT_BODIES,
     ROLE_POLICIES,
     SUMMARIES,
     SUMMARIZER,
@@ -262,14 +263,17 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     config = app[CONFIG]
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
-    parsed = parse_request(raw, app[DECODED_SPANS])
+    tenant = app[TENANTS].tenant_of(request.headers)
+    named = (request.headers.get(config.session.header)
+             or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
+    parsed = parse_request(raw, app[DECODED_SPANS], app[RECENT_BODIES],
+                           RecentBodies.key_of(tenant, named, raw))
     body = parsed.doc
     if isinstance(body.get("model"), str):
         record.model = body["model"]
     mended = parsed.mended
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
-    tenant = app[TENANTS].tenant_of(request.headers)
     session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
     session = SessionRef(session_id, tenant)
     record.session_id, record.tenant = session_id, tenant

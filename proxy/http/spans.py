@@ -46,8 +46,8 @@ from proxy.http.body import (
     replace_lone_surrogates,
 )
 
-__all__ = ["DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews", "RequestBody",
-           "parse_request"]
+__all__ = ["CUTS", "DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews",
+           "RecentBodies", "RequestBody", "parse_request"]
 
 #: Bytes of spans whose decoded objects are kept (least recently used go first).
 DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
@@ -137,22 +137,25 @@ class RequestBody:
         raw: the body's bytes, as read (decoded from its content coding).
         doc: the body as a JSON object; ``doc["messages"]`` the messages (read-only: they
             may be shared with other requests).
-        fields: each top-level field's bytes in the client's order (None: parsed the plain
-            way, see :func:`parse_request`).
-        spans: each message's bytes (None with ``fields``).
+        fields: each top-level field's bytes in the client's order, ``messages`` as None
+            (None: parsed the plain way, see :func:`parse_request`).
+        bounds: where each message's bytes are in ``raw`` (start, end).
         entries: each message's :class:`Decoded` (None with ``fields``).
-        values: each top-level field's :class:`Decoded`, but ``messages`` (empty with
-            ``fields``).
+        values: each top-level field's :class:`Decoded`, but ``messages``.
         mended: how many lone surrogates were replaced (the plain path only).
+        reused: how many leading messages were taken from an earlier body of the same
+            conversation without reading their bytes again (:class:`RecentBodies`).
     """
 
     raw: bytes
     doc: dict[str, Any]
-    fields: dict[str, msgspec.Raw] | None = None
-    spans: list[msgspec.Raw] | None = None
+    fields: dict[str, bytes | None] | None = None
+    bounds: list[tuple[int, int]] | None = None
     entries: list[Decoded] | None = None
     values: dict[str, Decoded] = field(default_factory=dict)
     mended: int = 0
+    reused: int = 0
+    _facts: list[compactor.MessageFact | None] | None = field(default=None, repr=False)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -166,15 +169,18 @@ class RequestBody:
         ``counter``: always pass the same one), or None on the plain path."""
         if self.entries is None:
             return None
-        facts = []
-        for entry in self.entries:
-            memo = entry.memo
-            try:
-                fact = memo["fact"]
-            except KeyError:
-                fact = memo["fact"] = compactor.message_fact(entry.value, counter)
-            facts.append(fact)
-        return facts
+        if self._facts is None or len(self._facts) != len(self.entries):
+            known = [] if self._facts is None else self._facts
+            facts = known[:]
+            for entry in self.entries[len(known):]:
+                memo = entry.memo
+                try:
+                    fact = memo["fact"]
+                except KeyError:
+                    fact = memo["fact"] = compactor.message_fact(entry.value, counter)
+                facts.append(fact)
+            self._facts = facts
+        return self._facts
 
     def memo(self, name: str) -> dict[str, Any] | None:
         """The memo of top-level field ``name``'s decoded value (None: none kept)."""
@@ -194,15 +200,22 @@ class RequestBody:
         message of a ``reused`` pair ``(objects, encoded)`` as its encoded bytes; any other
         message, and every replaced field, through the one encoder.
         """
-        if self.fields is None or self.spans is None:
+        if self.fields is None or self.bounds is None:
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
-        known: dict[int, Any] = {id(m): span for m, span in zip(self.doc["messages"], self.spans,
-                                                                strict=True)}
+        own = dict(zip(map(id, self.doc["messages"]), self.bounds, strict=True))
+        known: dict[int, bytes] = {}
         for objects, encoded in reused:
             known.update(zip(map(id, objects), encoded, strict=True))
+        view = memoryview(self.raw)
         try:
             encode = _ENCODER.encode
-            parts = [known.get(id(m)) or encode(m) for m in messages]
+            parts: list[Any] = []
+            for message in messages:
+                found: Any = known.get(id(message))
+                if found is None:
+                    bound = own.get(id(message))
+                    found = encode(message) if bound is None else view[bound[0]:bound[1]]
+                parts.append(found)
             out: list[Any] = []
             for key, value in self.fields.items():
                 if key == "messages":
@@ -210,7 +223,7 @@ class RequestBody:
                 elif key in replaced:
                     out.append(encode(key) + b":" + encode(replaced[key]))
                 else:
-                    out.append(encode(key) + b":" + value)
+                    out.append(encode(key) + b":" + (value or b"null"))
             out.extend(encode(k) + b":" + encode(v) for k, v in replaced.items()
                        if k not in self.fields)
         except (UnicodeEncodeError, OverflowError, TypeError):
@@ -249,9 +262,11 @@ class EncodedViews:
         return [(checkpoint.view, found[1])]
 
 
-def parse_request(raw: bytes, cache: DecodedSpans) -> RequestBody:
-    """``raw`` as a :class:`RequestBody`: by spans where the fast decoder takes it, else the
-    plain way (:func:`proxy.http.body.parse_body`, whose errors name the problem).
+def parse_request(raw: bytes, cache: DecodedSpans,
+                  recent: RecentBodies | None = None, key: object = None) -> RequestBody:
+    """``raw`` as a :class:`RequestBody`: from an earlier body of the same conversation
+    (``recent``, under ``key``) plus what is new, or by spans where the fast decoder takes it,
+    else the plain way (:func:`proxy.http.body.parse_body`, whose errors name the problem).
 
     A body holding a lone surrogate escape is parsed the plain way and mended: each lone
     surrogate becomes U+FFFD (:func:`proxy.http.body.replace_lone_surrogates`, counted in
@@ -264,36 +279,167 @@ def parse_request(raw: bytes, cache: DecodedSpans) -> RequestBody:
     try:
         # The fast decoder refuses every lone surrogate, and decodes every span it hands
         # out (or decoded the same bytes before): a body that needs mending is never here.
-        return _by_spans(raw, cache)
+        parsed = None if recent is None else recent.extend(raw, key, cache)
+        if parsed is None:
+            parsed = _by_spans(raw, cache)
+        if recent is not None:
+            recent.keep(key, parsed)
+        return parsed
     except (_Slow, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         body = parse_body(raw)
     mended = replace_lone_surrogates(body) if may_hold_lone_surrogates(raw) else 0
     return RequestBody(raw, body, mended=mended)
 
 
+def _distinct(entries: list[Decoded], spans: Sequence[Any], start: int,
+              seen: set[int]) -> None:
+    """Give every message from ``start`` on an object of its own (the same bytes twice in
+    one request are two objects), and refuse a message that is not an object."""
+    for index in range(start, len(entries)):
+        entry = entries[index]
+        if id(entry.value) in seen:
+            entries[index] = entry = DecodedSpans.fresh(spans[index - start])
+        seen.add(id(entry.value))
+        if not isinstance(entry.value, dict):
+            raise _Slow  # the plain parse names it
+
+
 def _by_spans(raw: bytes, cache: DecodedSpans) -> RequestBody:
-    fields = _FIELDS.decode(raw)
-    spans_raw = fields.get("messages")
+    raw_fields = _FIELDS.decode(raw)
+    spans_raw = raw_fields.get("messages")
     if spans_raw is None:
         raise _Slow
     spans = _SPANS.decode(spans_raw)
     doc: dict[str, Any] = {}
     values: dict[str, Decoded] = {}
-    for key, value in fields.items():
+    fields: dict[str, bytes | None] = {}
+    for key, value in raw_fields.items():
         if key == "messages":
-            doc[key] = None  # the client's position; filled below
+            doc[key] = fields[key] = None  # the client's position; filled below
             continue
         decoded = cache.decode(value)
         values[key] = decoded
         doc[key] = decoded.value
+        fields[key] = bytes(value)
     entries = [cache.decode(span) for span in spans]
-    seen: set[int] = set()
-    for index, entry in enumerate(entries):
-        if id(entry.value) in seen:  # the same bytes twice: objects of its own
-            entries[index] = entry = cache.fresh(spans[index])
-        seen.add(id(entry.value))
-        if not isinstance(entry.value, dict):
-            raise _Slow  # the plain parse names it
+    _distinct(entries, spans, 0, set())
     doc["messages"] = [entry.value for entry in entries]
     check_body(doc)
-    return RequestBody(raw, doc, fields, spans, entries, values)
+    return RequestBody(raw, doc, fields, _bounds(raw, spans_raw, spans), entries, values)
+
+
+def _bounds(raw: bytes, array: msgspec.Raw, spans: list[msgspec.Raw],
+            ) -> list[tuple[int, int]] | None:
+    """Where each span is in ``raw`` (None when the array's place is not certain)."""
+    start = raw.find(array)
+    if start < 0 or raw.find(array, start + 1) >= 0:
+        return None
+    bounds = []
+    at = start + 1
+    for span in spans:
+        at = raw.find(span, at)
+        bounds.append((at, at + len(span)))
+        at += len(span)
+    return bounds
+
+
+#: How many of a body's last message starts are tried as the end of what the next body of
+#: the conversation repeats (clients move cache markers onto the newest messages).
+CUTS: Final = 4
+
+
+@dataclass(eq=False, slots=True)
+class _Seen:
+    """What the next body of a conversation needs of this one, without its bytes."""
+
+    cuts: list[tuple[int, int, int]]  # (message index, its start, xxh3-128 of all before)
+    suffix: bytes  # from the end of the last message to the end of the body
+    body: RequestBody  # raw dropped
+
+
+class RecentBodies:
+    """The last body of recent conversations, so the next one is read from where it stops
+    repeating it: a warm request costs what is new in it.
+
+    A body is the previous one plus a message or two, with a cache marker moved. When its
+    bytes up to the start of one of the previous body's last messages hash (xxh3-128) to
+    what they did, and its bytes after its messages are the previous body's, only the rest
+    is scanned and decoded; the messages before are the previous body's own objects and
+    facts. Anything else is read whole. Keyed by what the caller knows before parsing (its
+    tenant and session header, or the start of the body); used from the event loop only.
+
+    Args:
+        max_entries: how many conversations to remember.
+    """
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self._seen: LRUCache[object, list[_Seen]] = LRUCache(maxsize=max(1, max_entries))
+
+    @staticmethod
+    def key_of(tenant: str, session: str | None, raw: bytes) -> object:
+        """The key of ``raw``'s conversation: its tenant and session header, else its first
+        kilobytes (a guess: every candidate is checked byte for byte)."""
+        if session is not None:
+            return (tenant, session)
+        return (tenant, xxhash.xxh3_64_intdigest(memoryview(raw)[:4096]))
+
+    def extend(self, raw: bytes, key: object, cache: DecodedSpans) -> RequestBody | None:
+        """``raw`` read as a known earlier body plus what is new, or None."""
+        for seen in self._seen.get(key, ()):
+            parsed = _extend(raw, seen, cache)
+            if parsed is not None:
+                return parsed
+        return None
+
+    def keep(self, key: object, parsed: RequestBody) -> None:
+        """Remember ``parsed`` as the latest body of its conversation."""
+        bounds = parsed.bounds
+        if bounds is None or not bounds or parsed.entries is None:
+            return
+        view = memoryview(parsed.raw)
+        hasher = xxhash.xxh3_128()
+        cuts = []
+        at = 0
+        for index in range(max(0, len(bounds) - CUTS), len(bounds)):
+            start = bounds[index][0]
+            hasher.update(view[at:start])
+            at = start
+            cuts.append((index, start, hasher.intdigest()))
+        cuts.reverse()
+        kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
+                           parsed.values, reused=0, _facts=parsed._facts)
+        seen = _Seen(cuts, bytes(view[bounds[-1][1]:]), kept)
+        others = [s for s in self._seen.get(key, ()) if s.body.doc is not parsed.doc][:3]
+        self._seen[key] = [seen, *others]
+
+
+def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
+    suffix = seen.suffix
+    if not raw.endswith(suffix):
+        return None
+    view = memoryview(raw)
+    end = len(raw) - len(suffix)
+    for index, start, digest in seen.cuts:
+        if start >= end or xxhash.xxh3_128_intdigest(view[:start]) != digest:
+            continue
+        tail = b"[" + view[start:end] + b"]"
+        spans = _SPANS.decode(tail)
+        if not spans:
+            return None  # a trailing comma: the plain parse names it
+        before = seen.body
+        assert before.entries is not None and before.bounds is not None
+        entries = before.entries[:index]
+        entries.extend(cache.decode(span) for span in spans)
+        _distinct(entries, spans, index, set(map(id, (e.value for e in entries[:index]))))
+        bounds = before.bounds[:index]
+        at = 1
+        for span in spans:
+            at = tail.find(span, at)
+            bounds.append((start + at - 1, start + at - 1 + len(span)))
+            at += len(span)
+        doc = dict(before.doc)
+        doc["messages"] = [entry.value for entry in entries]
+        facts = None if before._facts is None else before._facts[:index]
+        return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
+                           reused=index, _facts=facts)
+    return None

@@ -12,7 +12,7 @@ import pytest
 import compactor
 from proxy.http.body import parse_body
 from proxy.http.errors import RequestRejected
-from proxy.http.spans import DecodedSpans, EncodedViews, parse_request
+from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies, parse_request
 
 BIG_TEXT = "x" * 400  # long enough that the span is worth keeping
 
@@ -189,3 +189,91 @@ def test_the_plain_path_encodes_like_before() -> None:
     out = parsed.encode(parsed.messages, {"system": "s"})
     assert json.loads(out) == {"messages": [{"role": "user", "content": "a \ufffd"}],
                                "model": "m", "system": "s"}
+
+
+def _marked_on(messages: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    out = list(messages)
+    content = out[index]["content"]
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    content = [dict(block) for block in content]
+    content[-1]["cache_control"] = {"type": "ephemeral"}
+    out[index] = {**out[index], "content": content}
+    return out
+
+
+def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
+    """Turn after turn (the SDK's bytes, a breakpoint moved to the newest message each time),
+    the body is the previous one's objects plus what is new, and equals a whole fresh read:
+    the same document, the same spliced bytes."""
+    recent, cache = RecentBodies(), DecodedSpans()
+    counter = compactor.CachingCounter()
+    history = _history(2)
+    for turn in range(12):
+        history = [*history, {"role": "assistant", "content": f"turn {turn} {BIG_TEXT}"},
+                   {"role": "user", "content": f"go on {turn}"}]
+        raw = _sdk_bytes(_body(_marked_on(history, -1), system="be brief",
+                               metadata={"user_id": "u"}))
+        key = RecentBodies.key_of("none", "s1", raw)
+        parsed = parse_request(raw, cache, recent, key)
+        whole = parse_request(raw, DecodedSpans())
+        assert parsed.doc == whole.doc == json.loads(raw)
+        assert parsed.facts(counter) == whole.facts(compactor.CachingCounter())
+        view = [*parsed.messages[:3], {"role": "assistant", "content": "summary"},
+                *parsed.messages[5:]]
+        twin = [*whole.messages[:3], {"role": "assistant", "content": "summary"},
+                *whole.messages[5:]]
+        assert parsed.encode(view, {"system": "s"}) == whole.encode(twin, {"system": "s"})
+        if turn:
+            assert parsed.reused >= len(history) - 3  # only the newest few were read
+        else:
+            assert parsed.reused == 0
+
+
+@pytest.mark.parametrize("change", ["system", "early message", "trailing comma", "not object",
+                                    "shorter"])
+def test_a_body_that_does_not_extend_the_last_one_is_read_whole(change: str) -> None:
+    recent, cache = RecentBodies(), DecodedSpans()
+    history = _history(4)
+    first = _sdk_bytes(_body(history, system="be brief"))
+    key = RecentBodies.key_of("none", "s1", first)
+    parse_request(first, cache, recent, key)
+    grown = [*history, {"role": "assistant", "content": "more " + BIG_TEXT}]
+    raw = _sdk_bytes(_body(grown, system="be brief"))
+    if change == "system":
+        raw = _sdk_bytes(_body(grown, system="be verbose"))
+    elif change == "early message":
+        raw = _sdk_bytes(_body([{"role": "user", "content": "other"}, *grown[1:]],
+                               system="be brief"))
+    elif change == "trailing comma":
+        raw = raw.replace(b'"}], "system"', b'"},], "system"')
+        assert raw.count(b"},]") == 1
+    elif change == "not object":
+        raw = raw.replace(b', {"role": "assistant", "content": "more', b', 5, {"role": '
+                          b'"assistant", "content": "more')
+    elif change == "shorter":
+        raw = _sdk_bytes(_body(history[:3], system="be brief"))
+    if change in ("trailing comma", "not object"):
+        with pytest.raises(RequestRejected) as plain:
+            parse_body(raw)
+        with pytest.raises(RequestRejected) as fast:
+            parse_request(raw, cache, recent, key)
+        assert fast.value.message == plain.value.message
+        return
+    parsed = parse_request(raw, cache, recent, key)
+    assert parsed.doc == json.loads(raw)
+    assert parsed.reused == 0
+
+
+def test_two_conversations_under_one_key_each_find_their_own() -> None:
+    recent, cache = RecentBodies(), DecodedSpans()
+    a, b = _history(3), [{"role": "user", "content": "b " + BIG_TEXT}, *_history(3)[1:]]
+    for turn in range(4):
+        for history in (a, b):
+            history.append({"role": "assistant", "content": f"{turn} {BIG_TEXT}"})
+            history.append({"role": "user", "content": f"{turn} next"})
+            raw = _sdk_bytes(_body(history))
+            parsed = parse_request(raw, cache, recent, "same key")
+            assert parsed.doc == json.loads(raw)
+            if turn:
+                assert parsed.reused > 0
