@@ -1,8 +1,9 @@
 """A real, throw-away ``redis-server`` for the tests: started on a free loopback port with
 persistence off (or, for a server the tests stop and start again, an append-only file
 synced on every write), ready once it answers PING, stopped (and its directory removed)
-afterwards; and a throw-away three-master Redis Cluster of three such servers
-(:class:`RedisClusterServers`), created with ``redis-cli --cluster create``.
+afterwards; a throw-away three-master Redis Cluster of three such servers
+(:class:`RedisClusterServers`), created with ``redis-cli --cluster create``; and a Redis
+Sentinel (``redis-server --sentinel``) watching one of them (:class:`RedisSentinel`).
 
 No fake: the Redis store is tested against the server it will run against. When
 ``redis-server`` is not installed :func:`find_redis_server` raises
@@ -23,6 +24,7 @@ from typing import Self
 
 __all__ = [
     "RedisClusterServers",
+    "RedisSentinel",
     "RedisServer",
     "RedisServerUnavailable",
     "find_redis_server",
@@ -261,3 +263,101 @@ def _cluster_ok(cli: str, port: int) -> bool:
     info = subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True,
                           timeout=10, check=False, stdin=subprocess.DEVNULL)
     return b"cluster_state:ok" in info.stdout
+
+
+class RedisSentinel:
+    """One Sentinel (``redis-server <conf> --sentinel``) on a free loopback port, monitoring
+    the primary at ``primary_port`` as ``service`` with a quorum of 1 (so it alone may fail
+    over), told of the replicas on ``replicas`` from the start; use as a context manager,
+    or call :meth:`start` and :meth:`stop`.
+
+    Attributes:
+        port: the Sentinel's port (0 until started).
+        url: ``redis://127.0.0.1:<port>/0`` (the store's ``sentinel`` mode URL).
+    """
+
+    def __init__(self, primary_port: int, service: str = "compact-proxy", *,
+                 replicas: tuple[int, ...] = ()) -> None:
+        self.primary_port = primary_port
+        self.replicas = replicas
+        self.service = service
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """The URL naming this Sentinel."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def primary(self) -> tuple[str, int] | None:
+        """The primary's address as the Sentinel names it now (``None``: it names none)."""
+        cli = shutil.which("redis-cli")
+        assert cli is not None
+        reply = subprocess.run(
+            [cli, "-p", str(self.port), "sentinel", "get-master-addr-by-name", self.service],
+            capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL)
+        lines = reply.stdout.decode(errors="replace").split()
+        if reply.returncode != 0 or len(lines) != 2 or not lines[1].isdigit():
+            return None
+        return lines[0], int(lines[1])
+
+    def command(self, *args: str) -> str:
+        """A Sentinel command through ``redis-cli``; its output."""
+        cli = shutil.which("redis-cli")
+        assert cli is not None
+        reply = subprocess.run([cli, "-p", str(self.port), *args], capture_output=True,
+                               timeout=10, check=False, stdin=subprocess.DEVNULL)
+        return reply.stdout.decode(errors="replace")
+
+    def start(self) -> Self:
+        """Start the Sentinel; ready once it names the primary. Returns ``self``.
+
+        Raises:
+            RedisServerUnavailable: not installed, or it never named the primary.
+        """
+        executable = find_redis_server()
+        if shutil.which("redis-cli") is None:
+            raise RedisServerUnavailable("redis-cli was not found on PATH")
+        self._dir = Path(tempfile.mkdtemp(prefix="compact-proxy-sentinel-"))
+        self.port = free_port()
+        conf = self._dir / "sentinel.conf"
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 1\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel failover-timeout {self.service} 10000\n"
+            # Known at once, not after the primary's next INFO (10 s).
+            + "".join(f"sentinel known-replica {self.service} 127.0.0.1 {port}\n"
+                      for port in self.replicas), encoding="utf-8")
+        with (self._dir / "sentinel.log").open("ab") as log:
+            self._proc = subprocess.Popen([executable, str(conf), "--sentinel"],
+                                          stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            if _answers_ping(self.port) and self.primary() is not None:
+                return self
+            time.sleep(0.05)
+        log_text = (self._dir / "sentinel.log").read_text(encoding="utf-8", errors="replace")
+        self.stop()
+        raise RedisServerUnavailable("redis sentinel did not start: "
+                                     + " | ".join(log_text.strip().splitlines()[-5:]))
+
+    def stop(self) -> None:
+        """Stop the Sentinel and remove its directory; idempotent."""
+        if self._proc is not None:
+            _terminate(self._proc)
+            self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
