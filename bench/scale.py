@@ -1,7 +1,7 @@
 """Scaling on one machine: the throughput of ``serve --workers 2`` against ``--workers 1``.
 
     python -m bench.scale [--quick] [--concurrency 32] [--rounds 6] [--requests 400]
-                          [--body-kb 50] [--json PATH]
+                          [--body-kb 50] [--cold] [--json PATH]
 
 One run starts the stamped fake provider (``bench/stamped_upstream.py``) in its own process
 and two proxies (``python -m proxy.cli serve``), one with ``--workers 1`` and one with
@@ -73,12 +73,16 @@ class ScaleSizes:
         rounds: rounds; each sends ``requests`` to every target.
         requests: requests per round and target.
         body_bytes: the size of the request body.
+        cold: every request in a session of its own, so a body above the soft threshold is
+            compacted from scratch each time (no checkpoint to reuse): the proxy's CPU-heavy
+            case. Otherwise each client loop keeps one session (warm, as an agent's).
     """
 
     concurrency: int = 32
     rounds: int = 6
     requests: int = 400
     body_bytes: int = 50_000
+    cold: bool = False
 
 
 QUICK: Final = ScaleSizes(rounds=4, requests=200)
@@ -173,16 +177,20 @@ async def _proxy(client: aiohttp.ClientSession, workdir: Path, name: str, upstre
 
 
 async def _closed_loop(client: aiohttp.ClientSession, url: str, body: bytes, total: int,
-                       concurrency: int, tag: str) -> tuple[float, int]:
-    """``total`` requests, ``concurrency`` at a time; (seconds, failures)."""
+                       concurrency: int, tag: str, *, cold: bool = False) -> tuple[float, int]:
+    """``total`` requests, ``concurrency`` at a time (one session per loop, or per request
+    when ``cold``); (seconds, failures)."""
     remaining = total
     failures = 0
+    run = os.urandom(4).hex()
 
     async def one_client(number: int) -> None:
         nonlocal remaining, failures
         headers = _headers(f"bench-scale-{tag}-{number}")
         while remaining > 0:
             remaining -= 1
+            if cold:
+                headers = _headers(f"bench-scale-{tag}-{run}-{remaining}")
             sample = await send(client, url, body, headers, stream=False)
             failures += sample.status != 200
 
@@ -226,7 +234,8 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
                     before = _tree_cpu_s(pids[name]) if name in pids else 0.0
                     others = (process_cpu_s(None), process_cpu_s(provider_pid))
                     spent, failed = await _closed_loop(client, urls[name], body,
-                                                       sizes.requests, sizes.concurrency, name)
+                                                       sizes.requests, sizes.concurrency, name,
+                                                       cold=sizes.cold)
                     if name in pids:
                         cpu[name] += _tree_cpu_s(pids[name]) - before
                     shared[name]["client"] += process_cpu_s(None) - others[0]
@@ -257,7 +266,8 @@ def format_report(results: ScaleResults) -> str:
         f"Scaling on one machine ({results.cores} cores, load {results.load_before:.2f} "
         f"before the run): {s.rounds} interleaved rounds x {s.requests} requests per target, "
         f"concurrency {s.concurrency}, a {s.body_bytes // 1000} KB request ("
-        + (f"compacted: {results.layers})" if results.layers else "under the soft threshold)"),
+        + (f"compacted: {results.layers}" if results.layers else "under the soft threshold")
+        + (", a new session every request)" if s.cold else ", one session per client loop)"),
         "",
         f"{'target':<22}{'req/s':>9}{'per round':>32}{'failures':>9}"
         f"{'CPU ms/req: proxy':>19}{'client':>8}{'provider':>10}",
@@ -285,12 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=defaults.requests,
                         help="requests per round and target")
     parser.add_argument("--body-kb", type=int, default=defaults.body_bytes // 1000)
+    parser.add_argument("--cold", action="store_true",
+                        help="a new session every request (compaction from scratch each time)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK.rounds} rounds of {QUICK.requests} requests")
     parser.add_argument("--json", metavar="PATH", help="also write the figures there")
     args = parser.parse_args(argv)
     sizes = ScaleSizes(concurrency=args.concurrency, rounds=args.rounds, requests=args.requests,
-                       body_bytes=args.body_kb * 1000)
+                       body_bytes=args.body_kb * 1000, cold=args.cold)
     if args.quick:
         sizes = replace(sizes, rounds=QUICK.rounds, requests=QUICK.requests)
     # SIGTERM ends the run like Ctrl-C: every context manager stops its process on the way out.
