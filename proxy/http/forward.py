@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
+import msgspec
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -37,6 +38,7 @@ from proxy.state.usage import ProviderUsage
 
 __all__ = [
     "HOP_BY_HOP",
+    "BeforeEnd",
     "PromptTooLong",
     "Retry",
     "SSEFramer",
@@ -103,6 +105,11 @@ class PromptTooLong:
 #: the body to send instead (sent once, its answer relayed whatever it is), or ``None`` to
 #: relay the refusal.
 Retry = Callable[[PromptTooLong], Awaitable["bytes | None"]]
+#: Awaited once the answer was relayed but for its end (its ``usage`` is on the record): what
+#: must be done before the client can see the answer complete — e.g. the calibration it
+#: teaches saved where every replica reads it, so the client's next request, on any
+#: replica, is planned with it.
+BeforeEnd = Callable[[], Awaitable[None]]
 
 
 def upstream_url(base_url: str, request: web.Request) -> URL:
@@ -253,10 +260,18 @@ def _json_usage(body: bytes, content_encoding: str) -> ProviderUsage | None:
     if plain is None:
         return None
     try:
-        usage = _usage_of(json.loads(plain))
-    except ValueError:
+        # Only ``usage`` is decoded: the message's content is skipped, not built.
+        usage = _USAGE_ONLY.decode(plain).usage
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return None if usage is None else ProviderUsage.from_usage(usage)
+
+
+class _UsageOnly(msgspec.Struct):
+    usage: dict[str, Any] | None = None
+
+
+_USAGE_ONLY: Final = msgspec.json.Decoder(_UsageOnly)
 
 
 def sse_error_event(error_type: str, message: str) -> bytes:
@@ -291,6 +306,7 @@ async def forward(
     body: bytes | AsyncIterable[bytes] | None,
     headers: CIMultiDict[str],
     retry: Retry | None = None,
+    before_end: BeforeEnd | None = None,
 ) -> web.StreamResponse:
     """Send the request upstream and relay the answer; the response is already prepared.
 
@@ -302,6 +318,9 @@ async def forward(
         headers: the headers to send (see :func:`upstream_request_headers`).
         retry: for a refusal ``prompt is too long`` (a 400, before any byte of it reached
             the client): what to send instead, once (see :data:`Retry`).
+        before_end: awaited when the answer was relayed to the client but for its end: the
+            last chunk of a body of known length, the end of a chunked one (see
+            :data:`BeforeEnd`); not when the answer failed or the client went away.
 
     Raises:
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
@@ -318,7 +337,7 @@ async def forward(
             if again is not None:
                 _done_with(upstream)
                 upstream, held = await _send(request, record, again, headers), b""
-        return await _relay(request, record, upstream, held)
+        return await _relay(request, record, upstream, held, before_end)
     finally:
         _done_with(upstream)
 
@@ -374,8 +393,11 @@ async def _send(request: web.Request, record: RequestRecord,
 
 
 async def _relay(request: web.Request, record: RequestRecord,
-                 upstream: aiohttp.ClientResponse, held: bytes = b"") -> web.StreamResponse:
-    """Relay the answer as it arrives; ``held`` is the start of its body, already read."""
+                 upstream: aiohttp.ClientResponse, held: bytes = b"",
+                 before_end: BeforeEnd | None = None) -> web.StreamResponse:
+    """Relay the answer as it arrives; ``held`` is the start of its body, already read.
+    With ``before_end``, a body not framed here goes out one chunk late (its last chunk
+    after ``before_end``)."""
     content_type = upstream.headers.get("Content-Type", "")
     framer = (
         SSEFramer()
@@ -395,6 +417,7 @@ async def _relay(request: web.Request, record: RequestRecord,
     # A JSON Message is kept too (up to a bound) to read its usage once relayed.
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
+    last = b""  # with before_end, a body not framed here: its chunk not written yet
     while True:
         if held:
             chunk, held = held, b""
@@ -412,17 +435,21 @@ async def _relay(request: web.Request, record: RequestRecord,
         out = framer.feed(chunk) if framer is not None else chunk
         if watch is not None and out:
             watch.see(out)
+        if before_end is not None and framer is None:
+            out, last = last, out
         if out and not await _write(response, record, out):
             return response
-    rest = framer.flush() if framer is not None else b""
-    if rest and not await _write(response, record, rest):
-        return response
+    rest = framer.flush() if framer is not None else last
     if watch is not None and rest:
         watch.see(rest)
     if kept is not None:
         record.usage = _json_usage(bytes(kept), upstream.headers.get("Content-Encoding", ""))
     elif watch is not None:
         record.usage = watch.usage
+    if before_end is not None:
+        await before_end()
+    if rest and not await _write(response, record, rest):
+        return response
     if watch is not None and watch.provider_error:
         record.outcome = Outcome.UPSTREAM_ERROR_EVENT
     elif watch is not None and watch.last_event != b"message_stop":

@@ -269,6 +269,14 @@ class Calibration:
         with self._lock:
             return self._known.get((session_key, model)) or {}
 
+    async def saved(self, session_key: str) -> None:
+        """Return once what ``session_key`` taught is where every process serving the
+        session reads it: at once here (this process's memory);
+        :class:`~proxy.state.shared_calibration.SharedCalibration` waits for its store
+        writes. The request path awaits it before the client sees the answer end
+        (:data:`proxy.http.forward.BeforeEnd`)."""
+        del session_key
+
     def holds(self, session_key: str, model: str) -> bool:
         """Whether ``(session_key, model)`` taught something this process still holds."""
         with self._lock:

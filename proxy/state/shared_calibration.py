@@ -16,8 +16,11 @@ So a replica plans each request with the factors and per-message counts the sess
 answer taught, whichever replica forwarded it. The fleet's medians and the learnt windows stay
 per process (see :mod:`proxy.state.calibration`).
 
-The write follows the answer: a next request sent within that one store write of the answer's
-end may still find the previous calibration (see the module docs of
+The write follows the answer. For the client's next request to find it on every replica,
+the request path learns from the answer and awaits :meth:`~SharedCalibration.saved` before the
+client can see the answer end (``forward(..., before_end=...)``,
+:data:`proxy.http.forward.BeforeEnd`); learnt after the end instead, a next request sent
+within that one store write may still find the previous calibration (see
 :mod:`proxy.state.checkpoints` for the rule of determinism).
 """
 
@@ -115,6 +118,12 @@ class SharedCalibration(Calibration):
             stored_version, data = found
             if self.restore(session_key, model, data):
                 self._versions[key] = stored_version
+
+    async def saved(self, session_key: str) -> None:
+        """Wait until every snapshot of ``session_key`` taken so far is written (or failed)."""
+        while writers := [task for (key, _), task in self._writers.items()
+                          if key == session_key]:
+            await asyncio.gather(*writers, return_exceptions=True)
 
     async def flush(self) -> None:
         """Wait until every snapshot taken so far is written (or failed)."""

@@ -58,3 +58,19 @@ async def test_an_answer_on_one_process_calibrates_the_next_request_on_another(
     finally:
         await a_store.close()
         await b_store.close()
+
+
+async def test_saved_returns_once_the_sessions_answer_is_in_the_store(tmp_path: Path) -> None:
+    """What the request path awaits before the answer ends: after it, another process's
+    next state read finds the calibration."""
+    a_store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    b_store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    a = SharedCalibration(a_store)
+    try:
+        teach(a, "s", 2)
+        await a.saved("s")
+        assert (await b_store.session_versions("s")).records.get(f"calibration:{MODEL}")
+        await Calibration().saved("s")  # the per-process one: nothing to wait for
+    finally:
+        await a_store.close()
+        await b_store.close()

@@ -1,0 +1,83 @@
+"""forward(before_end=...): the hook runs with the answer's usage known and before the client
+can see the answer complete — a JSON body's last chunk and a stream's end wait for it — so
+what the answer teaches (the shared calibration) is saved before the client's next request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config import Config
+from proxy.fake_upstream import FakeUpstream
+from proxy.fake_upstream.server import start_fake_upstream
+from proxy.http.audit import RequestRecord
+from proxy.http.forward import forward
+from proxy.keys import CONFIG, METRICS, UPSTREAM
+from proxy.metrics import ProxyMetrics
+from tests.conftest import TEST_API_KEY
+
+HOLD_S = 0.5
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
+    """A fake provider, and a server at ``/v1/messages`` that forwards to it with a
+    ``before_end`` that notes the usage it sees, then holds the end for :data:`HOLD_S`."""
+    upstream_runner, upstream_url = await start_fake_upstream(FakeUpstream())
+    seen: list[Any] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        record = RequestRecord(request_id="r", route="messages")
+
+        async def before_end() -> None:
+            seen.append(record.usage)
+            await asyncio.sleep(HOLD_S)
+            seen.append("released")
+
+        headers = CIMultiDict({"x-api-key": TEST_API_KEY, "anthropic-version": "2023-06-01",
+                               "content-type": "application/json"})
+        return await forward(request, record, body=await request.read(), headers=headers,
+                             before_end=before_end)
+
+    app = web.Application()
+    app[CONFIG] = Config.from_mapping({"upstream": {"base_url": upstream_url}})
+    app[METRICS] = ProxyMetrics()
+    app.router.add_post("/v1/messages", handler)
+    session = aiohttp.ClientSession()
+    app[UPSTREAM] = session
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}", seen
+    finally:
+        await runner.cleanup()
+        await session.close()
+        await upstream_runner.cleanup()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_client_sees_the_answer_end_only_after_before_end(
+        relay: tuple[str, list[Any]], stream: bool) -> None:
+    url, seen = relay
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "stream": stream,
+            "messages": [{"role": "user", "content": "hello there"}]}
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        started = loop.time()
+        async with http.post(f"{url}/v1/messages", json=body) as resp:
+            assert resp.status == 200
+            answer = await resp.read()
+        took = loop.time() - started
+    assert seen[0] is not None and seen[0].prompt_tokens > 0  # usage known when called
+    assert seen[1] == "released"
+    assert took >= HOLD_S  # the end waited for the hook
+    assert (b"message_stop" in answer) if stream else answer.rstrip().endswith(b"}")
