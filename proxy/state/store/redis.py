@@ -21,7 +21,11 @@ so every key of one session lives in the same hash slot, on the same cluster nod
   as a score); ``<prefix>{<session>}:audit:changes``, a sorted set of its state changes by
   time. The audit log's ``<session>`` is the session key of ``(tenant, session id)`` (the
   session id for tenant ``none``, else ``<tenant>/<session id>``: the state's own key);
-- ``<prefix>{<name>}:lock``: a lock (:meth:`RedisStateStore.lock_key`).
+- ``<prefix>{<session key>}:record-versions``: a hash ``kind -> version`` of the session's
+  versioned records (:meth:`RedisStateStore.put_versioned_record` bumps it with the record,
+  :meth:`RedisStateStore.session_versions` reads it with the state's version);
+- ``<prefix>{<name>}:lock``: a lock (:meth:`RedisStateStore.lock_key`), taken with
+  ``SET NX PX`` and a token, renewed and released only with that token (one script each).
 
 What belongs to no session has a tag of its own, so each group is in one slot:
 

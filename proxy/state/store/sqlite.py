@@ -33,6 +33,15 @@ those older than ``retention_days`` (an index range, empty nearly always), subtr
 it deletes from the totals. Sessions nobody writes to any more are trimmed by
 :meth:`SQLiteStateStore.trim`, which the proxy runs at startup and hourly.
 
+*Several processes on one file* (``listen.workers`` > 1: ``shared``). Every write is a
+transaction of its own, so the compare-and-swap and the other atomic steps hold across
+processes as they do across tasks. For replica consistency
+(:class:`~proxy.state.store.base.ReplicaConsistency`) each versioned record's version is a row
+of ``record_version`` bumped in the record's own transaction, a session's versions are read in
+one read transaction, and a lease is a row of ``store_lock`` (name, token, expiry in wall-clock
+seconds, which every process on the machine shares): taken in a write transaction that first
+deletes an expired row, renewed and deleted only with its token.
+
 *Never garbage.* Rows are decoded through ``DurableContextState.from_dict`` (memoised, see
 :mod:`proxy.state.store._rows`); a row that does not decode raises
 :class:`~proxy.state.store.base.CorruptStateError`.
