@@ -3,7 +3,8 @@
 ``sessions`` (every session's totals), ``session`` (one session's requests, durable state and
 changes) and ``blocked`` (the refused requests since a time), and for ``session.scope``:
 ``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state from one
-tenant to another, when switching scope).
+tenant to another, when switching scope); ``migrate-redis-keys`` moves the Redis store's
+durable states to the hash-tagged key layout (once, after upgrading).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -77,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
     move.add_argument("--from-tenant", default="none", metavar="TENANT",
                       help="the tenant it is under now (default: none)")
+
+    migrate = commands.add_parser(
+        "migrate-redis-keys",
+        help="move the Redis store's durable states to the hash-tagged key layout")
+    migrate.add_argument("--config", metavar="PATH", help=config_help)
 
     report = commands.add_parser(
         "report", help="tokens and cost per session, with and without the proxy"
@@ -203,6 +209,40 @@ def _tenant_id(path: str | None) -> int:
     tenant = (scope.credential_tenant(value) if scope.scope == "credential"
               else scope.header_tenant(value))
     print(tenant)
+    return EXIT_OK
+
+
+def _migrate_redis_keys(path: str | None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    if config.store.backend != "redis":
+        print("migrate-redis-keys: store.backend is not redis: nothing to migrate",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    from .state.migrate import LayoutMigration, migrate_redis_layout
+    from .state.store import RedisStateStore, StoreError, store_for
+
+    async def run() -> LayoutMigration:
+        store = await store_for(config).open()
+        try:
+            assert isinstance(store, RedisStateStore)
+            return await migrate_redis_layout(store)
+        finally:
+            await store.close()
+
+    try:
+        done = asyncio.run(run())
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"migrate-redis-keys: {exc}", file=sys.stderr)
+        return 1
+    print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
+    for session_key in done.kept:
+        print(f"kept the old state of {session_key}: a state exists under its new key "
+              "(delete one of the two)")
     return EXIT_OK
 
 
@@ -455,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _tenant_id(args.config)
     if args.command == "move-session":
         return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
+    if args.command == "migrate-redis-keys":
+        return _migrate_redis_keys(args.config)
     if args.command == "report":
         return _report(args.config, args.json, args.session)
     if args.command == "sessions":

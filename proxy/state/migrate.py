@@ -1,4 +1,6 @@
-"""Moving a session's durable state between tenants (``compact-proxy move-session``).
+"""Moving a session's durable state between tenants (``compact-proxy move-session``), and the
+Redis store's durable states from the key layout before hash tags to the one now
+(``compact-proxy migrate-redis-keys``).
 
 Switching ``session.scope`` changes every session's store key (:func:`scoped_key`): a session
 kept as ``sess-1`` under scope ``none`` is ``t…/sess-1`` under ``credential``. This moves the
@@ -11,11 +13,18 @@ anyway), so no request writes the session meanwhile.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from compactor import session_id_problem
 from proxy.http.tenants import is_tenant, scoped_key
-from proxy.state.store import StoreBackend, StoredState, VersionConflict
+from proxy.state.store import StoreBackend, StoredState, StoreError, VersionConflict
 
-__all__ = ["MoveRefused", "move_session"]
+if TYPE_CHECKING:
+    from proxy.state.store import RedisStateStore
+
+__all__ = ["LayoutMigration", "MoveRefused", "migrate_redis_layout", "move_session"]
 
 
 class MoveRefused(Exception):
@@ -69,3 +78,68 @@ async def move_session(store: StoreBackend, session_id: str, from_tenant: str,
         raise MoveRefused(f"session {session_id} changed under tenant {from_tenant} during "
                           "the move; nothing moved (stop the proxy and retry)") from None
     return moved
+
+
+# KEYS = the old state hash, the new one. Copies the old hash to the new key unless that
+# exists, then deletes the old one. Returns 1 when moved, 0 when the new key was taken.
+# Both keys are named by the caller, but only on a single server (where the old layout
+# lived; a cluster never held it) may one script touch both.
+_MOVE_STATE_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local fields = redis.call('HGETALL', KEYS[1])
+if #fields == 0 then return 0 end
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class LayoutMigration:
+    """What :func:`migrate_redis_layout` did.
+
+    Attributes:
+        moved: durable states now under their hash-tagged key.
+        kept: session keys whose old state was left where it is, because a state exists
+            under the new key already (written since the upgrade: delete one of the two).
+    """
+
+    moved: int
+    kept: tuple[str, ...]
+
+
+async def migrate_redis_layout(store: RedisStateStore) -> LayoutMigration:
+    """Move every durable state of the Redis layout before hash tags
+    (``<prefix>state:<session key>``) to its key now (``<prefix>{<session key>}:state``),
+    keeping its version (so clients' ``If-Match`` still holds) and its write time.
+
+    Idempotent; safe while the proxy runs (a state written under the new key since the
+    upgrade is never overwritten). Only the durable states move: the old layout's summaries,
+    records, usage rows and audit log are caches and reports; they are left for Redis to
+    hold until deleted (``<prefix>summary:*``, ``<prefix>record:*``, ``<prefix>usage:*``,
+    ``<prefix>audit:*``).
+
+    Raises:
+        StoreError: the store failed, or runs on a cluster (which never held the old layout).
+    """
+    if store.mode == "cluster":
+        raise StoreError("a Redis Cluster never held the old key layout: nothing to migrate")
+    from redis.exceptions import RedisError
+
+    old_prefix = f"{store.key_prefix}state:"
+    client = store.client
+    moved, kept = 0, []
+    try:
+        script = client.register_script(_MOVE_STATE_LUA)
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", old_prefix) + "*"  # glob-escaped
+        async for raw in client.scan_iter(match=pattern, count=1000):
+            key = raw.decode("utf-8", errors="surrogateescape")
+            session_key = key[len(old_prefix):]
+            if await script(keys=[key, store.state_key(session_key)]):
+                moved += 1
+            else:
+                kept.append(session_key)
+    except RedisError as exc:
+        raise StoreError(f"redis store {store.url}: cannot migrate the key layout: {exc}"
+                         ) from None
+    return LayoutMigration(moved, tuple(sorted(kept)))

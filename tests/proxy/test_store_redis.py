@@ -9,6 +9,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,7 +18,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.app import start_proxy
+from proxy.cli import main as cli_main
 from proxy.config import Config, ConfigError
+from proxy.state.migrate import migrate_redis_layout
 from proxy.state.store import CorruptStateError, RedisStateStore, StoreError
 from proxy.state.store.redis import redacted_url
 from proxy.state.usage import UsageEntry
@@ -295,3 +298,61 @@ async def test_proxy_start_fails_cleanly_when_redis_is_unreachable(
     assert f"127.0.0.1:{port}" in message and "connect" in message
     assert info.value.key == "store.url"
     assert "pa55word" not in message and "\n" not in message
+
+
+# --- the key layout before hash tags ----------------------------------------------------
+
+
+async def test_migration_moves_old_layout_states_keeping_their_versions(
+    store: RedisStateStore, raw: aioredis.Redis,
+) -> None:
+    """Old ``<prefix>state:<session>`` hashes move to ``<prefix>{<session>}:state`` with their
+    version and time; a session already written under the new key keeps both (reported);
+    running it again moves nothing more."""
+    old = {"version": "7", "state": json.dumps(make_state("old").to_dict()),
+           "updated_at": "2025-03-01T12:30:00+00:00"}
+    for session_key in ("sess-1", "t0123456789abcdef/sess:2", "taken"):
+        await raw.hset(f"{store.key_prefix}state:{session_key}", mapping=old)
+    await store.put_state("taken", make_state("new"), None)
+
+    done = await migrate_redis_layout(store)
+    assert (done.moved, done.kept) == (2, ("taken",))
+    for session_key in ("sess-1", "t0123456789abcdef/sess:2"):
+        stored = await store.get_state(session_key)
+        assert stored is not None and stored.version == 7
+        assert stored.state == make_state("old")
+        assert stored.updated_at.isoformat() == "2025-03-01T12:30:00+00:00"
+        assert not await raw.exists(f"{store.key_prefix}state:{session_key}")
+    taken = await store.get_state("taken")
+    assert taken is not None and taken.version == 1 and taken.state == make_state("new")
+    assert await raw.exists(f"{store.key_prefix}state:taken")
+    again = await migrate_redis_layout(store)
+    assert (again.moved, again.kept) == (0, ("taken",))
+
+
+def test_migrate_redis_keys_command(redis_url: str, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``compact-proxy migrate-redis-keys`` moves the default prefix's old states and says
+    how many; on a SQLite store it refuses with exit code 2."""
+    import redis
+
+    session_key = f"cli-migrated-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.hset(f"compact-proxy:state:{session_key}", mapping={
+            "version": "3", "state": json.dumps(make_state("cli").to_dict()),
+            "updated_at": "2025-03-01T12:30:00+00:00"})
+        config = tmp_path / "config.yaml"
+        config.write_text(f"upstream:\n  base_url: http://127.0.0.1:9\n"
+                          f"store:\n  backend: redis\n  url: {redis_url}\n", encoding="utf-8")
+        assert cli_main(["migrate-redis-keys", "--config", str(config)]) == 0
+        assert "moved 1 durable state(s)" in capsys.readouterr().out
+        assert client.hget(f"compact-proxy:{{{session_key}}}:state", "version") == b"3"
+        sqlite_config = tmp_path / "sqlite.yaml"
+        sqlite_config.write_text("upstream:\n  base_url: http://127.0.0.1:9\n"
+                                 "store:\n  backend: sqlite\n", encoding="utf-8")
+        assert cli_main(["migrate-redis-keys", "--config", str(sqlite_config)]) == 2
+        assert "not redis" in capsys.readouterr().err
+    finally:
+        client.delete(f"compact-proxy:{{{session_key}}}:state")
+        client.close()

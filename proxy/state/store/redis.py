@@ -10,7 +10,8 @@ so every key of one session lives in the same hash slot, on the same cluster nod
 
 - ``<prefix>{<session key>}:state``: a hash ``{version, state, updated_at}``; ``state`` is the
   canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
-- ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``;
+- ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``, and
+  ``<prefix>{<session key>}:record-versions``: ``kind -> version`` of the versioned ones;
 - ``<prefix>{<session key>}:usage:<"model">``: a hash of one usage row, each counter of
   :class:`~proxy.state.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
   the model is a JSON string;
@@ -98,9 +99,10 @@ state that does not validate, a key of another type) raises
 :class:`~proxy.state.store.base.StoreError` whose message names the server without its password.
 
 *Data written before this layout* (keys ``<prefix>state:<session>`` and so on, without
-braces) is not read: :func:`proxy.state.migrate.migrate_redis_layout` copies the durable
-states (what the admin API pinned) to their new keys; the summaries, records, usage rows and
-audit log of the old layout are caches and reports, and start afresh.
+braces) is not read: :func:`proxy.state.migrate.migrate_redis_layout` (``compact-proxy
+migrate-redis-keys``) moves the durable states (what the admin API pinned) to their new keys;
+the summaries, records, usage rows and audit log of the old layout are caches and reports,
+and start afresh.
 
 Everything in ``__all__`` gets re-exported by ``proxy.state.store``, on first use: importing
 ``proxy.state.store`` does not import redis-py; naming ``proxy.state.store.RedisStateStore`` does.
@@ -579,6 +581,12 @@ class RedisStateStore:
         if not answered:
             self._mark_down(f"redis store {self.url}: no answer to PING")
         return answered
+
+    @property
+    def client(self) -> aioredis.Redis | RedisCluster:
+        """The redis-py client, for maintenance (:mod:`proxy.state.migrate`); the request
+        path never uses it directly."""
+        return self._redis
 
     # -- the key layout (see the module's docstring) ----------------------------------------
 
