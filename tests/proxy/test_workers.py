@@ -344,6 +344,30 @@ async def test_a_console_login_on_one_worker_is_valid_on_every_worker(
     assert {worker for worker, _ in shared_fleet.served_by(since, 22)} == {0, 1}
 
 
+async def test_every_line_says_who_wrote_it_and_none_holds_a_credential(
+        shared_fleet: Fleet) -> None:
+    """Each JSON line carries the pid of the process that wrote it, a worker's also its index
+    (the supervisor's lines name a worker only as what they are about); the API key and the
+    admin token appear nowhere."""
+    async with fresh_client() as client:
+        assert await post_messages(client, shared_fleet.url, "hygiene", 10) == [200] * 10
+        async with client.get(f"{shared_fleet.url}/admin/sessions/hygiene/state",
+                              headers=AUTH) as response:
+            assert response.status == 404
+    shared_fleet.served_by(count=10, session_id="hygiene")
+    pids = set(shared_fleet.worker_pids().values())
+    events = shared_fleet.log.events()
+    assert {event["pid"] for event in events} == {shared_fleet.pid, *pids}
+    for event in events:
+        if event["pid"] != shared_fleet.pid:
+            assert event["worker"] in (0, 1), event
+        elif "worker" in event:
+            assert event["event"].startswith("worker_"), event
+    with shared_fleet.log._lock:
+        lines = list(shared_fleet.log.lines)
+    assert not [line for line in lines if API_KEY in line or ADMIN_TOKEN in line]
+
+
 # -- a fleet of its own: kill, stop ---------------------------------------------------------------
 
 
