@@ -85,9 +85,10 @@ class Logged:
                 out.append(event)
         return out
 
-    def wait_for(self, name: str, timeout_s: float = 15.0, count: int = 1,
-                 **fields: Any) -> list[dict[str, Any]]:
-        """Wait until ``count`` events ``name`` (with these fields) were logged."""
+    def wait_for(self, name: str, timeout_s: float = 15.0, count: int = 1, *,
+                 after_exit: bool = False, **fields: Any) -> list[dict[str, Any]]:
+        """Wait until ``count`` events ``name`` (with these fields) were logged (giving up
+        when the process exits, unless ``after_exit``: its children may still write)."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while True:
@@ -99,7 +100,7 @@ class Logged:
                 if len(found) >= count:
                     return found
                 left = deadline - time.monotonic()
-                if left <= 0 or self.process.poll() is not None:
+                if left <= 0 or (not after_exit and self.process.poll() is not None):
                     break
                 self._changed.wait(min(left, 0.2))
         raise AssertionError(f"no {count} {name} {fields} within {timeout_s}s (exit "
@@ -184,10 +185,10 @@ class Fleet:
 
 
 @contextmanager
-def fleet(config: Path, *args: str) -> Iterator[Fleet]:
+def fleet(config: Path, *args: str, **env: str) -> Iterator[Fleet]:
     """Start ``serve --config config *args`` and wait until every worker serves."""
     process = Logged([*COMMAND, "serve", "--config", str(config), *args],
-                     env={ADMIN_ENV: ADMIN_TOKEN})
+                     env={ADMIN_ENV: ADMIN_TOKEN, **env})
     try:
         yield Fleet(process, config)
     finally:
@@ -390,13 +391,41 @@ async def test_a_worker_killed_with_sigkill_is_restarted_and_the_port_keeps_answ
             reborn = running.worker_pids()[0]
             assert reborn != victim
             session = "after-restart"
-            for _ in range(10):
+            for sent in range(4, 44, 4):
                 assert await post_messages(client, running.url, session, 4) == [200] * 4
-                if (0, reborn) in running.served_by(count=4, session_id=session):
+                if (0, reborn) in running.served_by(count=sent, session_id=session):
                     break
             assert (0, reborn) in running.served_by(session_id=session)
         assert running.log.process.poll() is None
     assert running.log.process.returncode == 0
+
+
+async def test_workers_stop_when_their_supervisor_is_killed(upstream: str,
+                                                             tmp_path: Path) -> None:
+    """SIGKILL on the supervisor: each worker sees its lifeline close, logs
+    ``supervisor_gone``, stops like on SIGTERM, and the port refuses connections."""
+    # A supervisor killed leaves its metrics directory behind: here, in the test's directory.
+    with fleet(write_config(tmp_path, upstream, backend="sqlite"), "--workers", "2",
+               TMPDIR=str(tmp_path)) as running:
+        workers = running.worker_pids()
+        os.kill(running.pid, signal.SIGKILL)
+        gone = running.log.wait_for("supervisor_gone", count=2, after_exit=True)
+        assert sorted(event["worker"] for event in gone) == [0, 1]
+        running.log.wait_for("proxy_stopped", count=2, after_exit=True)
+        deadline = time.monotonic() + 15.0
+        while any(_alive(pid) for pid in workers.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not [pid for pid in workers.values() if _alive(pid)]
+        assert await _refused_within(running.port, 1.0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
 
 
 async def test_sigterm_lets_a_slow_stream_finish_then_the_supervisor_exits_0(
@@ -437,8 +466,9 @@ async def test_sigterm_lets_a_slow_stream_finish_then_the_supervisor_exits_0(
 
 async def test_the_drain_is_bounded_by_listen_drain_timeout_s(upstream: str,
                                                                 tmp_path: Path) -> None:
-    """A stream paced at 1 s per event outlives ``drain_timeout_s: 1``: it is cut, and the
-    supervisor still exits 0 within the timeout and a margin, not at the stream's end."""
+    """A stream paced at 1 s per event outlives ``drain_timeout_s: 1``: on SIGINT it is cut,
+    and the supervisor still exits 0 within the timeout and a margin, not at the stream's
+    end."""
     config = write_config(tmp_path, upstream, backend="sqlite", drain_timeout_s=1)
     with fleet(config, "--workers", "2") as running:
         async with fresh_client() as client:
@@ -448,7 +478,7 @@ async def test_the_drain_is_bounded_by_listen_drain_timeout_s(upstream: str,
                                    ) as response:
                 assert response.status == 200
                 received = bytearray(await response.content.readany())
-                os.kill(running.pid, signal.SIGTERM)
+                os.kill(running.pid, signal.SIGINT)  # as SIGTERM (Ctrl-C)
                 stopped_at = time.monotonic()
                 with suppress(aiohttp.ClientPayloadError):
                     async for chunk in response.content.iter_any():
