@@ -32,8 +32,8 @@ this process writes every checkpoint and its memory stays authoritative.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
-import struct
 from array import array
 from typing import Final, Protocol
 
@@ -52,39 +52,43 @@ _log = structlog.get_logger("proxy.state.checkpoints")
 #: Record kind in the store: ``checkpoint:<lane>``.
 CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"
 DEFAULT_MAX_ENTRIES: Final = 1024
-# A record's head: the magic (never the ``{`` a bare to_bytes starts with), the salt, how
-# many int64 fingerprints follow.
-_MAGIC: Final = b"\x00CP1"
-_HEAD: Final = struct.Struct("<4sqI")
+# The member a record's fingerprints are appended as (see _encode).
+_MEMBER: Final = b',"compact_proxy_fingerprints":"'
 
 
 def _encode(checkpoint: compactor.CompactionCheckpoint) -> bytes:
-    """The record: :meth:`~compactor.CompactionCheckpoint.to_bytes`, after a head carrying
-    the checkpoint's fingerprints of its covered messages and the hash salt they were made
-    with, so another process with the same salt (replicas run with one ``PYTHONHASHSEED``)
-    matches the next request by them instead of digesting every covered message again."""
+    """The record: :meth:`~compactor.CompactionCheckpoint.to_bytes` with one more member, the
+    checkpoint's fingerprints of its covered messages and the hash salt they were made with
+    (``"compact_proxy_fingerprints": "<salt>:<base64 of int64s>"``, last), so another process
+    with the same salt (replicas run with one ``PYTHONHASHSEED``) matches the next request by
+    them instead of digesting every covered message again. The record stays what
+    :meth:`~compactor.CompactionCheckpoint.from_bytes` reads (it ignores the member)."""
+    data = checkpoint.to_bytes()
     prints = checkpoint.fingerprints
-    if checkpoint.salt != PROCESS_SALT or len(prints) != checkpoint.covered:
-        return checkpoint.to_bytes()
-    return b"".join((_HEAD.pack(_MAGIC, PROCESS_SALT, len(prints)),
-                     array("q", prints).tobytes(), checkpoint.to_bytes()))
+    if (checkpoint.salt != PROCESS_SALT or len(prints) != checkpoint.covered
+            or not data.endswith(b"}")):
+        return data
+    packed = base64.b64encode(array("q", prints).tobytes())
+    return b"".join((data[:-1], _MEMBER, str(PROCESS_SALT).encode(), b":", packed, b'"}'))
 
 
 def _decode(data: bytes) -> compactor.CompactionCheckpoint | None:
-    """A record back (a bare ``to_bytes`` too: records written before the head)."""
-    if not data.startswith(_MAGIC):
-        return compactor.CompactionCheckpoint.from_bytes(data)
-    try:
-        _, salt, count = _HEAD.unpack_from(data)
-    except struct.error:
-        return None
-    start = _HEAD.size + 8 * count
-    checkpoint = compactor.CompactionCheckpoint.from_bytes(data[start:])
-    if checkpoint is None or salt != PROCESS_SALT or count != checkpoint.covered:
+    """A record back, with its fingerprints when they were made with this process's salt."""
+    checkpoint = compactor.CompactionCheckpoint.from_bytes(data)
+    at = data.rfind(_MEMBER)
+    if checkpoint is None or at < 0 or not data.endswith(b'"}'):
         return checkpoint
-    prints = array("q")
-    prints.frombytes(data[_HEAD.size:start])
-    return dataclasses.replace(checkpoint, fingerprints=tuple(prints), salt=salt)
+    # Appended last by _encode: nothing after it but its own value (base64 holds no quote).
+    salt, _, packed = data[at + len(_MEMBER):-2].partition(b":")
+    try:
+        same = int(salt) == PROCESS_SALT
+        prints = array("q")
+        prints.frombytes(base64.b64decode(packed, validate=True))
+    except ValueError:
+        return checkpoint
+    if not same or len(prints) != checkpoint.covered:
+        return checkpoint
+    return dataclasses.replace(checkpoint, fingerprints=tuple(prints), salt=PROCESS_SALT)
 
 
 class CheckpointStore(RecordStore, ReplicaConsistency, Protocol):

@@ -33,6 +33,11 @@ async def test_a_checkpoint_written_elsewhere_replaces_the_one_in_memory_and_a_m
         assert again is not None and again.covered == 6
         # Carried fingerprints: same salt here, so the fast match is used.
         assert again.fingerprints == checkpoint(6).fingerprints and again.salt != 0
+        # The record is still what CompactionCheckpoint.from_bytes reads.
+        found_record = await a_store.get_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane")
+        assert found_record is not None and b"compact_proxy_fingerprints" in found_record[1]
+        plain = compactor.CompactionCheckpoint.from_bytes(found_record[1])
+        assert plain is not None and plain.covered == 6 and plain.fingerprints == ()
     finally:
         await a_store.close()
         await b_store.close()
