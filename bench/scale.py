@@ -105,6 +105,9 @@ class ScaleResults:
         shared_cpu_ms: by target, CPU milliseconds per request of the client (this process)
             and of the provider's process: the work that shares the machine's cores with the
             proxy.
+        machine_busy: by target, the share of the whole machine's CPU time (every core, every
+            process: ours and anyone else's) that was busy while it was measured; near 1.0
+            the machine, not the proxy, set the rate.
         processes: how many processes served each proxy (the workers; 1 for ``workers_1``).
         layers: the compaction layers the proxy reported for the request (``x-compact-layers``;
             empty: it was under the soft threshold and forwarded as it came).
@@ -118,6 +121,7 @@ class ScaleResults:
     failures: dict[str, int]
     cpu_ms: dict[str, float]
     shared_cpu_ms: dict[str, dict[str, float]]
+    machine_busy: dict[str, float]
     processes: dict[str, int]
     layers: str
     cores: int
@@ -141,6 +145,18 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(child) for child in text.split()]
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (``/proc/stat``; zeros elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - idle, total
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -227,17 +243,22 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
             failures = dict.fromkeys(TARGETS, 0)
             cpu = dict.fromkeys(pids, 0.0)
             shared = {name: {"client": 0.0, "provider": 0.0} for name in TARGETS}
+            ticks = {name: [0, 0] for name in TARGETS}
             provider_pid = upstream.process.pid if upstream.process else 0
             for number in range(sizes.rounds):
                 order = TARGETS[:2] if number % 2 == 0 else TARGETS[1::-1]
                 for name in (*order, "direct"):
                     before = _tree_cpu_s(pids[name]) if name in pids else 0.0
                     others = (process_cpu_s(None), process_cpu_s(provider_pid))
+                    machine = _machine_ticks()
                     spent, failed = await _closed_loop(client, urls[name], body,
                                                        sizes.requests, sizes.concurrency, name,
                                                        cold=sizes.cold)
                     if name in pids:
                         cpu[name] += _tree_cpu_s(pids[name]) - before
+                    busy, total_ticks = _machine_ticks()
+                    ticks[name][0] += busy - machine[0]
+                    ticks[name][1] += total_ticks - machine[1]
                     shared[name]["client"] += process_cpu_s(None) - others[0]
                     shared[name]["provider"] += process_cpu_s(provider_pid) - others[1]
                     seconds[name] += spent
@@ -252,6 +273,8 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
         cpu_ms={name: spent * 1000.0 / total for name, spent in cpu.items()},
         shared_cpu_ms={name: {who: spent * 1000.0 / total for who, spent in used.items()}
                        for name, used in shared.items()},
+        machine_busy={name: busy / total if total else math.nan
+                      for name, (busy, total) in ticks.items()},
         processes=processes,
         layers=probe.headers.get("x-compact-layers", ""),
         cores=os.cpu_count() or 0,
@@ -270,7 +293,7 @@ def format_report(results: ScaleResults) -> str:
         + (", a new session every request)" if s.cold else ", one session per client loop)"),
         "",
         f"{'target':<22}{'req/s':>9}{'per round':>32}{'failures':>9}"
-        f"{'CPU ms/req: proxy':>19}{'client':>8}{'provider':>10}",
+        f"{'CPU ms/req: proxy':>19}{'client':>8}{'provider':>10}{'machine busy':>14}",
     ]
     labels = {"workers_1": "serve --workers 1", "workers_2": "serve --workers 2",
               "direct": "provider directly"}
@@ -280,7 +303,7 @@ def format_report(results: ScaleResults) -> str:
         shared = results.shared_cpu_ms[name]
         lines.append(f"{labels[name]:<22}{results.rps[name]:>9.1f}{rounds:>32}"
                      f"{results.failures[name]:>9}{cpu:>19}{shared['client']:>8.2f}"
-                     f"{shared['provider']:>10.2f}")
+                     f"{shared['provider']:>10.2f}{results.machine_busy[name]:>14.0%}")
     lines += ["", f"throughput ratio, --workers 2 / --workers 1: {results.ratio:.2f}x "
                   f"({results.processes['workers_2']} worker processes)"]
     return "\n".join(lines)
