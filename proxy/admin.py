@@ -77,6 +77,7 @@ from proxy.state.store import (
     StateStore,
     StoredState,
     StoreError,
+    StoreUnavailable,
     VersionConflict,
 )
 
@@ -184,6 +185,10 @@ async def _bearer_auth(request: web.Request, handler: Handler) -> web.StreamResp
                                      session_id=request.match_info.get("sid"),
                                      tenant=request.match_info.get("tenant", NO_TENANT),
                                      error=type(exc).__name__, detail=str(exc))
+        if isinstance(exc, StoreUnavailable):  # retrying later may succeed
+            return error_response(503, "api_error",
+                                  f"the session store is unavailable during {action}",
+                                  headers={"Retry-After": "1"})
         return error_response(500, "api_error", f"state store failed during {action}")
 
 

@@ -120,12 +120,22 @@ class Run:
     answers: list[Answer]
     health: list[tuple[float, int, Any]]
     killed_at: float
+    restarting_at: float  # when the restart began (it may answer before it returns)
     restarted_at: float
+
+
+async def admin_get(proxy: RunningProxy, session_id: str) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.base_url}/admin/sessions/{session_id}/state",
+                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as resp,
+    ):
+        return resp.status, await resp.json()
 
 
 async def outage_under_load(proxy: RunningProxy, redis: RedisServer, session_id: str) -> Run:
     """Load for 1 s, Redis down for :data:`OUTAGE_S`, then load until :data:`RECOVERY_S`
-    after it is back plus 1 s."""
+    after it is back plus 1 s. Halfway through the outage the admin API answers 503."""
     stop = asyncio.Event()
     answers: list[Answer] = []
     health: list[tuple[float, int, Any]] = []
@@ -136,14 +146,19 @@ async def outage_under_load(proxy: RunningProxy, redis: RedisServer, session_id:
         await asyncio.sleep(1.0)
         killed_at = time.monotonic()
         await asyncio.to_thread(redis.kill)
-        await asyncio.sleep(OUTAGE_S)
+        await asyncio.sleep(OUTAGE_S / 2)
+        status, error = await admin_get(proxy, session_id)
+        assert status == 503 and error["error"]["type"] == "api_error"
+        assert "session store is unavailable" in error["error"]["message"]
+        await asyncio.sleep(OUTAGE_S / 2)
+        restarting_at = time.monotonic()
         await asyncio.to_thread(redis.restart)
         restarted_at = time.monotonic()
         await asyncio.sleep(RECOVERY_S + 1.0)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-    return Run(answers, health, killed_at, restarted_at)
+    return Run(answers, health, killed_at, restarting_at, restarted_at)
 
 
 def durable_blocks(upstream: UpstreamServer) -> list[bool]:
@@ -156,7 +171,7 @@ def check_health(run: Run) -> None:
     """/healthz: ok before the outage, 503 "unavailable" during it, ok again at the end."""
     before = [status for at, status, _ in run.health if at < run.killed_at]
     during = [(status, body) for at, status, body in run.health
-              if run.killed_at + 1.0 < at < run.restarted_at]
+              if run.killed_at + 1.0 < at < run.restarting_at - 0.5]
     assert before and set(before) == {200}
     assert (503, {"status": "unavailable", "store": "unavailable"}) in during
     assert set(status for status, _ in during) == {503}
