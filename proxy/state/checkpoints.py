@@ -42,7 +42,7 @@ from cachetools import LRUCache
 
 import compactor
 from compactor._fingerprint import PROCESS_SALT
-from proxy.state.store import RecordStore, ReplicaConsistency, StoreError
+from proxy.state.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
 from proxy.state.store.read_cache import request_versions
 
 __all__ = ["CHECKPOINT_RECORD_PREFIX", "CheckpointStore", "SessionCheckpoints"]
@@ -133,7 +133,8 @@ class SessionCheckpoints:
                     return None
             found = await self._store.get_versioned_record(session_id, kind)
         except StoreError as exc:
-            _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
+            if not isinstance(exc, StoreUnavailable):  # that is logged once a second
+                _log.warning("checkpoint_load_failed", error_class=type(exc).__name__)
             return None
         if found is None:
             self._memory[key] = (0, None)
@@ -151,7 +152,8 @@ class SessionCheckpoints:
             version = await self._store.put_versioned_record(
                 session_id, CHECKPOINT_RECORD_PREFIX + lane, _encode(checkpoint))
         except StoreError as exc:
-            _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)
+            if not isinstance(exc, StoreUnavailable):  # that is logged once a second
+                _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)
             # Not in the store: kept only where nobody else writes.
             if not self._store.shared:
                 self._memory[key] = (0, checkpoint)
