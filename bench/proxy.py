@@ -57,14 +57,22 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
+from collections.abc import (  # noqa: E402
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager  # noqa: E402
 from dataclasses import dataclass, field, replace  # noqa: E402
 from typing import Any, ClassVar, Final  # noqa: E402
 
@@ -72,7 +80,13 @@ import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from bench.stamped_upstream import CONTEXT_WINDOW, DELAY_HEADER, STAMP_FIELD  # noqa: E402
+from bench.stamped_upstream import (  # noqa: E402
+    CONTEXT_WINDOW,
+    DELAY_HEADER,
+    PROVIDER_MS_FIELD,
+    PROVIDER_MS_HEADER,
+    STAMP_FIELD,
+)
 from compactor import CachingCounter, TiktokenCounter  # noqa: E402
 from compactor._fingerprint import strip_cache_control  # noqa: E402
 from proxy.fake_upstream import (  # noqa: E402
@@ -120,10 +134,14 @@ REQUEST_TIMEOUT_S: Final = 120.0
 STOP_TIMEOUT_S: Final = 5.0
 RUN_DEADLINE_S: Final = 1200.0
 RSS_SAMPLE_S: Final = 0.005
+CPU_SETTLE_S: Final = 0.05  # after a cell, before its hops' CPU is read again
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
 SESSION_SEED: Final = 20_260_504
 PARSE_FLOOR_EVERY: Final = 5  # time json.loads of every 5th session body, as a reference
 _STAMP_RE: Final = re.compile(rb'"' + STAMP_FIELD.encode() + rb'":(\d+)')
+_PROVIDER_MS_RE: Final = re.compile(rb'"' + PROVIDER_MS_FIELD.encode() + rb'":\s*([0-9.]+)')
+# LiteLLM hands the provider's headers on with this prefix (streams only).
+_PROVIDER_HEADER_PREFIXES: Final = ("", "llm_provider-")
 
 
 class BenchError(RuntimeError):
@@ -147,6 +165,9 @@ class Sizes:
         session_turns: turns of the simulated agent session.
         small_bytes: size of the request under the threshold.
         large_bytes: size of the history above the threshold.
+        huge_bytes: the largest warm history (the flatness of the warm path).
+        cold_bytes: the history whose first request is timed (compacted from scratch).
+        cold_requests: timed first requests per target (each a new session).
     """
 
     latency_requests: int
@@ -158,6 +179,9 @@ class Sizes:
     session_turns: int
     small_bytes: int
     large_bytes: int
+    huge_bytes: int
+    cold_bytes: int
+    cold_requests: int
 
 
 @dataclass(frozen=True)
@@ -183,12 +207,15 @@ class Thresholds:
 
 FULL: Final = Sizes(latency_requests=300, throughput_requests=1200, concurrency=16, streams=200,
                     stream_event_delay_ms=250.0, stream_ramp_s=1.0, session_turns=300,
-                    small_bytes=50_000, large_bytes=800_000)
-QUICK: Final = replace(FULL, latency_requests=40, throughput_requests=320, session_turns=120)
+                    small_bytes=50_000, large_bytes=800_000, huge_bytes=2_600_000,
+                    cold_bytes=1_000_000, cold_requests=20)
+QUICK: Final = replace(FULL, latency_requests=40, throughput_requests=320, session_turns=120,
+                       cold_requests=8)
 #: For the smoke test: a few requests of each kind, seconds in all.
 TINY: Final = Sizes(latency_requests=3, throughput_requests=12, concurrency=4, streams=6,
                     stream_event_delay_ms=20.0, stream_ramp_s=0.05, session_turns=30,
-                    small_bytes=20_000, large_bytes=60_000)
+                    small_bytes=20_000, large_bytes=60_000, huge_bytes=90_000,
+                    cold_bytes=60_000, cold_requests=2)
 
 #: Soft 40k / hard 100k / tool results 2k, as the issue suggests. L3 keeps the last 60
 #: messages (~30 turns), which is more than a crossing may keep, so a crossing needs L4: the
@@ -440,21 +467,32 @@ class ManagedProcess:
 
     _live: ClassVar[set[ManagedProcess]] = set()
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, *,
+                 source: Path | None = _ROOT, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """``source``: the source tree put first on ``PYTHONPATH`` (None: none); ``cwd``:
+        where it runs (default: ``source``, else the repository root); ``env``: added."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.source = source
+        self.cwd = cwd or source or _ROOT
+        self.extra_env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start the process (cwd: the repository root)."""
+        """Start the process."""
         env = {k: v for k, v in os.environ.items() if k not in ("COMPACT_PROXY_CONFIG",)}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        if self.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.source),
+                                                              env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         with self.log_path.open("ab") as log:
             # Own session: a Ctrl-C in the terminal reaches the benchmark only, which then
             # stops its children in order.
-            self._proc = subprocess.Popen(self.argv, cwd=_ROOT, env=env, stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(self.argv, cwd=self.cwd, env=env,
+                                          stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)
         ManagedProcess._live.add(self)
@@ -529,8 +567,9 @@ class Service:
 
 
 async def _wait_until_up(client: aiohttp.ClientSession, process: ManagedProcess, url: str,
-                         headers: dict[str, str] | None = None) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+                         headers: dict[str, str] | None = None, *,
+                         timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not process.running:
             raise BenchError(f"{process.name} exited with code {process.returncode} before it "
@@ -543,7 +582,7 @@ async def _wait_until_up(client: aiohttp.ClientSession, process: ManagedProcess,
         except (TimeoutError, aiohttp.ClientError):
             pass
         await asyncio.sleep(0.05)
-    raise BenchError(f"{process.name} did not answer {url} within {STARTUP_TIMEOUT_S:g}s:\n"
+    raise BenchError(f"{process.name} did not answer {url} within {timeout_s:g}s:\n"
                      f"{process.log_tail()}")
 
 
@@ -588,13 +627,15 @@ def write_proxy_config(directory: Path, upstream_url: str, thresholds: Threshold
 @asynccontextmanager
 async def proxy_process(client: aiohttp.ClientSession, workdir: Path, name: str,
                         upstream_url: str, thresholds: Thresholds, *,
-                        sticky: bool, audit: bool = True) -> AsyncIterator[Service]:
-    """``python -m proxy.cli serve`` as a child process on a free port, waited for /healthz."""
+                        sticky: bool, audit: bool = True,
+                        source: Path = _ROOT) -> AsyncIterator[Service]:
+    """``python -m proxy.cli serve`` as a child process on a free port, waited for /healthz
+    (``source``: the source tree it runs from, e.g. a baseline's worktree)."""
     port = free_port()
     config = write_proxy_config(workdir / name, upstream_url, thresholds, sticky=sticky, port=port,
                                 audit=audit)
     process = ManagedProcess(name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
-                                    str(config)], workdir / f"{name}.log")
+                                    str(config)], workdir / f"{name}.log", source=source)
     process.start()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -602,6 +643,137 @@ async def proxy_process(client: aiohttp.ClientSession, workdir: Path, name: str,
         yield Service(url, process)
     finally:
         process.stop()
+
+
+LITELLM_ENV: Final = "LITELLM_BIN"
+LITELLM_VENV: Final = Path("/work/.bench-venvs/litellm")
+LITELLM_INSTALL: Final = ("python3 -m venv /work/.bench-venvs/litellm && "
+                          "/work/.bench-venvs/litellm/bin/pip install 'litellm[proxy]'")
+LITELLM_STARTUP_TIMEOUT_S: Final = 120.0
+
+
+def find_litellm() -> Path | None:
+    """LiteLLM's ``litellm`` command: ``$LITELLM_BIN``, else the side virtualenv
+    ``/work/.bench-venvs/litellm`` or ``../.bench-venvs/litellm`` next to the repository."""
+    named = os.environ.get(LITELLM_ENV)
+    candidates = [Path(named)] if named else [
+        LITELLM_VENV / "bin" / "litellm",
+        _ROOT.parent / ".bench-venvs" / "litellm" / "bin" / "litellm"]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def write_litellm_config(directory: Path, upstream_url: str) -> Path:
+    """LiteLLM's proxy config: the benchmark's model on the ``anthropic`` provider with the
+    fake provider as ``api_base``, so its Anthropic-native ``/v1/messages`` endpoint sends the
+    Messages API on to ``{api_base}/v1/messages``; the master key is the benchmark's API key
+    (which the client sends as ``x-api-key``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_list": [{"model_name": MODEL, "litellm_params": {
+            "model": f"anthropic/{MODEL}", "api_base": upstream_url, "api_key": BENCH_API_KEY}}],
+        "general_settings": {"master_key": BENCH_API_KEY},
+    }
+    path = directory / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class ExtraHop:
+    """An optional hop of the run (LiteLLM, a baseline proxy): started, or why not."""
+
+    service: Service | None
+    note: str
+
+
+@asynccontextmanager
+async def litellm_process(client: aiohttp.ClientSession, workdir: Path,
+                          upstream_url: str) -> AsyncIterator[ExtraHop]:
+    """LiteLLM's proxy (when installed) on a free port, pointed at the fake provider, and
+    checked once: a JSON and a streamed request must come back 200 with the provider's time.
+    Never fails the run: what went wrong is the hop's note."""
+    binary = find_litellm()
+    if binary is None:
+        yield ExtraHop(None, f"LiteLLM: not installed (install it in a side virtualenv: "
+                             f"{LITELLM_INSTALL}; or set ${LITELLM_ENV})")
+        return
+    port = free_port()
+    config = write_litellm_config(workdir / "litellm", upstream_url)
+    # No network here: LiteLLM reads its model cost map from its package, not GitHub.
+    process = ManagedProcess("litellm", [str(binary), "--config", str(config), "--host",
+                                         "127.0.0.1", "--port", str(port)],
+                             workdir / "litellm.log", source=None, cwd=workdir / "litellm",
+                             env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    process.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        note = ""
+        usable = False
+        version = "?"
+        try:
+            await _wait_until_up(client, process, f"{url}/health/liveliness",
+                                 timeout_s=LITELLM_STARTUP_TIMEOUT_S)
+            probe = request_body(history_of_size(20_000), stream=False)
+            usable = True
+            for stream in (False, True):
+                body = probe if not stream else probe.replace(b'"stream":false', b'"stream":true')
+                headers = _headers("bench-litellm-probe")
+                async with client.post(f"{url}/v1/messages", data=body,
+                                       headers=headers) as response:
+                    text = await response.read()
+                    version = response.headers.get("x-litellm-version", version)
+                    if response.status != 200:
+                        usable = False
+                        note = (f"LiteLLM {version} ({binary}) could not forward to the fake "
+                                f"provider: {'stream' if stream else 'json'} probe got HTTP "
+                                f"{response.status}: {text[:300].decode(errors='replace')}")
+                        break
+                    if _provider_ms(response.headers, text) is None:
+                        note = (f"LiteLLM {version}: the answer lost the provider's time "
+                                f"(no {PROVIDER_MS_HEADER} header, no {PROVIDER_MS_FIELD} field)"
+                                "; own time is not measurable through it")
+        except (BenchError, TimeoutError, aiohttp.ClientError) as exc:
+            usable = False
+            note = f"LiteLLM ({binary}) did not start or answer: {exc}"
+        if not usable:
+            process.stop()
+            yield ExtraHop(None, note)
+        else:
+            yield ExtraHop(Service(url, process),
+                           note or f"LiteLLM {version} ({binary}): /v1/messages, model "
+                                   f"anthropic/{MODEL}, api_base = the fake provider")
+    finally:
+        process.stop()
+
+
+@contextmanager
+def baseline_worktree(ref: str, directory: Path) -> Iterator[Path]:
+    """A ``git worktree`` of ``ref`` in ``directory`` (detached), removed on the way out."""
+    def git(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True,
+                              timeout=120, check=check)
+
+    try:
+        git("worktree", "add", "--detach", str(directory), ref)
+    except subprocess.CalledProcessError as exc:
+        raise BenchError(f"--baseline {ref}: git worktree add failed: {exc.stderr.strip()}"
+                         ) from exc
+    try:
+        yield directory
+    finally:
+        git("worktree", "remove", "--force", str(directory), check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+        git("worktree", "prune", check=False)
+
+
+def describe_ref(ref: str) -> str:
+    """``ref`` as ``<short hash> <subject>`` (the ref itself when git cannot say)."""
+    done = subprocess.run(["git", "-C", str(_ROOT), "log", "-1", "--format=%h %s", ref],
+                          capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout.strip()[:90] or ref
 
 
 # Not forwarded by the reference relay: per-connection headers and the ones aiohttp recomputes.
@@ -696,6 +868,8 @@ class Sample:
         headers: the ``x-compact-*`` response headers.
         events: per stamped SSE event, ``(provider's send stamp, client receive time)`` in
             ``time.time_ns()``.
+        provider_ms: the milliseconds the provider spent on the request, as it reported them
+            (``x-bench-provider-ms``, else the last ``bench_provider_ms`` field of the answer).
     """
 
     status: int
@@ -703,6 +877,13 @@ class Sample:
     first_ms: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
     events: tuple[tuple[int, int], ...] = ()
+    provider_ms: float | None = None
+
+    @property
+    def own_ms(self) -> float:
+        """Client latency minus the provider's own time for this request (NaN when the
+        provider's time did not come back)."""
+        return math.nan if self.provider_ms is None else self.ms - self.provider_ms
 
     @property
     def relay_ms(self) -> tuple[float, ...]:
@@ -726,11 +907,12 @@ async def send(client: aiohttp.ClientSession, base_url: str, body: bytes,
                 received += chunk
                 arrivals.append((len(received), now_ns))
         else:
-            await response.read()
+            received += await response.read()
         end = time.perf_counter()
         compact = {k.lower(): v for k, v in response.headers.items()
                    if k.lower().startswith("x-compact-")}
         status = response.status
+        provider_ms = _provider_ms(response.headers, received)
     events: list[tuple[int, int]] = []
     if arrivals:
         # Each stamp was received with the chunk that completed it.
@@ -740,7 +922,22 @@ async def send(client: aiohttp.ClientSession, base_url: str, body: bytes,
                 position += 1
             events.append((int(match.group(1)), arrivals[position][1]))
     return Sample(status, (end - start) * 1000.0,
-                  None if first is None else (first - start) * 1000.0, compact, tuple(events))
+                  None if first is None else (first - start) * 1000.0, compact, tuple(events),
+                  provider_ms)
+
+
+def _provider_ms(headers: Any, body: bytes | bytearray) -> float | None:
+    """The provider's own time: its header (possibly renamed by the hop), else the last
+    ``bench_provider_ms`` field of the answer (a stream's last event has the whole time)."""
+    for prefix in _PROVIDER_HEADER_PREFIXES:
+        value = headers.get(prefix + PROVIDER_MS_HEADER)
+        if value is not None:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    found = _PROVIDER_MS_RE.findall(body)
+    return float(found[-1]) if found else None
 
 
 # -- statistics -------------------------------------------------------------------------------
@@ -781,24 +978,37 @@ class Dist:
 
 @dataclass(frozen=True)
 class Targets:
-    """Where part 1 and 2 send: the proxy, the provider directly, and the reference relay.
+    """Where the latency and throughput parts send: the proxy, the provider directly, the
+    reference relay, and any further hops (``extra``: LiteLLM, a baseline proxy).
 
     ``relay`` is :func:`serve_null_relay` in its own process: an aiohttp reverse proxy that
     only forwards bytes, the floor any Python proxy hop costs on this machine (``None``:
-    not measured).
+    not measured). ``pids`` maps a target's name to its hop's process id, so a cell can say
+    how much CPU each hop spent per request (the provider's is not split by target).
     """
 
     proxy: str
     direct: str
     relay: str | None = None
+    extra: tuple[tuple[str, str], ...] = ()
+    pids: tuple[tuple[str, int], ...] = ()
 
-    def rotation(self, index: int) -> list[tuple[str, str]]:
-        """The targets in the order to call them for round ``index`` (rotating)."""
+    def named(self) -> list[tuple[str, str]]:
+        """Every target as ``(name, base URL)``."""
         named = [("proxy", self.proxy), ("direct", self.direct)]
         if self.relay is not None:
             named.append(("relay", self.relay))
+        return named + list(self.extra)
+
+    def rotation(self, index: int) -> list[tuple[str, str]]:
+        """The targets in the order to call them for round ``index`` (rotating)."""
+        named = self.named()
         shift = index % len(named)
         return named[shift:] + named[:shift]
+
+    def only(self, *extra: str) -> Targets:
+        """These targets with only the named extra hops (the others left out)."""
+        return replace(self, extra=tuple((n, u) for n, u in self.extra if n in extra))
 
 
 @dataclass(frozen=True)
@@ -807,6 +1017,9 @@ class LatencyCell:
 
     ``added_p50`` / ``added_p99`` are the proxy's percentile minus the direct one;
     ``relay`` is the reference relay's distribution (``relay_added_*`` likewise).
+    ``others`` holds the extra hops' latency (LiteLLM, a baseline), ``own`` every target's
+    own time (client latency minus the provider's reported time), ``cpu_ms`` the CPU
+    milliseconds per timed request of each hop process (proxy, relay, extras).
     """
 
     label: str
@@ -818,6 +1031,10 @@ class LatencyCell:
     tokens_after: int | None = None
     layers: str = ""
     relay: Dist | None = None
+    others: dict[str, Dist] = field(default_factory=dict)
+    own: dict[str, Dist] = field(default_factory=dict)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    body_bytes: int = 0
 
     @property
     def added_p50(self) -> float:
@@ -839,6 +1056,27 @@ class LatencyCell:
         """What the bare relay adds at the 99th percentile (NaN when not measured)."""
         return math.nan if self.relay is None else self.relay.p99 - self.direct.p99
 
+    def latency(self, target: str) -> Dist | None:
+        """The client latency of ``target`` (``direct``, ``relay``, ``proxy`` or an extra)."""
+        if target == "direct":
+            return self.direct
+        if target == "proxy":
+            return self.proxy
+        if target == "relay":
+            return self.relay
+        return self.others.get(target)
+
+    def own_p50(self, target: str) -> float:
+        """``target``'s own time at the median (NaN when not measured)."""
+        dist = self.own.get(target)
+        return math.nan if dist is None else dist.p50
+
+    @property
+    def targets(self) -> list[str]:
+        """The targets measured in this cell, in report order."""
+        names = ["direct", *(["relay"] if self.relay is not None else []), "proxy"]
+        return names + list(self.others)
+
 
 async def _round(client: aiohttp.ClientSession, targets: Targets, body: bytes, session_id: str,
                  stream: bool, index: int) -> dict[str, Sample]:
@@ -854,24 +1092,41 @@ def _header_int(sample: Sample, name: str) -> int | None:
 
 
 async def _cell(client: aiohttp.ClientSession, targets: Targets, bodies: Iterable[bytes], *,
-                stream: bool, label: str, session_id: str) -> LatencyCell:
-    """Time every body of ``bodies`` against every target, interleaved."""
-    times: dict[str, list[float]] = {"proxy": [], "direct": [], "relay": []}
+                stream: bool, label: str, session_id: str | Callable[[int], str]) -> LatencyCell:
+    """Time every body of ``bodies`` against every target, interleaved; the hops' CPU is
+    read before and after (``session_id``: one for all, or one per round)."""
+    names = [name for name, _ in targets.named()]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    own: dict[str, list[float]] = {name: [] for name in names}
+    pids = dict(targets.pids)
     failures = 0
     last: Sample | None = None
+    size = 0
+    cpu_before = {name: process_cpu_ns(pid) for name, pid in pids.items() if name in times}
     for index, body in enumerate(bodies):
-        samples = await _round(client, targets, body, session_id, stream, index)
+        size = len(body)
+        session = session_id(index) if callable(session_id) else session_id
+        samples = await _round(client, targets, body, session, stream, index)
         for name, sample in samples.items():
             failures += sample.status != 200
             times[name].append(sample.ms)
+            if not math.isnan(sample.own_ms):
+                own[name].append(sample.own_ms)
         last = samples["proxy"]
     if last is None:
         raise BenchError(f"{label}: no requests")
+    await asyncio.sleep(CPU_SETTLE_S)  # work a hop does right after its answer counts too
+    count = len(times["proxy"])
+    cpu_ms = {name: (process_cpu_ns(pid) - cpu_before[name]) / 1e6 / count
+              for name, pid in pids.items() if name in cpu_before}
     return LatencyCell(label, stream, Dist.of(times["direct"]), Dist.of(times["proxy"]), failures,
                        _header_int(last, "x-compact-tokens-before"),
                        _header_int(last, "x-compact-tokens-after"),
                        last.headers.get("x-compact-layers", ""),
-                       Dist.of(times["relay"]) if targets.relay is not None else None)
+                       Dist.of(times["relay"]) if targets.relay is not None else None,
+                       {name: Dist.of(times[name]) for name, _ in targets.extra},
+                       {name: Dist.of(values) for name, values in own.items() if values},
+                       cpu_ms, size)
 
 
 async def _fixed_cell(client: aiohttp.ClientSession, targets: Targets,
@@ -910,25 +1165,69 @@ async def _growing_cell(client: aiohttp.ClientSession, targets: Targets,
                        session_id=session_id)
 
 
+async def _cold_cell(client: aiohttp.ClientSession, targets: Targets,
+                     messages: list[dict[str, Any]], requests: int, *, label: str,
+                     tag: str) -> LatencyCell:
+    """The first request of a session, every time: the same history under a new session id
+    per round, so every proxy compacts it from scratch (its summary call included)."""
+    body = request_body(messages, stream=False)
+    await _round(client, targets, body, f"bench-{tag}-warmup", False, 0)  # connections, imports
+    return await _cell(client, targets, (body for _ in range(requests)), stream=False,
+                       label=label, session_id=lambda index: f"bench-{tag}-{index}")
+
+
+def _kb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1_000_000 else f"{size // 1000} KB"
+
+
 async def measure_latency(client: aiohttp.ClientSession, targets: Targets,
                           sizes: Sizes) -> list[LatencyCell]:
-    """Part 1: the four cells (small/large × json/stream)."""
+    """Part 1: the four cells (small/large × json/stream).
+
+    LiteLLM (``litellm``) is timed in the small cells; a baseline proxy (``baseline``) in the
+    json cells, where its CPU per request is read.
+    """
     small = history_of_size(sizes.small_bytes)
     large = history_of_size(sizes.large_bytes)
-    small_label = f"{sizes.small_bytes // 1000} KB, under threshold"
-    large_label = f"{sizes.large_bytes // 1000} KB history, warm"
+    small_label = f"{_kb(sizes.small_bytes)}, under threshold"
+    large_label = f"{_kb(sizes.large_bytes)} history, warm"
     cells = []
     for stream in (False, True):
         kind = "stream" if stream else "json"
-        cells.append(await _fixed_cell(client, targets, small, sizes.latency_requests,
-                                       stream=stream, label=f"{small_label}, {kind}",
+        extras = ("litellm", "baseline") if not stream else ("litellm",)
+        cells.append(await _fixed_cell(client, targets.only(*extras), small,
+                                       sizes.latency_requests, stream=stream,
+                                       label=f"{small_label}, {kind}",
                                        session_id=f"bench-small-{kind}"))
     for stream in (False, True):
         kind = "stream" if stream else "json"
-        cells.append(await _growing_cell(client, targets, large, sizes.latency_requests,
-                                         stream=stream, label=f"{large_label}, {kind}",
+        extras = ("baseline",) if not stream else ()
+        cells.append(await _growing_cell(client, targets.only(*extras), large,
+                                         sizes.latency_requests, stream=stream,
+                                         label=f"{large_label}, {kind}",
                                          session_id=f"bench-large-{kind}"))
     return cells
+
+
+async def measure_warm_sizes(client: aiohttp.ClientSession, targets: Targets, sizes: Sizes,
+                             middle: LatencyCell) -> list[LatencyCell]:
+    """Part 2: warm JSON cells at the small, the large (``middle``, part 1's cell) and the
+    huge size: a growing history, compacted once before the timed requests."""
+    cells = []
+    for size in (sizes.small_bytes, sizes.huge_bytes):
+        label = f"{_kb(size)} history, warm, json"
+        cells.append(await _growing_cell(client, targets.only(), history_of_size(size),
+                                         sizes.latency_requests, stream=False, label=label,
+                                         session_id=f"bench-warm-{size}"))
+    return [cells[0], middle, cells[1]]
+
+
+async def measure_cold(client: aiohttp.ClientSession, targets: Targets,
+                       sizes: Sizes) -> LatencyCell:
+    """Part 3: the first request of a session with a ``sizes.cold_bytes`` history."""
+    return await _cold_cell(client, targets.only("baseline"), history_of_size(sizes.cold_bytes),
+                            sizes.cold_requests, label=f"{_kb(sizes.cold_bytes)} history, cold",
+                            tag="cold")
 
 
 # -- part 2: throughput -----------------------------------------------------------------------
@@ -971,6 +1270,12 @@ class Throughput:
         return self.proxy_rps / self.direct_rps if self.direct_rps else math.nan
 
     @property
+    def proxy_vs_relay(self) -> float:
+        """Proxy throughput as a share of the bare relay's (NaN when not measured)."""
+        relay = self.rps.get("relay")
+        return self.proxy_rps / relay if relay else math.nan
+
+    @property
     def relay_ratio(self) -> float:
         """The bare relay's throughput as a share of direct (NaN when not measured)."""
         relay = self.rps.get("relay")
@@ -999,11 +1304,7 @@ async def _closed_loop(client: aiohttp.ClientSession, base_url: str, body: bytes
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of ``pid`` so far (this process when None; NaN if gone)."""
-    if pid is None:
-        times = os.times()
-        return times.user + times.system
+def _stat_cpu_s(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
@@ -1013,20 +1314,60 @@ def process_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def _schedstat_ns(pid: int) -> int | None:
+    """Nanoseconds on a CPU of every live thread of ``pid`` (``/proc/<pid>/task/*/schedstat``);
+    None where the kernel does not keep it."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
+                total += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just ended
+    return total
+
+
+def process_cpu_ns(pid: int) -> float:
+    """CPU nanoseconds of ``pid`` so far, as precise as the kernel says it.
+
+    The sum of its threads' ``schedstat`` (nanoseconds) where it is kept, but never less than
+    ``/proc/<pid>/stat``'s utime + stime (clock ticks, which also count threads that ended):
+    a cell of a few dozen requests is a few ticks, too coarse alone. NaN if the process is gone.
+    """
+    ticks = _stat_cpu_s(pid) * 1e9
+    precise = _schedstat_ns(pid)
+    if precise is None:
+        return ticks
+    return max(float(precise), ticks - 1e9 / _CLOCK_TICKS)
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of ``pid`` so far (this process when None; NaN if gone)."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    return process_cpu_ns(pid) / 1e9
+
+
 async def measure_throughput(client: aiohttp.ClientSession, targets: Targets,
                              pids: dict[str, int], sizes: Sizes) -> Throughput:
     """Part 2: the small request at ``sizes.concurrency`` against every target, in two
     rounds with the order reversed, so drift hits all alike.
 
-    ``pids`` maps ``proxy``, ``relay`` and ``provider`` to their process ids.
+    ``pids`` maps ``proxy``, ``relay``, ``provider`` and any extra target (``litellm``) to
+    their process ids.
     """
     body = request_body(history_of_size(sizes.small_bytes), stream=False)
     half = max(1, sizes.throughput_requests // 2)
     named = dict(targets.rotation(0))
     for name, url in named.items():
         await _closed_loop(client, url, body, sizes.concurrency, sizes.concurrency, f"warm-{name}")
-    involved = {"proxy": ("client", "proxy", "provider"), "direct": ("client", "provider"),
-                "relay": ("client", "relay", "provider")}
+    involved = {name: ("client", "provider") if name == "direct" else ("client", name, "provider")
+                for name in named}
     processes: dict[str, int | None] = {"client": None, **pids}
     seconds = dict.fromkeys(named, 0.0)
     cpu = {(target, who): 0.0 for target in named for who in processes}
@@ -1474,6 +1815,10 @@ class BenchResults:
     sessions: tuple[SessionReport, ...]
     seconds: float
     load_average: tuple[float, float] = (math.nan, math.nan)
+    warm: tuple[LatencyCell, ...] = ()
+    cold: LatencyCell | None = None
+    notes: tuple[str, ...] = ()
+    baseline: str | None = None
 
 
 def _progress(text: str) -> None:
@@ -1482,46 +1827,81 @@ def _progress(text: str) -> None:
 
 async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLDS, *,
                         sticky: bool = True, session_modes: Sequence[bool] = (True, False),
-                        workdir: Path | None = None) -> BenchResults:
+                        workdir: Path | None = None, litellm: bool = True,
+                        baseline: str | None = None) -> BenchResults:
     """Run every part and return the numbers (the child processes are stopped on return).
 
     Args:
         sizes: how much work each part does.
         thresholds: the proxies' ``compaction`` thresholds.
-        sticky: ``compaction.sticky`` of the proxies of parts 1–3.
+        sticky: ``compaction.sticky`` of the proxies of parts 1–6.
         session_modes: the ``sticky`` values to run the agent session with, in order.
         workdir: where configs, stores and logs go (default: a temporary directory, removed).
+        litellm: look for LiteLLM (:func:`find_litellm`) and measure it when found.
+        baseline: a git ref whose proxy (from a temporary worktree) is timed next to this one
+            in the cold cell and the CPU cells.
     """
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="compact-proxy-bench-") as tmp:
         root = workdir if workdir is not None else Path(tmp)
         async with client_session() as client:
-            async with upstream_process(client, root) as upstream, \
-                    relay_process(client, root, upstream.url) as relay:
-                async with proxy_process(client, root, "proxy-main", upstream.url, thresholds,
-                                         sticky=sticky) as proxy:
-                    targets = Targets(proxy.url, upstream.url, relay.url)
-                    _progress("part 1: added latency")
+            async with upstream_process(client, root) as upstream:
+                async with AsyncExitStack() as hops:
+                    relay = await hops.enter_async_context(
+                        relay_process(client, root, upstream.url))
+                    proxy = await hops.enter_async_context(proxy_process(
+                        client, root, "proxy-main", upstream.url, thresholds, sticky=sticky))
+                    extra: list[tuple[str, Service]] = []
+                    if baseline is not None:
+                        _progress(f"baseline: git worktree of {baseline}")
+                        source = hops.enter_context(baseline_worktree(
+                            baseline, Path(tmp) / "baseline-src"))
+                        extra.append(("baseline", await hops.enter_async_context(proxy_process(
+                            client, root, "proxy-baseline", upstream.url, thresholds,
+                            sticky=sticky, source=source))))
+                        notes.append(f"baseline: {describe_ref(baseline)} (git worktree, its "
+                                     "proxy.cli serve with the same config)")
+                    if litellm:
+                        _progress("LiteLLM: looking for it")
+                        hop = await hops.enter_async_context(
+                            litellm_process(client, root, upstream.url))
+                        notes.append(hop.note)
+                        if hop.service is not None:
+                            extra.append(("litellm", hop.service))
+                    else:
+                        notes.append("LiteLLM: not measured in this run")
+                    pids = {"proxy": _pid(proxy), "relay": _pid(relay),
+                            **{name: _pid(service) for name, service in extra}}
+                    targets = Targets(proxy.url, upstream.url, relay.url,
+                                      tuple((name, service.url) for name, service in extra),
+                                      tuple(pids.items()))
+                    _progress("part 1: latency")
                     latency = await measure_latency(client, targets, sizes)
-                    _progress("part 2: throughput")
+                    _progress("part 2: warm histories at three sizes")
+                    warm = await measure_warm_sizes(client, targets, sizes, latency[2])
+                    _progress(f"part 3: cold {_kb(sizes.cold_bytes)} history")
+                    cold = await measure_cold(client, targets, sizes)
+                    _progress("part 4: throughput")
                     throughput = await measure_throughput(
-                        client, targets, {"proxy": _pid(proxy), "relay": _pid(relay),
-                                          "provider": _pid(upstream)}, sizes)
+                        client, targets.only("litellm"),
+                        {**pids, "provider": _pid(upstream)}, sizes)
                 async with proxy_process(client, root, "proxy-streams", upstream.url, thresholds,
                                          sticky=sticky) as fresh:
-                    _progress(f"part 3: {sizes.streams} concurrent streams")
+                    _progress(f"part 6: {sizes.streams} concurrent streams")
                     streams = await measure_streams(client, fresh, upstream.url, sizes)
             counter = CachingCounter(TiktokenCounter())
             sessions = []
             for mode in session_modes:
-                _progress(f"part 4: {sizes.session_turns}-turn session, "
+                _progress(f"part 7: {sizes.session_turns}-turn session, "
                           f"{'sticky' if mode else 'recompute'}")
                 sessions.append(await run_session(client, root, thresholds, sizes.session_turns,
                                                   sticky=mode, counter=counter))
     return BenchResults(sizes, thresholds, sticky, tuple(latency), throughput, streams,
                         tuple(sessions), time.perf_counter() - started,
-                        (load_before, os.getloadavg()[0]))
+                        (load_before, os.getloadavg()[0]), tuple(warm), cold, tuple(notes),
+                        baseline)
 
 
 def _pid(service: Service) -> int:
@@ -1630,6 +2010,77 @@ class Goal:
     name: str
     measured: str
     met: bool
+    issue: int = 4
+    judged: bool = True
+
+    @property
+    def verdict(self) -> str:
+        """``[    met]``, ``[NOT met]`` or ``[    n/a]`` (not measured in this run)."""
+        if not self.judged:
+            return "[    n/a]"
+        return "[    met]" if self.met else "[NOT met]"
+
+
+#: Cold first request: the proxy may be this much slower than the baseline and still count as
+#: "no slower" (the noise of a few requests on a shared machine).
+COLD_TOLERANCE: Final = 1.05
+
+
+def warm_flatness(results: BenchResults, target: str = "proxy") -> float:
+    """``target``'s own p50 at the largest warm history over its own p50 at the smallest."""
+    if len(results.warm) < 2:
+        return math.nan
+    return _ratio(results.warm[-1].own_p50(target), results.warm[0].own_p50(target))
+
+
+def issue13_goals(results: BenchResults) -> list[Goal]:
+    """The goals of issue #13, each from this run's numbers."""
+    goals: list[Goal] = []
+    small = next((c for c in results.latency if "under" in c.label and not c.stream), None)
+    cpu_proxy, cpu_relay = _cpu(small, "proxy"), _cpu(small, "relay")
+    cpu_ratio = _ratio(cpu_proxy, cpu_relay)
+    t = results.throughput
+    c16 = _ratio(t.cpu_ms.get("proxy", {}).get("proxy", math.nan),
+                 t.cpu_ms.get("relay", {}).get("relay", math.nan))
+    goals.append(Goal(
+        f"CPU per {_kb(results.sizes.small_bytes)} request, nothing to compact, <= 1.5x the "
+        "bare relay's", f"{cpu_ratio:.2f}x ({cpu_proxy:.2f} vs {cpu_relay:.2f} ms, sequential; "
+        f"at concurrency {t.concurrency}: {c16:.2f}x)",
+        cpu_ratio <= 1.5 and small is not None and not small.failures, 13))
+    flat = warm_flatness(results)
+    warm_failures = sum(c.failures for c in results.warm)
+    if results.warm:
+        first, last = results.warm[0], results.warm[-1]
+        goals.append(Goal(
+            f"warm own p50 flat between {first.label.split(' history')[0]} and "
+            f"{last.label.split(' history')[0]} (<= 1.2)",
+            f"{flat:.2f} ({first.own_p50('proxy'):.2f} -> {last.own_p50('proxy'):.2f} ms)",
+            flat <= 1.2 and not warm_failures, 13))
+        middle = results.warm[len(results.warm) // 2]
+        goals.append(Goal(
+            f"warm own p50 <= 2 ms at {middle.label.split(' history')[0]}",
+            f"{middle.own_p50('proxy'):.2f} ms (relay {middle.own_p50('relay'):.2f} ms)",
+            middle.own_p50("proxy") <= 2.0 and not middle.failures, 13))
+    goals.append(Goal(
+        f"throughput at concurrency {t.concurrency} >= 80% of the bare relay's",
+        f"{t.proxy_vs_relay:.0%} ({t.proxy_rps:.0f} vs {t.rps.get('relay', math.nan):.0f} rps)",
+        t.proxy_vs_relay >= 0.80 and not t.failures, 13))
+    cold = results.cold
+    if cold is not None and "baseline" in cold.own:
+        ratio = _ratio(cold.own_p50("proxy"), cold.own_p50("baseline"))
+        goals.append(Goal(
+            f"cold first request of a {_kb(results.sizes.cold_bytes)} history no slower than "
+            f"{results.baseline} (own p50, <= {COLD_TOLERANCE:.2f}x for noise)",
+            f"{ratio:.2f}x ({cold.own_p50('proxy'):.1f} vs {cold.own_p50('baseline'):.1f} ms; "
+            f"latency p50 {cold.proxy.p50:.1f} vs {cold.others['baseline'].p50:.1f} ms)",
+            ratio <= COLD_TOLERANCE and not cold.failures, 13))
+    else:
+        measured = (f"proxy own p50 {cold.own_p50('proxy'):.1f} ms; no baseline"
+                    if cold is not None else "not measured")
+        goals.append(Goal(f"cold first request of a {_kb(results.sizes.cold_bytes)} history "
+                          "no slower than a baseline",
+                          f"{measured} (run with --baseline REF)", False, 13, judged=False))
+    return goals
 
 
 def _cells(results: BenchResults, large: bool) -> list[LatencyCell]:
@@ -1638,7 +2089,7 @@ def _cells(results: BenchResults, large: bool) -> list[LatencyCell]:
 
 
 def evaluate_goals(results: BenchResults) -> list[Goal]:
-    """The goals of issue #4 against the measured numbers.
+    """The goals of issue #4, then those of issue #13, against the measured numbers.
 
     The session goals are judged on the first session mode run (sticky in a default run).
     """
@@ -1688,11 +2139,49 @@ def evaluate_goals(results: BenchResults) -> list[Goal]:
         goals.append(Goal(f"{r.turns}-turn session ({mode}): every forwarded view accepted",
                           f"{r.client_failures} non-200 at the client, {r.upstream_failures} "
                           f"at the provider", r.client_failures == 0 and r.upstream_failures == 0))
-    return goals
+    return goals + issue13_goals(results)
 
 
 def _ms(value: float) -> str:
     return "    -" if math.isnan(value) else f"{value:7.2f}"
+
+
+_TARGET_NAMES: Final = {"direct": "direct (no hop)", "relay": "relay (bare aiohttp)",
+                        "proxy": "compact-proxy", "litellm": "LiteLLM proxy",
+                        "baseline": "compact-proxy baseline"}
+
+
+def _name(target: str) -> str:
+    return _TARGET_NAMES.get(target, target)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator and denominator > 0 else math.nan
+
+
+def _cpu(cell: LatencyCell | None, target: str) -> float:
+    return math.nan if cell is None else cell.cpu_ms.get(target, math.nan)
+
+
+def _latency_rows(add: Callable[[str], object], cell: LatencyCell) -> None:
+    view = ""
+    if cell.tokens_before is not None:
+        view = (f"; proxy view {cell.tokens_before} -> {cell.tokens_after} tok "
+                f"{cell.layers or '(none)'}")
+    add(f"   {cell.label} ({cell.body_bytes / 1e6:.2f} MB body; errors {cell.failures}{view})")
+    for target in cell.targets:
+        latency = cell.latency(target)
+        if latency is None:
+            continue
+        own = cell.own.get(target, Dist.of([]))
+        added = math.nan if target == "direct" else latency.p50 - cell.direct.p50
+        add(f"     {_name(target):<26}{_ms(latency.p50):>9}{_ms(latency.p99):>9}"
+            f"{_ms(own.p50):>10}{_ms(own.p99):>9}{_ms(added):>11}{_ms(_cpu(cell, target)):>11}")
+
+
+def _latency_header(add: Callable[[str], object]) -> None:
+    add(f"     {'target':<26}{'p50':>9}{'p99':>9}{'own p50':>10}{'own p99':>9}{'added p50':>11}"
+        f"{'CPU ms/req':>11}")
 
 
 def format_report(results: BenchResults) -> str:
@@ -1702,7 +2191,7 @@ def format_report(results: BenchResults) -> str:
     add = out.append
     before, after = results.load_average
     add(f"compact-proxy proxy benchmark — {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, token_counter tiktoken, parts 1-3 with sticky "
+        f"{platform.python_version()}, token_counter tiktoken, parts 1-6 with sticky "
         f"{'on' if results.sticky else 'off'}, {results.seconds:.0f} s, load average "
         f"{before:.2f} before / {after:.2f} after")
     if before > BUSY_LOAD:
@@ -1710,41 +2199,101 @@ def format_report(results: BenchResults) -> str:
             "competes for the CPUs and inflates every time below")
     add(f"thresholds: soft {th.soft_threshold_tokens}, hard {th.hard_limit_tokens}, "
         f"max_tool_result {th.max_tool_result_tokens}, keep_recent {th.keep_recent_messages}, "
-        f"summary_keep_recent {th.summary_keep_recent}; provider and proxy are separate "
-        f"processes on 127.0.0.1 (client, proxy and provider share the CPUs)")
+        f"summary_keep_recent {th.summary_keep_recent}; provider and hops are separate "
+        f"processes on 127.0.0.1 (client, hops and provider share the CPUs)")
+    for note in results.notes:
+        add(note)
     add("")
-    add(f"1. Added latency, ms (request start -> last byte; direct, relay and proxy "
-        f"interleaved, {sizes.latency_requests} requests each per cell; added = pXX - direct pXX)")
-    add(f"   {'cell':<36}{'direct p50':>11}{'p99':>8}{'relay +p50':>11}{'+p99':>8}"
-        f"{'proxy p50':>11}{'p99':>8}{'added p50':>11}{'p99':>8}  errors  proxy view")
-    for c in results.latency:
-        view = ""
-        if c.tokens_before is not None:
-            view = f"{c.tokens_before} -> {c.tokens_after} tok {c.layers or '(none)'}"
-        add(f"   {c.label:<36}{_ms(c.direct.p50):>11}{_ms(c.direct.p99):>8}"
-            f"{_ms(c.relay_added_p50):>11}{_ms(c.relay_added_p99):>8}"
-            f"{_ms(c.proxy.p50):>11}{_ms(c.proxy.p99):>8}{_ms(c.added_p50):>11}"
-            f"{_ms(c.added_p99):>8}  {c.failures:>6}  {view}")
-    add("   relay = a bare aiohttp reverse proxy (bench/proxy.py --null-relay: read, forward,")
-    add("   relay chunks; no parse, no store, no log): +pXX is the floor a Python hop costs here.")
-    add("   warm = the session compacted this history once (untimed); each timed request is the")
-    add("   same history grown by one small exchange, same session id; direct gets the same bytes.")
-    add("   Direct, the provider parses and checks the whole history; via the proxy it gets the")
-    add("   compacted view: for the large cells the proxy's total p50 bounds its own time.")
+    add(f"1. Latency and own time, ms ({sizes.latency_requests} requests per target per cell, "
+        "targets interleaved, the order rotating)")
+    add("   p50/p99 = request start -> last byte at the client; own = that minus the time the "
+        "provider reported")
+    add("   for the same request (its handler, first byte read -> last byte written): what the "
+        "hop, the client")
+    add("   and loopback cost, whatever the hop sent upstream. added = p50 - direct p50. "
+        "CPU ms/req = the hop")
+    add("   process's CPU time over the cell / requests (/proc; thread schedstat, ns).")
+    _latency_header(add)
+    for cell in results.latency:
+        _latency_rows(add, cell)
+    add("   relay = bench/proxy.py --null-relay: read, forward, relay chunks; no parse, no "
+        "store, no log (the floor).")
+    add("   warm = the session compacted this history once (untimed); each timed request is the "
+        "same history")
+    add("   grown by one small exchange, same session id. Direct, the provider parses the whole "
+        "history, via")
+    add("   the proxy only the compacted view: there 'added' is negative and own time is the "
+        "honest figure.")
     add("")
+    if results.warm:
+        add(f"2. Warm history at three sizes, json ({sizes.latency_requests} requests each; the "
+            "session compacted once, untimed; every")
+        add("   timed request = the same history grown by one small exchange, same session id)")
+        add(f"   {'history':<10}{'body MB':>8}{'direct own p50':>16}{'relay own p50':>15}"
+            f"{'p99':>8}{'proxy own p50':>15}{'p99':>8}{'proxy-relay':>13}{'proxy CPU':>11}"
+            "  proxy view")
+        for cell in results.warm:
+            relay, proxy = cell.own.get("relay", Dist.of([])), cell.own.get("proxy", Dist.of([]))
+            view = (f"{cell.tokens_before} -> {cell.tokens_after} tok {cell.layers or '(none)'}"
+                    if cell.tokens_before is not None else "")
+            add(f"   {cell.label.split(' history')[0]:<10}{cell.body_bytes / 1e6:>8.2f}"
+                f"{_ms(cell.own_p50('direct')):>16}{_ms(relay.p50):>15}{_ms(relay.p99):>8}"
+                f"{_ms(proxy.p50):>15}{_ms(proxy.p99):>8}{_ms(proxy.p50 - relay.p50):>13}"
+                f"{_ms(_cpu(cell, 'proxy')):>11}  {view}")
+        add(f"   proxy flatness = own p50 at {_kb(sizes.huge_bytes)} / own p50 at "
+            f"{_kb(sizes.small_bytes)}: {warm_flatness(results):.2f}  (relay: "
+            f"{warm_flatness(results, 'relay'):.2f})")
+        add("")
+    if results.cold is not None:
+        cell = results.cold
+        add(f"3. Cold: the first request of a session, {_kb(sizes.cold_bytes)} history, json "
+            f"({sizes.cold_requests} requests per target, each")
+        add("   a new session id: the proxy compacts from scratch, its summary call to the "
+            "provider included in own time)")
+        _latency_header(add)
+        _latency_rows(add, cell)
+        if "baseline" in cell.own:
+            add(f"   proxy / baseline own p50: "
+                f"{_ratio(cell.own_p50('proxy'), cell.own_p50('baseline')):.2f}")
+        add("")
     t = results.throughput
-    add(f"2. Throughput, {sizes.small_bytes // 1000} KB json requests, concurrency "
-        f"{t.concurrency}, {t.requests} requests per target")
-    relay_rps = t.rps.get("relay", math.nan)
-    add(f"   direct {t.direct_rps:7.0f} rps   relay {relay_rps:7.0f} rps ({t.relay_ratio:.0%})"
-        f"   proxy {t.proxy_rps:7.0f} rps ({t.ratio:.1%} of direct)   errors {t.failures}")
+    add(f"4. Throughput, {_kb(sizes.small_bytes)} json requests, concurrency {t.concurrency}, "
+        f"{t.requests} requests per target (two rounds, order reversed)")
+    add("   " + "   ".join(f"{target} {rps:.0f} rps" for target, rps in t.rps.items())
+        + f"   errors {t.failures}")
+    add(f"   proxy / relay {t.proxy_vs_relay:.1%}, proxy / direct {t.ratio:.1%}")
     for target, processes in t.cpu_ms.items():
         parts = " + ".join(f"{who} {ms:.2f}" for who, ms in processes.items())
-        add(f"   CPU ms per request, {target:<6}: {parts} = {sum(processes.values()):.2f}")
+        add(f"   CPU ms per request, {target:<8}: {parts} = {sum(processes.values()):.2f}")
     add(f"   (client, hop and provider share the {os.cpu_count()} CPUs)")
     add("")
+    add("5. CPU per request of the hop process (ms; sequential requests of part 1, "
+        f"interleaved; and at concurrency {t.concurrency}, part 4)")
+    kb = _kb(sizes.small_bytes)
+    small = next((c for c in results.latency if "under" in c.label and not c.stream), None)
+    large = next((c for c in results.latency if "history" in c.label and not c.stream), None)
+    rows = [(f"bare relay, {kb}", small, "relay", "relay"),
+            (f"compact-proxy, {kb}, nothing to compact", small, "proxy", "proxy"),
+            (f"compact-proxy, {_kb(sizes.large_bytes)} warm, compacted", large, "proxy", None),
+            (f"bare relay, {_kb(sizes.large_bytes)} warm (reference)", large, "relay", None)]
+    if small is not None and "litellm" in small.cpu_ms:
+        rows.append((f"LiteLLM proxy, {kb}", small, "litellm", "litellm"))
+    if small is not None and "baseline" in small.cpu_ms:
+        rows.append((f"baseline compact-proxy, {kb}", small, "baseline", None))
+        rows.append((f"baseline compact-proxy, {_kb(sizes.large_bytes)} warm", large,
+                     "baseline", None))
+    add(f"   {'hop, request':<44}{'sequential':>11}{'x relay':>9}"
+        f"{f'at c{t.concurrency}':>9}{'x relay':>9}")
+    relay_seq, relay_c16 = _cpu(small, "relay"), t.cpu_ms.get("relay", {}).get("relay", math.nan)
+    for label, cell, target, tput in rows:
+        seq = _cpu(cell, target)
+        c16 = t.cpu_ms.get(tput, {}).get(tput, math.nan) if tput else math.nan
+        add(f"   {label:<44}{_ms(seq):>11}{_ratio(seq, relay_seq):>9.2f}{_ms(c16):>9}"
+            f"{_ratio(c16, relay_c16):>9.2f}")
+    add(f"   (x relay: over the bare relay's CPU per {kb} request, same column)")
+    add("")
     s = results.streams
-    add(f"3. {s.streams} concurrent streams through a fresh proxy process "
+    add(f"6. {s.streams} concurrent streams through a fresh proxy process "
         f"({sizes.small_bytes // 1000} KB requests, {sizes.stream_event_delay_ms:g} ms between "
         f"events, opened over {sizes.stream_ramp_s:g} s; {s.max_open} open at once)")
     add(f"   proxy RSS: idle {s.idle_rss_mb:.0f} MB, peak VmHWM {s.peak_rss_mb:.0f} MB, "
@@ -1766,9 +2315,11 @@ def format_report(results: BenchResults) -> str:
     add("")
     if results.sessions:
         add(_format_sessions(results.sessions, th))
-    add("Goals (issue #4)")
-    for goal in evaluate_goals(results):
-        add(f"   [{'met' if goal.met else 'NOT met':>7}] {goal.name}: {goal.measured}")
+    goals = evaluate_goals(results)
+    for issue in sorted({g.issue for g in goals}):
+        add(f"Goals (issue #{issue})")
+        for goal in (g for g in goals if g.issue == issue):
+            add(f"   {goal.verdict} {goal.name}: {goal.measured}")
     return "\n".join(out)
 
 
@@ -1776,7 +2327,7 @@ def _format_sessions(sessions: Sequence[SessionReport], th: Thresholds) -> str:
     out: list[str] = []
     add = out.append
     turns = sessions[0].turns
-    add(f"4. {turns}-turn agent session, resent in full every turn (reads, edits, test logs, "
+    add(f"7. {turns}-turn agent session, resent in full every turn (reads, edits, test logs, "
         f"greps; the same files read again and again)")
     add("   cacheable = common prefix of consecutive forwarded views (tools, system, whole "
         "messages; cache_control ignored),")
@@ -1834,6 +2385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"fewer requests ({QUICK.latency_requests} per latency cell, "
                              f"{QUICK.session_turns} session turns)")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also run the proxy of this git ref (a temporary git worktree) in "
+                             "the cold cell and the CPU cells, e.g. beabb44")
+    parser.add_argument("--no-litellm", action="store_true",
+                        help="do not look for LiteLLM (default: measured when installed, see "
+                             "bench/README.md)")
     parser.add_argument("--audit", action="store_true",
                         help="only the audit log's cost: added latency and throughput with "
                              "audit.enabled true against false, in one run")
@@ -1854,7 +2411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             audit = await asyncio.wait_for(run_audit_benchmark(sizes), RUN_DEADLINE_S)
             return format_audit_report(audit)
         return format_report(await asyncio.wait_for(
-            run_benchmark(sizes, SESSION_THRESHOLDS, sticky=sticky, session_modes=modes),
+            run_benchmark(sizes, SESSION_THRESHOLDS, sticky=sticky, session_modes=modes,
+                          litellm=not args.no_litellm, baseline=args.baseline),
             RUN_DEADLINE_S))
 
     try:

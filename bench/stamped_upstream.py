@@ -1,4 +1,4 @@
-"""The strict fake provider for ``bench/proxy.py``, run as its own process, with two additions.
+"""The strict fake provider for ``bench/proxy.py``, run as its own process, with three additions.
 
     python -m bench.stamped_upstream --port 8788      (from the repository root)
 
@@ -9,6 +9,14 @@
    fake server's ``encode_event``, which ``_stream`` calls right before each ``write``.
 2. The request header ``x-bench-event-delay-ms`` (forwarded by the proxy like any header)
    sets the reply's ``event_delay_s``, so a benchmark can hold many streams open at once.
+3. Every answer says how long the provider spent on it, measured inside this process from the
+   moment its outermost middleware starts (request headers parsed, body not yet read) to the
+   last write: a JSON answer in the response header ``x-bench-provider-ms`` (set after the
+   handler returns, before aiohttp writes the small body) and in a top-level body field
+   ``"bench_provider_ms"`` (taken when the message is built, for hops that rebuild the headers,
+   as LiteLLM does); a stream in a ``"bench_provider_ms"`` field of every SSE event (the time so
+   far, taken as the event is written), so the last event carries the whole time. The client
+   subtracts it from its own latency: the hop's *own time*, whatever the hop sends upstream.
 
 Everything else is :mod:`proxy.fake_upstream` unchanged: the same strict rules (a view that
 breaks them gets a 400), the default script (summaries for the summarizer), the simulated
@@ -22,13 +30,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, Final
+
+from aiohttp import web
 
 import proxy.fake_upstream.server as fake_server
 from proxy.fake_upstream import (
@@ -39,10 +50,15 @@ from proxy.fake_upstream import (
     start_fake_upstream,
 )
 
-__all__ = ["DELAY_HEADER", "STAMP_FIELD", "make_upstream", "stamp_events", "main"]
+__all__ = ["DELAY_HEADER", "PROVIDER_MS_FIELD", "PROVIDER_MS_HEADER", "STAMP_FIELD",
+           "BenchUpstream", "make_upstream", "stamp_events", "main"]
 
 #: The field every streamed event carries: when the provider wrote it, in ``time.time_ns()``.
 STAMP_FIELD: Final = "bench_sent_ns"
+#: Response header of a JSON answer: milliseconds the provider spent on the request.
+PROVIDER_MS_HEADER: Final = "x-bench-provider-ms"
+#: The same in a JSON answer's body and in every SSE event (time so far when it was written).
+PROVIDER_MS_FIELD: Final = "bench_provider_ms"
 #: Request header: milliseconds between two SSE events of the reply.
 DELAY_HEADER: Final = "x-bench-event-delay-ms"
 #: Generous enough for an uncompacted multi-megabyte history sent straight to the provider.
@@ -50,22 +66,61 @@ CONTEXT_WINDOW: Final = 50_000_000
 MAX_DELAY_MS: Final = 10_000.0
 # The fake server's module global that writes one SSE event, and the mark of our wrapper.
 _PATCHED: Final = "encode_event"
+_PATCHED_MESSAGE: Final = "build_message"
 _MARK: Final = "bench_stamped"
+# perf_counter_ns() when the outermost middleware started on the current request (its task).
+_STARTED: Final[contextvars.ContextVar[int | None]] = contextvars.ContextVar(
+    "bench_provider_started", default=None)
+
+
+def _elapsed_ms() -> float | None:
+    started = _STARTED.get()
+    return None if started is None else round((time.perf_counter_ns() - started) / 1e6, 3)
 
 
 def stamp_events() -> None:
-    """Make the fake server stamp every SSE event with its send time (idempotent)."""
-    # ``_stream`` looks the name up in its module's globals at every event, so replacing that
-    # global is enough; the fake provider's own files stay as they are.
+    """Make the fake server stamp every SSE event with its send time and the provider time so
+    far, and every JSON message with the provider time (idempotent)."""
+    # ``_stream`` and ``_handle_messages`` look the names up in their module's globals at every
+    # call, so replacing those globals is enough; the fake provider's own files stay as they are.
     original: Callable[[str, Mapping[str, Any]], bytes] = getattr(fake_server, _PATCHED)
     if getattr(original, _MARK, False):
         return
 
     def encode_event(name: str, data: Mapping[str, Any]) -> bytes:
-        return original(name, {**data, STAMP_FIELD: time.time_ns()})
+        stamped = {**data, STAMP_FIELD: time.time_ns()}
+        elapsed = _elapsed_ms()
+        if elapsed is not None:
+            stamped[PROVIDER_MS_FIELD] = elapsed
+        return original(name, stamped)
+
+    build: Callable[..., dict[str, Any]] = getattr(fake_server, _PATCHED_MESSAGE)
+
+    def build_message(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        message = build(*args, **kwargs)
+        elapsed = _elapsed_ms()
+        return message if elapsed is None else {**message, PROVIDER_MS_FIELD: elapsed}
 
     setattr(encode_event, _MARK, True)
     setattr(fake_server, _PATCHED, encode_event)
+    setattr(fake_server, _PATCHED_MESSAGE, build_message)
+
+
+@web.middleware
+async def provider_time(request: web.Request,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                        ) -> web.StreamResponse:
+    """Outermost: start the provider's clock for this request; a JSON answer (not yet
+    prepared when the handler returns) gets the time as a header."""
+    token = _STARTED.set(time.perf_counter_ns())
+    try:
+        response = await handler(request)
+        elapsed = _elapsed_ms()
+        if not response.prepared and elapsed is not None:
+            response.headers[PROVIDER_MS_HEADER] = f"{elapsed:.3f}"
+        return response
+    finally:
+        _STARTED.reset(token)
 
 
 def _delay_s(headers: Mapping[str, str]) -> float:
@@ -79,9 +134,20 @@ def _delay_s(headers: Mapping[str, str]) -> float:
     return min(max(value, 0.0), MAX_DELAY_MS) / 1000.0
 
 
+class BenchUpstream(FakeUpstream):
+    """:class:`FakeUpstream` whose app times every request (:func:`provider_time`)."""
+
+    def make_app(self) -> web.Application:
+        """The fake provider's app with the timing middleware outermost."""
+        app = super().make_app()
+        app.middlewares.insert(0, provider_time)
+        return app
+
+
 def make_upstream() -> FakeUpstream:
-    """A fake provider with the default script, the delay header and no request history."""
-    upstream = FakeUpstream(context_window=CONTEXT_WINDOW)
+    """A fake provider with the default script, the delay header, the provider-time stamps
+    and no request history."""
+    upstream = BenchUpstream(context_window=CONTEXT_WINDOW)
 
     def script(body: dict[str, Any], meta: RecordedRequest) -> Reply:
         # The current request's record is the last one; older ones are not needed.
