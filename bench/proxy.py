@@ -1,38 +1,48 @@
-"""Proxy benchmark: what compact-proxy adds to a request, measured through the real processes.
+"""Proxy benchmark: what compact-proxy costs a request, measured through the real processes.
 
-    python bench/proxy.py [--no-sticky] [--quick]
+    python bench/proxy.py [--no-sticky] [--quick] [--baseline REF] [--no-litellm]
     python bench/proxy.py --audit [--quick]
 
 The strict fake provider (``bench/stamped_upstream.py``: ``proxy.fake_upstream`` plus a send
-stamp on every SSE event) and the proxy (``python -m proxy.cli serve``) run as separate
-processes on free loopback ports, with their state in a temporary directory and
+stamp on every SSE event and the time it spent on every request), the proxy (``python -m
+proxy.cli serve``), a bare aiohttp relay (``--null-relay``) and, when installed, LiteLLM's proxy
+run as separate processes on free loopback ports, with their state in a temporary directory and
 ``token_counter: tiktoken``. A raw aiohttp client (no SDK) measures, in one run:
 
-1. added latency (proxy − direct, measured interleaved in the same run), p50/p99, for a 50 KB
-   request under the soft threshold and for an 800 KB history above it, WARM (the session
-   compacted it once; every timed request is the same history grown by one exchange), each
-   as JSON and as a stream;
-2. requests per second at concurrency 16, through the proxy and direct;
-3. a fresh proxy process under 200 concurrent streams: peak RSS (``/proc/<pid>/status``
+1. latency and *own time* (client latency minus the provider's reported time for the same
+   request: what the hop costs, whatever it sends upstream), p50/p99, targets interleaved, for
+   a 50 KB request under the soft threshold and an 800 KB history above it, WARM (the session
+   compacted it once; every timed request is the same history grown by one exchange), each as
+   JSON and as a stream; with the CPU milliseconds each hop process spent per request;
+2. warm JSON histories of 50 KB, 800 KB and 2.6 MB: own time of relay and proxy, and the
+   proxy's flatness (own p50 at 2.6 MB / at 50 KB);
+3. the cold (first) request of a 1 MB history, a new session every time (with ``--baseline
+   REF``: that commit's proxy, run from a temporary ``git worktree``, side by side);
+4. requests per second at concurrency 16 against every hop, and where the CPU went;
+5. CPU per request: bare relay, compact-proxy with nothing to compact, compact-proxy warm
+   with compaction (and LiteLLM, the baseline), with the ratio to the relay;
+6. a fresh proxy process under 200 concurrent streams: peak RSS (``/proc/<pid>/status``
    VmHWM, and VmRSS sampled) and the relay latency of the provider's events (provider's send
    stamp → client's receive time, via the proxy and direct);
-4. a simulated 300-turn agent session resent in full each turn, once with sticky compaction
+7. a simulated 300-turn agent session resent in full each turn, once with sticky compaction
    and once recomputing every time (side by side): the share of forwarded input tokens the
    provider could serve from its prompt cache, summary calls, soft-threshold crossings, the
    proxy's added time per request by history size, and whether every forwarded view passed
    the provider's strict rules (the fake provider runs in this process for this part, so it
    can read every forwarded view).
 
-It ends with each goal of issue #4 and ``met`` / ``NOT met``.
+It ends with each goal of issues #4 and #13 and ``met`` / ``NOT met`` (``n/a``: not measured
+in this run, e.g. the cold goal without ``--baseline``).
 
 ``--audit`` runs one other part instead: the audit log's cost (issue #12). Two proxies, one
 with ``audit.enabled: true`` and one with ``false``, and the provider directly, interleaved in
 one run: the added p50 / p99 of each for the 50 KB request and the warm 800 KB history (JSON
 and stream), their ratio (on / off), and the throughput of both at concurrency 16.
 
-Everything is bounded: loopback
-only, fixed request counts, a per-request timeout and a whole-run deadline; the child
-processes are stopped on every exit path (normal end, error, Ctrl-C, SIGTERM).
+Everything is bounded: loopback only, fixed request counts, a per-request timeout and a
+whole-run deadline; the child processes are stopped and the temporary directory and worktree
+removed on every exit path (normal end, error, Ctrl-C, SIGTERM). LiteLLM is never required:
+without it the report says how to install it.
 """
 
 from __future__ import annotations
@@ -99,7 +109,9 @@ from proxy.fake_upstream import (  # noqa: E402
 )
 
 __all__ = [
+    "COLD_TOLERANCE",
     "FULL",
+    "LITELLM_ENV",
     "QUICK",
     "TINY",
     "AgentSession",
@@ -107,21 +119,30 @@ __all__ = [
     "BenchError",
     "BenchResults",
     "Dist",
+    "ExtraHop",
     "Goal",
     "LatencyCell",
     "ManagedProcess",
     "SessionReport",
     "Sizes",
     "StreamReport",
+    "Targets",
     "Thresholds",
     "Throughput",
+    "baseline_worktree",
     "evaluate_goals",
+    "find_litellm",
     "format_audit_report",
     "format_report",
     "history_of_size",
+    "issue13_goals",
+    "litellm_process",
     "main",
+    "process_cpu_ns",
     "run_audit_benchmark",
     "run_benchmark",
+    "warm_flatness",
+    "write_litellm_config",
 ]
 
 MODEL: Final = "claude-sonnet-4-5"

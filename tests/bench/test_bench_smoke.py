@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ MIN_EVENTS_PER_STREAM = 7
 
 @pytest.fixture(scope="module")
 def results() -> bench.BenchResults:
-    """One whole benchmark run at the tiny size (both session modes)."""
-    return asyncio.run(bench.run_benchmark(bench.TINY, bench.TINY_THRESHOLDS))
+    """One whole benchmark run at the tiny size (both session modes; LiteLLM is never
+    needed, and not looked for)."""
+    return asyncio.run(bench.run_benchmark(bench.TINY, bench.TINY_THRESHOLDS, litellm=False))
 
 
 def finite_dist(dist: bench.Dist, n: int) -> bool:
@@ -48,6 +50,46 @@ def test_latency_part_measures_every_cell_through_the_proxy_and_direct(
         assert cell.relay is not None and finite_dist(cell.relay, bench.TINY.latency_requests)
         assert cell.failures == 0
         assert cell.added_p50 == pytest.approx(cell.proxy.p50 - cell.direct.p50)
+
+
+def test_every_target_has_its_own_time_and_every_hop_its_cpu_per_request(
+    results: bench.BenchResults,
+) -> None:
+    """The provider reported its time on every answer (JSON and stream), so every target of
+    every cell has an own time below its latency; every hop process has a CPU figure."""
+    cells = [*results.latency, *results.warm, results.cold]
+    for cell in cells:
+        assert cell is not None
+        assert set(cell.own) == set(cell.targets)
+        for target in cell.targets:
+            latency = cell.latency(target)
+            assert latency is not None
+            assert finite_dist(cell.own[target], latency.n)
+            assert cell.own[target].p50 <= latency.p50
+        assert set(cell.cpu_ms) == set(cell.targets) - {"direct"}
+        assert all(math.isfinite(ms) and ms >= 0 for ms in cell.cpu_ms.values())
+        assert cell.body_bytes > 0
+
+
+def test_warm_part_has_three_growing_sizes_and_a_flatness(results: bench.BenchResults) -> None:
+    """Small, large (part 1's json cell) and huge, in order of size; a finite flatness."""
+    sizes = [cell.body_bytes for cell in results.warm]
+    assert len(sizes) == 3 and sizes == sorted(sizes)
+    assert results.warm[1] is results.latency[2]
+    assert sizes[0] >= bench.TINY.small_bytes and sizes[2] >= bench.TINY.huge_bytes
+    assert all(finite_dist(cell.own["proxy"], bench.TINY.latency_requests)
+               for cell in results.warm)
+    assert math.isfinite(bench.warm_flatness(results))
+    # Above the threshold, the warm cells are forwarded compacted.
+    assert results.warm[2].layers
+
+
+def test_cold_cell_compacts_every_request_from_scratch(results: bench.BenchResults) -> None:
+    """Every timed request of the cold cell is a new session, compacted (no baseline here)."""
+    cold = results.cold
+    assert cold is not None and cold.failures == 0
+    assert cold.proxy.n == bench.TINY.cold_requests
+    assert cold.layers and "baseline" not in cold.others
 
 
 def test_large_cells_are_compacted_and_small_cells_are_not(results: bench.BenchResults) -> None:
@@ -133,13 +175,18 @@ def test_report_prints_every_part_and_a_verdict_for_every_goal(
 ) -> None:
     """The report holds the four parts and one met / NOT met line per goal."""
     report = bench.format_report(results)
-    for heading in ("1. Added latency", "2. Throughput", "3. ", "4. ", "Goals (issue #4)"):
+    for heading in ("1. Latency and own time", "2. Warm history at three sizes", "3. Cold",
+                    "4. Throughput", "5. CPU per request", "6. ", "7. ", "Goals (issue #4)",
+                    "Goals (issue #13)", "LiteLLM: not measured"):
         assert heading in report
     goals = bench.evaluate_goals(results)
-    assert len(goals) == 10
+    assert [g.issue for g in goals] == [4] * 10 + [13] * 5
     for goal in goals:
-        verdict = "[    met]" if goal.met else "[NOT met]"
-        assert f"{verdict} {goal.name}: {goal.measured}" in report
+        assert goal.verdict in ("[    met]", "[NOT met]", "[    n/a]")
+        assert f"{goal.verdict} {goal.name}: {goal.measured}" in report
+    # Without --baseline the cold goal is not judged, and says how to judge it.
+    cold_goal = goals[-1]
+    assert not cold_goal.judged and "--baseline" in cold_goal.measured
 
 
 def test_agent_session_is_deterministic_and_valid_for_the_provider() -> None:
@@ -186,6 +233,61 @@ async def test_child_processes_are_stopped_when_a_run_fails(tmp_path: Path) -> N
     assert len(started) == 2
     assert not any(p.running for p in started)
     assert not set(started) & set(bench.ManagedProcess.live())
+
+
+def test_litellm_missing_is_a_note_not_an_error(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``$LITELLM_BIN`` naming nothing, LiteLLM is not found and the hop says how to
+    install it; no process is started."""
+    monkeypatch.setenv(bench.LITELLM_ENV, str(tmp_path / "no-such-litellm"))
+    assert bench.find_litellm() is None
+
+    async def run() -> bench.ExtraHop:
+        async with bench.client_session() as client:
+            async with bench.litellm_process(client, tmp_path, "http://127.0.0.1:9") as hop:
+                return hop
+
+    hop = asyncio.run(run())
+    assert hop.service is None
+    assert hop.note.startswith("LiteLLM: not installed") and "pip install" in hop.note
+
+
+def test_litellm_config_points_the_anthropic_provider_at_the_fake_one(tmp_path: Path) -> None:
+    """The model goes to the ``anthropic`` provider with the fake provider as ``api_base``."""
+    import yaml
+
+    config = yaml.safe_load(bench.write_litellm_config(tmp_path, "http://127.0.0.1:1234")
+                            .read_text(encoding="utf-8"))
+    params = config["model_list"][0]["litellm_params"]
+    assert config["model_list"][0]["model_name"] == bench.MODEL
+    assert params["model"] == f"anthropic/{bench.MODEL}"
+    assert params["api_base"] == "http://127.0.0.1:1234"
+
+
+def test_baseline_worktree_is_made_and_removed(tmp_path: Path) -> None:
+    """``--baseline``'s worktree holds the ref's files and is gone (from disk and from
+    ``git worktree list``) afterwards."""
+    path = tmp_path / "baseline-src"
+    with bench.baseline_worktree("HEAD", path) as source:
+        assert (source / "bench" / "proxy.py").is_file()
+    assert not path.exists()
+    listed = subprocess.run(["git", "-C", str(bench._ROOT), "worktree", "list"],
+                            capture_output=True, text=True, check=True).stdout
+    assert str(path) not in listed
+    with pytest.raises(bench.BenchError, match="worktree add failed"):
+        with bench.baseline_worktree("no-such-ref-0123", tmp_path / "bad"):
+            pass
+
+
+def test_provider_time_is_read_from_the_header_or_the_last_field() -> None:
+    """The header wins (also LiteLLM's ``llm_provider-`` copy); else the last field of the
+    body (a stream's last event has the whole time); else nothing."""
+    header = {bench.PROVIDER_MS_HEADER: "1.5"}
+    assert bench._provider_ms(header, b'{"bench_provider_ms": 9}') == 1.5
+    assert bench._provider_ms({"llm_provider-x-bench-provider-ms": "2.25"}, b"") == 2.25
+    stream = b'data: {"bench_provider_ms":0.5}\n\ndata: {"bench_provider_ms":0.75}\n\n'
+    assert bench._provider_ms({}, stream) == 0.75
+    assert bench._provider_ms({}, b"{}") is None
 
 
 def test_audit_part_compares_audit_on_and_off_in_one_run() -> None:
