@@ -158,6 +158,7 @@ RSS_SAMPLE_S: Final = 0.005
 CPU_SETTLE_S: Final = 0.05  # after a cell, before its hops' CPU is read again
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
 SESSION_SEED: Final = 20_260_504
+COLD_SEED: Final = 7_000_000  # the cold cell's histories: COLD_SEED + round, never seen before
 PARSE_FLOOR_EVERY: Final = 5  # time json.loads of every 5th session body, as a reference
 _STAMP_RE: Final = re.compile(rb'"' + STAMP_FIELD.encode() + rb'":(\d+)')
 _PROVIDER_MS_RE: Final = re.compile(rb'"' + PROVIDER_MS_FIELD.encode() + rb'":\s*([0-9.]+)')
@@ -790,6 +791,23 @@ def baseline_worktree(ref: str, directory: Path) -> Iterator[Path]:
         git("worktree", "prune", check=False)
 
 
+def code_state() -> str:
+    """Which compact-proxy this run measures: the working tree's commit, and the files of
+    ``proxy/`` and ``compactor/`` that differ from it (work in progress is measured as is)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True,
+                              timeout=30, check=False)
+        return done.stdout.rstrip()
+
+    head = git("log", "-1", "--format=%h")
+    last = git("log", "-1", "--format=%h %s", "--", "proxy", "compactor")[:80]
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "proxy",
+                                        "compactor").splitlines() if line[3:]]
+    dirty = f" + uncommitted changes in {', '.join(changed)}" if changed else ""
+    return (f"compact-proxy: the working tree at {head or '?'} (proxy/ and compactor/ last "
+            f"committed in {last or '?'}){dirty}")
+
+
 def describe_ref(ref: str) -> str:
     """``ref`` as ``<short hash> <subject>`` (the ref itself when git cannot say)."""
     done = subprocess.run(["git", "-C", str(_ROOT), "log", "-1", "--format=%h %s", ref],
@@ -1186,15 +1204,20 @@ async def _growing_cell(client: aiohttp.ClientSession, targets: Targets,
                        session_id=session_id)
 
 
-async def _cold_cell(client: aiohttp.ClientSession, targets: Targets,
-                     messages: list[dict[str, Any]], requests: int, *, label: str,
-                     tag: str) -> LatencyCell:
-    """The first request of a session, every time: the same history under a new session id
-    per round, so every proxy compacts it from scratch (its summary call included)."""
-    body = request_body(messages, stream=False)
-    await _round(client, targets, body, f"bench-{tag}-warmup", False, 0)  # connections, imports
-    return await _cell(client, targets, (body for _ in range(requests)), stream=False,
-                       label=label, session_id=lambda index: f"bench-{tag}-{index}")
+async def _cold_cell(client: aiohttp.ClientSession, targets: Targets, size: int,
+                     requests: int, *, label: str, tag: str) -> LatencyCell:
+    """The first request of a session, every time: per round a history of ``size`` bytes no
+    process has seen (the agent session with another seed) under a new session id, so every
+    proxy compacts it from scratch (a summary call included, if its layers need one) and
+    nothing it cached by content (token counts, fingerprints) helps."""
+    def body(round_index: int) -> bytes:
+        return request_body(history_of_size(size, seed=COLD_SEED + round_index), stream=False)
+
+    # Connections and lazy imports, untimed.
+    await _round(client, targets, body(requests), f"bench-{tag}-warmup", False, 0)
+    return await _cell(client, targets, (body(index) for index in range(requests)),
+                       stream=False, label=label,
+                       session_id=lambda index: f"bench-{tag}-{index}")
 
 
 def _kb(size: int) -> str:
@@ -1246,7 +1269,7 @@ async def measure_warm_sizes(client: aiohttp.ClientSession, targets: Targets, si
 async def measure_cold(client: aiohttp.ClientSession, targets: Targets,
                        sizes: Sizes) -> LatencyCell:
     """Part 3: the first request of a session with a ``sizes.cold_bytes`` history."""
-    return await _cold_cell(client, targets.only("baseline"), history_of_size(sizes.cold_bytes),
+    return await _cold_cell(client, targets.only("baseline"), sizes.cold_bytes,
                             sizes.cold_requests, label=f"{_kb(sizes.cold_bytes)} history, cold",
                             tag="cold")
 
@@ -1864,7 +1887,7 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
     """
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    notes: list[str] = []
+    notes: list[str] = [code_state()]
     with tempfile.TemporaryDirectory(prefix="compact-proxy-bench-") as tmp:
         root = workdir if workdir is not None else Path(tmp)
         async with client_session() as client:
@@ -2180,6 +2203,10 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator and denominator > 0 else math.nan
 
 
+def _times(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.2f}"
+
+
 def _cpu(cell: LatencyCell | None, target: str) -> float:
     return math.nan if cell is None else cell.cpu_ms.get(target, math.nan)
 
@@ -2309,8 +2336,8 @@ def format_report(results: BenchResults) -> str:
     for label, cell, target, tput in rows:
         seq = _cpu(cell, target)
         c16 = t.cpu_ms.get(tput, {}).get(tput, math.nan) if tput else math.nan
-        add(f"   {label:<44}{_ms(seq):>11}{_ratio(seq, relay_seq):>9.2f}{_ms(c16):>9}"
-            f"{_ratio(c16, relay_c16):>9.2f}")
+        add(f"   {label:<44}{_ms(seq):>11}{_times(_ratio(seq, relay_seq)):>9}{_ms(c16):>9}"
+            f"{_times(_ratio(c16, relay_c16)):>9}")
     add(f"   (x relay: over the bare relay's CPU per {kb} request, same column)")
     add("")
     s = results.streams
