@@ -1912,6 +1912,7 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
                         hop = await hops.enter_async_context(
                             litellm_process(client, root, upstream.url))
                         notes.append(hop.note)
+                        _progress(hop.note)
                         if hop.service is not None:
                             extra.append(("litellm", hop.service))
                     else:
