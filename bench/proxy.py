@@ -156,6 +156,7 @@ STOP_TIMEOUT_S: Final = 5.0
 RUN_DEADLINE_S: Final = 1200.0
 RSS_SAMPLE_S: Final = 0.005
 CPU_SETTLE_S: Final = 0.05  # after a cell, before its hops' CPU is read again
+WARM_BLOCK: Final = 40  # timed requests per session of a warm cell (then a new session)
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
 SESSION_SEED: Final = 20_260_504
 COLD_SEED: Final = 7_000_000  # the cold cell's histories: COLD_SEED + round, never seen before
@@ -1130,42 +1131,69 @@ def _header_int(sample: Sample, name: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-async def _cell(client: aiohttp.ClientSession, targets: Targets, bodies: Iterable[bytes], *,
-                stream: bool, label: str, session_id: str | Callable[[int], str]) -> LatencyCell:
-    """Time every body of ``bodies`` against every target, interleaved; the hops' CPU is
-    read before and after (``session_id``: one for all, or one per round)."""
-    names = [name for name, _ in targets.named()]
-    times: dict[str, list[float]] = {name: [] for name in names}
-    own: dict[str, list[float]] = {name: [] for name in names}
-    pids = dict(targets.pids)
-    failures = 0
+@dataclass
+class _Tally:
+    """What the timed requests of one cell collected so far (one or more segments)."""
+
+    times: dict[str, list[float]]
+    own: dict[str, list[float]]
+    cpu_ns: dict[str, float]
+    failures: int = 0
     last: Sample | None = None
-    size = 0
-    cpu_before = {name: process_cpu_ns(pid) for name, pid in pids.items() if name in times}
+    size: int = 0
+
+    @classmethod
+    def of(cls, targets: Targets) -> _Tally:
+        """An empty tally for ``targets``."""
+        names = [name for name, _ in targets.named()]
+        return cls({name: [] for name in names}, {name: [] for name in names},
+                   {name: 0.0 for name, _ in targets.pids if name in names})
+
+
+async def _timed(client: aiohttp.ClientSession, targets: Targets, bodies: Iterable[bytes],
+                 tally: _Tally, *, stream: bool, session_id: str | Callable[[int], str]) -> None:
+    """Time every body of ``bodies`` against every target, interleaved, into ``tally``; the
+    hops' CPU is read before and after (``session_id``: one for all, or one per round)."""
+    pids = {name: pid for name, pid in targets.pids if name in tally.cpu_ns}
+    cpu_before = {name: process_cpu_ns(pid) for name, pid in pids.items()}
     for index, body in enumerate(bodies):
-        size = len(body)
+        tally.size = len(body)
         session = session_id(index) if callable(session_id) else session_id
         samples = await _round(client, targets, body, session, stream, index)
         for name, sample in samples.items():
-            failures += sample.status != 200
-            times[name].append(sample.ms)
+            tally.failures += sample.status != 200
+            tally.times[name].append(sample.ms)
             if not math.isnan(sample.own_ms):
-                own[name].append(sample.own_ms)
-        last = samples["proxy"]
-    if last is None:
-        raise BenchError(f"{label}: no requests")
+                tally.own[name].append(sample.own_ms)
+        tally.last = samples["proxy"]
     await asyncio.sleep(CPU_SETTLE_S)  # work a hop does right after its answer counts too
-    count = len(times["proxy"])
-    cpu_ms = {name: (process_cpu_ns(pid) - cpu_before[name]) / 1e6 / count
-              for name, pid in pids.items() if name in cpu_before}
-    return LatencyCell(label, stream, Dist.of(times["direct"]), Dist.of(times["proxy"]), failures,
+    for name, pid in pids.items():
+        tally.cpu_ns[name] += process_cpu_ns(pid) - cpu_before[name]
+
+
+def _finish(tally: _Tally, targets: Targets, *, label: str, stream: bool) -> LatencyCell:
+    last, count = tally.last, len(tally.times["proxy"])
+    if last is None or not count:
+        raise BenchError(f"{label}: no requests")
+    times = tally.times
+    return LatencyCell(label, stream, Dist.of(times["direct"]), Dist.of(times["proxy"]),
+                       tally.failures,
                        _header_int(last, "x-compact-tokens-before"),
                        _header_int(last, "x-compact-tokens-after"),
                        last.headers.get("x-compact-layers", ""),
                        Dist.of(times["relay"]) if targets.relay is not None else None,
                        {name: Dist.of(times[name]) for name, _ in targets.extra},
-                       {name: Dist.of(values) for name, values in own.items() if values},
-                       cpu_ms, size)
+                       {name: Dist.of(values) for name, values in tally.own.items() if values},
+                       {name: ns / 1e6 / count for name, ns in tally.cpu_ns.items()},
+                       tally.size)
+
+
+async def _cell(client: aiohttp.ClientSession, targets: Targets, bodies: Iterable[bytes], *,
+                stream: bool, label: str, session_id: str | Callable[[int], str]) -> LatencyCell:
+    """Time every body of ``bodies`` against every target, interleaved, as one cell."""
+    tally = _Tally.of(targets)
+    await _timed(client, targets, bodies, tally, stream=stream, session_id=session_id)
+    return _finish(tally, targets, label=label, stream=stream)
 
 
 async def _fixed_cell(client: aiohttp.ClientSession, targets: Targets,
@@ -1182,26 +1210,32 @@ async def _fixed_cell(client: aiohttp.ClientSession, targets: Targets,
 async def _growing_cell(client: aiohttp.ClientSession, targets: Targets,
                         messages: list[dict[str, Any]], requests: int, *, stream: bool,
                         label: str, session_id: str) -> LatencyCell:
-    """One session whose history grows by one small exchange per request, warm: its first
-    compaction (L4 included) happens before the timed requests."""
-    history = list(messages)
-    cold = await send(client, targets.proxy, request_body(history, stream=stream),
-                      _headers(session_id), stream=stream)
-    if cold.status != 200:
-        raise BenchError(f"{label}: the cold request got HTTP {cold.status}")
-    grown = 0
+    """Sessions whose history grows by one small exchange per request, warm: each session's
+    first compaction (L4 included) and three warm-ups happen before its timed requests.
 
-    def grown_bodies(count: int) -> Iterable[bytes]:
-        nonlocal grown
-        for _ in range(count):
-            grown += 1
-            history.extend(tiny_exchange(grown))
-            yield request_body(history, stream=stream)
+    A session serves at most :data:`WARM_BLOCK` timed requests, then the next one starts from
+    ``messages`` again, so the history stays near its nominal size however many requests are
+    timed (300 grown exchanges would add 600 messages, and the 50 KB cell would measure those).
+    """
+    tally = _Tally.of(targets)
+    for block, start in enumerate(range(0, requests, WARM_BLOCK)):
+        session = f"{session_id}-{block}"
+        history = list(messages)
+        cold = await send(client, targets.proxy, request_body(history, stream=stream),
+                          _headers(session), stream=stream)
+        if cold.status != 200:
+            raise BenchError(f"{label}: the cold request got HTTP {cold.status}")
 
-    for index, body in enumerate(grown_bodies(3)):  # warm-ups, untimed
-        await _round(client, targets, body, session_id, stream, index)
-    return await _cell(client, targets, grown_bodies(requests), stream=stream, label=label,
-                       session_id=session_id)
+        def grown_bodies(count: int, history: list[dict[str, Any]] = history) -> Iterable[bytes]:
+            for _ in range(count):
+                history.extend(tiny_exchange(len(history)))
+                yield request_body(history, stream=stream)
+
+        for index, body in enumerate(grown_bodies(3)):  # warm-ups, untimed
+            await _round(client, targets, body, session, stream, index)
+        await _timed(client, targets, grown_bodies(min(WARM_BLOCK, requests - start)), tally,
+                     stream=stream, session_id=session)
+    return _finish(tally, targets, label=label, stream=stream)
 
 
 async def _cold_cell(client: aiohttp.ClientSession, targets: Targets, size: int,

@@ -235,6 +235,34 @@ async def test_child_processes_are_stopped_when_a_run_fails(tmp_path: Path) -> N
     assert not set(started) & set(bench.ManagedProcess.live())
 
 
+def test_a_warm_cell_spreads_its_requests_over_sessions_of_a_bounded_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More timed requests than a session may serve: every one is timed, the history stays near
+    its nominal size (one block's growth), and the proxy's CPU per request is still read."""
+    monkeypatch.setattr(bench, "WARM_BLOCK", 2)
+    messages = bench.history_of_size(bench.TINY.large_bytes)
+
+    async def run() -> bench.LatencyCell:
+        async with bench.client_session() as client:
+            async with bench.upstream_process(client, tmp_path) as upstream, \
+                    bench.proxy_process(client, tmp_path, "proxy-blocks", upstream.url,
+                                        bench.TINY_THRESHOLDS, sticky=True) as proxy:
+                targets = bench.Targets(proxy.url, upstream.url,
+                                        pids=(("proxy", bench._pid(proxy)),))
+                return await bench._growing_cell(client, targets, messages, 5, stream=False,
+                                                 label="blocks", session_id="bench-blocks")
+
+    cell = asyncio.run(run())
+    assert cell.failures == 0
+    assert finite_dist(cell.proxy, 5) and finite_dist(cell.own["proxy"], 5)
+    nominal = len(bench.request_body(messages, stream=False))
+    grown = len(bench.request_body([*messages, *bench.tiny_exchange(0)], stream=False)) - nominal
+    # Each session: 3 warm-ups and at most 2 timed requests, one exchange each.
+    assert nominal < cell.body_bytes <= nominal + 5 * grown + 100
+    assert set(cell.cpu_ms) == {"proxy"} and cell.cpu_ms["proxy"] > 0
+
+
 def test_litellm_missing_is_a_note_not_an_error(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``$LITELLM_BIN`` naming nothing, LiteLLM is not found and the hop says how to
