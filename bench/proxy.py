@@ -233,7 +233,7 @@ FULL: Final = Sizes(latency_requests=300, throughput_requests=1200, concurrency=
                     small_bytes=50_000, large_bytes=800_000, huge_bytes=2_600_000,
                     cold_bytes=1_000_000, cold_requests=20)
 QUICK: Final = replace(FULL, latency_requests=40, throughput_requests=320, session_turns=120,
-                       cold_requests=8)
+                       cold_requests=12)
 #: For the smoke test: a few requests of each kind, seconds in all.
 TINY: Final = Sizes(latency_requests=3, throughput_requests=12, concurrency=4, streams=6,
                     stream_event_delay_ms=20.0, stream_ramp_s=0.05, session_turns=30,
@@ -2303,15 +2303,16 @@ def format_report(results: BenchResults) -> str:
         "store, no log (the floor).")
     add("   warm = the session compacted this history once (untimed); each timed request is the "
         "same history")
-    add("   grown by one small exchange, same session id. Direct, the provider parses the whole "
-        "history, via")
+    add(f"   grown by one small exchange, same session id (a new session every {WARM_BLOCK} "
+        "requests). Direct, the provider parses the whole history, via")
     add("   the proxy only the compacted view: there 'added' is negative and own time is the "
         "honest figure.")
     add("")
     if results.warm:
         add(f"2. Warm history at three sizes, json ({sizes.latency_requests} requests each; the "
             "session compacted once, untimed; every")
-        add("   timed request = the same history grown by one small exchange, same session id)")
+        add("   timed request = the same history grown by one small exchange, same session id; "
+            f"a new session every {WARM_BLOCK})")
         add(f"   {'history':<10}{'body MB':>8}{'direct own p50':>16}{'relay own p50':>15}"
             f"{'p99':>8}{'proxy own p50':>15}{'p99':>8}{'proxy-relay':>13}{'proxy CPU':>11}"
             "  proxy view")
