@@ -158,6 +158,7 @@ RSS_SAMPLE_S: Final = 0.005
 CPU_SETTLE_S: Final = 0.05  # after a cell, before its hops' CPU is read again
 WARM_BLOCK: Final = 40  # timed requests per session of a warm cell (then a new session)
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
+BUSY_OTHERS: Final = 0.10  # others' share of the machine during a part above this: say so
 SESSION_SEED: Final = 20_260_504
 COLD_SEED: Final = 7_000_000  # the cold cell's histories: COLD_SEED + round, never seen before
 PARSE_FLOOR_EVERY: Final = 5  # time json.loads of every 5th session body, as a reference
@@ -489,6 +490,8 @@ class ManagedProcess:
     """
 
     _live: ClassVar[set[ManagedProcess]] = set()
+    #: Every process started in this interpreter, for the machine meter (:class:`MachineMeter`).
+    started: ClassVar[list[ManagedProcess]] = []
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path, *,
                  source: Path | None = _ROOT, cwd: Path | None = None,
@@ -502,6 +505,7 @@ class ManagedProcess:
         self.cwd = cwd or source or _ROOT
         self.extra_env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
+        self.final_cpu_ns = math.nan  # read just before it was stopped
 
     def start(self) -> None:
         """Start the process."""
@@ -519,6 +523,13 @@ class ManagedProcess:
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)
         ManagedProcess._live.add(self)
+        ManagedProcess.started.append(self)
+
+    def cpu_ns(self) -> float:
+        """CPU nanoseconds so far (while running), else as last read before the stop."""
+        if self._proc is not None and self._proc.poll() is None:
+            return process_cpu_ns(self._proc.pid)
+        return self.final_cpu_ns
 
     @property
     def pid(self) -> int:
@@ -543,6 +554,7 @@ class ManagedProcess:
         ManagedProcess._live.discard(self)
         if proc is None or proc.poll() is not None:
             return
+        self.final_cpu_ns = process_cpu_ns(proc.pid)
         proc.terminate()
         try:
             proc.wait(STOP_TIMEOUT_S)
@@ -1897,6 +1909,58 @@ class BenchResults:
     cold: LatencyCell | None = None
     notes: tuple[str, ...] = ()
     baseline: str | None = None
+    machine: tuple[tuple[str, float, float], ...] = ()
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (``/proc/stat``; zeros elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+class MachineMeter:
+    """How busy the whole machine was during each part, and how much of that was not the
+    benchmark: ``/proc/stat`` against the CPU time of this process and of every process it
+    started. On a shared machine, the neighbours' share says how far to trust a part."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, float, float]] = []  # name, busy share, others' share
+        self._open: tuple[str, tuple[int, int], float, dict[ManagedProcess, float]] | None = None
+
+    @staticmethod
+    def _own_cpu_ns() -> float:
+        times = os.times()
+        return (times.user + times.system) * 1e9
+
+    def part(self, name: str) -> None:
+        """Close the running part (if any) and start measuring ``name``."""
+        self.close()
+        self._open = (name, _machine_ticks(), self._own_cpu_ns(),
+                      {p: p.cpu_ns() for p in ManagedProcess.started if p.running})
+
+    def close(self) -> None:
+        """Close the running part."""
+        if self._open is None:
+            return
+        name, (busy0, total0), own0, before = self._open
+        self._open = None
+        busy1, total1 = _machine_ticks()
+        if total1 <= total0:
+            return
+        ours = self._own_cpu_ns() - own0
+        for process in ManagedProcess.started:
+            now = process.cpu_ns()
+            if not math.isnan(now):
+                ours += now - before.get(process, 0.0)
+        # /proc/stat counts USER_HZ ticks of every core.
+        total_s, busy_s = (total1 - total0) / _CLOCK_TICKS, (busy1 - busy0) / _CLOCK_TICKS
+        self.parts.append((name, busy_s / total_s, max(0.0, busy_s - ours / 1e9) / total_s))
 
 
 def _progress(text: str) -> None:
@@ -1922,6 +1986,7 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     notes: list[str] = [code_state()]
+    meter = MachineMeter()
     with tempfile.TemporaryDirectory(prefix="compact-proxy-bench-") as tmp:
         root = workdir if workdir is not None else Path(tmp)
         async with client_session() as client:
@@ -1957,30 +2022,39 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
                                       tuple((name, service.url) for name, service in extra),
                                       tuple(pids.items()))
                     _progress("part 1: latency")
+                    meter.part("1 latency")
                     latency = await measure_latency(client, targets, sizes)
                     _progress("part 2: warm histories at three sizes")
+                    meter.part("2 warm sizes")
                     warm = await measure_warm_sizes(client, targets, sizes, latency[2])
                     _progress(f"part 3: cold {_kb(sizes.cold_bytes)} history")
+                    meter.part("3 cold")
                     cold = await measure_cold(client, targets, sizes)
                     _progress("part 4: throughput")
+                    meter.part("4 throughput")
                     throughput = await measure_throughput(
                         client, targets.only("litellm"),
                         {**pids, "provider": _pid(upstream)}, sizes)
+                    meter.close()
                 async with proxy_process(client, root, "proxy-streams", upstream.url, thresholds,
                                          sticky=sticky) as fresh:
                     _progress(f"part 6: {sizes.streams} concurrent streams")
+                    meter.part("6 streams")
                     streams = await measure_streams(client, fresh, upstream.url, sizes)
+                    meter.close()
             counter = CachingCounter(TiktokenCounter())
             sessions = []
+            meter.part("7 session")
             for mode in session_modes:
                 _progress(f"part 7: {sizes.session_turns}-turn session, "
                           f"{'sticky' if mode else 'recompute'}")
                 sessions.append(await run_session(client, root, thresholds, sizes.session_turns,
                                                   sticky=mode, counter=counter))
+            meter.close()
     return BenchResults(sizes, thresholds, sticky, tuple(latency), throughput, streams,
                         tuple(sessions), time.perf_counter() - started,
                         (load_before, os.getloadavg()[0]), tuple(warm), cold, tuple(notes),
-                        baseline)
+                        baseline, tuple(meter.parts))
 
 
 def _pid(service: Service) -> int:
@@ -2286,6 +2360,15 @@ def format_report(results: BenchResults) -> str:
         f"processes on 127.0.0.1 (client, hops and provider share the CPUs)")
     for note in results.notes:
         add(note)
+    if results.machine:
+        add("machine busy during each part (all CPUs; in brackets the share used by processes "
+            "not of this run):")
+        add("   " + ", ".join(f"{name} {busy:.0%} ({others:.0%})"
+                              for name, busy, others in results.machine))
+        worst = max(results.machine, key=lambda part: part[2])
+        if worst[2] > BUSY_OTHERS:
+            add(f"WARNING: other work took {worst[2]:.0%} of the machine during part {worst[0]}: "
+                "its figures are inflated; compare ratios within a part, or run again")
     add("")
     add(f"1. Latency and own time, ms ({sizes.latency_requests} requests per target per cell, "
         "targets interleaved, the order rotating)")

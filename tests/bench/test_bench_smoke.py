@@ -84,6 +84,16 @@ def test_warm_part_has_three_growing_sizes_and_a_flatness(results: bench.BenchRe
     assert results.warm[2].layers
 
 
+def test_machine_meter_covers_every_part_with_shares_of_the_machine(
+    results: bench.BenchResults,
+) -> None:
+    """One entry per measured part; busy and others' shares are fractions, others <= busy."""
+    assert [name for name, _, _ in results.machine] == [
+        "1 latency", "2 warm sizes", "3 cold", "4 throughput", "6 streams", "7 session"]
+    for _, busy, others in results.machine:
+        assert 0.0 <= others <= busy <= 1.0 + 1e-9
+
+
 def test_cold_cell_compacts_every_request_from_scratch(results: bench.BenchResults) -> None:
     """Every timed request of the cold cell is a new session, compacted (no baseline here)."""
     cold = results.cold
