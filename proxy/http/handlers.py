@@ -124,10 +124,18 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
         metrics.observe_provider_usage(usage, summary=True)
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
-    return summary_source(app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
-                          tenant=session.tenant, fork=fork if provider is not None else None,
-                          counter=app[COUNTER],
-                          metrics=metrics, on_usage=on_usage)
+    made: list[Summarizer] = []
+
+    async def summarize(summary: compactor.SummaryRequest) -> str | None:
+        # Made when L4 first asks (most requests never do).
+        if not made:
+            made.append(summary_source(
+                app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
+                tenant=session.tenant, fork=fork if provider is not None else None,
+                counter=app[COUNTER], metrics=metrics, on_usage=on_usage))
+        return await made[0](summary)
+
+    return summarize
 
 
 def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: str) -> int:
@@ -207,7 +215,8 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
     app = request.app
     body = parsed.doc
     record.role = plan.role
-    sticky = app[CONFIG].compaction.sticky
+    # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
+    sticky = app[CONFIG].compaction.sticky and durable.store_available
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
@@ -315,8 +324,20 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
         return _outgoing(request, parsed, again, durable, headers)
 
-    response = await forward(request, record, body=outgoing, headers=headers, retry=recompact)
-    _learn(request, record, session, *sent)
+    learnt = False
+
+    async def learn_before_end() -> None:
+        # What the answer teaches is saved where every replica reads it before the client
+        # sees the answer end: its next request, on any replica, is planned with it.
+        nonlocal learnt
+        learnt = True
+        _learn(request, record, session, *sent)
+        await app[CALIBRATION].saved(session.key)
+
+    response = await forward(request, record, body=outgoing, headers=headers, retry=recompact,
+                             before_end=learn_before_end)
+    if not learnt:  # the answer failed or the client went away: learn what there is
+        _learn(request, record, session, *sent)
     return response
 
 

@@ -31,7 +31,7 @@ import compactor
 from proxy.config import SummaryConfig
 from proxy.metrics import ProxyMetrics
 from proxy.state.flights import SingleFlight, fleet_single_flight
-from proxy.state.store import ReplicaConsistency, SummaryCache
+from proxy.state.store import ReplicaConsistency, StoreError, SummaryCache
 from proxy.state.summary_calls import (
     SUMMARIZER_MARKER,
     SUMMARY_SYSTEM_PROMPT,
@@ -369,7 +369,11 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
     fleet = store if isinstance(store, ReplicaConsistency) and store.shared else None
 
     async def cached(key: str) -> str | None:
-        text = await store.get_summary(key)
+        try:
+            text = await store.get_summary(key)
+        except StoreError as exc:  # the cache is an optimisation: a summary is still made
+            _log.warning("summary_cache_unreadable", error_class=type(exc).__name__)
+            return None
         if text:
             count("cached")
             _log.info("summary_ready", cached=True)
@@ -408,7 +412,10 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
             _log.warning("summary_failed", error_class=result.error_class,
                          **result.log_fields())
             return None
-        await store.put_summary(key, result.text)
+        try:
+            await store.put_summary(key, result.text)
+        except StoreError as exc:  # kept for this view; the next crossing asks again
+            _log.warning("summary_not_cached", error_class=type(exc).__name__)
         _log.info("summary_ready", cached=False, **result.log_fields())
         return result.text
 

@@ -45,7 +45,7 @@ async def test_a_write_through_the_cache_is_seen_by_the_next_read(tmp_path: Path
 async def test_another_writer_is_seen_by_the_very_next_read(tmp_path: Path) -> None:
     """A write that bypasses the cache (another process's store on the same file) is in the
     next read, with no time window; an unchanged state is not read again."""
-    inner = await CountingStore(tmp_path / "s.db").open()
+    inner = await CountingStore(tmp_path / "s.db", shared=True).open()
     store = CachedStateReads(inner)
     other = await SQLiteStateStore(tmp_path / "s.db").open()
     try:
@@ -71,7 +71,7 @@ async def test_another_writer_is_seen_by_the_very_next_read(tmp_path: Path) -> N
 async def test_a_state_deleted_and_created_again_at_version_1_is_not_taken_for_the_old(
         tmp_path: Path) -> None:
     """Delete + create restarts at version 1: the write time tells the two apart."""
-    inner = await SQLiteStateStore(tmp_path / "s.db").open()
+    inner = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
     store = CachedStateReads(inner)
     other = await SQLiteStateStore(tmp_path / "s.db").open()
     try:
@@ -93,7 +93,7 @@ async def test_the_versions_read_are_the_requests_and_go_to_the_listeners(
         tmp_path: Path) -> None:
     """The versions of this read are what request_versions gives for this session and store
     (and nothing for another), and each listener is told them."""
-    inner = await SQLiteStateStore(tmp_path / "s.db").open()
+    inner = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
     told: list[tuple[str, SessionVersions]] = []
 
     async def listener(session_id: str, versions: SessionVersions) -> None:
@@ -109,5 +109,36 @@ async def test_the_versions_read_are_the_requests_and_go_to_the_listeners(
         assert request_versions(inner, "other") is None
         assert request_versions(object(), "s") is None
         assert told == [("s", read)]
+    finally:
+        await inner.close()
+
+
+class CountingVersions(CountingStore):
+    """The real SQLite store, counting its full state reads and its version reads."""
+
+    version_reads = 0
+
+    async def session_versions(self, session_id: str):  # type: ignore[no-untyped-def]
+        self.version_reads += 1
+        return await super().session_versions(session_id)
+
+
+async def test_a_store_no_other_process_writes_is_not_asked_again(tmp_path: Path) -> None:
+    """One process on its own SQLite file: every write goes through the cache, so a cached
+    read is current and costs no round trip (the request path's hot case)."""
+    inner = await CountingVersions(tmp_path / "s.db").open()
+    store = CachedStateReads(inner)
+    try:
+        assert not inner.shared
+        for _ in range(3):
+            assert await store.get_state("s") is None
+        assert (inner.state_reads, inner.version_reads) == (1, 0)
+        await store.put_state("s", _state("one"), None)
+        for _ in range(3):
+            stored = await store.get_state("s")
+            assert stored is not None and stored.state.facts[0].content == "one"
+        assert (inner.state_reads, inner.version_reads) == (1, 0)
+        await store.delete_state("s")
+        assert await store.get_state("s") is None
     finally:
         await inner.close()

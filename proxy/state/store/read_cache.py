@@ -6,7 +6,9 @@ have none, and the others rarely change. So each read first asks the store for t
 version and write time, and the version of each versioned record: one small round trip, no
 state text) and re-reads the state only when its version is not the one cached. A state
 written through any process — another replica, another worker, the CLI — is therefore in the
-very next request of every process: there is no time window.
+very next request of every process: there is no time window. A store no other process
+writes is written only through this object: its cached reads are current, and are used
+without asking the store again.
 
 The versions read for a request are also kept for the rest of it (a context variable of the
 request's task, :func:`request_versions`): the checkpoints (:mod:`proxy.state.checkpoints`)
@@ -72,9 +74,21 @@ class CachedStateReads:
         self._states: LRUCache[str, StoredState | None] = LRUCache(maxsize=max_entries)
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """The session's current state: the cached one while the store's version is its."""
+        """The session's current state: the cached one while the store's version is its.
+
+        A store no other process writes (:attr:`ReplicaConsistency.shared` false: SQLite with
+        one worker) is written only through this object, so what it cached is current: no
+        round trip at all.
+        """
         if self._versioned is None:
             return await self.inner.get_state(session_id)
+        if not self._versioned.shared:
+            try:
+                return self._states[session_id]
+            except KeyError:
+                stored = await self.inner.get_state(session_id)
+                self._states[session_id] = stored
+                return stored
         versions = await self._versioned.session_versions(session_id)
         _READ.set((self._versioned, session_id, versions))
         for listener in self.listeners:
