@@ -351,11 +351,11 @@ async def test_every_line_says_who_wrote_it_and_none_holds_a_credential(
     (the supervisor's lines name a worker only as what they are about); the API key and the
     admin token appear nowhere."""
     async with fresh_client() as client:
-        assert await post_messages(client, shared_fleet.url, "hygiene", 10) == [200] * 10
-        async with client.get(f"{shared_fleet.url}/admin/sessions/hygiene/state",
+        assert await post_messages(client, shared_fleet.url, "workers-hygiene", 10) == [200] * 10
+        async with client.get(f"{shared_fleet.url}/admin/sessions/workers-hygiene/state",
                               headers=AUTH) as response:
             assert response.status == 404
-    shared_fleet.served_by(count=10, session_id="hygiene")
+    shared_fleet.served_by(count=10, session_id="workers-hygiene")
     pids = set(shared_fleet.worker_pids().values())
     events = shared_fleet.log.events()
     assert {event["pid"] for event in events} == {shared_fleet.pid, *pids}
