@@ -9,24 +9,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.redis_server import RedisClusterServers, RedisServer, RedisServerUnavailable
+from tests.servers import started
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A running ``redis-server`` on a free loopback port; fails (never skips) when missing."""
-    server = RedisServer()
-    problem = ""
-    try:
-        server.start()
-    except RedisServerUnavailable as exc:
-        problem = str(exc)
-    if problem:
-        # Outside the except block, so the report is the one line, not a chained traceback.
-        pytest.fail(problem, pytrace=False)
-    try:
+    with started(RedisServer(), RedisServerUnavailable) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -39,18 +29,8 @@ def redis_url(redis_server: RedisServer) -> str:
 def redis_cluster() -> Iterator[RedisClusterServers]:
     """A three-master Redis Cluster on free loopback ports; fails (never skips) when
     ``redis-server`` or ``redis-cli`` is missing."""
-    cluster = RedisClusterServers()
-    problem = ""
-    try:
-        cluster.start()
-    except RedisServerUnavailable as exc:
-        problem = str(exc)
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    try:
+    with started(RedisClusterServers(), RedisServerUnavailable) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,7 @@ from proxy.state.store.sqlite import SQLiteStateStore
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.redis_server import free_port
 from tests.s3_server import MotoServer, MotoServerUnavailable
+from tests.servers import started
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -63,18 +64,8 @@ MIB = 1024 * 1024
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
     """One moto server for the module (each test has its own bucket)."""
-    server = MotoServer()
-    problem = ""
-    try:
-        server.start()
-    except MotoServerUnavailable as exc:
-        problem = str(exc)
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    try:
+    with started(MotoServer(), MotoServerUnavailable) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)

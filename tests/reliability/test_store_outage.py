@@ -31,6 +31,7 @@ from tests.conftest import (
     user_text,
 )
 from tests.redis_server import RedisServer, RedisServerUnavailable
+from tests.servers import started
 
 #: How long Redis stays down.
 OUTAGE_S = 5.0
@@ -54,18 +55,8 @@ class Answer:
 @pytest.fixture
 def redis() -> Iterator[RedisServer]:
     """A persistent ``redis-server`` of this test alone (it is killed and started again)."""
-    server = RedisServer(persistent=True)
-    problem = ""
-    try:
-        server.start()
-    except RedisServerUnavailable as exc:
-        problem = str(exc)
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    try:
+    with started(RedisServer(persistent=True), RedisServerUnavailable) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def start(proxy_factory: ProxyFactory, redis: RedisServer, mode: str) -> RunningProxy:
