@@ -21,6 +21,7 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,7 @@ from proxy.http.forward import (
     upstream_request_headers,
 )
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
-from proxy.http.spans import RecentBodies, RequestBody, parse_request
+from proxy.http.spans import RecentBodies, RequestBody, parse_request, remembered
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
@@ -124,16 +125,17 @@ def _summarizer(request: web.Request, policy: CompactionPolicy, session: Session
         metrics.observe_provider_usage(usage, summary=True)
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
-    made: list[Summarizer] = []
+    source: Summarizer | None = None
 
     async def summarize(summary: compactor.SummaryRequest) -> str | None:
         # Made when L4 first asks (most requests never do).
-        if not made:
-            made.append(summary_source(
+        nonlocal source
+        if source is None:
+            source = summary_source(
                 app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
                 tenant=session.tenant, fork=fork if provider is not None else None,
-                counter=app[COUNTER], metrics=metrics, on_usage=on_usage))
-        return await made[0](summary)
+                counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
+        return await source(summary)
 
     return summarize
 
@@ -142,16 +144,10 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
     """Tokens outside ``messages`` that count toward the thresholds (``system`` and
     ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
-    reserved = 0
-    for name in ("system", "tools"):
-        memo = parsed.memo(name)
-        if memo is None:
-            reserved += counter.count_value(parsed.doc.get(name))
-            continue
-        tokens = memo.get("tokens")
-        if tokens is None:
-            tokens = memo["tokens"] = counter.count_value(parsed.doc.get(name))
-        reserved += tokens
+    doc = parsed.doc
+    reserved = sum(remembered(parsed.memo(name), "tokens",
+                              functools.partial(counter.count_value, doc.get(name)))
+                   for name in ("system", "tools"))
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved
@@ -176,18 +172,12 @@ class CompactionPlan:
 def _conversation_key(parsed: RequestBody) -> str:
     """:meth:`compactor.CompactionCheckpoint.conversation_key` of the request's messages,
     made once per decoded first user message."""
+    key_of = compactor.CompactionCheckpoint.conversation_key
     for index, message in enumerate(parsed.messages):
-        if message.get("role") != "user":
-            continue
-        memo = parsed.message_memo(index)
-        if memo is None:
-            return compactor.CompactionCheckpoint.conversation_key([message])
-        key: str | None = memo.get("conversation_key")
-        if key is None:
-            key = memo["conversation_key"] = compactor.CompactionCheckpoint.conversation_key(
-                [message])
-        return key
-    return compactor.CompactionCheckpoint.conversation_key([])
+        if message.get("role") == "user":
+            return remembered(parsed.message_memo(index), "conversation_key",
+                              functools.partial(key_of, [message]))
+    return key_of([])
 
 
 def _plan(request: web.Request, session: SessionRef, parsed: RequestBody,

@@ -28,10 +28,11 @@ which names the problem exactly, or accepts what the fast decoder is stricter ab
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 import xxhash
@@ -47,7 +48,7 @@ from proxy.http.body import (
 )
 
 __all__ = ["CUTS", "DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews",
-           "RecentBodies", "RequestBody", "parse_request"]
+           "RecentBodies", "RequestBody", "parse_request", "remembered"]
 
 #: Bytes of spans whose decoded objects are kept (least recently used go first).
 DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
@@ -58,6 +59,9 @@ _FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _SPANS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _VALUE: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
+
+
+T = TypeVar("T")
 
 
 class _Slow(Exception):
@@ -80,6 +84,18 @@ class Decoded:
     value: Any
     size: int
     memo: dict[str, Any] = field(default_factory=dict)
+
+
+def remembered(memo: dict[str, Any] | None, name: str, make: Callable[[], T]) -> T:
+    """``memo[name]``, made by ``make`` the first time (``make()`` each time with no memo:
+    a value parsed the plain way)."""
+    if memo is None:
+        return make()
+    try:
+        found: T = memo[name]
+    except KeyError:
+        found = memo[name] = make()
+    return found
 
 
 class DecodedSpans:
@@ -170,15 +186,12 @@ class RequestBody:
         if self.entries is None:
             return None
         if self._facts is None or len(self._facts) != len(self.entries):
-            known = [] if self._facts is None else self._facts
-            facts = known[:]
-            for entry in self.entries[len(known):]:
-                memo = entry.memo
-                try:
-                    fact = memo["fact"]
-                except KeyError:
-                    fact = memo["fact"] = compactor.message_fact(entry.value, counter)
-                facts.append(fact)
+            # The facts of messages taken from an earlier body came with them.
+            facts = [] if self._facts is None else self._facts[:]
+            facts.extend(remembered(entry.memo, "fact",
+                                    functools.partial(compactor.message_fact, entry.value,
+                                                      counter))
+                         for entry in self.entries[len(facts):])
             self._facts = facts
         return self._facts
 

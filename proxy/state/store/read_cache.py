@@ -82,28 +82,21 @@ class CachedStateReads:
         """
         if self._versioned is None:
             return await self.inner.get_state(session_id)
-        if not self._versioned.shared:
-            try:
-                return self._states[session_id]
-            except KeyError:
-                stored = await self.inner.get_state(session_id)
-                self._states[session_id] = stored
-                return stored
-        versions = await self._versioned.session_versions(session_id)
-        _READ.set((self._versioned, session_id, versions))
-        for listener in self.listeners:
-            await listener(session_id, versions)
-        try:
-            cached = self._states[session_id]
-        except KeyError:
-            pass
-        else:
-            if versions.same_state(cached):
-                return cached
-        if versions.state is None:
-            stored = None
-        else:
-            stored = await self.inner.get_state(session_id)
+        if self._versioned.shared:
+            versions = await self._versioned.session_versions(session_id)
+            _READ.set((self._versioned, session_id, versions))
+            for listener in self.listeners:
+                await listener(session_id, versions)
+            if session_id in self._states:
+                cached = self._states[session_id]
+                if versions.same_state(cached):
+                    return cached
+            if versions.state is None:
+                self._states[session_id] = None
+                return None
+        elif session_id in self._states:
+            return self._states[session_id]
+        stored = await self.inner.get_state(session_id)
         self._states[session_id] = stored
         return stored
 
