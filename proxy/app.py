@@ -106,6 +106,7 @@ async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
     # Registered after the store's context, so it ends first: bookkeeping still running at
     # shutdown finishes (bounded) while the store is open.
     yield
+    await app[AUDIT_LOG].flush()  # the audit entries gathered for a batch: written now
     tasks = app[BACKGROUND]
     if tasks:
         await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)

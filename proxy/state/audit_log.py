@@ -331,6 +331,11 @@ class RequestLog(Protocol):
         """Keep ``change`` (within the same retention)."""
         ...
 
+    async def flush(self) -> None:
+        """Write the entries :meth:`add_request` still holds back (a store may gather them
+        for a moment to write many in one transaction); its own reads always see them."""
+        ...
+
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
                        tenant: str | None = None) -> tuple[list[SessionSummary], int]:

@@ -814,6 +814,9 @@ class RedisStateStore:
         except _FAILURES as exc:
             raise self._audit_error("add audit entry", exc) from exc
 
+    async def flush(self) -> None:
+        """Nothing held back: :meth:`add_request` writes each entry at once."""
+
     async def add_state_change(self, change: StateChange) -> None:
         """Keep ``change``, then trim the session's changes by count and age."""
         if not isinstance(change, StateChange):
