@@ -27,7 +27,7 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
-from ._protocol import Interaction, validate_tool_protocol
+from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
     SourceExcerpt,
@@ -72,6 +72,7 @@ __all__ = [
     "PENDING_STATUSES",
     "PendingItem",
     "PendingStatus",
+    "ProtocolMemo",
     "RetrievalEvidence",
     "SESSION_ID_PATTERN",
     "SESSION_ID_RULE",

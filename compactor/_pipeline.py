@@ -32,7 +32,7 @@ from ._l4_summary import (
     summary_cache_key,
     summary_view,
 )
-from ._protocol import Interaction, check_shape, validate_tool_protocol
+from ._protocol import Interaction, ProtocolMemo, check_shape, validate_tool_protocol
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
@@ -96,6 +96,8 @@ class CompactionOptions:
         facts: the :class:`MessageFact` of each message (made by :func:`message_fact` with
             the same counter), when the caller kept them: those messages are not checked,
             fingerprinted, counted or searched for markers again. None: all made here.
+        protocol_memo: walks of the tool protocol kept across calls (one per process): a
+            history that extends one validated before is validated from where that ended.
     """
 
     reserved_tokens: int = 0
@@ -105,6 +107,7 @@ class CompactionOptions:
     token_scale: float = 1.0
     known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
     facts: Sequence[MessageFact | None] | None = field(default=None, compare=False, repr=False)
+    protocol_memo: ProtocolMemo | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -284,7 +287,9 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     soft = policy.soft_threshold_tokens
     key = policy_key(policy)
     checkpoint = options.checkpoint if options.sticky else None
-    reused = None if checkpoint is None else reuse_checkpoint(checkpoint, raw, policy, key)
+    memo = options.protocol_memo
+    reused = (None if checkpoint is None
+              else reuse_checkpoint(checkpoint, raw, policy, key, memo))
     base_layers: tuple[str, ...] = ()
     if reused is not None:
         view, interactions, checkpoint = reused
@@ -293,7 +298,9 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
             return _finish(view, durable_state, policy, tokens_before, base_layers, (), None,
                            checkpoint, reused=True)
     else:
-        view, interactions = raw, validate_tool_protocol(messages)
+        view = raw
+        interactions = (validate_tool_protocol(messages) if memo is None
+                        else memo.validate(messages, raw.fingerprints))
     # Crossing the soft threshold: compact. In sticky mode, clear enough at once that the
     # next crossing is far away.
     stop_below = soft

@@ -16,13 +16,15 @@ The map this module returns is what lets the layers remove a pair atomically.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, SERVER_USES, Message, blocks_of, is_server_result
 from ._errors import MessageShapeError, ProtocolErrorKind, ToolProtocolError
 
-__all__ = ["Interaction", "validate_tool_protocol"]
+__all__ = ["Interaction", "ProtocolMemo", "validate_tool_protocol"]
 
 InteractionKind = Literal["client", "server"]
 
@@ -95,85 +97,145 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
             ``ValueError``).
     """
     check_shape(messages)
-    # One pre-scan of every use and result position, so a violation can be classified
-    # (an unanswered use answered later is ``not_adjacent``, not ``missing``).
-    use_at: dict[str, int] = {}
-    results_at: dict[str, list[int]] = {}
-    for index, message in enumerate(messages):
-        for block in blocks_of(message):
-            block_type = block.get("type")
-            if block_type == CLIENT_USE or block_type in SERVER_USES:
-                use_at.setdefault(_id_of(block, "id", index), index)
-            elif block_type == CLIENT_RESULT:
-                results_at.setdefault(_id_of(block, "tool_use_id", index), []).append(index)
+    walk = _Walk(_Places.of(messages))
+    walk.walk(messages, 0)
+    return walk.finish()
 
-    interactions: dict[str, Interaction] = {}
-    open_uses: dict[str, dict[str, Any]] = {}  # client uses waiting for the next message
-    open_from = -1
-    seen_use_ids: set[str] = set()
 
-    def close_open(at: int) -> None:
-        for tool_use_id in open_uses:
-            later = [i for i in results_at.get(tool_use_id, ()) if i > open_from]
+class _Broken(Exception):
+    """A resumed walk met a violation: the whole walk is run to name it."""
+
+
+@dataclass(frozen=True)
+class _Places:
+    """Where every use and result is: what names a violation's kind (an unanswered use
+    answered later is ``not_adjacent``, not ``missing``)."""
+
+    use_at: dict[str, int]
+    results_at: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, messages: list[Message], start: int = 0) -> _Places:
+        """The places in ``messages[start:]`` (every id checked to be present)."""
+        use_at: dict[str, int] = {}
+        results_at: dict[str, list[int]] = {}
+        for index in range(start, len(messages)):
+            for block in blocks_of(messages[index]):
+                block_type = block.get("type")
+                if block_type == CLIENT_USE or block_type in SERVER_USES:
+                    use_at.setdefault(_id_of(block, "id", index), index)
+                elif block_type == CLIENT_RESULT:
+                    results_at.setdefault(_id_of(block, "tool_use_id", index), []).append(index)
+        return cls(use_at, results_at)
+
+
+class _Walk:
+    """The protocol checked message by message; where it stands after some messages can be
+    copied and walked on over messages that extend them (:class:`ProtocolMemo`).
+
+    With ``places`` (the whole list's) a violation raises its :class:`ToolProtocolError`;
+    without, it raises :class:`_Broken` — a resumed walk does not know the messages before it
+    well enough to name one, and hands over to the whole walk, which does.
+    """
+
+    __slots__ = ("interactions", "open_from", "open_uses", "places", "seen_use_ids")
+
+    def __init__(self, places: _Places | None) -> None:
+        self.places = places
+        self.interactions: dict[str, Interaction] = {}
+        self.open_uses: dict[str, dict[str, Any]] = {}  # client uses waiting for the next message
+        self.open_from = -1
+        self.seen_use_ids: set[str] = set()
+
+    def resumed(self) -> _Walk:
+        """A copy to walk on (this one stays as it is), violations raising :class:`_Broken`."""
+        walk = _Walk(None)
+        walk.interactions = dict(self.interactions)
+        walk.open_uses = dict(self.open_uses)
+        walk.open_from = self.open_from
+        walk.seen_use_ids = set(self.seen_use_ids)
+        return walk
+
+    def _places(self) -> _Places:
+        if self.places is None:
+            raise _Broken
+        return self.places
+
+    def _close_open(self) -> None:
+        for tool_use_id in self.open_uses:
+            later = [i for i in self._places().results_at.get(tool_use_id, ())
+                     if i > self.open_from]
             kind: ProtocolErrorKind = "not_adjacent" if later else "missing"
-            raise ToolProtocolError(kind, tool_use_id, open_from,
+            raise ToolProtocolError(kind, tool_use_id, self.open_from,
                                     "tool_use has no tool_result in the next message")
 
-    for index, message in enumerate(messages):
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            continue  # transparent for adjacency
-        blocks = blocks_of(message)
-        answered_here: dict[str, tuple[dict[str, Any], bool]] = {}
-        if role == "user":
-            seen_other = False
-            for block in blocks:
-                if block.get("type") != CLIENT_RESULT:
-                    seen_other = True
-                    continue
-                tool_use_id = block["tool_use_id"]
-                if tool_use_id in answered_here or tool_use_id in interactions:
-                    raise ToolProtocolError("duplicate", tool_use_id, index,
-                                            "tool_use_id answered more than once")
-                if tool_use_id not in open_uses:
-                    use_index = use_at.get(tool_use_id)
-                    if use_index is None:
-                        raise ToolProtocolError("unknown", tool_use_id, index,
-                                                "no tool_use carries this id")
-                    if use_index > index:
-                        raise ToolProtocolError("out_of_order", tool_use_id, index,
-                                                "tool_result comes before its tool_use")
-                    raise ToolProtocolError("not_adjacent", tool_use_id, index,
-                                            "tool_result is not in the message right after "
-                                            "its tool_use")
-                if seen_other:
-                    raise ToolProtocolError("out_of_order", tool_use_id, index,
-                                            "tool_result blocks must come first in their message")
-                answered_here[tool_use_id] = (block, block.get("is_error") is True)
-            for tool_use_id, use in open_uses.items():
-                if tool_use_id in answered_here:
-                    interactions[tool_use_id] = Interaction(
-                        tool_use_id, "client", open_from, index, str(use.get("name", "")),
-                        use.get("input"), answered_here[tool_use_id][1])
-            for tool_use_id in list(open_uses):
-                if tool_use_id in answered_here:
-                    del open_uses[tool_use_id]
-            close_open(index)
-            continue
+    def finish(self) -> dict[str, Interaction]:
+        """The map, once every use before the end is answered."""
+        self._close_open()
+        return dict(sorted(self.interactions.items(), key=lambda item: item[1].use_index))
 
-        # role == "assistant"
-        close_open(index)
+    def walk(self, messages: list[Message], start: int) -> None:
+        """Walk on over ``messages[start:]``."""
+        for index in range(start, len(messages)):
+            message = messages[index]
+            role = message.get("role")
+            if role == "user":
+                self._user(index, blocks_of(message))
+            elif role == "assistant":
+                self._assistant(index, blocks_of(message))
+            # any other role is transparent for adjacency
+
+    def _user(self, index: int, blocks: list[dict[str, Any]]) -> None:
+        interactions, open_uses = self.interactions, self.open_uses
+        answered_here: dict[str, tuple[dict[str, Any], bool]] = {}
+        seen_other = False
+        for block in blocks:
+            if block.get("type") != CLIENT_RESULT:
+                seen_other = True
+                continue
+            tool_use_id = _id_of(block, "tool_use_id", index)
+            if tool_use_id in answered_here or tool_use_id in interactions:
+                raise ToolProtocolError("duplicate", tool_use_id, index,
+                                        "tool_use_id answered more than once")
+            if tool_use_id not in open_uses:
+                use_index = self._places().use_at.get(tool_use_id)
+                if use_index is None:
+                    raise ToolProtocolError("unknown", tool_use_id, index,
+                                            "no tool_use carries this id")
+                if use_index > index:
+                    raise ToolProtocolError("out_of_order", tool_use_id, index,
+                                            "tool_result comes before its tool_use")
+                raise ToolProtocolError("not_adjacent", tool_use_id, index,
+                                        "tool_result is not in the message right after "
+                                        "its tool_use")
+            if seen_other:
+                raise ToolProtocolError("out_of_order", tool_use_id, index,
+                                        "tool_result blocks must come first in their message")
+            answered_here[tool_use_id] = (block, block.get("is_error") is True)
+        for tool_use_id, use in open_uses.items():
+            if tool_use_id in answered_here:
+                interactions[tool_use_id] = Interaction(
+                    tool_use_id, "client", self.open_from, index, str(use.get("name", "")),
+                    use.get("input"), answered_here[tool_use_id][1])
+        for tool_use_id in list(open_uses):
+            if tool_use_id in answered_here:
+                del open_uses[tool_use_id]
+        self._close_open()
+
+    def _assistant(self, index: int, blocks: list[dict[str, Any]]) -> None:
+        self._close_open()
+        interactions, seen_use_ids = self.interactions, self.seen_use_ids
         server_open: dict[str, dict[str, Any]] = {}
         for block in blocks:
             block_type = block.get("type")
             if block_type == CLIENT_USE or block_type in SERVER_USES:
-                tool_use_id = block["id"]
+                tool_use_id = _id_of(block, "id", index)
                 if tool_use_id in seen_use_ids:
                     raise ToolProtocolError("duplicate", tool_use_id, index,
                                             "tool_use id is used more than once")
                 seen_use_ids.add(tool_use_id)
                 if block_type == CLIENT_USE:
-                    open_uses[tool_use_id] = block
+                    self.open_uses[tool_use_id] = block
                 else:
                     server_open[tool_use_id] = block
             elif is_server_result(block_type):
@@ -183,7 +245,7 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
                     if tool_use_id in interactions:
                         raise ToolProtocolError("duplicate", tool_use_id, index,
                                                 "server tool use answered more than once")
-                    later = use_at.get(tool_use_id)
+                    later = self._places().use_at.get(tool_use_id)
                     if later is not None and (later > index or tool_use_id not in seen_use_ids):
                         raise ToolProtocolError("out_of_order", tool_use_id, index,
                                                 f"{block_type} comes before its use")
@@ -196,13 +258,85 @@ def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
                     tool_use_id, "server", index, index, str(server_use.get("name", "")),
                     server_use.get("input"), block.get("is_error") is True)
             elif block_type == CLIENT_RESULT:
-                raise ToolProtocolError("out_of_order", _id_of(block, "tool_use_id", index), index,
-                                        "tool_result inside an assistant message")
+                raise ToolProtocolError("out_of_order", _id_of(block, "tool_use_id", index),
+                                        index, "tool_result inside an assistant message")
         for tool_use_id, lone in server_open.items():
             # A server use without its result (a paused turn) stands alone as a unit.
             interactions[tool_use_id] = Interaction(
                 tool_use_id, "server", index, None, str(lone.get("name", "")), lone.get("input"),
                 False)
-        open_from = index
-    close_open(len(messages))
-    return dict(sorted(interactions.items(), key=lambda item: item[1].use_index))
+        self.open_from = index
+
+
+#: How many messages' walks a :class:`ProtocolMemo` holds by default (each is a fingerprint
+#: and a share of the walk's map: some tens of bytes).
+DEFAULT_MEMO_MESSAGES: Final = 1_000_000
+
+
+class ProtocolMemo:
+    """Walks of the tool-call protocol kept by the fingerprints of the messages they covered,
+    so a history that extends one already validated is checked from where that one ended.
+
+    An agent's request is its previous request plus a message or two: :meth:`validate` finds
+    the longest kept walk whose messages' fingerprints start the new list, walks on over the
+    rest and keeps the result, so a warm request costs what is new in it. Any violation in
+    the new part, or a list nothing kept starts, is checked whole by
+    :func:`validate_tool_protocol` (errors named exactly as it names them). A few walks are
+    kept per first message (a session's latest, and the one before for a retried request),
+    the least recently used dropped beyond ``max_messages`` messages in all. Not thread-safe:
+    one per event loop.
+    """
+
+    def __init__(self, max_messages: int = DEFAULT_MEMO_MESSAGES, *, per_start: int = 2) -> None:
+        if max_messages < 1 or per_start < 1:
+            raise ValueError("max_messages and per_start must be >= 1")
+        self.max_messages = max_messages
+        self.per_start = per_start
+        # first message's fingerprint -> [(fingerprints walked, where the walk stands)]
+        self._walks: OrderedDict[int, list[tuple[list[int], _Walk]]] = OrderedDict()
+        self._held = 0
+
+    def validate(self, messages: list[Message],
+                 fingerprints: Sequence[int]) -> dict[str, Interaction]:
+        """:func:`validate_tool_protocol` of ``messages`` (``fingerprints``: theirs, one per
+        message), from a kept walk where one covers their start."""
+        if len(fingerprints) != len(messages):
+            raise ValueError(f"{len(fingerprints)} fingerprints for {len(messages)} messages")
+        if not messages:
+            return validate_tool_protocol(messages)
+        prints = list(fingerprints)
+        kept = self._walks.get(prints[0])
+        base: tuple[list[int], _Walk] | None = None
+        for entry in kept or ():
+            covered = len(entry[0])
+            if (covered <= len(prints) and (base is None or covered > len(base[0]))
+                    and prints[:covered] == entry[0]):
+                base = entry
+        if base is None:
+            walk, start = _Walk(None), 0
+        else:
+            walk, start = base[1].resumed(), len(base[0])
+        try:
+            check_shape(messages[start:])
+            walk.walk(messages, start)
+            interactions = walk.finish()
+        except (_Broken, ToolProtocolError, MessageShapeError):
+            return validate_tool_protocol(messages)  # names the violation as it always does
+        self._keep(prints, walk, base)
+        return interactions
+
+    def _keep(self, prints: list[int], walk: _Walk,
+              base: tuple[list[int], _Walk] | None) -> None:
+        walk.places = None
+        entries = self._walks.pop(prints[0], [])
+        if base is not None:  # the new walk goes on from it
+            entries = [entry for entry in entries if entry is not base]
+            self._held -= len(base[0])
+        entries.insert(0, (prints, walk))
+        self._held += len(prints)
+        while len(entries) > self.per_start:
+            self._held -= len(entries.pop()[0])
+        self._walks[prints[0]] = entries
+        while self._held > self.max_messages and self._walks:
+            _, dropped = self._walks.popitem(last=False)
+            self._held -= sum(len(entry[0]) for entry in dropped)

@@ -30,7 +30,7 @@ from ._errors import ToolProtocolError
 from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_control
 from ._l1_truncate import truncate_tool_results
 from ._markers import reapply_markers
-from ._protocol import Interaction, validate_tool_protocol
+from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
 from ._view import View
 
 __all__ = ["CompactionCheckpoint"]  # reuse_checkpoint and policy_key are the pipeline's
@@ -174,7 +174,8 @@ def _canonical(value: Any) -> Any:
 
 
 def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy,
-                     key: str) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
+                     key: str, memo: ProtocolMemo | None = None,
+                     ) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
     """The view of ``raw`` that starts with ``checkpoint``'s compacted prefix, its interaction
     map and the checkpoint (with this process's fingerprints); None when the checkpoint was
     made under another policy or ``raw`` does not extend the history it covers.
@@ -203,15 +204,17 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
                 [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale,
                 known=raw.known)
-    return view, _validate_extension(view.messages, len(prefix), covered), checkpoint
+    return view, _validate_extension(view, len(prefix), covered, memo), checkpoint
 
 
-def _validate_extension(view: list[Message], prefix_len: int,
-                        covered: int) -> dict[str, Interaction]:
-    """Validate a reused prefix plus new messages, naming errors by their index in the
-    client's own history."""
+def _validate_extension(view: View, prefix_len: int, covered: int,
+                        memo: ProtocolMemo | None) -> dict[str, Interaction]:
+    """Validate a reused prefix plus new messages (from where the memo's walk of the previous
+    request's view ended), naming errors by their index in the client's own history."""
     try:
-        return validate_tool_protocol(view)
+        if memo is None:
+            return validate_tool_protocol(view.messages)
+        return memo.validate(view.messages, view.fingerprints)
     except ToolProtocolError as error:
         index = error.message_index
         if index >= prefix_len:

@@ -40,6 +40,7 @@ from proxy.keys import (
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
+    PROTOCOL_MEMO,
     RECENT_BODIES,
     RESOLVERS,
     ROLE_POLICIES,
@@ -184,6 +185,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
     app[ENCODED_VIEWS] = EncodedViews()
     app[RECENT_BODIES] = RecentBodies()
+    app[PROTOCOL_MEMO] = compactor.ProtocolMemo()
     app[ROLE_POLICIES] = config.role_policies()
     resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
                              config.source_access(), s3=config.sources.s3_settings())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 import aiohttp
 from aiohttp import web
 
-from compactor import CachingCounter
+from compactor import CachingCounter, ProtocolMemo
 from policies import RolePolicies
 from proxy.config import Config
 from proxy.metrics import ProxyMetrics
@@ -41,6 +41,7 @@ __all__ = [
     "DECODED_SPANS",
     "ENCODED_VIEWS",
     "METRICS",
+    "PROTOCOL_MEMO",
     "RECENT_BODIES",
     "RESOLVERS",
     "ROLE_POLICIES",
@@ -97,3 +98,5 @@ DECODED_SPANS: Final[web.AppKey[DecodedSpans]] = web.AppKey("decoded_spans")
 ENCODED_VIEWS: Final[web.AppKey[EncodedViews]] = web.AppKey("encoded_views")
 #: The last body of recent conversations (:mod:`proxy.http.spans`).
 RECENT_BODIES: Final[web.AppKey[RecentBodies]] = web.AppKey("recent_bodies")
+#: Walks of the tool protocol of recent histories: a warm request checks its new part only.
+PROTOCOL_MEMO: Final = web.AppKey("protocol_memo", ProtocolMemo)

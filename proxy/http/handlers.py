@@ -54,6 +54,7 @@ from proxy.keys import (
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
+    PROTOCOL_MEMO,
     RECENT_BODIES,
     ROLE_POLICIES,
     SUMMARIES,
@@ -221,7 +222,8 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
-                known_tokens=plan.known, facts=parsed.facts(app[COUNTER])),
+                known_tokens=plan.known, facts=parsed.facts(app[COUNTER]),
+                protocol_memo=app[PROTOCOL_MEMO]),
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.

@@ -71,7 +71,8 @@ def test_role_system_messages_are_transparent_between_use_and_result() -> None:
     assert validate_tool_protocol(messages)["a"].result_index == 3
 
 
-@pytest.mark.parametrize(("messages", "kind", "tool_use_id", "index"), [
+#: Each broken history, with the kind, id and message index it is named by.
+VIOLATIONS = [
     ([user("go"), assistant(tool_use("a"))], "missing", "a", 1),
     ([user("go"), assistant(tool_use("a"), tool_use("b")), user(tool_result("a"))],
      "missing", "b", 1),
@@ -93,7 +94,10 @@ def test_role_system_messages_are_transparent_between_use_and_result() -> None:
                            {"type": "server_tool_use", "id": "s1", "name": "web_search",
                             "input": {}})],
      "out_of_order", "s1", 1),
-])
+]
+
+
+@pytest.mark.parametrize(("messages", "kind", "tool_use_id", "index"), VIOLATIONS)
 def test_violations_raise_with_kind_id_and_index(messages: list, kind: str, tool_use_id: str,
                                                 index: int) -> None:
     """Each broken history is named by kind, id and message index."""
@@ -117,7 +121,8 @@ def test_malformed_shapes_raise_value_error_naming_the_place(messages: object) -
         validate_tool_protocol(messages)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("messages", "path", "problem"), [
+#: Each malformed input, with the place and problem it is named by.
+SHAPES = [
     ("not a list", "messages", "must be a list"),
     ([42], "messages.0", "must be an object"),
     ([{"role": "user", "content": [{"type": "text", "text": "a"}, 7]}],
@@ -127,7 +132,10 @@ def test_malformed_shapes_raise_value_error_naming_the_place(messages: object) -
     ([{"role": "user", "content": "q"},
       {"role": "assistant", "content": [{"type": "tool_use", "name": "Read", "input": {}}]}],
      "messages.1", "tool_use block has no id"),
-])
+]
+
+
+@pytest.mark.parametrize(("messages", "path", "problem"), SHAPES)
 def test_malformed_shapes_raise_the_dedicated_shape_error(messages: object, path: str,
                                                           problem: str) -> None:
     """The client's own mistake is a MessageShapeError (still a ValueError) carrying where and
