@@ -171,7 +171,9 @@ class RequestBody:
     values: dict[str, Decoded] = field(default_factory=dict)
     mended: int = 0
     reused: int = 0
-    _facts: list[compactor.MessageFact | None] | None = field(default=None, repr=False)
+    # Filled in place by facts(): shared with the RecentBodies entry kept of this body, so the
+    # next body of the conversation takes the facts of the messages it repeats.
+    _facts: list[compactor.MessageFact | None] = field(default_factory=list, repr=False)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -185,15 +187,13 @@ class RequestBody:
         ``counter``: always pass the same one), or None on the plain path."""
         if self.entries is None:
             return None
-        if self._facts is None or len(self._facts) != len(self.entries):
-            # The facts of messages taken from an earlier body came with them.
-            facts = [] if self._facts is None else self._facts[:]
+        facts = self._facts  # those of messages taken from an earlier body came with them
+        if len(facts) < len(self.entries):
             facts.extend(remembered(entry.memo, "fact",
                                     functools.partial(compactor.message_fact, entry.value,
                                                       counter))
                          for entry in self.entries[len(facts):])
-            self._facts = facts
-        return self._facts
+        return facts
 
     def memo(self, name: str) -> dict[str, Any] | None:
         """The memo of top-level field ``name``'s decoded value (None: none kept)."""
@@ -452,7 +452,7 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
             at += len(span)
         doc = dict(before.doc)
         doc["messages"] = [entry.value for entry in entries]
-        facts = None if before._facts is None else before._facts[:index]
+        facts = before._facts[:index]
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
                            reused=index, _facts=facts)
     return None

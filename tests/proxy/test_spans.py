@@ -218,6 +218,8 @@ def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
         parsed = parse_request(raw, cache, recent, key)
         whole = parse_request(raw, DecodedSpans())
         assert parsed.doc == whole.doc == json.loads(raw)
+        # The repeated messages' facts came with them: only the new ones are looked up.
+        assert len(parsed._facts) == parsed.reused
         assert parsed.facts(counter) == whole.facts(compactor.CachingCounter())
         view = [*parsed.messages[:3], {"role": "assistant", "content": "summary"},
                 *parsed.messages[5:]]
