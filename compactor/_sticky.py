@@ -31,6 +31,7 @@ from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_
 from ._l1_truncate import truncate_tool_results
 from ._markers import reapply_markers
 from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
+from ._tokens import CachingCounter
 from ._view import View
 
 __all__ = ["CompactionCheckpoint"]  # reuse_checkpoint and policy_key are the pipeline's
@@ -76,6 +77,20 @@ class CompactionCheckpoint:
     def view_fingerprints(self) -> list[int]:
         """This process's fingerprints of :attr:`view` (made once per checkpoint object)."""
         return [fingerprint(m) for m in self.view]
+
+    @functools.cached_property
+    def _view_tokens(self) -> dict[int, tuple[CachingCounter, list[int]]]:
+        return {}
+
+    def view_tokens(self, counter: CachingCounter) -> list[int]:
+        """Each message of :attr:`view` as ``counter`` counts it (made once per checkpoint
+        object and counter: a warm request does not count its prefix again)."""
+        found = self._view_tokens.get(id(counter))
+        if found is None or found[0] is not counter:
+            found = self._view_tokens[id(counter)] = (counter, [
+                counter.count_message(m, p)
+                for m, p in zip(self.view, self.view_fingerprints, strict=True)])
+        return found[1]
 
     def with_fingerprints(self, fingerprints: list[int]) -> CompactionCheckpoint:
         """This checkpoint, carrying this process's fingerprints of its covered messages
@@ -202,8 +217,8 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              covered, raw.marked)
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
-                [*checkpoint.view_fingerprints, *fresh.fingerprints], scale=raw.scale,
-                known=raw.known)
+                [*checkpoint.view_fingerprints, *fresh.fingerprints],
+                [*checkpoint.view_tokens(raw.counter), *fresh.tokens], raw.scale, raw.known)
     return view, _validate_extension(view, len(prefix), covered, memo), checkpoint
 
 

@@ -443,7 +443,7 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
         assert before.entries is not None and before.bounds is not None
         entries = before.entries[:index]
         entries.extend(cache.decode(span) for span in spans)
-        _distinct(entries, spans, index, set(map(id, (e.value for e in entries[:index]))))
+        _distinct(entries, spans, index, set(map(id, before.doc["messages"][:index])))
         bounds = before.bounds[:index]
         at = 1
         for span in spans:
