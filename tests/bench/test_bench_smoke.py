@@ -80,6 +80,9 @@ def test_warm_part_has_three_growing_sizes_and_a_flatness(results: bench.BenchRe
     assert all(finite_dist(cell.own["proxy"], bench.TINY.latency_requests)
                for cell in results.warm)
     assert math.isfinite(bench.warm_flatness(results))
+    assert all(math.isfinite(bench.added_p50(cell, target, over))
+               for cell in results.warm
+               for target, over in (("proxy", "direct"), ("relay", "direct"), ("proxy", "relay")))
     # Above the threshold, the warm cells are forwarded compacted.
     assert results.warm[2].layers
 
