@@ -327,7 +327,7 @@ def _raw_view(messages: list[dict[str, Any]], counter: CachingCounter,
     facts = options.facts
     if facts is not None and len(facts) != len(messages):
         raise ValueError(f"options.facts has {len(facts)} entries for {len(messages)} messages")
-    if facts is None or None in facts:
+    if facts is None or not all(facts):  # (a fact is always true: no __eq__ per message)
         check_shape(messages)
         return View(messages, counter, options.reserved_tokens, scale=options.token_scale,
                     known=options.known_tokens)

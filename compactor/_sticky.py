@@ -82,6 +82,12 @@ class CompactionCheckpoint:
     def _view_tokens(self) -> dict[int, tuple[CachingCounter, list[int]]]:
         return {}
 
+    @functools.cached_property
+    def _fresh(self) -> list[tuple[CachingCounter, list[int], View]]:
+        # The messages after the covered ones as L1 left them at the last reuse (see
+        # _fresh_view): at most one, replaced at each reuse.
+        return []
+
     def view_tokens(self, counter: CachingCounter) -> list[int]:
         """Each message of :attr:`view` as ``counter`` counts it (made once per checkpoint
         object and counter: a warm request does not count its prefix again)."""
@@ -210,16 +216,38 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     # Fingerprints and counts are known already: the new messages' from ``raw``, the prefix's
     # from the checkpoint (markers put back change no fingerprint), so a warm request does
     # not fingerprint its whole history again.
-    fresh, _ = truncate_tool_results(
-        View(messages[covered:], raw.counter, 0, raw.fingerprints[covered:], raw.tokens[covered:],
-             raw.scale, raw.known),
-        {}, policy)
+    fresh = _fresh_view(checkpoint, raw, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              covered, raw.marked)
     view = View([*prefix, *fresh.messages], raw.counter, raw.reserved,
                 [*checkpoint.view_fingerprints, *fresh.fingerprints],
                 [*checkpoint.view_tokens(raw.counter), *fresh.tokens], raw.scale, raw.known)
     return view, _validate_extension(view, len(prefix), covered, memo), checkpoint
+
+
+def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy) -> View:
+    """The messages after the checkpoint's, their oversized tool results cut as L1 would.
+
+    L1 cuts each result on its own, so the messages the previous reuse of this checkpoint cut
+    (the same fingerprints, in the same places) are taken as it left them: a warm request
+    cuts only its new messages, and its view keeps the same objects for the others."""
+    covered = checkpoint.covered
+    prints = raw.fingerprints[covered:]
+    done: View | None = None
+    kept = checkpoint._fresh
+    if kept and kept[0][0] is raw.counter and prints[:len(kept[0][1])] == kept[0][1]:
+        done = kept[0][2]
+    start = covered + (0 if done is None else len(done.messages))
+    cut, _ = truncate_tool_results(
+        View(raw.messages[start:], raw.counter, 0, raw.fingerprints[start:], raw.tokens[start:],
+             raw.scale, raw.known),
+        {}, policy)
+    if done is not None:
+        cut = View([*done.messages, *cut.messages], raw.counter, 0,
+                   [*done.fingerprints, *cut.fingerprints], [*done.tokens, *cut.tokens],
+                   raw.scale, raw.known)
+    kept[:] = [(raw.counter, prints, cut)]
+    return cut
 
 
 def _validate_extension(view: View, prefix_len: int, covered: int,

@@ -205,3 +205,38 @@ def test_a_restored_checkpoint_is_matched_by_digest_once_then_by_fingerprint() -
     assert len(first.checkpoint.fingerprints) == first.checkpoint.covered
     second = session.send(_turn(messages, n + 1))
     assert second.reused_checkpoint and second.checkpoint is first.checkpoint
+
+
+def test_the_new_messages_are_cut_once_and_an_edited_one_again() -> None:
+    """Each reuse cuts only what is new since the last one (the others are the same objects
+    as last time), gives what cutting all of them afresh gives, and cuts an edited message
+    after the checkpoint again."""
+    session = Session(CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=10**6,
+                                       max_tool_result_tokens=100, keep_recent_messages=12,
+                                       summary_keep_recent=4))
+    messages, first, n = _grow_until_compacted(session, [user("Original intent")])
+    checkpoint = session.checkpoint
+    assert checkpoint is not None
+    covered = len(first.messages)
+    views = []
+    for _ in range(3):
+        messages = _turn(messages, n)
+        n += 1
+        views.append(session.send(messages).messages)
+        assert session.checkpoint is checkpoint  # reused, not remade
+    # The same objects for what an earlier reuse cut; the same view as a checkpoint that
+    # never cut anything before (a copy read back from the store).
+    assert all(a is b for a, b in zip(views[1][covered:], views[2][covered:]))
+    restored = CompactionCheckpoint.from_bytes(checkpoint.to_bytes())
+    whole = compact_context(messages, None, policy=session.policy, counter=session.counter,
+                            options=CompactionOptions(checkpoint=restored, sticky=True))
+    assert whole.reused_checkpoint and whole.messages == views[2]
+    # A cut result the client then changed (after the checkpoint): cut again, not reused.
+    edited = copy.deepcopy(messages)
+    index = len(messages) - 3
+    edited[index]["content"][0]["content"] = "edited\n" * 300
+    again = session.send(edited)
+    assert again.reused_checkpoint
+    assert again.messages[covered + index - checkpoint.covered] != views[2][covered + index
+                                                                            - checkpoint.covered]
+    assert "edited" in str(again.messages[covered + index - checkpoint.covered])
