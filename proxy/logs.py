@@ -15,6 +15,7 @@ then the class), never the exception's message.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -22,6 +23,7 @@ import traceback
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, Final, TextIO
 
+import msgspec
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
@@ -78,6 +80,18 @@ _CREDENTIAL: Final = re.compile(
     r"|(?i:api[_-]?key|auth[_-]?token|secret|password|x-api-key)\s*[=:]\s*\S+"
 )
 
+
+def _may_hold_credential(value: str) -> bool:
+    """Whether ``value`` holds one of the literals every :data:`_CREDENTIAL` match holds
+    (``sk-``, ``eyJ``, ``earer``, ``asic``, ``=``, ``:``): a cheap test that spares most ids and
+    names the search, which tries the pattern at every character."""
+    return ("sk-" in value or "eyJ" in value or "earer" in value or "asic" in value
+            or "=" in value or ":" in value)
+
+
+# Values that hold no text, kept as they are (a subclass of one goes through _clean).
+_PLAIN: Final = frozenset({bool, int, float, type(None)})
+
 # Loggers that would print request bodies at debug level; never below WARNING.
 _QUIET_LOGGERS: Final = ("anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access")
 
@@ -95,8 +109,11 @@ class Redactor:
         self._safe_keys = safe_keys
 
     def _clean_str(self, value: str) -> str:
-        if _CREDENTIAL.search(value) or any(secret in value for secret in self._secrets):
+        if _may_hold_credential(value) and _CREDENTIAL.search(value):
             return _REDACTED
+        for secret in self._secrets:
+            if secret in value:
+                return _REDACTED
         if len(value) > _MAX_STRING:
             return value[:_MAX_STRING] + "...[cut]"
         return value
@@ -128,16 +145,21 @@ class Redactor:
         keys = [k for k in _LEADING if k in event_dict]
         keys += [k for k in event_dict if k not in _LEADING]
         for key in keys:
-            value = event_dict[key]
             if key not in self._safe_keys:
                 if key != "exc_info" and not key.startswith("_"):
                     dropped.append(key)
                 continue
-            keep, cleaned = self._clean(value)
-            if keep:
-                out[key] = cleaned
+            value = event_dict[key]
+            if type(value) in _PLAIN:  # the common cases first, without _clean's tests
+                out[key] = value
+            elif type(value) is str:
+                out[key] = self._clean_str(value)
             else:
-                dropped.append(key)
+                keep, cleaned = self._clean(value)
+                if keep:
+                    out[key] = cleaned
+                else:
+                    dropped.append(key)
         # A traceback's text can quote data (the exception's message, a repr): keep the
         # exception's class and where it was raised, frame by frame, and nothing it said.
         exc = _exception_of(exc_info)
@@ -180,10 +202,28 @@ def _frames(exc: BaseException) -> list[str]:
     return lines[-_MAX_FRAMES:]
 
 
+_JSON: Final = msgspec.json.Encoder()
+
+
+def _json_line(event_dict: EventDict, **dumps_kw: Any) -> str:
+    """One event as JSON: msgspec's compact text (the values ``json.dumps`` writes, without
+    its spaces), or ``json.dumps``'s as before where the two could differ in more than
+    spacing: a value msgspec does not encode (a subclass of ``str``), a ``null`` (msgspec
+    writes a NaN or an infinity so, ``json.dumps`` as ``NaN`` or ``Infinity``), text outside
+    ASCII (``json.dumps`` escapes it: a line stays ASCII whatever the stream's encoding)."""
+    try:
+        line = _JSON.encode(event_dict)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        return json.dumps(event_dict, **dumps_kw)
+    if b"null" in line or not line.isascii():
+        return json.dumps(event_dict, **dumps_kw)
+    return line.decode("ascii")
+
+
 def _renderer(config: LoggingConfig) -> Processor:
     if config.format == "console":
         return structlog.dev.ConsoleRenderer(colors=False)
-    return structlog.processors.JSONRenderer(sort_keys=False)
+    return structlog.processors.JSONRenderer(serializer=_json_line, sort_keys=False)
 
 
 def configure_logging(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.logs import Redactor
+from proxy.config import LoggingConfig
+from proxy.logs import _CREDENTIAL, Redactor, _may_hold_credential, configure_logging, reset_logging
 
 
 def redact(event: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -83,3 +89,65 @@ def test_a_chained_exception_shows_its_cause_frames_first() -> None:
     assert frames.index("KeyError") < frames.index("ValueError") == len(frames) - 1
     assert any(f.endswith(" in _raise_key_error") for f in frames)
     assert "message text" not in repr(out)
+
+
+# Credentials of every form the pattern knows, their pieces, the words around them, and text
+# that is none of them.
+_PIECES = ["sk-ant-api03-abcd", "sk-0123456789abcdef", "Bearer abcdefgh", "basic abcdefgh",
+           "eyJhbGciOiJI.UzI1NiJ9x", "api_key=1", "Secret: x", "PASSWORD =x", "ſecret:x",
+           "sk-", "sk-ant-", "Bearer", "Basic", "eyJ", "api_key", "API-KEY", "Auth-Token",
+           "secret", "x-api-key", "\u212aey", "=", ":", " ", "\t", ".", "-", "_", "abcdefgh",
+           "0123456789abcdef", "2026-12-03T13:13:04.123456Z", "é", "\n"]
+
+
+def _missed(value: str) -> bool:
+    return _CREDENTIAL.search(value) is not None and not _may_hold_credential(value)
+
+
+def test_the_cheap_credential_test_misses_no_credential() -> None:
+    """``_may_hold_credential`` is a necessary condition for a :data:`_CREDENTIAL` match: a
+    string it lets through unsearched holds nothing the pattern would find."""
+    assert all(_CREDENTIAL.search(piece) for piece in _PIECES[:9])
+    assert [piece for piece in _PIECES if _missed(piece)] == []
+
+
+@given(st.one_of(st.text(), st.lists(st.sampled_from(_PIECES)).map("".join)))
+def test_the_cheap_credential_test_misses_no_credential_in_any_text(value: str) -> None:
+    """The same for any text, and any mix of those pieces."""
+    assert not _missed(value)
+
+
+class _Count(int):
+    pass
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -3, 2**70, 1.5, float("nan"), _Count(4)])
+def test_values_without_text_pass_as_they_are(value: object) -> None:
+    """None, bools, ints (and their subclasses) and floats are kept unchanged."""
+    out = redact({"event": "x", "status": value})
+    assert out["status"] is value
+
+
+@pytest.mark.parametrize("fields", [
+    {"status": 200, "duration_ms": 2.5, "layers": ["L1", "L2"], "outcome": "forwarded",
+     "summary_enabled": True},
+    {"status": None, "layers": [1, None, 2.5], "estimate_error": float("nan")},
+    {"detail": "caf\u00e9 \u2028 \U0001f600", "reason": "tab\there \"quoted\" \\"},
+    {"detail": "a\x00b\x7f", "hard_limit": 2**70, "estimate_error": float("-inf")},
+])
+def test_a_json_line_holds_the_values_json_dumps_would_write(fields: dict[str, Any]) -> None:
+    """Whichever encoder writes it, a line is one ASCII JSON object holding exactly what
+    ``json.dumps`` of the redacted event holds (a NaN stays a NaN, not a null)."""
+    stream = io.StringIO()
+    configure_logging(LoggingConfig(format="json", level="info"), stream=stream)
+    try:
+        structlog.get_logger("test").info("line", **fields)
+    finally:
+        reset_logging()
+    [line] = stream.getvalue().splitlines()
+    assert line.isascii()
+    parsed = json.loads(line)
+    expected = json.loads(json.dumps({"level": "info", "event": "line", **fields}))
+    assert list(parsed)[:3] == ["timestamp", "level", "event"]
+    del parsed["timestamp"]
+    assert json.dumps(parsed, sort_keys=True) == json.dumps(expected, sort_keys=True)
