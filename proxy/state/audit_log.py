@@ -131,7 +131,7 @@ class RequestEntry:
     def as_json(self) -> dict[str, Any]:
         """Every field by name (``at`` as ISO 8601 in UTC, ``layers`` as
         ``[{"layer", "saved"}]``), plus ``blocked``."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out: dict[str, Any] = {name: getattr(self, name) for name in _REQUEST_FIELDS}
         out["at"] = _iso(self.at)
         out["layers"] = [{"layer": saving.layer, "saved": saving.saved}
                          for saving in self.layers]
@@ -176,6 +176,10 @@ class RequestEntry:
             usage_output=_count("usage_output", data.get("usage_output")),
             duration_ms=float(duration),
         )
+
+
+#: :class:`RequestEntry`'s field names, in order (one entry is written per request).
+_REQUEST_FIELDS: Final = tuple(spec.name for spec in fields(RequestEntry))
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,19 +118,25 @@ class UsageEntry:
     summary_output_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for spec in fields(self):
-            value = getattr(self, spec.name)
+        for name in _COUNTERS:
+            value = getattr(self, name)
+            if type(value) is int and value >= 0:
+                continue  # the usual case, without the tests below
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{spec.name} must be an integer >= 0, got {value!r}")
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
     def __add__(self, other: UsageEntry) -> UsageEntry:
-        return UsageEntry(*(getattr(self, f.name) + getattr(other, f.name)
-                            for f in fields(self)))
+        return UsageEntry(*(getattr(self, name) + getattr(other, name) for name in _COUNTERS))
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """The counters, in declaration order (the stores' column / hash-field names)."""
-        return tuple(f.name for f in fields(cls))
+        return _COUNTERS
+
+
+#: :meth:`UsageEntry.field_names` (``dataclasses.fields`` is not free, and entries are made
+#: on every request).
+_COUNTERS: Final = tuple(spec.name for spec in fields(UsageEntry))
 
 
 @dataclass(frozen=True, slots=True)
