@@ -3,10 +3,14 @@ said to have changed) and proxy.audit_report's ``--since`` times."""
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from compactor import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
 from proxy.audit_report import parse_since
@@ -17,6 +21,7 @@ from proxy.state.audit_log import (
     StateChange,
     state_change_detail,
 )
+from proxy.state.store._rows import encode_audit
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -110,6 +115,31 @@ def test_state_change_json_round_trips() -> None:
     assert StateChange.from_json(change.as_json()) == change
     with pytest.raises(ValueError, match="^action: "):
         StateChange.from_json({**change.as_json(), "action": "patch"})
+
+
+def _compact_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+@given(text=st.text(), duration=st.floats(), count=st.none() | st.integers(min_value=0))
+@example(text="\ud800 lone surrogate", duration=1e16, count=2**70)
+@example(text="\x00\x1f\x7f\u2028\"\\", duration=0.00001, count=0)
+def test_an_entry_is_stored_as_the_compact_json_of_its_json_form(
+        text: str, duration: float, count: int | None) -> None:
+    """encode_audit writes what ``json.dumps`` (compact, not ASCII, no NaN) writes, byte for
+    byte, and refuses what it refuses."""
+    entry = RequestEntry(at=T0, request_id=text, session_id=text, tenant="none",
+                         route="messages", model=text, tokens_before=count,
+                         layers=(LayerSaving(text, 3),), outcome="forwarded", reason=text,
+                         duration_ms=duration)
+    change = StateChange(at=T0, session_id=text, tenant="none", actor=text, action="put",
+                         version=count, detail=(text,))
+    assert encode_audit(change) == _compact_json(change.as_json())
+    if math.isfinite(duration):
+        assert encode_audit(entry) == _compact_json(entry.as_json())
+    else:
+        with pytest.raises(ValueError):
+            encode_audit(entry)
 
 
 def test_saved_ratio_is_none_when_nothing_was_counted() -> None:

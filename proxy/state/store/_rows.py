@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import msgspec
+
 from compactor import DurableContextState
 from proxy.state.audit_log import RequestEntry, StateChange
 from proxy.state.usage import UsageEntry, UsageRow
@@ -89,10 +91,27 @@ def retention_cutoff(now: datetime, retention_days: int) -> datetime:
     return now - timedelta(days=retention_days)
 
 
+_AUDIT_JSON: Final = msgspec.json.Encoder()
+
+
 def encode_audit(item: RequestEntry | StateChange) -> str:
-    """The stored text of an audit entry: the compact JSON of its ``as_json()``."""
-    return json.dumps(item.as_json(), ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False)
+    """The stored text of an audit entry: the compact JSON of its ``as_json()``.
+
+    That is ``json.dumps(..., ensure_ascii=False, separators=(",", ":"), allow_nan=False)``,
+    which msgspec writes byte for byte, faster, for every entry but one whose float (an
+    entry's only float is a request's ``duration_ms``) ``json.dumps`` writes with an exponent
+    (msgspec writes ``1e16``, not ``1e+16``) or refuses (NaN, infinity: msgspec would write
+    ``null``), or with a string msgspec cannot encode (a lone surrogate): those go through
+    ``json.dumps`` itself.
+    """
+    data = item.as_json()
+    duration = data.get("duration_ms")
+    if not isinstance(duration, float) or duration == 0 or 1e-4 <= abs(duration) < 1e16:
+        try:
+            return _AUDIT_JSON.encode(data).decode()
+        except (TypeError, ValueError, msgspec.EncodeError):
+            pass
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _audit_json(raw: str | bytes, what: str) -> dict[str, Any]:
