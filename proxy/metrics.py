@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -52,6 +52,29 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _ERROR_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.03, -0.01, 0.0, 0.01, 0.03, 0.05, 0.1, 0.2, 0.5)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0, 600.0)
+
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+class _Children(Generic[_Metric]):
+    """The children of a labelled metric, each kept once made: ``labels()`` validates its
+    arguments, builds the label tuple and takes a lock on every call. The label sets are few
+    and fixed (routes, outcomes, layers, kinds), and the metric keeps every child anyway."""
+
+    __slots__ = ("_made", "_metric")
+
+    def __init__(self, metric: _Metric) -> None:
+        self._metric: _Metric = metric
+        self._made: dict[tuple[str, ...], _Metric] = {}
+
+    def __call__(self, *values: str) -> _Metric:
+        """The child of ``values`` (in the order of the metric's label names; a str and a
+        StrEnum member of that value are one key, as they are one label)."""
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self._metric.labels(*values)
+        return child
 
 
 class ProxyMetrics:
@@ -101,33 +124,40 @@ class ProxyMetrics:
             "Requests refused by the provider as too long, compacted again and retried.",
             registry=self.registry,
         )
+        self._requests = _Children(self.requests)
+        self._layers = _Children(self.layers)
+        self._tokens_saved = _Children(self.tokens_saved)
+        self._upstream_latency = _Children(self.upstream_latency)
+        self._provider_tokens = _Children(self.provider_tokens)
+        self._summary_calls = _Children(self.summary_calls)
+        self._summary_tokens = _Children(self.summary_tokens)
 
     def count_request(self, route: str, outcome: str) -> None:
         """Count one finished request."""
-        self.requests.labels(route=route, outcome=outcome).inc()
+        self._requests(route, outcome).inc()
 
     def observe_compaction(self, outcomes: Iterable[compactor.LayerOutcome]) -> None:
         """Count the layers that ran and the tokens each saved."""
         for outcome in outcomes:
-            self.layers.labels(layer=outcome.layer).inc()
+            self._layers(outcome.layer).inc()
             if outcome.saved > 0:
-                self.tokens_saved.labels(layer=outcome.layer).inc(outcome.saved)
+                self._tokens_saved(outcome.layer).inc(outcome.saved)
 
     def observe_upstream(self, route: str, seconds: float) -> None:
         """Record the time the provider took to answer with headers."""
-        self.upstream_latency.labels(route=route).observe(seconds)
+        self._upstream_latency(route).observe(seconds)
 
     def observe_provider_usage(self, usage: ProviderUsage, *, summary: bool = False) -> None:
         """Count the tokens of one provider answer (a client's request, or a summary call)."""
-        counter = self.summary_tokens if summary else self.provider_tokens
+        counter = self._summary_tokens if summary else self._provider_tokens
         for kind, value in (("input", usage.input), ("cache_read", usage.cache_read),
                             ("cache_write", usage.cache_write), ("output", usage.output)):
             if value:
-                counter.labels(kind=kind).inc(value)
+                counter(kind).inc(value)
 
     def count_summary(self, outcome: str) -> None:
         """Count one summary asked for: ``ok``, ``failed``, ``empty``, ``cached``, ``joined``."""
-        self.summary_calls.labels(outcome=outcome).inc()
+        self._summary_calls(outcome).inc()
 
     def observe_estimate_error(self, ratio: float) -> None:
         """Record one signed relative error of the calibrated estimate."""
