@@ -134,6 +134,15 @@ def _followed(ratios: deque[float]) -> float:
     return median
 
 
+def _fleet_factors(fleet: _Fleet | None) -> tuple[float, float]:
+    """The fixed part's and the messages' factors of a session that taught nothing yet: the
+    fleet's medians, the whole-view median standing in for a missing one, else 1."""
+    whole = statistics.median(fleet.ratios) if fleet and fleet.ratios else 1.0
+    reserved = statistics.median(fleet.reserved) if fleet and fleet.reserved else whole
+    messages = statistics.median(fleet.messages) if fleet and fleet.messages else whole
+    return reserved, messages
+
+
 class Calibration:
     """Correction factors per (session, model) and per model, and learnt context windows.
 
@@ -167,18 +176,14 @@ class Calibration:
         fleet (the medians over every session's recent ratios), else 1."""
         with self._lock:
             fleet = self._fleet.get(model)
-            whole = statistics.median(fleet.ratios) if fleet and fleet.ratios else 1.0
-            fleet_reserved = (statistics.median(fleet.reserved) if fleet and fleet.reserved
-                              else whole)
-            fleet_messages = (statistics.median(fleet.messages) if fleet and fleet.messages
-                              else whole)
             session = self._sessions.get((session_key, model))
             if session is None or not session.ratios:
-                return fleet_reserved, fleet_messages
+                return _fleet_factors(fleet)
+            # The fleet's medians (each a sort of its window) only where the session needs one.
             if session.messages:
                 messages = _followed(session.messages)
             elif session.reserved is not None and fleet and fleet.messages:
-                messages = fleet_messages
+                messages = statistics.median(fleet.messages)
             else:
                 messages = _followed(session.ratios)
             return (session.reserved if session.reserved is not None else messages), messages
