@@ -8,7 +8,7 @@ proxy uses and :class:`MessageShapeError` (the one exception a caller answers wi
 """
 
 from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
-from ._facts import MessageFact, message_fact
+from ._facts import MessageFact, message_fact, message_facts
 from ._pipeline import (
     CompactionCheckpoint,
     CompactionOptions,
@@ -94,6 +94,7 @@ __all__ = [
     "estimate_tokens",
     "is_session_id",
     "message_fact",
+    "message_facts",
     "parse_source_pointer",
     "render_durable_context",
     "resolve_durable_sources",

@@ -279,3 +279,20 @@ def test_two_conversations_under_one_key_each_find_their_own() -> None:
             assert parsed.doc == json.loads(raw)
             if turn:
                 assert parsed.reused > 0
+
+
+def test_a_messages_array_whose_bytes_appear_twice_is_not_located_by_guess() -> None:
+    """The same array as another field's value: where the messages are is not certain, so no
+    byte is spliced or remembered from a guess; the forwarded body is still the right one."""
+    history = _history(3)
+    raw = _sdk_bytes({"metadata_copy": history, **_body(history)})
+    recent, cache = RecentBodies(), DecodedSpans()
+    parsed = parse_request(raw, cache, recent, RecentBodies.key_of("none", "dup", raw))
+    assert parsed.bounds is None
+    assert parsed.doc == json.loads(raw)
+    view = [*parsed.messages[:2], {"role": "user", "content": "new"}]
+    assert json.loads(parsed.encode(view, {})) == {**json.loads(raw), "messages": view}
+    grown = _sdk_bytes({"metadata_copy": history,
+                        **_body([*history, {"role": "user", "content": "more"}])})
+    again = parse_request(grown, cache, recent, RecentBodies.key_of("none", "dup", grown))
+    assert again.doc == json.loads(grown) and again.reused == 0
