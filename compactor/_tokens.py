@@ -18,6 +18,7 @@ import os
 import re
 import struct
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._fingerprint import fingerprint
@@ -213,7 +214,20 @@ class CachingCounter:
         for message, print_ in zip(messages, prints, strict=True):
             if ("m", print_) not in self._cache:
                 _long_texts(message.get("content"), texts)
-        fresh = [t for h, t in texts.items() if ("s", h) not in self._cache]
+        self._count_in_parallel(texts.values())
+
+    def count_texts(self, texts: Sequence[str]) -> list[int]:
+        """:meth:`count_text` of each of ``texts``, the long ones not cached yet counted in
+        one parallel batch first when the base counter can (a transcript's messages as JSON,
+        cut into pieces that fit a summary call)."""
+        self._count_in_parallel(t for t in texts if len(t) >= _PREFETCH_FROM_TEXT)
+        return [self.count_text(text) for text in texts]
+
+    def _count_in_parallel(self, texts: Iterable[str]) -> None:
+        count_texts = getattr(self.base, "count_texts", None)
+        if count_texts is None:
+            return
+        fresh = list({h: t for t in texts if ("s", h := hash(t)) not in self._cache}.values())
         if sum(map(len, fresh)) < _PREFETCH_MIN_TOTAL:
             return
         for text, tokens in zip(fresh, count_texts(fresh), strict=True):

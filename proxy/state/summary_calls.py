@@ -330,8 +330,9 @@ def _chunks(messages: Sequence[Message], budget: int,
     chunks: list[list[Message]] = []
     current: list[Message] = []
     used = 0
-    for message in messages:
-        tokens = counter.count_text(_dumps(message)) + 1
+    counts = counter.count_texts([_dumps(message) for message in messages])
+    for message, counted in zip(messages, counts, strict=True):
+        tokens = counted + 1
         if tokens > budget:
             return None
         if current and used + tokens > budget:

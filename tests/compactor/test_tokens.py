@@ -10,6 +10,7 @@ import zlib
 import pytest
 
 from compactor import CachingCounter, Chars4Counter, TiktokenCounter, estimate_tokens
+from compactor._fingerprint import fingerprint
 from tests.paths import CORPUS
 
 from .builders import long_session, text, tool_result, user
@@ -144,3 +145,50 @@ def test_estimate_tokens_with_a_counter_is_that_counters_count() -> None:
     expected = sum(counter.count_message(m) for m in messages)
     assert estimate_tokens(messages, Chars4Counter()) == expected
     assert estimate_tokens(messages, CachingCounter(Chars4Counter())) == expected
+
+
+class _RecordingTiktoken(TiktokenCounter):
+    """The real counter, noting which texts it counted one by one and in batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single: list[int] = []
+        self.batches: list[int] = []
+
+    def count_text(self, text: str) -> int:
+        self.single.append(len(text))
+        return super().count_text(text)
+
+    def count_texts(self, texts: list[str]) -> list[int]:
+        self.batches.append(len(texts))
+        return super().count_texts(texts)
+
+
+def test_count_texts_counts_long_new_texts_in_one_parallel_batch() -> None:
+    """The same counts as one by one; the long texts not cached yet go through one batch (a
+    summary transcript's messages as JSON), the short ones and the cached ones do not."""
+    texts = [json.dumps({"role": "user", "content": f"result {n} " + "word " * 12_000})
+             for n in range(8)] + ["short one", "another short text"]
+    base = _RecordingTiktoken()
+    counter = CachingCounter(base)
+    counts = counter.count_texts(texts)
+    assert counts == [TiktokenCounter().count_text(t) for t in texts]
+    assert base.batches == [8]
+    assert all(size < 8 * 1024 for size in base.single)  # only the short ones one by one
+    base.single.clear()
+    assert counter.count_texts(texts[:8]) == counts[:8]  # cached now: nothing counted again
+    assert base.batches == [8] and base.single == []
+
+
+def test_prefetch_counts_a_cold_historys_long_texts_in_one_batch() -> None:
+    """A cold history's large tool results: one parallel batch, then every message's count
+    comes from the cache."""
+    messages = [user(tool_result(f"t{n}", f"line {n} of output\n" * 2_000)) for n in range(12)]
+    base = _RecordingTiktoken()
+    counter = CachingCounter(base)
+    counter.prefetch(messages, [fingerprint(m) for m in messages])
+    assert base.batches == [12]
+    single_before = len(base.single)
+    totals = [counter.count_message(m) for m in messages]
+    assert all(size < 8 * 1024 for size in base.single[single_before:])
+    assert totals == [CachingCounter(TiktokenCounter()).count_message(m) for m in messages]
