@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from policies import CompactionPolicy
 
@@ -83,10 +83,10 @@ class CompactionCheckpoint:
         return {}
 
     @functools.cached_property
-    def _fresh(self) -> list[tuple[CachingCounter, list[int], View]]:
-        # The messages after the covered ones as L1 left them at the last reuse (see
-        # _fresh_view): at most one, replaced at each reuse.
-        return []
+    def _cut(self) -> dict[int, tuple[Message, Message, int, int]]:
+        # The messages after the covered ones as L1 left them at the last reuse, by the id of
+        # the client's message object: (that object, as cut, its fingerprint and tokens).
+        return {}
 
     def view_tokens(self, counter: CachingCounter) -> list[int]:
         """Each message of :attr:`view` as ``counter`` counts it (made once per checkpoint
@@ -228,26 +228,30 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
 def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy) -> View:
     """The messages after the checkpoint's, their oversized tool results cut as L1 would.
 
-    L1 cuts each result on its own, so the messages the previous reuse of this checkpoint cut
-    (the same fingerprints, in the same places) are taken as it left them: a warm request
-    cuts only its new messages, and its view keeps the same objects for the others."""
+    L1 cuts each result on its own, so a message that is the very object the previous reuse
+    of this checkpoint cut (a caller that keeps decoded messages across requests hands the
+    same object for the same bytes) is taken as it was cut then: a warm request cuts only its
+    new messages. Only the same object: an equal fingerprint is not enough, as it ignores the
+    ``cache_control`` markers a client moves from message to message."""
     covered = checkpoint.covered
-    prints = raw.fingerprints[covered:]
-    done: View | None = None
-    kept = checkpoint._fresh
-    if kept and kept[0][0] is raw.counter and prints[:len(kept[0][1])] == kept[0][1]:
-        done = kept[0][2]
-    start = covered + (0 if done is None else len(done.messages))
+    messages = raw.messages[covered:]
+    before = checkpoint._cut
+    known = [before.get(id(message)) for message in messages]
+    new = [i for i, (message, found) in enumerate(zip(messages, known, strict=True))
+           if found is None or found[0] is not message]
     cut, _ = truncate_tool_results(
-        View(raw.messages[start:], raw.counter, 0, raw.fingerprints[start:], raw.tokens[start:],
-             raw.scale, raw.known),
+        View([messages[i] for i in new], raw.counter, 0,
+             [raw.fingerprints[covered + i] for i in new],
+             [raw.tokens[covered + i] for i in new], raw.scale, raw.known),
         {}, policy)
-    if done is not None:
-        cut = View([*done.messages, *cut.messages], raw.counter, 0,
-                   [*done.fingerprints, *cut.fingerprints], [*done.tokens, *cut.tokens],
-                   raw.scale, raw.known)
-    kept[:] = [(raw.counter, prints, cut)]
-    return cut
+    for i, message, print_, tokens in zip(new, cut.messages, cut.fingerprints, cut.tokens,
+                                          strict=True):
+        known[i] = (messages[i], message, print_, tokens)
+    kept = cast("list[tuple[Message, Message, int, int]]", known)
+    checkpoint._cut.clear()
+    checkpoint._cut.update((id(entry[0]), entry) for entry in kept)
+    return View([entry[1] for entry in kept], raw.counter, 0, [entry[2] for entry in kept],
+                [entry[3] for entry in kept], raw.scale, raw.known)
 
 
 def _validate_extension(view: View, prefix_len: int, covered: int,

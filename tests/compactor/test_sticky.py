@@ -31,8 +31,9 @@ def _turn(messages: list, n: int) -> list:
 class Session:
     """Drives compact_context like the proxy does: one checkpoint carried between calls."""
 
-    def __init__(self, policy: CompactionPolicy = POLICY) -> None:
+    def __init__(self, policy: CompactionPolicy = POLICY, *, copy: bool = True) -> None:
         self.policy = policy
+        self.copy = copy  # False: the caller's objects, as the proxy passes them
         self.counter = CachingCounter(Chars4Counter())
         self.checkpoint: CompactionCheckpoint | None = None
         self.summary_inputs: list[str] = []
@@ -45,7 +46,7 @@ class Session:
         result = compact_context(messages, None, policy=self.policy, counter=self.counter,
                                  summarizer=self.summarise,
                                  options=CompactionOptions(checkpoint=self.checkpoint,
-                                                           sticky=True))
+                                                           sticky=True, copy=self.copy))
         check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
         self.checkpoint = result.checkpoint
         return result
@@ -213,7 +214,7 @@ def test_the_new_messages_are_cut_once_and_an_edited_one_again() -> None:
     after the checkpoint again."""
     session = Session(CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=10**6,
                                        max_tool_result_tokens=100, keep_recent_messages=12,
-                                       summary_keep_recent=4))
+                                       summary_keep_recent=4), copy=False)
     messages, first, n = _grow_until_compacted(session, [user("Original intent")])
     checkpoint = session.checkpoint
     assert checkpoint is not None
@@ -241,3 +242,30 @@ def test_the_new_messages_are_cut_once_and_an_edited_one_again() -> None:
     assert again.messages[covered + index - checkpoint.covered] != views[2][covered + index
                                                                             - checkpoint.covered]
     assert "edited" in str(again.messages[covered + index - checkpoint.covered])
+
+
+def test_a_marker_the_client_moved_on_is_not_brought_back_by_a_reuse() -> None:
+    """Claude Code moves its cache_control marker to the newest message every turn. The
+    messages after the checkpoint that an earlier reuse cut are reused only as the very
+    objects they were cut from: the view carries the markers of this request only (the
+    provider refuses more than four), and equals cutting every new message afresh."""
+    session = Session(CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=10**6,
+                                       max_tool_result_tokens=100, keep_recent_messages=12,
+                                       summary_keep_recent=4), copy=False)
+    messages, _, n = _grow_until_compacted(session, [user("Original intent")])
+    checkpoint = session.checkpoint
+    for _ in range(6):
+        messages = _turn(messages, n)
+        n += 1
+        # As a client sends it (and the proxy decodes it): the same objects for unchanged
+        # messages, a new one for the newest, marked; the one marked before is unmarked.
+        marked = [*messages[:-1], copy.deepcopy(messages[-1])]
+        marked[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+        result = session.send(marked)  # check_messages_request: at most 4 markers
+        assert session.checkpoint is checkpoint
+        markers = str(result.messages).count("cache_control")
+        assert markers <= 2, markers
+        restored = CompactionCheckpoint.from_bytes(checkpoint.to_bytes())
+        whole = compact_context(marked, None, policy=session.policy, counter=session.counter,
+                                options=CompactionOptions(checkpoint=restored, sticky=True))
+        assert whole.messages == result.messages
