@@ -71,9 +71,10 @@ class View:
                 counted = self.reserved + sum(self.tokens)
                 self._total = counted if scale == 1.0 else round(counted * scale)
             else:
+                # Each message's known count, else its count x scale (C loops: this runs over
+                # the whole history on every request).
                 self._total = round(self.reserved * scale + sum(
-                    known.get(p, t * scale) for p, t in zip(self.fingerprints, self.tokens,
-                                                            strict=True)))
+                    map(known.get, self.fingerprints, map(scale.__mul__, self.tokens))))
         return self._total
 
     def derive(self, messages: list[Message]) -> View:
