@@ -206,18 +206,21 @@ _JSON: Final = msgspec.json.Encoder()
 
 
 def _json_line(event_dict: EventDict, **dumps_kw: Any) -> str:
-    """One event as JSON: msgspec's compact text (the values ``json.dumps`` writes, without
-    its spaces), or ``json.dumps``'s as before where the two could differ in more than
-    spacing: a value msgspec does not encode (a subclass of ``str``), a ``null`` (msgspec
-    writes a NaN or an infinity so, ``json.dumps`` as ``NaN`` or ``Infinity``), text outside
-    ASCII (``json.dumps`` escapes it: a line stays ASCII whatever the stream's encoding)."""
+    """One event as compact JSON (no spaces after ``,`` and ``:``, every line alike):
+    msgspec's text, or ``json.dumps``'s where the two could differ in more than spacing — a
+    value msgspec does not encode (a subclass of ``str``), a ``null`` (msgspec writes a NaN or
+    an infinity so, ``json.dumps`` as ``NaN`` or ``Infinity``), text outside ASCII
+    (``json.dumps`` escapes it: a line stays ASCII whatever the stream's encoding)."""
     try:
         line = _JSON.encode(event_dict)
     except (TypeError, ValueError, msgspec.EncodeError):
-        return json.dumps(event_dict, **dumps_kw)
+        return json.dumps(event_dict, **{**dumps_kw, "separators": _COMPACT})
     if b"null" in line or not line.isascii():
-        return json.dumps(event_dict, **dumps_kw)
+        return json.dumps(event_dict, **{**dumps_kw, "separators": _COMPACT})
     return line.decode("ascii")
+
+
+_COMPACT: Final = (",", ":")
 
 
 def _renderer(config: LoggingConfig) -> Processor:
