@@ -513,3 +513,38 @@ def test_a_retried_request_is_forwarded_byte_identical_with_every_cache_marker(
     assert json.dumps(sent[0].body) == json.dumps(sent[1].body)
     assert sent[0].raw_length == sent[1].raw_length
     assert cache_control_count(sent[1].body) == 3
+
+
+def test_a_marker_moved_every_turn_is_forwarded_where_the_client_put_it(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Claude Code's loop: each turn adds a call with a large result and moves its
+    ``cache_control`` marker to the newest user message. Across a crossing and many reuses of
+    the compacted prefix (whose new results L1 cuts), every forwarded body carries the
+    client's markers only — the provider refuses a fifth — and is accepted."""
+    proxy = proxy_factory({"compaction": LOW_THRESHOLDS, "summary": {"enabled": False}})
+    history = read_turns(6)
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        for turn in range(10):
+            tool_id = f"toolu_next_{turn:02d}"
+            history = [*history,
+                       {"role": "assistant", "content": [
+                           {"type": "tool_use", "id": tool_id, "name": "Read",
+                            "input": {"file_path": f"/src/next{turn}.py"}}]},
+                       {"role": "user", "content": [
+                           {"type": "tool_result", "tool_use_id": tool_id,
+                            "content": "line of code\n" * 300}]}]
+            sent = json.loads(json.dumps(history))
+            sent[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+            answer = client.messages.create(
+                model=MODEL, max_tokens=16, messages=sent,
+                system=[{"type": "text", "text": "You are a coding agent.",
+                         "cache_control": {"type": "ephemeral"}}],
+                extra_headers={"x-compact-session-id": "moving-marker"})
+            assert answer.content
+    bodies = forwarded(upstream_server)
+    assert len(bodies) == 10
+    assert all(cache_control_count(body) == 2 for body in bodies)
+    assert all("cache_control" in json.dumps(body["messages"][-1]) for body in bodies)
+    assert len(bodies[-1]["messages"]) < len(history)  # compacted, the prefix reused
