@@ -56,14 +56,16 @@ def message_facts(messages: Sequence[Message],
     """:func:`message_fact` of each of ``messages``, their long texts counted first in one
     parallel batch (:meth:`CachingCounter.prefetch`): a cold multi-megabyte history is mostly
     a few large tool results, which one by one would be counted on one core."""
-    shaped: list[Message] = []
-    prints: list[int] = []
+    prints: list[int | None] = []
     for message in messages:
         try:
             check_shape([message])
         except MessageShapeError:
+            prints.append(None)
             continue
-        shaped.append(message)
         prints.append(fingerprint(message))
-    counter.prefetch(shaped, prints)
-    return [message_fact(message, counter) for message in messages]
+    shaped = [(m, p) for m, p in zip(messages, prints, strict=True) if p is not None]
+    counter.prefetch([m for m, _ in shaped], [p for _, p in shaped])
+    return [None if print_ is None
+            else MessageFact(print_, counter.count_message(message, print_), has_markers(message))
+            for message, print_ in zip(messages, prints, strict=True)]

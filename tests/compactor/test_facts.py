@@ -14,12 +14,15 @@ from compactor import (
     CompactionCheckpoint,
     CompactionOptions,
     MessageShapeError,
+    TiktokenCounter,
     compact_context,
     message_fact,
+    message_facts,
 )
 from policies import CompactionPolicy
 
 from .builders import exchange, text, user
+from .test_tokens import _RecordingTiktoken
 
 POLICY = CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=50_000,
                           max_tool_result_tokens=400, keep_recent_messages=12,
@@ -97,3 +100,16 @@ def test_a_fact_says_whether_a_marker_is_there_and_ignores_it_in_the_fingerprint
     assert (plain_fact.marked, marked_fact.marked) == (False, True)
     assert plain_fact.fingerprint == marked_fact.fingerprint
     assert plain_fact.tokens == counter.count_message(message)
+
+
+def test_message_facts_are_each_messages_fact_with_long_texts_in_one_batch() -> None:
+    """The same facts as one message at a time (None for a malformed message); the long
+    texts of a cold history counted in one parallel batch first."""
+    messages: list[Any] = [*_history(6), {"role": "user", "content": [7]},
+                           user(text("long result " * 20_000)),
+                           user(text("another long one " * 20_000))]
+    base = _RecordingTiktoken()
+    made = message_facts(messages, CachingCounter(base))
+    assert made == [message_fact(m, CachingCounter(TiktokenCounter())) for m in messages]
+    assert made[-3] is None
+    assert base.batches == [2]

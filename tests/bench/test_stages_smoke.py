@@ -1,0 +1,28 @@
+"""bench/stages.py at a tiny size: a structure check, not a timed test."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from bench import stages
+
+
+def test_every_stage_is_timed_once_per_request_and_the_table_prints() -> None:
+    """Each stage of a warm request ran once per request (the facts and the checkpoint
+    read inside the compaction, the learning inside the relay), took thread time, and the
+    table has a row per stage and a column per size."""
+    results = asyncio.run(stages.measure([20_000, 60_000], requests=6, pace_s=0.0))
+    assert [r.requests for r in results] == [6, 6]
+    for result in results:
+        assert math.isfinite(result.cpu_ms) and result.cpu_ms > 0
+        assert set(result.stages) == {name for _, name in stages.STAGES}
+        for name in ("parse_request", "_plan", "_compact", "compact_context_async", "_send",
+                     "_relay", "_learn", "_keep_in_audit_log", "RequestBody.facts"):
+            ms, calls = result.stages[name]
+            assert calls == 1.0, name
+            assert ms >= 0.0
+        assert result.stages["_compact"][0] >= result.stages["compact_context_async"][0]
+    table = stages.format_results(results, 0.0)
+    assert table.count("\n") == len(stages.STAGES) + 3
+    assert "no stage" in table and "MB" in table
