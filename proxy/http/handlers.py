@@ -255,8 +255,9 @@ def _outgoing(request: web.Request, parsed: RequestBody, result: compactor.Compa
         apply_binding_opt_out(candidate)
         replaced["thinking"] = candidate["thinking"]
         _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    return parsed.encode(result.messages, replaced,
-                         request.app[ENCODED_VIEWS].of(result.checkpoint))
+    views = request.app[ENCODED_VIEWS]
+    return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
+                         views.since(result.checkpoint))
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:

@@ -213,13 +213,16 @@ class RequestBody:
         return None if self.entries is None else self.entries[index].memo
 
     def encode(self, messages: Sequence[dict[str, Any]], replaced: Mapping[str, Any],
-               reused: Iterable[tuple[Sequence[dict[str, Any]], Sequence[bytes]]] = ()) -> bytes:
+               reused: Iterable[tuple[Sequence[dict[str, Any]], Sequence[bytes]]] = (),
+               since: dict[int, tuple[Any, bytes]] | None = None) -> bytes:
         """The body to forward: this one with ``messages`` in place of the client's and each
         field of ``replaced`` in place of (or after) the client's.
 
         A message that is one of the client's own objects goes out as the client's bytes; a
-        message of a ``reused`` pair ``(objects, encoded)`` as its encoded bytes; any other
-        message, and every replaced field, through the one encoder.
+        message of a ``reused`` pair ``(objects, encoded)`` as its encoded bytes; a message
+        ``since`` holds (by object id: the very object) as those bytes; any other message,
+        and every replaced field, through the one encoder. ``since`` is left holding what the
+        encoder wrote for this body's messages (for the next request on the same view).
         """
         if self.fields is None or self.bounds is None:
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
@@ -228,6 +231,8 @@ class RequestBody:
         for objects, encoded in reused:
             known.update(zip(map(id, objects), encoded, strict=True))
         view = memoryview(self.raw)
+        before = {} if since is None else since
+        made: dict[int, tuple[Any, bytes]] = {}
         try:
             encode = _ENCODER.encode
             parts: list[Any] = []
@@ -235,7 +240,13 @@ class RequestBody:
                 found: Any = known.get(id(message))
                 if found is None:
                     bound = own.get(id(message))
-                    found = encode(message) if bound is None else view[bound[0]:bound[1]]
+                    if bound is not None:
+                        found = view[bound[0]:bound[1]]
+                    else:
+                        kept = before.get(id(message))
+                        found = kept[1] if kept is not None and kept[0] is message else encode(
+                            message)
+                        made[id(message)] = (message, found)
                 parts.append(found)
             out: list[Any] = []
             for key, value in self.fields.items():
@@ -251,6 +262,9 @@ class RequestBody:
             # What the one encoder cannot write (a lone surrogate a layer made by cutting a
             # text): the plain dump escapes it.
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
+        if since is not None:
+            since.clear()
+            since.update(made)
         return b"{" + b",".join(out) + b"}"
 
 
@@ -262,9 +276,24 @@ class EncodedViews:
         max_bytes: how many encoded bytes to keep (least recently used checkpoints go first).
     """
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, *, max_checkpoints: int = 1024) -> None:
         self._entries: LRUCache[int, tuple[compactor.CompactionCheckpoint, list[bytes]]] = (
             LRUCache(maxsize=max(1, max_bytes), getsizeof=lambda entry: sum(map(len, entry[1]))))
+        self._since: LRUCache[int, tuple[compactor.CompactionCheckpoint,
+                                         dict[int, tuple[Any, bytes]]]] = LRUCache(
+            maxsize=max(1, max_checkpoints))
+
+    def since(self, checkpoint: compactor.CompactionCheckpoint | None,
+              ) -> dict[int, tuple[Any, bytes]] | None:
+        """What the last body forwarded on ``checkpoint`` encoded beyond its view (the new
+        tool results L1 cut: the same objects, request after request), for
+        :meth:`RequestBody.encode` to reuse and refill; None for no checkpoint."""
+        if checkpoint is None:
+            return None
+        found = self._since.get(id(checkpoint))
+        if found is None or found[0] is not checkpoint:
+            found = self._since[id(checkpoint)] = (checkpoint, {})
+        return found[1]
 
     def of(self, checkpoint: compactor.CompactionCheckpoint | None,
            ) -> list[tuple[Sequence[dict[str, Any]], Sequence[bytes]]]:

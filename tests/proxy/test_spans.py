@@ -183,6 +183,28 @@ def test_a_checkpoints_view_is_encoded_once_and_reused() -> None:
     assert views.of(None) == []
 
 
+def test_a_rewritten_message_is_encoded_once_per_object() -> None:
+    """What the encoder wrote for a message that is neither the client's nor the view's (a
+    tool result L1 cut, the same object request after request) is kept for the next body on
+    the same checkpoint, for that very object only: an equal copy is encoded afresh, and
+    what the last body did not send is forgotten."""
+    history = _history(3)
+    checkpoint = compactor.CompactionCheckpoint.build(history, history[:3], "p", ("L3",))
+    views = EncodedViews()
+    since = views.since(checkpoint)
+    assert since == {} and views.since(checkpoint) is since and views.since(None) is None
+    parsed = parse_request(_sdk_bytes(_body(history)), DecodedSpans())
+    cut = {"role": "user", "content": [{"type": "text", "text": "cut"}]}
+    first = parsed.encode([*checkpoint.view, cut], {}, views.of(checkpoint), since)
+    assert set(since) == {id(cut)} and since[id(cut)][0] is cut
+    since[id(cut)] = (cut, b'{"role":"user","content":"as kept"}')  # trusted by identity
+    again = parsed.encode([*checkpoint.view, cut], {}, views.of(checkpoint), since)
+    assert json.loads(again)["messages"][-1]["content"] == "as kept"
+    twin = json.loads(json.dumps(cut))
+    fresh = parsed.encode([*checkpoint.view, twin], {}, views.of(checkpoint), since)
+    assert fresh == first and set(since) == {id(twin)}
+
+
 def test_the_plain_path_encodes_like_before() -> None:
     raw = b'{"messages": [{"role": "user", "content": "a \\ud800"}], "model": "m"}'
     parsed = parse_request(raw, DecodedSpans())
