@@ -69,6 +69,8 @@ STAGES: Final = (
     ("proxy.http.handlers", "_learn"),
     ("proxy.http.audit", "_keep_in_audit_log"),
 )
+#: How long the proxy is left to finish a request's tail before its counts are reset or read.
+SETTLE_S: Final = 0.2
 #: Stages inside another (``_learn`` runs inside ``_relay``, before the answer ends): their
 #: time is counted in both.
 NESTED: Final = {"SessionCheckpoints.load": "_compact", "RequestBody.facts": "_compact",
@@ -172,8 +174,11 @@ async def _one_size(client: Any, service: Service, size: int, requests: int, pac
         history.extend(tiny_exchange(len(history)))
         await send(client, service.url, request_body(history, stream=False), headers,
                    stream=False)
+    # The client has an answer before the proxy's relay has returned (and before the audit
+    # entry is handed over): let the last untimed request finish before the counts start.
+    await asyncio.sleep(SETTLE_S)
     os.kill(pid, signal.SIGUSR2)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE_S)
     before = process_cpu_s(pid)
     body = b""
     for _ in range(requests):
@@ -184,7 +189,7 @@ async def _one_size(client: Any, service: Service, size: int, requests: int, pac
             raise RuntimeError(f"{size} bytes: HTTP {sample.status}")
         if pace_s:
             await asyncio.sleep(pace_s)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE_S)  # (the same for the last timed request)
     cpu_ms = (process_cpu_s(pid) - before) * 1000 / requests
     out.unlink(missing_ok=True)
     os.kill(pid, signal.SIGUSR1)
