@@ -46,6 +46,7 @@ from bench.proxy import (
     ManagedProcess,
     Service,
     _headers,
+    _machine_ticks,
     _wait_until_up,
     client_session,
     free_port,
@@ -145,18 +146,6 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(child) for child in text.split()]
-
-
-def _machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine so far (``/proc/stat``; zeros elsewhere)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already counted in user
-    return total - idle, total
 
 
 def _tree_cpu_s(pid: int) -> float:

@@ -47,7 +47,10 @@ def message_fact(message: Message, counter: CachingCounter) -> MessageFact | Non
         check_shape([message])
     except MessageShapeError:
         return None
-    print_ = fingerprint(message)
+    return _fact(message, fingerprint(message), counter)
+
+
+def _fact(message: Message, print_: int, counter: CachingCounter) -> MessageFact:
     return MessageFact(print_, counter.count_message(message, print_), has_markers(message))
 
 
@@ -66,6 +69,5 @@ def message_facts(messages: Sequence[Message],
         prints.append(fingerprint(message))
     shaped = [(m, p) for m, p in zip(messages, prints, strict=True) if p is not None]
     counter.prefetch([m for m, _ in shaped], [p for _, p in shaped])
-    return [None if print_ is None
-            else MessageFact(print_, counter.count_message(message, print_), has_markers(message))
+    return [None if print_ is None else _fact(message, print_, counter)
             for message, print_ in zip(messages, prints, strict=True)]

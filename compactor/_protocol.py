@@ -327,7 +327,6 @@ class ProtocolMemo:
 
     def _keep(self, prints: list[int], walk: _Walk,
               base: tuple[list[int], _Walk] | None) -> None:
-        walk.places = None
         entries = self._walks.pop(prints[0], [])
         if base is not None:  # the new walk goes on from it
             entries = [entry for entry in entries if entry is not base]
