@@ -83,9 +83,11 @@ class CompactionCheckpoint:
         return {}
 
     @functools.cached_property
-    def _cut(self) -> dict[int, tuple[Message, Message, int, int]]:
-        # The messages after the covered ones as L1 left them at the last reuse, by the id of
-        # the client's message object: (that object, as cut, its fingerprint and tokens).
+    def _cut(self) -> dict[int, tuple[CachingCounter, dict[int, tuple[Message, Message, int,
+                                                                      int]]]]:
+        # Per counter, the messages after the covered ones as L1 left them at the last reuse,
+        # by the id of the client's message object: (that object, as cut, its fingerprint and
+        # tokens by that counter).
         return {}
 
     def view_tokens(self, counter: CachingCounter) -> list[int]:
@@ -235,7 +237,10 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
     ``cache_control`` markers a client moves from message to message."""
     covered = checkpoint.covered
     messages = raw.messages[covered:]
-    before = checkpoint._cut
+    held = checkpoint._cut.get(id(raw.counter))
+    if held is None or held[0] is not raw.counter:
+        held = checkpoint._cut[id(raw.counter)] = (raw.counter, {})
+    before = held[1]
     known = [before.get(id(message)) for message in messages]
     new = [i for i, (message, found) in enumerate(zip(messages, known, strict=True))
            if found is None or found[0] is not message]
@@ -248,8 +253,8 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
                                           strict=True):
         known[i] = (messages[i], message, print_, tokens)
     kept = cast("list[tuple[Message, Message, int, int]]", known)
-    checkpoint._cut.clear()
-    checkpoint._cut.update((id(entry[0]), entry) for entry in kept)
+    before.clear()
+    before.update((id(entry[0]), entry) for entry in kept)
     return View([entry[1] for entry in kept], raw.counter, 0, [entry[2] for entry in kept],
                 [entry[3] for entry in kept], raw.scale, raw.known)
 
