@@ -67,6 +67,9 @@ _REDACTED: Final = "[redacted]"
 _HANDLER_NAME: Final = "compact-proxy"
 _LEADING: Final = ("timestamp", "level", "event")
 _MAX_STRING: Final = 256
+#: Strings up to this length have their cleaned form remembered, this many at most.
+_CLEANED_LENGTH: Final = 128
+_CLEANED_ENTRIES: Final = 4096
 _MAX_FRAMES: Final = 64  # lines of a logged traceback
 _MAX_CHAIN: Final = 8  # exceptions followed through __cause__ / __context__
 
@@ -102,13 +105,31 @@ class Redactor:
     Args:
         secrets: exact strings (the admin token, a summary key) blanked wherever they appear.
         safe_keys: the fields allowed through (default :data:`SAFE_KEYS`).
+        trusted: fields an earlier processor of the chain always sets itself (the timestamp,
+            the level), kept as they are.
+
+    A short string's cleaned form is remembered (:data:`_CLEANED_ENTRIES` of them): a line's
+    values are mostly the same ids, names and outcomes as the previous line's.
     """
 
-    def __init__(self, secrets: Iterable[str] = (), safe_keys: frozenset[str] = SAFE_KEYS) -> None:
+    def __init__(self, secrets: Iterable[str] = (), safe_keys: frozenset[str] = SAFE_KEYS,
+                 trusted: frozenset[str] = frozenset()) -> None:
         self._secrets = tuple(s for s in secrets if s)
         self._safe_keys = safe_keys
+        self._trusted = trusted & safe_keys
+        self._cleaned: dict[str, str] = {}
 
     def _clean_str(self, value: str) -> str:
+        cleaned = self._cleaned.get(value)
+        if cleaned is None:
+            cleaned = self._checked(value)
+            if len(value) <= _CLEANED_LENGTH:
+                if len(self._cleaned) >= _CLEANED_ENTRIES:
+                    self._cleaned.clear()
+                self._cleaned[value] = cleaned
+        return cleaned
+
+    def _checked(self, value: str) -> str:
         if _may_hold_credential(value) and _CREDENTIAL.search(value):
             return _REDACTED
         for secret in self._secrets:
@@ -144,13 +165,15 @@ class Redactor:
         # The framing fields first, so a line reads "when, how bad, what" from the left.
         keys = [k for k in _LEADING if k in event_dict]
         keys += [k for k in event_dict if k not in _LEADING]
+        trusted = self._trusted
         for key in keys:
             if key not in self._safe_keys:
                 if key != "exc_info" and not key.startswith("_"):
                     dropped.append(key)
                 continue
             value = event_dict[key]
-            if type(value) in _PLAIN:  # the common cases first, without _clean's tests
+            # The common cases first, without _clean's tests.
+            if type(value) in _PLAIN or key in trusted:
                 out[key] = value
             elif type(value) is str:
                 out[key] = self._clean_str(value)
@@ -244,7 +267,8 @@ def configure_logging(
     """
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
-    redactor = Redactor(secrets)
+    # add_log_level and TimeStamper set these two on every event, whatever it held.
+    redactor = Redactor(secrets, trusted=frozenset({"level", "timestamp"}))
     renderer = _renderer(config)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,

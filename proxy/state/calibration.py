@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import statistics
 import struct
 import threading
@@ -52,7 +53,8 @@ from array import array
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from itertools import compress, repeat
+from typing import Final, cast
 
 from cachetools import LRUCache
 
@@ -240,17 +242,19 @@ class Calibration:
         known = self._known.get(key)
         if known is None:
             known = self._known[key] = {}
-        counted = known_sum = unknown_counted = 0.0
+        # C loops only: a warm view is its previous view (every count known) plus a message
+        # or two, and this runs on every answer.
+        if len(fingerprints) != len(tokens):
+            raise ValueError(f"{len(fingerprints)} fingerprints for {len(tokens)} counts")
+        values = list(map(known.get, fingerprints))
+        counted = float(sum(tokens))
         unknown: list[tuple[int, int]] = []
-        get = known.get
-        for print_, count in zip(fingerprints, tokens, strict=True):  # one pass, no copies
-            counted += count
-            value = get(print_)
-            if value is None:
-                unknown.append((print_, count))
-                unknown_counted += count
-            else:
-                known_sum += value
+        if None in values:
+            missing = list(map(operator.is_, values, repeat(None)))
+            unknown = list(compress(zip(fingerprints, tokens, strict=True), missing))
+            values = list(compress(values, map(operator.not_, missing)))
+        known_sum = float(sum(cast("list[float]", values)))  # (the Nones left out)
+        unknown_counted = float(sum(count for _, count in unknown))
         # The messages' factor (for messages whose count is not known) is the ratio over all
         # of the view's messages: an average over every kind of content, steadier than the
         # ratio of the few messages new in this view.

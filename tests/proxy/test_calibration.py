@@ -132,3 +132,11 @@ def test_messages_that_left_the_views_are_forgotten_in_time() -> None:
         view = [(start + n, 100) for n in range(100)]
         calibration.observe("s", MODEL, 20_000, 26_000, reserved=10_000, **_view(*view))
     assert len(calibration.known("s", MODEL)) <= 2 * 100 + 256 + 100
+
+
+def test_a_view_whose_counts_do_not_match_its_messages_is_refused() -> None:
+    """One count per fingerprint, or a ValueError (a caller's bug, never a wrong factor)."""
+    calibration = Calibration()
+    with pytest.raises(ValueError, match="2 fingerprints for 1 counts"):
+        calibration.observe("s", MODEL, 16_000, 18_000, reserved=10_000,
+                            fingerprints=[1, 2], tokens=[3_000])

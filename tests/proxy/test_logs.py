@@ -44,6 +44,30 @@ def test_configured_secrets_are_blanked_everywhere() -> None:
     assert out["reason"] == "[redacted]"
 
 
+def test_a_remembered_value_is_cleaned_as_the_first_time() -> None:
+    """The cleaned form of a short string is remembered: a credential stays blanked, a plain
+    value stays itself, on every line, and the memory stays bounded."""
+    redactor = Redactor(("tok-123",))
+    for _ in range(3):
+        out = redactor(None, "info", {"event": "x", "detail": "Bearer abcdefgh12345",
+                                      "reason": "tok-123", "route": "messages"})
+        assert out == {"event": "x", "detail": "[redacted]", "reason": "[redacted]",
+                       "route": "messages"}
+    for number in range(10_000):
+        redactor(None, "info", {"event": "x", "session_id": f"s-{number}"})
+    assert len(redactor._cleaned) <= 4096
+
+
+def test_trusted_fields_are_kept_as_the_chain_set_them() -> None:
+    """``level`` and ``timestamp`` (set by add_log_level and TimeStamper) skip the string
+    tests; a trusted name outside the allow-list is still dropped."""
+    redactor = Redactor(trusted=frozenset({"timestamp", "prompt"}))
+    out = redactor(None, "info", {"timestamp": "2026-12-03T15:00:00.123456Z", "event": "x",
+                                  "prompt": "text"})
+    assert out == {"timestamp": "2026-12-03T15:00:00.123456Z", "event": "x",
+                   "redacted": ["prompt"]}
+
+
 def test_nested_values_are_dropped_and_long_strings_cut() -> None:
     """Only scalars and lists of scalars pass; strings are capped."""
     out = redact({"event": "x", "detail": "y" * 1000, "layers": [{"a": 1}]})
