@@ -1,0 +1,168 @@
+"""What each bookkeeping feature costs: the proxy's CPU per request with it on and off.
+
+    python -m bench.features [--requests 300] [--size 50000] [--pace-ms 20]
+
+One run starts the fake provider, the bare relay (``bench/proxy.py --null-relay``) and one
+``serve`` process per variant of ``bench/proxy.py``'s config (sticky, tiktoken, the audit log
+on): every feature on, then each of the request path's bookkeeping features off on its own —
+the audit log (``audit.enabled``), the ``request_completed`` line (``logging.level: warning``),
+calibration (``compaction.calibration``) — then all three off. The same request of ``--size``
+bytes under the threshold (``bench/proxy.py``'s CPU cell) goes to every process in turn,
+``--pace-ms`` apart, ``--requests`` times; it prints each process's CPU per request (``/proc``)
+and its ratio to the relay's. What a feature costs is the difference between "all on" and its
+own row, measured in one interleaved run. Not a timed test; ``tests/bench/test_features_smoke.py``
+checks its structure at a tiny size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import yaml
+
+from bench.proxy import (
+    SESSION_THRESHOLDS,
+    ManagedProcess,
+    Service,
+    _headers,
+    _wait_until_up,
+    client_session,
+    free_port,
+    history_of_size,
+    process_cpu_s,
+    relay_process,
+    request_body,
+    send,
+    upstream_process,
+    write_proxy_config,
+)
+
+#: The variants: a name and what it changes in the config.
+VARIANTS: Final[tuple[tuple[str, Mapping[str, Any]], ...]] = (
+    ("all on", {}),
+    ("audit log off", {"audit": {"enabled": False}}),
+    ("request line off", {"logging": {"level": "warning"}}),
+    ("calibration off", {"compaction": {"calibration": False}}),
+    ("all three off", {"audit": {"enabled": False}, "logging": {"level": "warning"},
+                       "compaction": {"calibration": False}}),
+)
+#: Untimed requests per process before the counts start (connections, caches, the session).
+WARMUP: Final = 20
+#: How long the processes are left to finish a request's tail before CPU is read.
+SETTLE_S: Final = 0.3
+
+
+def _merged(base: dict[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in change.items():
+        out[key] = _merged(out.get(key, {}), value) if isinstance(value, Mapping) else value
+    return out
+
+
+@asynccontextmanager
+async def variant_process(client: aiohttp.ClientSession, workdir: Path, name: str,
+                          upstream_url: str, change: Mapping[str, Any]) -> AsyncIterator[Service]:
+    """``serve`` with ``bench/proxy.py``'s config changed by ``change``, waited for."""
+    port = free_port()
+    directory = workdir / name.replace(" ", "-")
+    path = write_proxy_config(directory, upstream_url, SESSION_THRESHOLDS, sticky=True,
+                              port=port)
+    config = _merged(yaml.safe_load(path.read_text(encoding="utf-8")), change)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    process = ManagedProcess(name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
+                                    str(path)], directory / "proxy.log")
+    process.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await _wait_until_up(client, process, f"{url}/healthz")
+        yield Service(url, process)
+    finally:
+        process.stop()
+
+
+@dataclass(frozen=True)
+class FeatureCosts:
+    """CPU ms per request of the relay and of each variant (in :data:`VARIANTS` order)."""
+
+    body_bytes: int
+    requests: int
+    relay_ms: float
+    variant_ms: dict[str, float]
+
+    def ratio(self, name: str) -> float:
+        """A variant's CPU per request over the relay's."""
+        return self.variant_ms[name] / self.relay_ms
+
+    def saved(self, name: str) -> float:
+        """What turning the variant's features off saves per request (ms)."""
+        return self.variant_ms[VARIANTS[0][0]] - self.variant_ms[name]
+
+
+async def measure(size: int, requests: int, pace_s: float) -> FeatureCosts:
+    """Run every process and time the same request against each in turn (see the module)."""
+    with tempfile.TemporaryDirectory(prefix="compact-proxy-features-") as tmp:
+        work = Path(tmp)
+        async with client_session() as client, AsyncExitStack() as stack:
+            upstream = await stack.enter_async_context(upstream_process(client, work))
+            services = {"relay": await stack.enter_async_context(
+                relay_process(client, work, upstream.url))}
+            for name, change in VARIANTS:
+                services[name] = await stack.enter_async_context(
+                    variant_process(client, work, name, upstream.url, change))
+            body = request_body(history_of_size(size), stream=False)
+            headers = _headers("bench-features")
+            for service in services.values():
+                for _ in range(WARMUP):
+                    await send(client, service.url, body, headers, stream=False)
+            await asyncio.sleep(SETTLE_S)
+            before = {name: process_cpu_s(s.process.pid) for name, s in services.items()}
+            for _ in range(requests):
+                for name, service in services.items():
+                    sample = await send(client, service.url, body, headers, stream=False)
+                    if sample.status != 200:
+                        raise RuntimeError(f"{name}: HTTP {sample.status}")
+                    if pace_s:
+                        await asyncio.sleep(pace_s)
+            await asyncio.sleep(SETTLE_S)
+            cpu = {name: (process_cpu_s(s.process.pid) - before[name]) * 1000 / requests
+                   for name, s in services.items()}
+    relay = cpu.pop("relay")
+    return FeatureCosts(len(body), requests, relay, cpu)
+
+
+def format_costs(costs: FeatureCosts, pace_ms: float) -> str:
+    """The table: a row per process, CPU per request, ratio to the relay, saving."""
+    lines = [f"CPU per request, {costs.body_bytes / 1000:.0f} KB under the threshold "
+             f"({costs.requests} requests per process, interleaved, {pace_ms:g} ms apart)",
+             f"   {'process':<26}{'ms':>8}{'x relay':>10}{'saves':>9}",
+             f"   {'bare relay':<26}{costs.relay_ms:>8.3f}{1.0:>10.2f}"]
+    for name, _ in VARIANTS:
+        saved = "" if name == VARIANTS[0][0] else f"{costs.saved(name):>9.3f}"
+        lines.append(f"   {'proxy, ' + name:<26}{costs.variant_ms[name]:>8.3f}"
+                     f"{costs.ratio(name):>10.2f}{saved}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run and print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--size", type=int, default=50_000, help="history size in bytes")
+    parser.add_argument("--pace-ms", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    costs = asyncio.run(measure(args.size, args.requests, args.pace_ms / 1000))
+    print(format_costs(costs, args.pace_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
