@@ -499,7 +499,11 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
         bounds = before.bounds[:index]
         at = 1
         for span in spans:
-            at = tail.find(span, at)
+            # Each span starts where the whitespace and commas after the previous one end (a
+            # search would first study the whole span: ~70k instructions for a 7 KB one).
+            at = _GAP.match(tail, at).end()  # type: ignore[union-attr]  # (matches the empty)
+            if not tail.startswith(span, at):
+                return None
             bounds.append((start + at - 1, start + at - 1 + len(span)))
             at += len(span)
         doc = dict(before.doc)
