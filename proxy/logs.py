@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import re
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, MutableMapping
+from itertools import compress
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -159,6 +161,31 @@ class Redactor:
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
         """Return a new event dict holding only safe fields and safe values."""
+        if event_dict.keys() <= self._safe_keys:  # (no exc_info: it is not a safe key)
+            return self._all_safe(event_dict)
+        return self._field_by_field(event_dict)
+
+    def _all_safe(self, event_dict: EventDict) -> EventDict:
+        """:meth:`__call__` for an event whose fields are all allowed (most events): the
+        framing fields moved first and only the values that are not plain looked at, found
+        by C loops; a value that cannot be kept sends the event field by field."""
+        out = {key: event_dict[key] for key in _LEADING if key in event_dict}
+        out.update(event_dict)
+        plain = map(_PLAIN.__contains__, map(type, out.values()))
+        trusted = self._trusted
+        for key in list(compress(out, map(operator.not_, plain))):
+            value = out[key]
+            if type(value) is str:
+                if key not in trusted:
+                    out[key] = self._clean_str(value)
+                continue
+            keep, cleaned = self._clean(value)
+            if not keep:
+                return self._field_by_field(event_dict)
+            out[key] = cleaned
+        return out
+
+    def _field_by_field(self, event_dict: EventDict) -> EventDict:
         out: dict[str, Any] = {}
         dropped: list[str] = []
         exc_info = event_dict.get("exc_info")

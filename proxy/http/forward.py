@@ -132,13 +132,11 @@ def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
 
 
 def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMultiDict[str]:
-    extra = _connection_tokens(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lowered = name.lower()
-        if lowered in dropped or lowered in extra:
-            continue
-        out.add(name, value)
+    """``headers`` but ``dropped`` and what ``Connection`` lists, in their order (a copy, then
+    the few names present removed: C loops, not one Python step per header)."""
+    out = CIMultiDict(headers)
+    for name in dropped.intersection(map(str.lower, headers.keys())) | _connection_tokens(headers):
+        out.popall(name, None)
     return out
 
 

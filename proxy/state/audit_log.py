@@ -16,6 +16,7 @@ in the words of :attr:`StateChange.detail`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -131,7 +132,7 @@ class RequestEntry:
     def as_json(self) -> dict[str, Any]:
         """Every field by name (``at`` as ISO 8601 in UTC, ``layers`` as
         ``[{"layer", "saved"}]``), plus ``blocked``."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in _REQUEST_FIELDS}
+        out: dict[str, Any] = dict(zip(_REQUEST_FIELDS, _request_fields_of(self), strict=True))
         out["at"] = _iso(self.at)
         out["layers"] = [{"layer": saving.layer, "saved": saving.saved}
                          for saving in self.layers]
@@ -180,6 +181,7 @@ class RequestEntry:
 
 #: :class:`RequestEntry`'s field names, in order (one entry is written per request).
 _REQUEST_FIELDS: Final = tuple(spec.name for spec in fields(RequestEntry))
+_request_fields_of: Final = operator.attrgetter(*_REQUEST_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

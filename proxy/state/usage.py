@@ -20,6 +20,7 @@ cache reads and cache writes, plus the same output), the summary calls, and the 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -118,15 +119,15 @@ class UsageEntry:
     summary_output_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in _COUNTERS:
-            value = getattr(self, name)
-            if type(value) is int and value >= 0:
-                continue  # the usual case, without the tests below
+        values = _counters_of(self)
+        if set(map(type, values)) == {int} and min(values) >= 0:
+            return  # the usual case, tested in C loops
+        for name, value in zip(_COUNTERS, values, strict=True):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
     def __add__(self, other: UsageEntry) -> UsageEntry:
-        return UsageEntry(*(getattr(self, name) + getattr(other, name) for name in _COUNTERS))
+        return UsageEntry(*map(operator.add, _counters_of(self), _counters_of(other)))
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -137,6 +138,8 @@ class UsageEntry:
 #: :meth:`UsageEntry.field_names` (``dataclasses.fields`` is not free, and entries are made
 #: on every request).
 _COUNTERS: Final = tuple(spec.name for spec in fields(UsageEntry))
+#: An entry's counters as a tuple, in :data:`_COUNTERS` order.
+_counters_of: Final = operator.attrgetter(*_COUNTERS)
 
 
 @dataclass(frozen=True, slots=True)
