@@ -3,10 +3,11 @@
 Every answered request adds a :class:`~proxy.state.usage.UsageEntry` to its session's row;
 written one by one that is a store transaction per request (measured: most of the proxy's
 added CPU per request at the ledger's debut). The entries are sums, so they can be summed
-first: :meth:`BufferedLedger.add` adds to an in-memory total per (session, model) and returns
-at once; a task writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes what
-is left at shutdown. A failed write keeps its totals for the next one. What a crash loses is at
-most the last interval's figures — the ledger is a report, not durable context.
+first: :meth:`BufferedLedger.add` keeps the entry with the others of its (session, model) and
+returns at once (they are summed when written, or every :data:`MAX_HELD` entries); a task
+writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes what is left at
+shutdown. A failed write keeps its totals for the next one. What a crash loses is at most the
+last interval's figures — the ledger is a report, not durable context.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _log = structlog.get_logger("proxy.state.ledger_buffer")
 
 #: How long additions wait before they are written (seconds).
 FLUSH_INTERVAL_S: Final = 1.0
+#: Entries of one (session, model) held before they are summed into one.
+MAX_HELD: Final = 64
 
 
 class BufferedLedger:
@@ -37,17 +40,24 @@ class BufferedLedger:
         self._interval_s = interval_s
         # Told when a flush stops because the store is unreachable (instead of a warning).
         self._unavailable = unavailable
-        self._pending: dict[tuple[str, str], UsageEntry] = {}
+        self._pending: dict[tuple[str, str], list[UsageEntry]] = {}
         self._writer: asyncio.Task[None] | None = None
 
     def add(self, session_key: str, model: str, entry: UsageEntry) -> None:
         """Add ``entry`` to the row of (``session_key``, ``model``); written within the
         interval. Call from the event loop."""
-        key = (session_key, model)
-        known = self._pending.get(key)
-        self._pending[key] = entry if known is None else known + entry
+        self._hold((session_key, model), entry)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_later())
+
+    def _hold(self, key: tuple[str, str], entry: UsageEntry) -> None:
+        held = self._pending.get(key)
+        if held is None:
+            self._pending[key] = [entry]
+            return
+        held.append(entry)
+        if len(held) >= MAX_HELD:  # (held in memory: summed now and then, not per request)
+            held[:] = [UsageEntry.total(held)]
 
     async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
         """:meth:`add`, as the :class:`UsageLedger` protocol has it."""
@@ -69,7 +79,8 @@ class BufferedLedger:
         everything (at most one total per session and model: the memory it takes is
         bounded by the sessions served meanwhile), reported once.
         """
-        pending, self._pending = self._pending, {}
+        pending = {key: UsageEntry.total(held) for key, held in self._pending.items()}
+        self._pending = {}
         for (session_key, model), entry in list(pending.items()):
             try:
                 await self._ledger.add_usage(session_key, model, entry)
@@ -80,14 +91,12 @@ class BufferedLedger:
                 else:
                     _log.warning("usage_not_recorded", error_class=type(exc).__name__)
                 for key, kept in pending.items():
-                    known = self._pending.get(key)
-                    self._pending[key] = kept if known is None else known + kept
+                    self._hold(key, kept)
                 return
             except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
                 del pending[session_key, model]
                 _log.warning("usage_not_recorded", error_class=type(exc).__name__)
-                known = self._pending.get((session_key, model))
-                self._pending[(session_key, model)] = entry if known is None else known + entry
+                self._hold((session_key, model), entry)
 
     async def close(self) -> None:
         """Stop the timer and write what is pending."""

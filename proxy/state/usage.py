@@ -21,7 +21,7 @@ cache reads and cache writes, plus the same output), the summary calls, and the 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -128,6 +128,13 @@ class UsageEntry:
 
     def __add__(self, other: UsageEntry) -> UsageEntry:
         return UsageEntry(*map(operator.add, _counters_of(self), _counters_of(other)))
+
+    @classmethod
+    def total(cls, entries: Sequence[UsageEntry]) -> UsageEntry:
+        """The sum of ``entries`` (at least one), made as one entry."""
+        if len(entries) == 1:
+            return entries[0]
+        return cls(*map(sum, zip(*map(_counters_of, entries), strict=True)))
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from proxy.state.ledger_buffer import BufferedLedger
+from proxy.state.ledger_buffer import MAX_HELD, BufferedLedger
 from proxy.state.store import SQLiteStateStore, StoreError
 from proxy.state.usage import UsageEntry, UsageRow
 
@@ -33,6 +33,7 @@ async def test_additions_are_summed_and_written_once_per_interval(tmp_path: Path
     for _ in range(100):
         ledger.add("s", "m", UsageEntry(requests=1, input_tokens=10))
     ledger.add("s", "other", UsageEntry(requests=1))
+    assert len(ledger._pending["s", "m"]) < MAX_HELD  # held entries are summed now and then
     assert await store.usage_rows() == []  # nothing written yet: one write per interval
     await asyncio.sleep(0.2)
     rows = {(r.session_key, r.model): r.entry for r in await store.usage_rows()}
@@ -53,3 +54,11 @@ async def test_a_failed_write_keeps_its_totals_for_the_next() -> None:
     ledger.add("s", "m", UsageEntry(requests=1))
     await ledger.close()
     assert backend.written == [("s", "m", UsageEntry(requests=3))]
+
+
+def test_a_total_is_the_sum_of_every_counter() -> None:
+    entries = [UsageEntry(requests=1, input_tokens=n, summary_output_tokens=2 * n)
+               for n in range(5)]
+    assert UsageEntry.total(entries) == UsageEntry(requests=5, input_tokens=10,
+                                                   summary_output_tokens=20)
+    assert UsageEntry.total(entries[:1]) is entries[0]
