@@ -1,0 +1,250 @@
+"""Python steps per request: bytecode instructions the bare relay and the proxy execute.
+
+    python -m bench.steps [--requests 40] [--size 50000] [--grow] [--top 40]
+
+A count, not a timing: the same code and requests give (nearly) the same figures on a busy
+machine or a quiet one, so a change of a few percent shows, where CPU times on this 2-core box
+swing by more than that from run to run. One run starts the fake provider, the bare relay
+(``bench/proxy.py --null-relay``) and one ``serve`` process (``bench/proxy.py``'s config:
+sticky, tiktoken, the audit log on), each with a tracer that counts every bytecode instruction
+its event-loop thread executes (``sys.settrace`` with ``f_trace_opcodes``) while it is on. Each
+process is warmed untimed, then ``--requests`` requests of ``--size`` bytes are sent one at a
+time with the tracer on: the same request every time (``bench/proxy.py``'s CPU cell), or with
+``--grow`` a history grown by one small exchange per request (a warm agent session). It prints
+the steps per request of each process, by package, and the proxy's busiest functions.
+
+Work in C (the JSON decoder, hashing, sockets) is not a step; ``valgrind --tool=callgrind``
+counts machine instructions for that. Not a timed test; ``tests/bench/test_steps_smoke.py``
+checks its structure at a tiny size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from bench.proxy import (
+    SESSION_THRESHOLDS,
+    ManagedProcess,
+    Service,
+    _headers,
+    _wait_until_up,
+    client_session,
+    free_port,
+    history_of_size,
+    request_body,
+    send,
+    tiny_exchange,
+    upstream_process,
+    write_proxy_config,
+)
+
+#: Untimed requests per process before the count starts (connections, caches, the session).
+WARMUP: Final = 20
+#: How long a process is left to finish a request's tail before the tracer is turned on or off.
+SETTLE_S: Final = 1.5
+_ROOT: Final = str(Path(__file__).resolve().parent.parent)
+
+
+def _traced(serve: Any, out: str) -> None:
+    """Run ``serve()`` with a bytecode counter: SIGUSR2 turns it on (from zero), SIGUSR1 off
+    and writes the counts to ``out`` (JSON ``[[file, function, steps], ...]``)."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        elif event == "opcode":
+            counts[frame.f_code.co_filename, frame.f_code.co_name] += 1
+        return tracer
+
+    def on(signum: int, frame: FrameType | None) -> None:
+        counts.clear()
+        sys.settrace(tracer)
+        threading.settrace(tracer)
+        while frame is not None:  # the frames running now (the event loop) count too
+            frame.f_trace = tracer
+            frame.f_trace_opcodes = True
+            frame = frame.f_back
+
+    def off(signum: int, frame: FrameType | None) -> None:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]  # (None turns it off)
+        rows = [[path, name, steps] for (path, name), steps in counts.items()]
+        Path(out).write_text(json.dumps(rows), encoding="utf-8")
+
+    signal.signal(signal.SIGUSR2, on)
+    signal.signal(signal.SIGUSR1, off)
+    serve()
+
+
+def _package(path: str) -> str:
+    """``proxy``, ``aiohttp``, ``asyncio``...: the package (or stdlib module) of a file."""
+    path = path.replace("\\", "/")
+    for marker in ("/site-packages/", _ROOT + "/", "/lib/python3"):
+        if marker in path:
+            rest = path.split(marker, 1)[1]
+            if marker == "/lib/python3":
+                rest = rest.split("/", 1)[1] if "/" in rest else rest
+            return rest.split("/", 1)[0].removesuffix(".py")
+    return path
+
+
+def _function(path: str, name: str) -> str:
+    path = path.replace("\\", "/")
+    for marker in ("/site-packages/", _ROOT + "/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            if marker == "/lib/python3":
+                path = path.split("/", 1)[-1]
+            break
+    return f"{path}:{name}"
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One process's bytecode instructions per request, by package and by function."""
+
+    requests: int
+    total: float
+    packages: dict[str, float]
+    functions: dict[str, float]
+
+
+async def _count(client: Any, service: Service, out: Path, bodies: Sequence[bytes],
+                 session: str) -> Steps:
+    pid = service.process.pid
+    assert pid is not None
+    headers = _headers(session)
+    for body in bodies[:WARMUP]:
+        await send(client, service.url, body, headers, stream=False)
+    await asyncio.sleep(SETTLE_S)
+    os.kill(pid, signal.SIGUSR2)
+    await asyncio.sleep(0.2)
+    timed = bodies[WARMUP:]
+    for body in timed:
+        sample = await send(client, service.url, body, headers, stream=False)
+        if sample.status != 200:
+            raise RuntimeError(f"{session}: HTTP {sample.status}")
+    await asyncio.sleep(SETTLE_S)
+    out.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR1)
+    for _ in range(200):
+        if out.exists() and out.stat().st_size:
+            break
+        await asyncio.sleep(0.05)
+    rows = json.loads(out.read_text(encoding="utf-8"))
+    packages: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
+    for path, name, steps in rows:
+        packages[_package(path)] += steps
+        functions[_function(path, name)] += steps
+    count = len(timed)
+    return Steps(count, sum(packages.values()) / count,
+                 {k: v / count for k, v in packages.most_common()},
+                 {k: v / count for k, v in functions.most_common()})
+
+
+def _bodies(size: int, requests: int, grow: bool) -> list[bytes]:
+    history = history_of_size(size)
+    bodies = []
+    for _ in range(WARMUP + requests):
+        if grow:
+            history.extend(tiny_exchange(len(history)))
+        bodies.append(request_body(history, stream=False) if grow or not bodies else bodies[0])
+    return bodies
+
+
+async def measure(size: int, requests: int, *, grow: bool = False) -> dict[str, Steps]:
+    """Count the relay's and the proxy's steps per request (see the module)."""
+    bodies = _bodies(size, requests, grow)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="compact-proxy-steps-") as tmp:
+        work = Path(tmp)
+        async with client_session() as client, upstream_process(client, work) as upstream:
+            for name in ("relay", "proxy"):
+                port = free_port()
+                out = work / f"{name}.json"
+                if name == "relay":
+                    args = ["--serve-relay", str(port), upstream.url, str(out)]
+                else:
+                    config = write_proxy_config(work / "proxy", upstream.url,
+                                                SESSION_THRESHOLDS, sticky=True, port=port)
+                    args = ["--serve", str(config), str(out)]
+                process = ManagedProcess(f"steps-{name}", [sys.executable, "-m", "bench.steps",
+                                                           *args], work / f"{name}.log")
+                process.start()
+                try:
+                    url = f"http://127.0.0.1:{port}"
+                    await _wait_until_up(client, process, f"{url}/healthz")
+                    results[name] = await _count(client, Service(url, process), out, bodies,
+                                                 f"bench-steps-{name}")
+                finally:
+                    process.stop()
+    return results
+
+
+def format_steps(results: dict[str, Steps], size: int, grow: bool, top: int) -> str:
+    """The table: steps per request of each process and their ratio, the packages, and the
+    proxy's busiest functions."""
+    relay, proxy = results["relay"], results["proxy"]
+    kind = "grown by one exchange per request" if grow else "the same request every time"
+    lines = [f"Python steps (bytecode instructions) per request, {size / 1000:.0f} KB history, "
+             f"{kind} ({proxy.requests} requests)",
+             f"   bare relay {relay.total:>9,.0f}",
+             f"   proxy      {proxy.total:>9,.0f}   ({proxy.total / relay.total:.2f}x the relay)",
+             f"   {'package':<28}{'relay':>9}{'proxy':>9}"]
+    for package in sorted(set(relay.packages) | set(proxy.packages),
+                          key=lambda p: -max(proxy.packages.get(p, 0.0),
+                                             relay.packages.get(p, 0.0)))[:16]:
+        lines.append(f"   {package:<28}{relay.packages.get(package, 0.0):>9,.0f}"
+                     f"{proxy.packages.get(package, 0.0):>9,.0f}")
+    lines.append("   the proxy's busiest functions")
+    for function, steps in list(proxy.functions.items())[:top]:
+        lines.append(f"   {steps:>9,.0f}  {function}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run and print; ``--serve`` / ``--serve-relay`` are the traced processes (internal)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--size", type=int, default=50_000, help="history size in bytes")
+    parser.add_argument("--grow", action="store_true",
+                        help="grow the history by one exchange per request")
+    parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-relay", nargs=3, metavar=("PORT", "UPSTREAM", "OUT"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        from proxy.cli import main as cli_main
+
+        _traced(lambda: cli_main(["serve", "--config", args.serve[0]]), args.serve[1])
+        return 0
+    if args.serve_relay is not None:
+        from bench.proxy import serve_null_relay
+
+        port, upstream, out = args.serve_relay
+        _traced(lambda: serve_null_relay(int(port), upstream), out)
+        return 0
+    results = asyncio.run(measure(args.size, args.requests, grow=args.grow))
+    print(format_steps(results, args.size, args.grow, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
