@@ -157,7 +157,6 @@ class CompactionCheckpoint:
 POLICY_KEY_FORMAT = 2
 
 
-@functools.lru_cache(maxsize=256)
 def policy_key(policy: Any) -> str:
     """A short stable key of the whole policy (a checkpoint is valid for this policy only).
 
@@ -170,6 +169,25 @@ def policy_key(policy: Any) -> str:
         TypeError: ``policy`` is not a dataclass instance, or a field holds a value that has
             no canonical JSON form (bump the format and teach :func:`_canonical` about it).
     """
+    # A caller passes the same policy object request after request: known by identity (the
+    # object is held, so its id is not reused), without hashing every field of it.
+    known = _KEYS.get(id(policy))
+    if known is not None and known[0] is policy:
+        return known[1]
+    key = _derived_key(policy)
+    if len(_KEYS) >= _MAX_KEYS:
+        _KEYS.clear()
+    _KEYS[id(policy)] = (policy, key)
+    return key
+
+
+#: :func:`policy_key` by the policy's identity (at most :data:`_MAX_KEYS` policies).
+_KEYS: dict[int, tuple[Any, str]] = {}
+_MAX_KEYS = 256
+
+
+@functools.lru_cache(maxsize=_MAX_KEYS)
+def _derived_key(policy: Any) -> str:
     if not dataclasses.is_dataclass(policy) or isinstance(policy, type):
         raise TypeError(f"policy must be a dataclass instance, got {type(policy).__name__}")
     text = json.dumps(_canonical(policy), sort_keys=True, separators=(",", ":"),

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Final, Literal, get_args
 
 from pydantic import AfterValidator, Strict, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -120,6 +120,10 @@ class RoleRule:
         return True
 
 
+#: multidict's case-insensitive mappings (aiohttp's request headers), known by name: the
+#: policies do not depend on multidict.
+_CASE_INSENSITIVE: Final = frozenset({"CIMultiDict", "CIMultiDictProxy"})
+
 DEFAULT_ROLE_RULES: tuple[RoleRule, ...] = (
     # Claude Code sends this header on every request a subagent (Task tool) makes.
     RoleRule("subagent", header="x-claude-code-agent-id"),
@@ -145,7 +149,7 @@ class RolePolicies:
     rules: tuple[RoleRule, ...] = DEFAULT_ROLE_RULES
     default_role: str = "main"
     _resolved: Mapping[str, CompactionPolicy] = field(init=False, repr=False, compare=False)
-    _needs_headers: bool = field(init=False, repr=False, compare=False)
+    _header_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.policies) - set(ROLE_NAMES))
@@ -171,9 +175,8 @@ class RolePolicies:
         object.__setattr__(self, "policies", MappingProxyType(dict(self.policies)))
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "_resolved", MappingProxyType(resolved))
-        object.__setattr__(
-            self, "_needs_headers", any(rule.header is not None for rule in rules)
-        )
+        object.__setattr__(self, "_header_names",
+                           tuple(dict.fromkeys(r.header for r in rules if r.header is not None)))
 
     def policy_for(self, role: str) -> CompactionPolicy:
         """The policy of ``role`` (the ``main`` policy for a role given none).
@@ -189,15 +192,25 @@ class RolePolicies:
         """The role of a request and its policy: the first matching rule's role, else the default.
 
         ``headers`` may be any mapping (a plain dict or aiohttp's case-insensitive headers);
-        names are compared case-insensitively. Cost: one pass over the headers, only when
-        some rule tests a header, then one cheap test per rule.
+        names are compared case-insensitively. Cost: only when some rule tests a header, a
+        lookup per such header in aiohttp's headers (a pass over the headers of any other
+        mapping), then one cheap test per rule.
         """
-        lowered: Mapping[str, str] = (
-            {name.lower(): value for name, value in headers.items()}
-            if self._needs_headers
-            else {}
-        )
+        lowered = self._lowered(headers) if self._header_names else {}
         for rule in self.rules:
             if rule.matches(lowered, model):
                 return rule.role, self._resolved[rule.role]
         return self.default_role, self._resolved[self.default_role]
+
+    def _lowered(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """The headers the rules test, by lower-case name (the last value of a repeated one)."""
+        getall = getattr(headers, "getall", None)
+        if getall is not None and type(headers).__name__ in _CASE_INSENSITIVE:
+            # aiohttp's headers: looked up by name, not lower-cased one by one.
+            found = {}
+            for name in self._header_names:
+                values = getall(name, None)
+                if values:
+                    found[name] = values[-1]
+            return found
+        return {name.lower(): value for name, value in headers.items()}

@@ -172,12 +172,12 @@ class Redactor:
         out = {key: event_dict[key] for key in _LEADING if key in event_dict}
         out.update(event_dict)
         plain = map(_PLAIN.__contains__, map(type, out.values()))
-        trusted = self._trusted
+        trusted, cleaned_before = self._trusted, self._cleaned
         for key in list(compress(out, map(operator.not_, plain))):
             value = out[key]
             if type(value) is str:
                 if key not in trusted:
-                    out[key] = self._clean_str(value)
+                    out[key] = cleaned_before.get(value) or self._clean_str(value)
                 continue
             keep, cleaned = self._clean(value)
             if not keep:

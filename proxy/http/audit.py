@@ -216,7 +216,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             usage_cache_read=None if usage is None else usage.cache_read,
             usage_cache_write=None if usage is None else usage.cache_write,
             usage_output=None if usage is None else usage.output,
-            outcome=outcome,
+            outcome=outcome.value,
             duration_ms=duration_ms,
         )
 

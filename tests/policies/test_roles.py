@@ -148,3 +148,25 @@ def test_role_policies_are_frozen() -> None:
         roles.default_role = "subagent"  # type: ignore[misc]
     with pytest.raises(TypeError):
         roles.policies["subagent"] = SUBAGENT  # type: ignore[index]
+
+
+@pytest.mark.parametrize("names", [("X-Claude-Code-Agent-Id", "x-claude-code-agent-id"),
+                                   ("x-claude-code-agent-id",), ("X-Other",)])
+def test_aiohttp_headers_select_as_a_plain_mapping_does(names: tuple[str, ...]) -> None:
+    """aiohttp's case-insensitive headers are looked up by the rules' names, not lower-cased
+    one by one: the same role as the same headers in a plain dict (the last value of a
+    repeated header), for every spelling."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    policies = RolePolicies(
+        {"main": CompactionPolicy(), "subagent": CompactionPolicy(soft_threshold_tokens=9_000)},
+        rules=(RoleRule("subagent", header="x-claude-code-agent-id", header_pattern="agent-2"),))
+    pairs = [(name, f"agent-{number}") for number, name in enumerate(names, start=1)]
+    plain = {}
+    for name, value in pairs:
+        plain[name.lower()] = value
+    multi = CIMultiDict(pairs)
+    assert policies.select(CIMultiDictProxy(multi), None) == policies.select(plain, None)
+    assert policies.select(multi, None) == policies.select(plain, None)
+    expected = "subagent" if len(names) == 2 else "main"
+    assert policies.select(CIMultiDictProxy(multi), None)[0] == expected
