@@ -13,8 +13,10 @@ time with the tracer on: the same request every time (``bench/proxy.py``'s CPU c
 ``--grow`` a history grown by one small exchange per request (a warm agent session). It prints
 the steps per request of each process, by package, and the proxy's busiest functions.
 
-Work in C (the JSON decoder, hashing, sockets) is not a step; ``valgrind --tool=callgrind``
-counts machine instructions for that. Not a timed test; ``tests/bench/test_steps_smoke.py``
+Steps are not all alike: a step of a list comprehension over slotted objects (specialised by
+the interpreter) costs a fraction of a call's, and work in C (the JSON decoder, hashing,
+sockets) is not a step at all (``valgrind --tool=callgrind`` counts machine instructions for
+that). Compare a change's steps with its CPU time before calling it a saving. Not a timed test; ``tests/bench/test_steps_smoke.py``
 checks its structure at a tiny size.
 """
 
