@@ -196,7 +196,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         outcome = _outcome(record, status)
         request.app[METRICS].count_request(record.route, outcome)
         duration_ms = record.duration_ms()
-        _keep_in_audit_log(request, record.audit_entry(status, outcome, duration_ms))
+        _keep_in_audit_log(request, record, status, outcome, duration_ms)
         usage = record.usage
         _log.info(
             "request_completed",
@@ -221,10 +221,13 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         )
 
 
-def _keep_in_audit_log(request: web.Request, entry: RequestEntry | None) -> None:
-    """Hand ``entry`` to the store's audit log after the response (when ``audit.enabled``)."""
-    if entry is None:
-        return
+def _keep_in_audit_log(request: web.Request, record: RequestRecord, status: int | None,
+                       outcome: Outcome, duration_ms: float) -> None:
+    """Hand the request's entry to the store's audit log after the response (when
+    ``audit.enabled``; the entry is made only then)."""
     app = request.app
-    if app[CONFIG].audit.enabled:
+    if not app[CONFIG].audit.enabled:
+        return
+    entry = record.audit_entry(status, outcome, duration_ms)
+    if entry is not None:
         in_background(app, app[AUDIT_LOG].add_request(entry), failure_event="audit_not_recorded")
