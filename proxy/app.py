@@ -10,6 +10,7 @@ TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy s
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
@@ -269,6 +270,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
     ``started`` is called once the site accepts connections (a worker tells its supervisor).
     """
     runner, base_url = await start_proxy(config, reuse_port=reuse_port)
+    _freeze_startup_objects()
     upstream = urlsplit(config.upstream.require_base_url())
     _log.info(
         "proxy_started",
@@ -294,6 +296,16 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         await runner.cleanup()
         _log.info("proxy_stopped")
     return 0
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what startup made (modules, the app, the config: ~200k objects) out of every
+    later garbage collection: they live as long as the process. A full collection had to
+    walk them all each time (~110 ms of a stalled event loop here, on top of the caches'
+    own objects); now it walks only what was made since. Garbage made by startup goes first.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def run_server(config: Config) -> int:
