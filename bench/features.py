@@ -20,30 +20,23 @@ import argparse
 import asyncio
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
-import yaml
-
 from bench.proxy import (
     SESSION_THRESHOLDS,
-    ManagedProcess,
-    Service,
     _headers,
-    _wait_until_up,
     client_session,
-    free_port,
     history_of_size,
     process_cpu_s,
+    proxy_process,
     relay_process,
     request_body,
     send,
     upstream_process,
-    write_proxy_config,
 )
 
 #: The variants: a name and what it changes in the config.
@@ -59,34 +52,6 @@ VARIANTS: Final[tuple[tuple[str, Mapping[str, Any]], ...]] = (
 WARMUP: Final = 20
 #: How long the processes are left to finish a request's tail before CPU is read.
 SETTLE_S: Final = 0.3
-
-
-def _merged(base: dict[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in change.items():
-        out[key] = _merged(out.get(key, {}), value) if isinstance(value, Mapping) else value
-    return out
-
-
-@asynccontextmanager
-async def variant_process(client: aiohttp.ClientSession, workdir: Path, name: str,
-                          upstream_url: str, change: Mapping[str, Any]) -> AsyncIterator[Service]:
-    """``serve`` with ``bench/proxy.py``'s config changed by ``change``, waited for."""
-    port = free_port()
-    directory = workdir / name.replace(" ", "-")
-    path = write_proxy_config(directory, upstream_url, SESSION_THRESHOLDS, sticky=True,
-                              port=port)
-    config = _merged(yaml.safe_load(path.read_text(encoding="utf-8")), change)
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    process = ManagedProcess(name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
-                                    str(path)], directory / "proxy.log")
-    process.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        await _wait_until_up(client, process, f"{url}/healthz")
-        yield Service(url, process)
-    finally:
-        process.stop()
 
 
 @dataclass(frozen=True)
@@ -116,8 +81,9 @@ async def measure(size: int, requests: int, pace_s: float) -> FeatureCosts:
             services = {"relay": await stack.enter_async_context(
                 relay_process(client, work, upstream.url))}
             for name, change in VARIANTS:
-                services[name] = await stack.enter_async_context(
-                    variant_process(client, work, name, upstream.url, change))
+                services[name] = await stack.enter_async_context(proxy_process(
+                    client, work, name.replace(" ", "-"), upstream.url, SESSION_THRESHOLDS,
+                    sticky=True, overrides=change))
             body = request_body(history_of_size(size), stream=False)
             headers = _headers("bench-features")
             for service in services.values():

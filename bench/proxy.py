@@ -80,6 +80,7 @@ from collections.abc import (  # noqa: E402
     Callable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager  # noqa: E402
@@ -639,8 +640,11 @@ async def upstream_process(client: aiohttp.ClientSession, workdir: Path) -> Asyn
 
 
 def write_proxy_config(directory: Path, upstream_url: str, thresholds: Thresholds, *,
-                       sticky: bool, port: int, audit: bool = True) -> Path:
-    """A ``serve`` config for one benchmark proxy, everything under ``directory``."""
+                       sticky: bool, port: int, audit: bool = True,
+                       overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """A ``serve`` config for one benchmark proxy, everything under ``directory``;
+    ``overrides``: keys of its sections set to other values (``{"audit": {"enabled":
+    False}}``)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "transcripts").mkdir(exist_ok=True)
     (directory / "artifacts").mkdir(exist_ok=True)
@@ -656,6 +660,8 @@ def write_proxy_config(directory: Path, upstream_url: str, thresholds: Threshold
         "audit": {"enabled": audit},
         "logging": {"format": "json", "level": "info"},
     }
+    for section, values in (overrides or {}).items():
+        config[section] = {**config.get(section, {}), **values}
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
@@ -664,13 +670,15 @@ def write_proxy_config(directory: Path, upstream_url: str, thresholds: Threshold
 @asynccontextmanager
 async def proxy_process(client: aiohttp.ClientSession, workdir: Path, name: str,
                         upstream_url: str, thresholds: Thresholds, *,
-                        sticky: bool, audit: bool = True,
-                        source: Path = _ROOT) -> AsyncIterator[Service]:
+                        sticky: bool, audit: bool = True, source: Path = _ROOT,
+                        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                        ) -> AsyncIterator[Service]:
     """``python -m proxy.cli serve`` as a child process on a free port, waited for /healthz
-    (``source``: the source tree it runs from, e.g. a baseline's worktree)."""
+    (``source``: the source tree it runs from, e.g. a baseline's worktree; ``overrides``: see
+    :func:`write_proxy_config`)."""
     port = free_port()
     config = write_proxy_config(workdir / name, upstream_url, thresholds, sticky=sticky, port=port,
-                                audit=audit)
+                                audit=audit, overrides=overrides)
     process = ManagedProcess(name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
                                     str(config)], workdir / f"{name}.log", source=source)
     process.start()

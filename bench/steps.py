@@ -16,8 +16,8 @@ the steps per request of each process, by package, and the proxy's busiest funct
 Steps are not all alike: a step of a list comprehension over slotted objects (specialised by
 the interpreter) costs a fraction of a call's, and work in C (the JSON decoder, hashing,
 sockets) is not a step at all (``valgrind --tool=callgrind`` counts machine instructions for
-that). Compare a change's steps with its CPU time before calling it a saving. Not a timed test; ``tests/bench/test_steps_smoke.py``
-checks its structure at a tiny size.
+that). Compare a change's steps with its CPU time before calling it a saving. Not a timed
+test; ``tests/bench/test_steps_smoke.py`` checks its structure at a tiny size.
 """
 
 from __future__ import annotations

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
+
+import yaml
 
 from bench import features
+from bench.proxy import SESSION_THRESHOLDS, write_proxy_config
 
 
 def test_every_variant_is_measured_against_the_relay_and_the_table_prints() -> None:
@@ -24,10 +28,17 @@ def test_every_variant_is_measured_against_the_relay_and_the_table_prints() -> N
     assert "bare relay" in table and "proxy, all three off" in table
 
 
-def test_a_variant_changes_only_what_it_names() -> None:
-    """The config merge keeps every other key of the benchmark's config."""
-    base = {"audit": {"enabled": True, "retention_days": 7}, "logging": {"level": "info"}}
-    merged = features._merged(base, {"audit": {"enabled": False}})
-    assert merged == {"audit": {"enabled": False, "retention_days": 7},
-                      "logging": {"level": "info"}}
-    assert base["audit"]["enabled"] is True  # (the base is not changed)
+def test_a_variant_changes_only_what_it_names(tmp_path: Path) -> None:
+    """A config's overrides set the keys they name and keep every other key of the
+    benchmark's config."""
+    plain = yaml.safe_load(write_proxy_config(tmp_path / "a", "http://127.0.0.1:9",
+                                              SESSION_THRESHOLDS, sticky=True, port=1)
+                           .read_text(encoding="utf-8"))
+    changed = yaml.safe_load(write_proxy_config(
+        tmp_path / "b", "http://127.0.0.1:9", SESSION_THRESHOLDS, sticky=True, port=1,
+        overrides=dict(features.VARIANTS)["all three off"]).read_text(encoding="utf-8"))
+    assert changed["audit"] == {**plain["audit"], "enabled": False}
+    assert changed["logging"] == {**plain["logging"], "level": "warning"}
+    assert changed["compaction"] == {**plain["compaction"], "calibration": False}
+    for section in ("listen", "upstream", "summary", "admin"):
+        assert changed[section] == plain[section]
