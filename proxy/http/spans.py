@@ -507,7 +507,10 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
             bounds.append((start + at - 1, start + at - 1 + len(span)))
             at += len(span)
         doc = dict(before.doc)
-        doc["messages"] = [entry.value for entry in entries]
+        # The repeated messages are the earlier body's own objects: its list, sliced.
+        messages = before.doc["messages"][:index]
+        messages.extend(entry.value for entry in entries[index:])
+        doc["messages"] = messages
         facts = before._facts[:index]
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
                            reused=index, _facts=facts)

@@ -240,6 +240,10 @@ def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
         parsed = parse_request(raw, cache, recent, key)
         whole = parse_request(raw, DecodedSpans())
         assert parsed.doc == whole.doc == json.loads(raw)
+        # Each message is its decoded entry's own object (repeated ones: the earlier body's).
+        assert parsed.entries is not None
+        assert all(message is entry.value
+                   for message, entry in zip(parsed.messages, parsed.entries, strict=True))
         # The repeated messages' facts came with them: only the new ones are looked up.
         assert len(parsed._facts) == parsed.reused
         assert parsed.facts(counter) == whole.facts(compactor.CachingCounter())
