@@ -177,6 +177,10 @@ class RequestBody:
     # Filled in place by facts(): shared with the RecentBodies entry kept of this body, so the
     # next body of the conversation takes the facts of the messages it repeats.
     _facts: list[compactor.MessageFact | None] = field(default_factory=list, repr=False)
+    # The earlier body's hash states (start -> xxh3-128 of the bytes before it) that hold for
+    # this body too (its bytes there were checked the same): RecentBodies.keep goes on from
+    # one instead of hashing the body again from its start.
+    _hashed: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -418,6 +422,7 @@ class _Seen:
     """What the next body of a conversation needs of this one, without its bytes."""
 
     cuts: list[tuple[int, int, int]]  # (message index, its start, xxh3-128 of all before)
+    states: dict[int, Any]  # each cut's start -> the hasher having hashed all before it
     suffix: bytes  # from the end of the last message to the end of the body
     body: RequestBody  # raw dropped
 
@@ -462,18 +467,22 @@ class RecentBodies:
         if bounds is None or not bounds or parsed.entries is None:
             return
         view = memoryview(parsed.raw)
-        hasher = xxhash.xxh3_128()
+        first = max(0, len(bounds) - CUTS)
+        resumed = parsed._hashed.get(bounds[first][0])
+        hasher = xxhash.xxh3_128() if resumed is None else resumed.copy()
+        at = 0 if resumed is None else bounds[first][0]
         cuts = []
-        at = 0
-        for index in range(max(0, len(bounds) - CUTS), len(bounds)):
+        states = {}
+        for index in range(first, len(bounds)):
             start = bounds[index][0]
             hasher.update(view[at:start])
             at = start
             cuts.append((index, start, hasher.intdigest()))
+            states[start] = hasher.copy()
         cuts.reverse()
         kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
                            parsed.values, reused=0, _facts=parsed._facts)
-        seen = _Seen(cuts, bytes(view[bounds[-1][1]:]), kept)
+        seen = _Seen(cuts, states, bytes(view[bounds[-1][1]:]), kept)
         others = [s for s in self._seen.get(key, ()) if s.body.doc is not parsed.doc][:3]
         self._seen[key] = [seen, *others]
 
@@ -512,6 +521,7 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages
         facts = before._facts[:index]
+        hashed = {at: state for at, state in seen.states.items() if at <= start}
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
-                           reused=index, _facts=facts)
+                           reused=index, _facts=facts, _hashed=hashed)
     return None

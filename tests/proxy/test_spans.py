@@ -256,6 +256,12 @@ def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
             assert parsed.reused >= len(history) - 3  # only the newest few were read
         else:
             assert parsed.reused == 0
+        # What is kept for the next body (hashes at the last message starts), resumed from
+        # the earlier body's hash states, is what a body read whole keeps.
+        fresh = RecentBodies()
+        fresh.keep(key, whole)
+        assert recent._seen[key][0].cuts == fresh._seen[key][0].cuts
+        assert bool(parsed._hashed) == bool(turn)
 
 
 @pytest.mark.parametrize("change", ["system", "early message", "trailing comma", "not object",
