@@ -1445,6 +1445,17 @@ def process_cpu_ns(pid: int) -> float:
     return max(float(precise), ticks - 1e9 / _CLOCK_TICKS)
 
 
+async def signalled_json(pid: int, out: Path, *, timeout_s: float = 10.0) -> Any:
+    """Send SIGUSR1 to ``pid`` and return the JSON it writes to ``out`` in answer (the
+    instrumented processes of ``bench/stages.py`` and ``bench/steps.py``)."""
+    out.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
 def process_cpu_s(pid: int | None) -> float:
     """User + system CPU seconds of ``pid`` so far (this process when None; NaN if gone)."""
     if pid is None:

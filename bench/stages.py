@@ -48,6 +48,7 @@ from bench.proxy import (
     process_cpu_s,
     request_body,
     send,
+    signalled_json,
     tiny_exchange,
     upstream_process,
     write_proxy_config,
@@ -191,13 +192,7 @@ async def _one_size(client: Any, service: Service, size: int, requests: int, pac
             await asyncio.sleep(pace_s)
     await asyncio.sleep(SETTLE_S)  # (the same for the last timed request)
     cpu_ms = (process_cpu_s(pid) - before) * 1000 / requests
-    out.unlink(missing_ok=True)
-    os.kill(pid, signal.SIGUSR1)
-    for _ in range(100):
-        if out.exists():
-            break
-        await asyncio.sleep(0.02)
-    spent = json.loads(out.read_text(encoding="utf-8"))
+    spent = await signalled_json(pid, out)
     stages = {name: (ns / 1e6 / requests, calls / requests)
               for name, (ns, calls) in spent.items()}
     return SizeResult(len(body), requests, cpu_ms, stages)

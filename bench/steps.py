@@ -48,6 +48,7 @@ from bench.proxy import (
     history_of_size,
     request_body,
     send,
+    signalled_json,
     tiny_exchange,
     upstream_process,
     write_proxy_config,
@@ -142,13 +143,7 @@ async def _count(client: Any, service: Service, out: Path, bodies: Sequence[byte
         if sample.status != 200:
             raise RuntimeError(f"{session}: HTTP {sample.status}")
     await asyncio.sleep(SETTLE_S)
-    out.unlink(missing_ok=True)
-    os.kill(pid, signal.SIGUSR1)
-    for _ in range(200):
-        if out.exists() and out.stat().st_size:
-            break
-        await asyncio.sleep(0.05)
-    rows = json.loads(out.read_text(encoding="utf-8"))
+    rows = await signalled_json(pid, out)
     packages: collections.Counter[str] = collections.Counter()
     functions: collections.Counter[str] = collections.Counter()
     for path, name, steps in rows:
