@@ -19,9 +19,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from policies import CompactionPolicy
 
@@ -83,11 +84,11 @@ class CompactionCheckpoint:
         return {}
 
     @functools.cached_property
-    def _cut(self) -> dict[int, tuple[CachingCounter, dict[int, tuple[Message, Message, int,
-                                                                      int]]]]:
-        # Per counter, the messages after the covered ones as L1 left them at the last reuse,
-        # by the id of the client's message object: (that object, as cut, its fingerprint and
-        # tokens by that counter).
+    def _cut(self) -> dict[int, tuple[CachingCounter, list[Message], list[Message], list[int],
+                                      list[int]]]:
+        # Per counter, the messages after the covered ones at the last reuse: the client's
+        # objects, as L1 left them, and their fingerprints and tokens by that counter (read
+        # only: _fresh_view makes new lists).
         return {}
 
     def view_tokens(self, counter: CachingCounter) -> list[int]:
@@ -248,33 +249,29 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
 def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy) -> View:
     """The messages after the checkpoint's, their oversized tool results cut as L1 would.
 
-    L1 cuts each result on its own, so a message that is the very object the previous reuse
-    of this checkpoint cut (a caller that keeps decoded messages across requests hands the
-    same object for the same bytes) is taken as it was cut then: a warm request cuts only its
-    new messages. Only the same object: an equal fingerprint is not enough, as it ignores the
+    L1 cuts each result on its own, so the messages that start this request's new part as
+    the very objects the previous reuse of this checkpoint started its with (a caller that
+    keeps decoded messages across requests hands the same object for the same bytes) are
+    taken as they were cut then, by list slices: a warm request cuts only what follows.
+    Only the same objects: an equal fingerprint is not enough, as it ignores the
     ``cache_control`` markers a client moves from message to message."""
-    covered = checkpoint.covered
+    covered, counter = checkpoint.covered, raw.counter
     messages = raw.messages[covered:]
-    held = checkpoint._cut.get(id(raw.counter))
-    if held is None or held[0] is not raw.counter:
-        held = checkpoint._cut[id(raw.counter)] = (raw.counter, {})
-    before = held[1]
-    known = [before.get(id(message)) for message in messages]
-    new = [i for i, (message, found) in enumerate(zip(messages, known, strict=True))
-           if found is None or found[0] is not message]
+    held = checkpoint._cut.get(id(counter))
+    if held is None or held[0] is not counter:
+        held = (counter, [], [], [], [])
+    _, before, before_cut, before_prints, before_tokens = held
+    run = list(map(operator.is_, messages, before))  # (C loops, as the slices below)
+    same = run.index(False) if False in run else len(run)
     cut, _ = truncate_tool_results(
-        View([messages[i] for i in new], raw.counter, 0,
-             [raw.fingerprints[covered + i] for i in new],
-             [raw.tokens[covered + i] for i in new], raw.scale, raw.known),
-        {}, policy)
-    for i, message, print_, tokens in zip(new, cut.messages, cut.fingerprints, cut.tokens,
-                                          strict=True):
-        known[i] = (messages[i], message, print_, tokens)
-    kept = cast("list[tuple[Message, Message, int, int]]", known)
-    before.clear()
-    before.update((id(entry[0]), entry) for entry in kept)
-    return View([entry[1] for entry in kept], raw.counter, 0, [entry[2] for entry in kept],
-                [entry[3] for entry in kept], raw.scale, raw.known)
+        View(messages[same:], counter, 0, raw.fingerprints[covered + same:],
+             raw.tokens[covered + same:], raw.scale, raw.known), {}, policy)
+    fresh = View(before_cut[:same] + cut.messages, counter, 0,
+                 before_prints[:same] + cut.fingerprints, before_tokens[:same] + cut.tokens,
+                 raw.scale, raw.known)
+    checkpoint._cut[id(counter)] = (counter, messages, fresh.messages, fresh.fingerprints,
+                                    fresh.tokens)
+    return fresh
 
 
 def _validate_extension(view: View, prefix_len: int, covered: int,
