@@ -29,11 +29,13 @@ which names the problem exactly, or accepts what the fast decoder is stricter ab
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from itertools import compress, repeat
+from typing import Any, Final, TypeVar, cast
 
 import msgspec
 import xxhash
@@ -175,8 +177,8 @@ class RequestBody:
     mended: int = 0
     reused: int = 0
     # Filled in place by facts(): shared with the RecentBodies entry kept of this body, so the
-    # next body of the conversation takes the facts of the messages it repeats.
-    _facts: list[compactor.MessageFact | None] = field(default_factory=list, repr=False)
+    # next body of the conversation takes the facts of the messages it repeats (list slices).
+    _facts: compactor.FactColumns = field(default_factory=compactor.FactColumns, repr=False)
     # The earlier body's hash states (start -> xxh3-128 of the bytes before it) that hold for
     # this body too (its bytes there were checked the same): RecentBodies.keep goes on from
     # one instead of hashing the body again from its start.
@@ -188,24 +190,27 @@ class RequestBody:
         messages: list[dict[str, Any]] = self.doc["messages"]
         return messages
 
-    def facts(self, counter: compactor.CachingCounter,
-              ) -> list[compactor.MessageFact | None] | None:
-        """Each message's :class:`compactor.MessageFact` (made once per decoded message, with
-        ``counter``: always pass the same one), or None on the plain path."""
+    def facts(self, counter: compactor.CachingCounter) -> compactor.FactColumns | None:
+        """Each message's facts (:class:`compactor.MessageFact`, made once per decoded message
+        with ``counter``: always pass the same one) as columns, or None on the plain path or
+        when a message is not well shaped (the pipeline's own check names it)."""
         if self.entries is None:
             return None
-        facts = self._facts  # those of messages taken from an earlier body came with them
-        if len(facts) < len(self.entries):
-            new = [entry for entry in self.entries[len(facts):] if "fact" not in entry.memo]
+        columns = self._facts  # those of messages taken from an earlier body came with them
+        if len(columns) < len(self.entries):
+            entries = self.entries[len(columns):]
+            new = [entry for entry in entries if "fact" not in entry.memo]
             if len(new) > 1:  # (a cold history: its long texts counted in one batch)
                 made = compactor.message_facts([entry.value for entry in new], counter)
                 for entry, fact in zip(new, made, strict=True):
                     entry.memo["fact"] = fact
-            facts.extend(remembered(entry.memo, "fact",
-                                    functools.partial(compactor.message_fact, entry.value,
-                                                      counter))
-                         for entry in self.entries[len(facts):])
-        return facts
+            facts = [remembered(entry.memo, "fact",
+                                functools.partial(compactor.message_fact, entry.value, counter))
+                     for entry in entries]
+            if not all(facts):  # (a fact is always true)
+                return None
+            columns.extend(cast("list[compactor.MessageFact]", facts))
+        return columns
 
     def memo(self, name: str) -> dict[str, Any] | None:
         """The memo of top-level field ``name``'s decoded value (None: none kept)."""
@@ -222,54 +227,86 @@ class RequestBody:
         """The body to forward: this one with ``messages`` in place of the client's and each
         field of ``replaced`` in place of (or after) the client's.
 
-        A message that is one of the client's own objects goes out as the client's bytes; a
-        message of a ``reused`` pair ``(objects, encoded)`` as its encoded bytes; a message
-        ``since`` holds (by object id: the very object) as those bytes; any other message,
-        and every replaced field, through the one encoder. ``since`` is left holding what the
-        encoder wrote for this body's messages (for the next request on the same view).
+        A message of a ``reused`` pair ``(objects, encoded)`` goes out as its encoded bytes; a
+        message that is one of the client's own objects as the client's bytes (a run of them
+        that ends both lists: the client's bytes from the first to the last, separators
+        included); a message ``since`` holds (by object id: the very object) as those bytes;
+        any other message, and every replaced field, through the one encoder. ``since`` is
+        left holding what the encoder wrote for this body's messages (for the next request
+        on the same view). Only the messages that are not part of such a run or pair are
+        looked at one by one: a warm request's view is mostly both.
         """
         if self.fields is None or self.bounds is None:
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
-        own = dict(zip(map(id, self.doc["messages"]), self.bounds, strict=True))
+        bounds = self.bounds
         known: dict[int, bytes] = {}
         for objects, encoded in reused:
             known.update(zip(map(id, objects), encoded, strict=True))
-        view = memoryview(self.raw)
+        parts: list[Any] = list(map(known.get, map(id, messages)))
+        tail = _own_tail(messages, self.doc["messages"], parts)
+        head = len(messages) - tail
+        del parts[head:]
         before = {} if since is None else since
         made: dict[int, tuple[Any, bytes]] = {}
+        encode = _ENCODER.encode
+        view = memoryview(self.raw)
         try:
-            encode = _ENCODER.encode
-            parts: list[Any] = []
-            for message in messages:
-                found: Any = known.get(id(message))
-                if found is None:
+            missing = list(compress(range(head), map(operator.is_, parts, repeat(None))))
+            if missing:
+                own = dict(zip(map(id, self.doc["messages"]), bounds, strict=True))
+                for index in missing:
+                    message = messages[index]
                     bound = own.get(id(message))
                     if bound is not None:
-                        found = view[bound[0]:bound[1]]
-                    else:
-                        kept = before.get(id(message))
-                        found = kept[1] if kept is not None and kept[0] is message else encode(
-                            message)
-                        made[id(message)] = (message, found)
-                parts.append(found)
-            out: list[Any] = []
+                        parts[index] = view[bound[0]:bound[1]]
+                        continue
+                    kept = before.get(id(message))
+                    found = kept[1] if kept is not None and kept[0] is message else encode(
+                        message)
+                    made[id(message)] = (message, found)
+                    parts[index] = found
+            if tail:
+                parts.append(view[bounds[-tail][0]:bounds[-1][1]])
+            # One list of pieces joined once: the body is copied once, however long.
+            out: list[Any] = [b"{"]
             for key, value in self.fields.items():
+                out += (encode(key), b":")
                 if key == "messages":
-                    out.append(encode(key) + b":[" + b",".join(parts) + b"]")
+                    out.append(b"[")
+                    if parts:
+                        separated = [b","] * (2 * len(parts) - 1)
+                        separated[::2] = parts
+                        out += separated
+                    out.append(b"]")
                 elif key in replaced:
-                    out.append(encode(key) + b":" + encode(replaced[key]))
+                    out.append(encode(replaced[key]))
                 else:
-                    out.append(encode(key) + b":" + (value or b"null"))
-            out.extend(encode(k) + b":" + encode(v) for k, v in replaced.items()
-                       if k not in self.fields)
+                    out.append(value or b"null")
+                out.append(b",")
+            for key, value in replaced.items():
+                if key not in self.fields:
+                    out += (encode(key), b":", encode(value), b",")
         except (UnicodeEncodeError, OverflowError, TypeError):
             # What the one encoder cannot write (a lone surrogate a layer made by cutting a
             # text): the plain dump escapes it.
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
+        out[-1] = b"}"  # (the last separator)
         if since is not None:
             since.clear()
             since.update(made)
-        return b"{" + b",".join(out) + b"}"
+        return b"".join(out)
+
+
+def _own_tail(messages: Sequence[Any], own: Sequence[Any], parts: Sequence[Any]) -> int:
+    """How many of ``messages`` at the end are, in order, the last of the client's ``own``
+    objects and have no bytes in ``parts`` (C loops)."""
+    same = map(operator.is_, reversed(messages), reversed(own))
+    unknown = map(operator.is_, reversed(parts), repeat(None))
+    run = list(map(operator.and_, same, unknown))
+    try:
+        return run.index(False)
+    except ValueError:
+        return len(run)
 
 
 class EncodedViews:
@@ -520,7 +557,7 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
         messages = before.doc["messages"][:index]
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages
-        facts = before._facts[:index]
+        facts = before._facts.prefix(index)
         hashed = {at: state for at, state in seen.states.items() if at <= start}
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
                            reused=index, _facts=facts, _hashed=hashed)

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import compactor
 from proxy.http.body import parse_body
@@ -93,14 +95,13 @@ def test_a_message_seen_before_is_not_decoded_again() -> None:
                                          "cache_control": {"type": "ephemeral"}}]}
     second = parse_request(_sdk_bytes(_body(grown)), cache)
     second_facts = second.facts(counter)
+    assert second_facts is not None and first_facts is not None
+    assert first.entries is not None and second.entries is not None
     for index in (0, 1, 3, 4, 5, 6):
         assert second.messages[index] is first.messages[index]
-        assert second_facts is not None and first_facts is not None
-        assert second_facts[index] is first_facts[index]
+        assert second.entries[index].memo["fact"] is first.entries[index].memo["fact"]
     assert second.messages[2] is not first.messages[2]  # its bytes changed: the marker
-    assert second_facts is not None and first_facts is not None
-    changed, before = second_facts[2], first_facts[2]
-    assert changed is not None and before is not None
+    changed, before = second_facts.facts()[2], first_facts.facts()[2]
     assert changed.fingerprint == before.fingerprint  # a marker is not content
     assert changed.marked and not before.marked
     assert second.messages == grown
@@ -205,6 +206,51 @@ def test_a_rewritten_message_is_encoded_once_per_object() -> None:
     assert fresh == first and set(since) == {id(twin)}
 
 
+_PIECES = st.lists(st.one_of(st.integers(0, 6), st.sampled_from(["new", "pair"])), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=_PIECES, indent=st.sampled_from([None, 1]))
+def test_any_view_is_spliced_into_the_document_it_stands_for(pieces: list[Any],
+                                                             indent: int | None) -> None:
+    """Whatever the view mixes — the client's messages in any order (a run of them that ends
+    both lists goes out as one slice of the client's bytes, newlines between them and all),
+    messages the proxy made, a checkpoint's messages — the body decodes to the document it
+    stands for, in the client's key order."""
+    history = _history(3)
+    raw = json.dumps(_body(history, metadata={"user_id": "u"}), indent=indent).encode()
+    parsed = parse_request(raw, DecodedSpans())
+    pair_objects = [{"role": "assistant", "content": f"kept {n}"} for n in range(3)]
+    encoded = [json.dumps(m, indent=2).encode() for m in pair_objects]
+    view: list[dict[str, Any]] = []
+    for number, piece in enumerate(pieces):
+        if piece == "new":
+            view.append({"role": "user", "content": f"made {number}"})
+        elif piece == "pair":
+            view.append(pair_objects[number % 3])
+        else:
+            view.append(parsed.messages[piece])
+    view = [m for n, m in enumerate(view) if all(m is not o for o in view[:n])]  # distinct
+    out = parsed.encode(view, {"system": "s"}, [(pair_objects, encoded)])
+    decoded = json.loads(out)
+    assert decoded == {**_body(history, metadata={"user_id": "u"}), "messages": view,
+                       "system": "s"}
+    assert list(decoded) == ["model", "max_tokens", "messages", "metadata", "system"]
+
+
+def test_a_checkpoints_bytes_win_over_the_clients_for_the_same_object() -> None:
+    """Whether a message goes out as the client's bytes depends on the view, not on whether
+    a cache handed the checkpoint the client's very object: the checkpoint's bytes win, even
+    within a run of the client's messages at the end."""
+    history = _history(2)
+    parsed = parse_request(_sdk_bytes(_body(history)), DecodedSpans())
+    own = parsed.messages
+    as_kept = json.dumps(own[3], indent=3).encode()
+    out = parsed.encode(own, {}, [([own[3]], [as_kept])])
+    assert as_kept in out and json.dumps(own[3]).encode() not in out
+    assert json.dumps(own[4]).encode() in out and json.loads(out)["messages"] == history
+
+
 def test_the_plain_path_encodes_like_before() -> None:
     raw = b'{"messages": [{"role": "user", "content": "a \\ud800"}], "model": "m"}'
     parsed = parse_request(raw, DecodedSpans())
@@ -246,7 +292,9 @@ def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
                    for message, entry in zip(parsed.messages, parsed.entries, strict=True))
         # The repeated messages' facts came with them: only the new ones are looked up.
         assert len(parsed._facts) == parsed.reused
-        assert parsed.facts(counter) == whole.facts(compactor.CachingCounter())
+        columns, whole_columns = parsed.facts(counter), whole.facts(compactor.CachingCounter())
+        assert columns is not None and whole_columns is not None
+        assert columns.facts() == whole_columns.facts()
         view = [*parsed.messages[:3], {"role": "assistant", "content": "summary"},
                 *parsed.messages[5:]]
         twin = [*whole.messages[:3], {"role": "assistant", "content": "summary"},
