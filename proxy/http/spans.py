@@ -49,6 +49,7 @@ from proxy.http.body import (
     parse_body,
     replace_lone_surrogates,
 )
+from proxy.lru import LRU
 
 __all__ = ["CUTS", "DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews",
            "RecentBodies", "RequestBody", "parse_request", "remembered"]
@@ -480,7 +481,7 @@ class RecentBodies:
     """
 
     def __init__(self, max_entries: int = 1024) -> None:
-        self._seen: LRUCache[object, list[_Seen]] = LRUCache(maxsize=max(1, max_entries))
+        self._seen: LRU[object, list[_Seen]] = LRU(max(1, max_entries))
 
     @staticmethod
     def key_of(tenant: str, session: str | None, raw: bytes) -> object:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Final
 
-from cachetools import LRUCache
-
+from proxy.lru import LRU
 from proxy.state.usage import ProviderUsage, UsageEntry
 
 __all__ = ["Accounting"]
@@ -27,7 +26,7 @@ class Accounting:
     """Builds ledger entries; remembers each lane's previous history size."""
 
     def __init__(self, *, max_lanes: int = MAX_LANES) -> None:
-        self._previous: LRUCache[str, int] = LRUCache(maxsize=max_lanes)
+        self._previous: LRU[str, int] = LRU(max_lanes)
         self._lock = threading.Lock()
 
     def entry(self, lane: str, tokens_without_proxy: int, usage: ProviderUsage) -> UsageEntry:

@@ -56,10 +56,9 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Final, cast
 
-from cachetools import LRUCache
-
 from compactor._fingerprint import PROCESS_SALT
 from policies import CompactionPolicy
+from proxy.lru import LRU
 
 __all__ = [
     "FIXED_SHARE",
@@ -163,12 +162,12 @@ class Calibration:
     """
 
     def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
-        self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(maxsize=max_sessions)
+        self._sessions: LRU[tuple[str, str], _Session] = LRU(max_sessions)
         self._fleet: dict[str, _Fleet] = {}
         # A session's messages' counts by fingerprint: a count, once set, never changes (new
         # messages are added; the mapping is replaced when pruned).
-        self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
-            maxsize=min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
+        self._known: LRU[tuple[str, str], dict[int, float]] = LRU(
+            min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
         self._windows: dict[str, int] = {}
         self._lock = threading.Lock()
 

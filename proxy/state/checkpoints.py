@@ -38,10 +38,10 @@ from array import array
 from typing import Final, Protocol
 
 import structlog
-from cachetools import LRUCache
 
 import compactor
 from compactor._fingerprint import PROCESS_SALT
+from proxy.lru import LRU
 from proxy.state.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
 from proxy.state.store.read_cache import request_versions
 
@@ -108,9 +108,8 @@ class SessionCheckpoints:
         self._store = store
         # (session, lane) -> (the store's version of it, 0: none; its checkpoint or None),
         # least recently used evicted.
-        self._memory: LRUCache[tuple[str, str],
-                               tuple[int, compactor.CompactionCheckpoint | None]] = (
-            LRUCache(maxsize=max_entries))
+        self._memory: LRU[tuple[str, str],
+                          tuple[int, compactor.CompactionCheckpoint | None]] = LRU(max_entries)
 
     async def load(self, session_id: str, lane: str) -> compactor.CompactionCheckpoint | None:
         """The checkpoint to try for this request, or ``None``: the store's current one."""

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import structlog
-from cachetools import LRUCache
 
+from proxy.lru import LRU
 from proxy.state.calibration import MAX_SESSIONS, Calibration
 from proxy.state.store import ReplicaConsistency, SessionVersions, StoreError
 
@@ -58,7 +58,7 @@ class SharedCalibration(Calibration):
         super().__init__(max_sessions=max_sessions)
         self._store = store
         # (session, model) -> the store's version of what this process holds.
-        self._versions: LRUCache[tuple[str, str], int] = LRUCache(maxsize=max_sessions)
+        self._versions: LRU[tuple[str, str], int] = LRU(max_sessions)
         # (session, model) -> the newest snapshot not yet written; its writer task.
         self._unsaved: dict[tuple[str, str], bytes] = {}
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}

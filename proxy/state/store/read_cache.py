@@ -25,9 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Final
 
-from cachetools import LRUCache
-
 from compactor import DurableContextState
+from proxy.lru import LRU
 
 from .base import ReplicaConsistency, SessionVersions, StateStore, StoredState
 
@@ -71,7 +70,7 @@ class CachedStateReads:
         self.inner = store
         self.listeners = list(listeners)
         self._versioned = store if isinstance(store, ReplicaConsistency) else None
-        self._states: LRUCache[str, StoredState | None] = LRUCache(maxsize=max_entries)
+        self._states: LRU[str, StoredState | None] = LRU(max_entries)
 
     async def get_state(self, session_id: str) -> StoredState | None:
         """The session's current state: the cached one while the store's version is its.
