@@ -174,10 +174,11 @@ class Redactor:
         plain = map(_PLAIN.__contains__, map(type, out.values()))
         trusted, cleaned_before = self._trusted, self._cleaned
         for key in list(compress(out, map(operator.not_, plain))):
+            if key in trusted:  # kept as it is, whatever its type (as field by field)
+                continue
             value = out[key]
             if type(value) is str:
-                if key not in trusted:
-                    out[key] = cleaned_before.get(value) or self._clean_str(value)
+                out[key] = cleaned_before.get(value) or self._clean_str(value)
                 continue
             keep, cleaned = self._clean(value)
             if not keep:
