@@ -1,17 +1,19 @@
 """Work that runs after a response: bookkeeping a request never waits for.
 
-The usage ledger's additions and the audit log's records are written here. Each task is held
-in the app's ``BACKGROUND`` set until it ends (so it is not garbage-collected half-way), and
-the app waits for what is still running at shutdown (:mod:`proxy.app`). A failure is one
-warning line naming the error's class; it never reaches the client, whose answer is already
-on its way.
+The audit log's records are written here. Each piece of work is held in the app's
+``BACKGROUND`` set until it ends (so it is not garbage-collected half-way), and the app waits
+for what is still running at shutdown (:mod:`proxy.app`). A failure is one warning line naming
+the error's class; it never reaches the client, whose answer is already on its way.
+
+A store that gathers writes (SQLite's audit log) hands back a future it resolves once the
+batch is written: that is watched with a callback, with no task, no coroutine per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -24,27 +26,43 @@ __all__ = ["in_background"]
 _log = structlog.get_logger("proxy.background")
 
 
-def in_background(app: web.Application, work: Coroutine[Any, Any, None], *,
+def in_background(app: web.Application, start: Callable[[], Awaitable[None]], *,
                   failure_event: str) -> None:
-    """Run ``work`` after the response, never failing the request; held until it ends.
+    """Start work that runs after the response, never failing the request; held until it
+    ends.
 
     Args:
-        app: the application whose ``BACKGROUND`` set holds the task.
-        work: the coroutine to run.
-        failure_event: the warning logged when it fails (``usage_not_recorded``, ...).
+        app: the application whose ``BACKGROUND`` set holds it.
+        start: starts the work: returns a future (watched as it is) or a coroutine (run as a
+            task); what it raises at once is reported like a later failure.
+        failure_event: the warning logged when it fails (``audit_not_recorded``, ...).
     """
-
-    async def run() -> None:
-        try:
-            await work
-        except StoreUnavailable as exc:
-            # Fails fast while the store is down: counted in the once-a-second line, not
-            # one warning per request.
-            app[STORE_HEALTH].note_unavailable(failure_event, exc)
-        except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
-            _log.warning(failure_event, error_class=type(exc).__name__)
-
-    task = asyncio.get_running_loop().create_task(run())
+    try:
+        work = start()
+    except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
+        _report(app, exc, failure_event)
+        return
+    if asyncio.isfuture(work):
+        future = cast("asyncio.Future[None]", work)
+    else:
+        future = asyncio.get_running_loop().create_task(cast("Any", work))
     tasks = app[BACKGROUND]
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    tasks.add(future)
+
+    def done(finished: asyncio.Future[None]) -> None:
+        tasks.discard(finished)
+        if not finished.cancelled():
+            exc = finished.exception()
+            if isinstance(exc, Exception):
+                _report(app, exc, failure_event)
+
+    future.add_done_callback(done)
+
+
+def _report(app: web.Application, exc: Exception, failure_event: str) -> None:
+    if isinstance(exc, StoreUnavailable):
+        # Fails fast while the store is down: counted in the once-a-second line, not one
+        # warning per request.
+        app[STORE_HEALTH].note_unavailable(failure_event, exc)
+    else:
+        _log.warning(failure_event, error_class=type(exc).__name__)

@@ -87,9 +87,9 @@ AUDIT_LOG: Final[web.AppKey[RequestLog]] = web.AppKey("audit_log")
 ACCOUNTING: Final = web.AppKey("accounting", Accounting)
 #: What the provider's own counts taught: correction factors and context windows.
 CALIBRATION: Final = web.AppKey("calibration", Calibration)
-#: Tasks that run after a response (usage bookkeeping, audit entries), held until they end;
-#: the app waits for them at shutdown (:mod:`proxy.background`).
-BACKGROUND: Final[web.AppKey[set[asyncio.Task[None]]]] = web.AppKey("background")
+#: Work that runs after a response (audit entries: futures and tasks), held until it ends;
+#: the app waits for it at shutdown (:mod:`proxy.background`).
+BACKGROUND: Final[web.AppKey[set[asyncio.Future[None]]]] = web.AppKey("background")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)
 #: Decoded messages by the hash of their bytes (:mod:`proxy.http.spans`).

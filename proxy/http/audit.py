@@ -13,6 +13,7 @@ response never waits for it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -230,4 +231,5 @@ def _keep_in_audit_log(request: web.Request, record: RequestRecord, status: int 
         return
     entry = record.audit_entry(status, outcome, duration_ms)
     if entry is not None:
-        in_background(app, app[AUDIT_LOG].add_request(entry), failure_event="audit_not_recorded")
+        in_background(app, functools.partial(app[AUDIT_LOG].add_request, entry),
+                      failure_event="audit_not_recorded")

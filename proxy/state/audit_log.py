@@ -17,7 +17,7 @@ in the words of :attr:`StateChange.detail`.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
@@ -329,8 +329,12 @@ class RequestLog(Protocol):
     go first) and nothing older than ``retention_days`` (trimmed on write and by :meth:`trim`).
     """
 
-    async def add_request(self, entry: RequestEntry) -> None:
-        """Keep ``entry`` (and drop what the bounds no longer allow)."""
+    def add_request(self, entry: RequestEntry) -> Awaitable[None]:
+        """Keep ``entry`` (and drop what the bounds no longer allow); done once it is written.
+
+        A store that gathers entries for one write returns a future it resolves then (no
+        coroutine, no task per entry); ``async def`` implementations are as good. A wrong
+        argument or a closed store may raise at once."""
         ...
 
     async def add_state_change(self, change: StateChange) -> None:

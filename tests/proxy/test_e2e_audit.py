@@ -242,21 +242,38 @@ def test_the_response_never_waits_for_its_audit_entry(
 
 
 class FailingStore(SQLiteStateStore):
-    """A SQLite store whose audit writes fail."""
+    """A SQLite store whose audit writes fail (a coroutine that raises)."""
 
-    async def add_request(self, entry: RequestEntry) -> None:
+    async def add_request(self, entry: RequestEntry) -> None:  # type: ignore[override]
         raise StoreError("the audit table is locked")
 
 
+class RefusingStore(SQLiteStateStore):
+    """A SQLite store that refuses an audit entry at once, before any write."""
+
+    def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
+        raise StoreError("the audit log is closed")
+
+
+class FailingBatchStore(SQLiteStateStore):
+    """A SQLite store whose batched audit write fails in its worker thread: the future it
+    handed back fails later."""
+
+    def _add_requests(self, batch: list[tuple[RequestEntry, str]]) -> None:
+        raise StoreError("disk I/O error")
+
+
+@pytest.mark.parametrize("store_class", [FailingStore, RefusingStore, FailingBatchStore])
 def test_a_failed_audit_write_never_fails_the_request(
     servers: LoopThread, upstream_server: UpstreamServer, tmp_path: Path,
-    proxy_log_stream: TextIO, proxy_log: Path,
+    proxy_log_stream: TextIO, proxy_log: Path, store_class: type[SQLiteStateStore],
 ) -> None:
-    """The answer comes back as usual; the failure is one audit_not_recorded warning naming
-    the error's class."""
+    """The answer comes back as usual, however the write fails (a coroutine that raises, a
+    refusal at once, a batch that fails later); the failure is one audit_not_recorded warning
+    naming the error's class, on the request's own log context."""
     from tests.conftest import read_log
 
-    store = FailingStore(tmp_path / "state.db")
+    store = store_class(tmp_path / "state.db")
     config = Config.from_mapping({
         "listen": {"host": "127.0.0.1", "port": 0},
         "upstream": {"base_url": upstream_server.base_url},

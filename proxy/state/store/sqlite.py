@@ -334,13 +334,17 @@ class SQLiteStateStore:
 
     # -- the audit log (proxy.state.audit_log.RequestLog) ---------------------------------
 
-    async def add_request(self, entry: RequestEntry) -> None:
+    def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
         """Keep ``entry``, then trim its session (bound and retention).
 
         Entries added within :data:`AUDIT_LINGER_S` of each other, or while a write is under
         way, go together in one transaction (at most :data:`MAX_AUDIT_BATCH`): under load one
-        commit serves many requests. Returns once this entry's transaction committed (or
-        raises its error).
+        commit serves many requests. Returns a future done once this entry's transaction
+        committed (or failed with its error): no coroutine, no task per entry.
+
+        Raises:
+            TypeError: ``entry`` is not a :class:`RequestEntry`.
+            StoreError: the store is closed.
         """
         if not isinstance(entry, RequestEntry):
             raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
@@ -352,7 +356,7 @@ class SQLiteStateStore:
         writer = self._request_writer
         if writer is None or writer.done() or writer.get_loop() is not loop:
             self._request_writer = loop.create_task(self._write_pending_requests())
-        await written
+        return written
 
     async def flush(self) -> None:
         """Write the entries :meth:`add_request` still holds back, now."""
