@@ -23,15 +23,23 @@ empty directory in ``PROMETHEUS_MULTIPROC_DIR`` before it starts, so prometheus_
 each process's values in files there, and ``/metrics`` — whichever worker the connection
 lands on — renders the sum over all of them (a worker that died still counts what it
 counted). Without that variable, as with one process, the app's own registry is rendered.
+
+In one process, what every request records (its count, the provider's latency and tokens,
+the estimate's error) is gathered in plain dicts and lists, and applied to the collectors
+when the registry is read (``/metrics``, or any ``registry.collect()``), or once
+:data:`MAX_HELD` observations wait: prometheus_client's ``inc`` and ``observe`` take a lock
+and, for a histogram, walk its buckets in Python, on every call. Every read sees every
+request recorded before it. With several processes each record is applied at once (another
+worker's ``/metrics`` reads the files, not this process's dicts).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -56,6 +64,10 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 
 _Metric = TypeVar("_Metric", Counter, Histogram)
 
+#: Observations held before they are applied without a read (bounds the memory of a proxy
+#: nobody scrapes).
+MAX_HELD: Final = 4096
+
 
 class _Children(Generic[_Metric]):
     """The children of a labelled metric, each kept once made: ``labels()`` validates its
@@ -77,13 +89,36 @@ class _Children(Generic[_Metric]):
         return child
 
 
+class _AppliedOnRead(CollectorRegistry):
+    """A registry that applies what is held before every read."""
+
+    def __init__(self, apply: Callable[[], None]) -> None:
+        super().__init__(auto_describe=True)
+        self._apply = apply
+
+    def collect(self) -> Iterable[Metric]:
+        self._apply()
+        return super().collect()
+
+
 class ProxyMetrics:
     """The collectors of one proxy app, registered in :attr:`registry`."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
         #: Where every worker's values are (multi-process mode), or ``None``.
         self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
+        # What requests recorded, not yet applied (see the module): requests by (route,
+        # outcome), provider tokens by kind (a client's request's, a summary call's), upstream
+        # latencies (route, seconds) and estimate errors.
+        self._request_counts: dict[tuple[str, str], int] = {}
+        self._token_counts: dict[str, int] = {}
+        self._summary_token_counts: dict[str, int] = {}
+        self._latencies: list[tuple[str, float]] = []
+        self._errors: list[float] = []
+        self._at_once = self.multiprocess_dir is not None
+        self.registry: CollectorRegistry = (
+            CollectorRegistry(auto_describe=True) if self._at_once
+            else _AppliedOnRead(self.apply_pending))
         self.requests = Counter(
             "compact_proxy_requests", "Requests served, by route and outcome.",
             ("route", "outcome"), registry=self.registry,
@@ -134,7 +169,11 @@ class ProxyMetrics:
 
     def count_request(self, route: str, outcome: str) -> None:
         """Count one finished request."""
-        self._requests(route, outcome).inc()
+        key = (route, outcome)  # (an Outcome and its value are one key, as one label)
+        counts = self._request_counts
+        counts[key] = counts.get(key, 0) + 1
+        if self._at_once:
+            self.apply_pending()
 
     def observe_compaction(self, outcomes: Iterable[compactor.LayerOutcome]) -> None:
         """Count the layers that ran and the tokens each saved."""
@@ -145,15 +184,36 @@ class ProxyMetrics:
 
     def observe_upstream(self, route: str, seconds: float) -> None:
         """Record the time the provider took to answer with headers."""
-        self._upstream_latency(route).observe(seconds)
+        self._latencies.append((route, seconds))
+        if self._at_once or len(self._latencies) >= MAX_HELD:
+            self.apply_pending()
 
     def observe_provider_usage(self, usage: ProviderUsage, *, summary: bool = False) -> None:
         """Count the tokens of one provider answer (a client's request, or a summary call)."""
-        counter = self._summary_tokens if summary else self._provider_tokens
+        counts = self._summary_token_counts if summary else self._token_counts
         for kind, value in (("input", usage.input), ("cache_read", usage.cache_read),
                             ("cache_write", usage.cache_write), ("output", usage.output)):
             if value:
-                counter(kind).inc(value)
+                counts[kind] = counts.get(kind, 0) + value
+        if self._at_once:
+            self.apply_pending()
+
+    def apply_pending(self) -> None:
+        """Apply what requests recorded since the last time to the collectors."""
+        requests, self._request_counts = self._request_counts, {}
+        for (route, outcome), count in requests.items():
+            self._requests(route, outcome).inc(count)
+        for children, counts in ((self._provider_tokens, self._token_counts),
+                                 (self._summary_tokens, self._summary_token_counts)):
+            for kind, value in counts.items():
+                children(kind).inc(value)
+            counts.clear()
+        latencies, self._latencies = self._latencies, []
+        for route, seconds in latencies:
+            self._upstream_latency(route).observe(seconds)
+        errors, self._errors = self._errors, []
+        for ratio in errors:
+            self.estimate_error.observe(ratio)
 
     def count_summary(self, outcome: str) -> None:
         """Count one summary asked for: ``ok``, ``failed``, ``empty``, ``cached``, ``joined``."""
@@ -161,7 +221,9 @@ class ProxyMetrics:
 
     def observe_estimate_error(self, ratio: float) -> None:
         """Record one signed relative error of the calibrated estimate."""
-        self.estimate_error.observe(ratio)
+        self._errors.append(ratio)
+        if self._at_once or len(self._errors) >= MAX_HELD:
+            self.apply_pending()
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format; in multi-process mode the
