@@ -262,7 +262,10 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
         held = (counter, [], [], [], [])
     _, before, before_cut, before_prints, before_tokens = held
     run = list(map(operator.is_, messages, before))  # (C loops, as the slices below)
-    same = run.index(False) if False in run else len(run)
+    try:
+        same = run.index(False)
+    except ValueError:  # all the same (or nothing before): one scan, not two
+        same = len(run)
     cut, _ = truncate_tool_results(
         View(messages[same:], counter, 0, raw.fingerprints[covered + same:],
              raw.tokens[covered + same:], raw.scale, raw.known), {}, policy)
