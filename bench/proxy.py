@@ -100,6 +100,8 @@ from bench.stamped_upstream import (  # noqa: E402
 )
 from compactor import CachingCounter, TiktokenCounter  # noqa: E402
 from compactor._fingerprint import strip_cache_control  # noqa: E402
+from proxy.allocator import tune_allocator  # noqa: E402
+from proxy.app import READ_BUFSIZE  # noqa: E402
 from proxy.fake_upstream import (  # noqa: E402
     FakeUpstream,
     RecordedRequest,
@@ -887,9 +889,11 @@ def null_relay_app(upstream_url: str) -> web.Application:
 
 
 def serve_null_relay(port: int, upstream_url: str) -> None:
-    """Serve :func:`null_relay_app` on 127.0.0.1 until SIGINT / SIGTERM."""
+    """Serve :func:`null_relay_app` on 127.0.0.1 until SIGINT / SIGTERM, with the proxy's
+    allocator thresholds and read buffer: the floor is what the same tuning gives a relay."""
+    tune_allocator()
     web.run_app(null_relay_app(upstream_url), host="127.0.0.1", port=port, access_log=None,
-                print=None, handler_cancellation=True)
+                print=None, handler_cancellation=True, read_bufsize=READ_BUFSIZE)
 
 
 @asynccontextmanager

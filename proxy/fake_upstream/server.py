@@ -36,6 +36,8 @@ from typing import Any, Final
 import structlog
 from aiohttp import web
 
+from proxy.allocator import tune_allocator
+
 from .records import RecordedRequest
 from .replies import (
     MALFORMED_SSE_EVENT,
@@ -562,6 +564,7 @@ def run_fake_upstream(host: str, port: int) -> None:
     """
 
     async def serve() -> None:
+        tune_allocator()  # as the proxy does: no page-fault lottery in what it is measured by
         try:
             runner, url = await start_fake_upstream(FakeUpstream(), host, port)
         except OSError as exc:

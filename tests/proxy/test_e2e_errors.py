@@ -13,6 +13,7 @@ import aiohttp
 import anthropic
 import pytest
 
+from proxy.app import READ_BUFSIZE
 from proxy.fake_upstream import FakeUpstream, Fault, Reply, start_fake_upstream
 from tests.conftest import (
     PROMPT_MARKER,
@@ -76,6 +77,21 @@ async def test_count_tokens_refuses_malformed_bodies_the_same_way(
     """``count_tokens`` has the same parsing and the same 400."""
     status, _, body = await post_raw(proxy, b"[]", path="/v1/messages/count_tokens")
     assert "must be a JSON object" in assert_invalid_request(status, body)
+    assert upstream_server.upstream.requests == []
+
+
+async def test_a_body_past_the_read_buffer_is_read_whole(
+    proxy: RunningProxy, upstream_server: UpstreamServer
+) -> None:
+    """A body over twice ``READ_BUFSIZE``, where the server pauses its socket until the
+    handler has taken what it holds, arrives whole: its only fault, at its very end, is
+    found."""
+    filler = b"y" * (2 * READ_BUFSIZE + 1024 * 1024)
+    data = (b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+            + filler + b'"}]')  # the closing brace is missing
+    status, _, body = await post_raw(proxy, data)
+    message = assert_invalid_request(status, body)
+    assert f"not valid JSON: Expecting ',' delimiter at line 1 column {len(data) + 1}" in message
     assert upstream_server.upstream.requests == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -576,6 +577,9 @@ async def test_one_worker_serves_in_the_serve_process_itself(upstream: str,
     try:
         started = process.wait_for("proxy_started", timeout_s=START_TIMEOUT_S)[0]
         assert "worker" not in started and "pid" not in started
+        # glibc's thresholds fixed at startup (proxy.allocator), said in the startup line
+        assert started["allocator"] == ("fixed" if platform.libc_ver()[0] == "glibc"
+                                        else "not_glibc")
         children = Path(f"/proc/{process.process.pid}/task/{process.process.pid}/children")
         assert children.read_text().split() == []
         async with fresh_client() as client:
