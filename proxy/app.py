@@ -331,5 +331,5 @@ def run_server(config: Config) -> int:
 
         return supervise(config)
     secrets = [value for value in (config.admin_token(), config.summary_api_key()) if value]
-    configure_logging(config.logging, secrets=secrets)
+    configure_logging(config.logging, secrets=secrets, final=True)
     return asyncio.run(serve(config))

@@ -3,7 +3,12 @@
 One JSON object per line (or a console rendering) from both structlog and the standard
 ``logging`` module (aiohttp, asyncio), through the same chain::
 
-    merge_contextvars -> add_log_level -> TimeStamper(iso, utc) -> Redactor -> renderer
+    request fields -> add_log_level -> TimeStamper(iso, utc) -> Redactor -> renderer
+
+The request fields are those of the request being served (its id, then its session and
+tenant once known): one dict per request in a context variable, begun by the request
+middleware (:func:`start_request_fields`) and added to by the handler
+(:func:`bind_request_fields`); a field the line sets itself wins.
 
 :class:`Redactor` is an allow-list: a field whose name is not in :data:`SAFE_KEYS` is dropped
 (its name is listed under ``redacted``), a value that is not a scalar or a list of scalars is
@@ -22,6 +27,7 @@ import re
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, MutableMapping
+from contextvars import ContextVar
 from itertools import compress
 from typing import Any, Final, TextIO
 
@@ -31,7 +37,8 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from proxy.config import LoggingConfig
 
-__all__ = ["SAFE_KEYS", "Redactor", "configure_logging", "reset_logging"]
+__all__ = ["SAFE_KEYS", "Redactor", "bind_request_fields", "configure_logging", "reset_logging",
+           "start_request_fields"]
 
 #: Fields a log line may carry. Every one holds an id, a count, a status or a code name.
 SAFE_KEYS: Final = frozenset({
@@ -280,9 +287,38 @@ def _renderer(config: LoggingConfig) -> Processor:
     return structlog.processors.JSONRenderer(serializer=_json_line, sort_keys=False)
 
 
+_REQUEST_FIELDS: Final[ContextVar[dict[str, Any] | None]] = ContextVar(
+    "compact_proxy_request_fields", default=None)
+
+
+def start_request_fields(**fields: Any) -> None:
+    """Begin the fields of the request now served (nothing of an earlier request's kept):
+    from now on, every line of this task, and of the tasks it starts, carries them."""
+    _REQUEST_FIELDS.set(fields)
+
+
+def bind_request_fields(**fields: Any) -> None:
+    """Add ``fields`` to the current request's (a name bound before takes the new value)."""
+    current = _REQUEST_FIELDS.get()
+    if current is None:
+        _REQUEST_FIELDS.set(fields)
+    else:
+        current.update(fields)
+
+
+def _merge_request_fields(logger: WrappedLogger, method_name: str,
+                          event_dict: EventDict) -> EventDict:
+    """Add the current request's fields to a line that does not set them itself."""
+    fields = _REQUEST_FIELDS.get()
+    if fields:
+        for key, value in fields.items():
+            event_dict.setdefault(key, value)
+    return event_dict
+
+
 def configure_logging(
     config: LoggingConfig, *, stream: TextIO | None = None, secrets: Iterable[str] = (),
-    fields: Mapping[str, int | str] | None = None,
+    fields: Mapping[str, int | str] | None = None, final: bool = False,
 ) -> None:
     """Configure structlog and the standard ``logging`` module for the whole process.
 
@@ -292,6 +328,9 @@ def configure_logging(
         secrets: exact values to blank wherever they would appear (the admin token...).
         fields: added to every line of the process (a worker's ``worker`` and ``pid``); a
             field the line sets itself wins.
+        final: the process will not configure logging again (a server's own process, not
+            a supervisor that forks, not a test): each logger is then bound to this
+            configuration on its first line and not looked up again on every line.
     """
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
@@ -299,7 +338,7 @@ def configure_logging(
     redactor = Redactor(secrets, trusted=frozenset({"level", "timestamp"}))
     renderer = _renderer(config)
     shared: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
+        _merge_request_fields,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -310,7 +349,7 @@ def configure_logging(
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.WriteLoggerFactory(file=out),
         context_class=dict,
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=final,
     )
     # Foreign (stdlib) records: aiohttp's and asyncio's own errors, in the same format.
     handler = logging.StreamHandler(out)

@@ -433,7 +433,7 @@ def _run_worker(config: Config, index: int, ready: int, lifeline: int, metrics_d
     os.environ[MULTIPROCESS_ENV] = metrics_dir
     prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call]
     configure_logging(config.logging, secrets=_secrets(config),
-                      fields={"worker": index, "pid": os.getpid()})
+                      fields={"worker": index, "pid": os.getpid()}, final=True)
     try:
         return asyncio.run(_serve_worker(config, ready, lifeline))
     except ConfigError as exc:

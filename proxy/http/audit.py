@@ -28,6 +28,7 @@ from aiohttp import web
 from compactor import LayerOutcome
 from proxy.background import in_background
 from proxy.keys import AUDIT_LOG, CONFIG, METRICS
+from proxy.logs import start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
@@ -178,8 +179,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     """The outermost middleware: opens the request's record, closes it with one log line."""
     record = RequestRecord(request_id=secrets.token_hex(12), route=route_name(request))
     request[RECORD] = record
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=record.request_id, session_id=None)
+    start_request_fields(request_id=record.request_id, session_id=None)
     status: int | None = None
     try:
         response = await handler(request)

@@ -62,6 +62,7 @@ from proxy.keys import (
     TENANTS,
     USAGE_LEDGER,
 )
+from proxy.logs import bind_request_fields
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
@@ -279,7 +280,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
     session = SessionRef(session_id, tenant)
     record.session_id, record.tenant = session_id, tenant
-    structlog.contextvars.bind_contextvars(session_id=session_id, tenant=tenant)
+    bind_request_fields(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
     plan = _plan(request, session, parsed, durable)
     result = await _compact(request, record, session, parsed, durable, plan, may_call_model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from typing import Any
@@ -17,8 +18,10 @@ from proxy.logs import (
     SAFE_KEYS,
     Redactor,
     _may_hold_credential,
+    bind_request_fields,
     configure_logging,
     reset_logging,
+    start_request_fields,
 )
 
 
@@ -213,3 +216,57 @@ def test_the_quick_way_for_allowed_fields_gives_the_field_by_field_line(
     assert list(quick(None, "info", dict(event)).items()) == expected
     mixed = {**event, **dict.fromkeys(extra, "text")}
     assert list(quick(None, "info", mixed).items()) == list(slow._field_by_field(mixed).items())
+
+
+def _lines(run: Any) -> list[dict[str, Any]]:
+    stream = io.StringIO()
+    configure_logging(LoggingConfig(format="json", level="info"), stream=stream)
+    try:
+        run(structlog.get_logger("test"))
+    finally:
+        reset_logging()
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_request_s_fields_are_on_its_lines_and_a_line_s_own_field_wins() -> None:
+    """The request's fields are added after the line's own (the framing first), a field
+    the line sets itself is not replaced, and a later bind adds to the same request."""
+    async def serve(log: Any) -> None:
+        start_request_fields(request_id="req-1", session_id=None)
+        log.info("first")
+        bind_request_fields(session_id="sess-1", tenant="none")
+        log.info("second", tenant="t1", status=200)
+
+    first, second = _lines(lambda log: asyncio.run(serve(log)))
+    assert list(first) == ["timestamp", "level", "event", "request_id", "session_id"]
+    assert (first["request_id"], first["session_id"]) == ("req-1", None)
+    assert list(second)[3:] == ["tenant", "status", "request_id", "session_id"]
+    assert (second["session_id"], second["tenant"]) == ("sess-1", "t1")
+
+
+def test_a_new_request_keeps_nothing_of_the_one_before_but_its_tasks_keep_theirs() -> None:
+    """Requests served one after another in the same task (a keep-alive connection): the
+    second's lines carry none of the first's fields. A task the first request started
+    keeps the first's fields, whatever the second binds."""
+    async def serve(log: Any) -> None:
+        start_request_fields(request_id="req-1", session_id=None)
+        bind_request_fields(session_id="sess-1", tenant="t1")
+        go_on = asyncio.Event()
+
+        async def background() -> None:
+            await go_on.wait()
+            log.info("background")
+
+        task = asyncio.create_task(background())
+        await asyncio.sleep(0)
+        start_request_fields(request_id="req-2", session_id=None)
+        bind_request_fields(tenant="t2")
+        log.info("next")
+        go_on.set()
+        await task
+
+    by_event = {line["event"]: line for line in _lines(lambda log: asyncio.run(serve(log)))}
+    assert {k: by_event["next"][k] for k in ("request_id", "session_id", "tenant")} == {
+        "request_id": "req-2", "session_id": None, "tenant": "t2"}
+    assert {k: by_event["background"][k] for k in ("request_id", "session_id", "tenant")} == {
+        "request_id": "req-1", "session_id": "sess-1", "tenant": "t1"}
