@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
+
+import msgspec
 
 from compactor import DurableContextState
 
@@ -78,8 +80,7 @@ class LayerSaving:
     saved: int
 
 
-@dataclass(frozen=True, slots=True)
-class RequestEntry:
+class RequestEntry(msgspec.Struct, frozen=True):
     """One request as the audit log keeps it.
 
     Attributes:
@@ -112,7 +113,7 @@ class RequestEntry:
     model: str | None = None
     tokens_before: int | None = None
     tokens_after: int | None = None
-    layers: tuple[LayerSaving, ...] = field(default=())
+    layers: tuple[LayerSaving, ...] = ()
     outcome: str = ""
     reason: str | None = None
     hard_limit: int | None = None
@@ -180,7 +181,7 @@ class RequestEntry:
 
 
 #: :class:`RequestEntry`'s field names, in order (one entry is written per request).
-_REQUEST_FIELDS: Final = tuple(spec.name for spec in fields(RequestEntry))
+_REQUEST_FIELDS: Final = RequestEntry.__struct_fields__
 _request_fields_of: Final = operator.attrgetter(*_REQUEST_FIELDS)
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
+
+import msgspec
 
 __all__ = [
     "Price",
@@ -39,8 +41,7 @@ __all__ = [
 TOKENS_PER_PRICE_UNIT: Final = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderUsage:
+class ProviderUsage(msgspec.Struct, frozen=True):
     """The ``usage`` of one provider answer, by billing kind.
 
     Attributes:
@@ -79,8 +80,7 @@ class ProviderUsage:
                    output=pick("output_tokens", base.output))
 
 
-@dataclass(frozen=True, slots=True)
-class UsageEntry:
+class UsageEntry(msgspec.Struct, frozen=True):
     """Additive per-(session, model) counters. All fields are non-negative ints.
 
     Attributes:
@@ -142,9 +142,8 @@ class UsageEntry:
         return _COUNTERS
 
 
-#: :meth:`UsageEntry.field_names` (``dataclasses.fields`` is not free, and entries are made
-#: on every request).
-_COUNTERS: Final = tuple(spec.name for spec in fields(UsageEntry))
+#: :meth:`UsageEntry.field_names`.
+_COUNTERS: Final = UsageEntry.__struct_fields__
 #: An entry's counters as a tuple, in :data:`_COUNTERS` order.
 _counters_of: Final = operator.attrgetter(*_COUNTERS)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import json
 import os
@@ -17,6 +16,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 import yaml
@@ -574,7 +574,7 @@ def test_report_json_has_the_same_figures(
         ("demo-session", "claude-haiku-4-5"), ("demo-session", OPUS), (f"{TENANT}/sess-1", "gpt-5"),
     ]
     opus = data["sessions"][1]
-    assert {name: opus[name] for name in UsageEntry.field_names()} == dataclasses.asdict(
+    assert {name: opus[name] for name in UsageEntry.field_names()} == msgspec.structs.asdict(
         OPUS_ENTRY)
     assert (opus["cost_billed"], opus["cost_summary"], opus["cost_without_proxy"],
             opus["net_saving"], opus["saving_percent"]) == (0.1975, 0.0, 0.53, 0.3325, 62.74)
