@@ -82,7 +82,7 @@ AUDIT_TRIM_INTERVAL_S: Final = 3600.0
 #: Bytes of a request body the server buffers before it stops reading the socket until the
 #: handler takes them (aiohttp pauses at twice this); the proxy holds a whole ``/v1/messages``
 #: body anyway. Against aiohttp's default of 64 KiB, a 2.6 MB body took 1.4-1.5 ms of CPU
-#: instead of 1.8-2.1 (allocator fixed in both, see :mod:`proxy.allocator`).
+#: instead of 1.7-2.1 (allocator fixed in both, see :mod:`proxy.allocator`).
 READ_BUFSIZE: Final = 4 * 1024 * 1024
 
 
