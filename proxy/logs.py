@@ -26,9 +26,9 @@ import operator
 import re
 import sys
 import traceback
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from contextvars import ContextVar
-from itertools import compress
+from itertools import compress, repeat
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -75,6 +75,7 @@ SAFE_KEYS: Final = frozenset({
 _REDACTED: Final = "[redacted]"
 _HANDLER_NAME: Final = "compact-proxy"
 _LEADING: Final = ("timestamp", "level", "event")
+_LEADING_KEYS: Final = frozenset(_LEADING)
 _MAX_STRING: Final = 256
 #: Strings up to this length have their cleaned form remembered, this many at most.
 _CLEANED_LENGTH: Final = 128
@@ -103,6 +104,25 @@ def _may_hold_credential(value: str) -> bool:
 
 # Values that hold no text, kept as they are (a subclass of one goes through _clean).
 _PLAIN: Final = frozenset({bool, int, float, type(None)})
+_PLAIN_OR_STR: Final = _PLAIN | {str}
+
+
+class _CleanedStrings(dict[str, str]):
+    """Each string's cleaned form (``cleaned[value]``), made by ``clean`` the first time;
+    the forms of short strings are kept (:data:`_CLEANED_ENTRIES` at most: a line's values
+    are mostly the same ids, names and outcomes as the previous line's)."""
+
+    def __init__(self, clean: Callable[[str], str]) -> None:
+        super().__init__()
+        self._clean = clean
+
+    def __missing__(self, value: str) -> str:
+        cleaned = self._clean(value)
+        if len(value) <= _CLEANED_LENGTH:
+            if len(self) >= _CLEANED_ENTRIES:
+                self.clear()
+            self[value] = cleaned
+        return cleaned
 
 # Loggers that would print request bodies at debug level; never below WARNING.
 _QUIET_LOGGERS: Final = ("anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access")
@@ -126,17 +146,10 @@ class Redactor:
         self._secrets = tuple(s for s in secrets if s)
         self._safe_keys = safe_keys
         self._trusted = trusted & safe_keys
-        self._cleaned: dict[str, str] = {}
+        self._cleaned = _CleanedStrings(self._checked)
 
     def _clean_str(self, value: str) -> str:
-        cleaned = self._cleaned.get(value)
-        if cleaned is None:
-            cleaned = self._checked(value)
-            if len(value) <= _CLEANED_LENGTH:
-                if len(self._cleaned) >= _CLEANED_ENTRIES:
-                    self._cleaned.clear()
-                self._cleaned[value] = cleaned
-        return cleaned
+        return self._cleaned[value]
 
     def _checked(self, value: str) -> str:
         if _may_hold_credential(value) and _CREDENTIAL.search(value):
@@ -174,20 +187,25 @@ class Redactor:
 
     def _all_safe(self, event_dict: EventDict) -> EventDict:
         """:meth:`__call__` for an event whose fields are all allowed (most events): the
-        framing fields moved first and only the values that are not plain looked at, found
-        by C loops; a value that cannot be kept sends the event field by field."""
-        out = {key: event_dict[key] for key in _LEADING if key in event_dict}
+        framing fields moved first, then C loops only — the strings looked up in the cache
+        of cleaned strings (:class:`_CleanedStrings`, which cleans those it does not hold),
+        the other values that are not plain cleaned one by one; a value that cannot be kept
+        sends the event field by field."""
+        if event_dict.keys() >= _LEADING_KEYS:  # (every line of the chain: C, not a loop)
+            out = dict(zip(_LEADING, map(event_dict.__getitem__, _LEADING), strict=True))
+        else:
+            out = {key: event_dict[key] for key in _LEADING if key in event_dict}
         out.update(event_dict)
-        plain = map(_PLAIN.__contains__, map(type, out.values()))
-        trusted, cleaned_before = self._trusted, self._cleaned
-        for key in list(compress(out, map(operator.not_, plain))):
-            if key in trusted:  # kept as it is, whatever its type (as field by field)
+        kinds = list(map(type, out.values()))
+        strings = list(set(compress(out, map(operator.is_, kinds, repeat(str)))) - self._trusted)
+        out.update(zip(strings, map(self._cleaned.__getitem__, map(out.__getitem__, strings)),
+                       strict=True))
+        if _PLAIN_OR_STR.issuperset(kinds):
+            return out
+        for key in list(compress(out, map(operator.not_, map(_PLAIN_OR_STR.__contains__, kinds)))):
+            if key in self._trusted:  # kept as it is, whatever its type (as field by field)
                 continue
-            value = out[key]
-            if type(value) is str:
-                out[key] = cleaned_before.get(value) or self._clean_str(value)
-                continue
-            keep, cleaned = self._clean(value)
+            keep, cleaned = self._clean(out[key])
             if not keep:
                 return self._field_by_field(event_dict)
             out[key] = cleaned
@@ -308,11 +326,11 @@ def bind_request_fields(**fields: Any) -> None:
 
 def _merge_request_fields(logger: WrappedLogger, method_name: str,
                           event_dict: EventDict) -> EventDict:
-    """Add the current request's fields to a line that does not set them itself."""
+    """Add the current request's fields to a line that does not set them itself (after the
+    line's own fields; one C pass each, where a ``setdefault`` per field was a loop)."""
     fields = _REQUEST_FIELDS.get()
     if fields:
-        for key, value in fields.items():
-            event_dict.setdefault(key, value)
+        return {**event_dict, **fields, **event_dict}  # (the line's own values win)
     return event_dict
 
 
