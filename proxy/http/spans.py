@@ -33,13 +33,13 @@ import operator
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any, Final, TypeVar, cast
 
 import msgspec
 import xxhash
 from cachetools import LRUCache
+from lru import LRU
 
 import compactor
 from proxy.http.body import (
@@ -49,7 +49,6 @@ from proxy.http.body import (
     parse_body,
     replace_lone_surrogates,
 )
-from proxy.lru import LRU
 
 __all__ = ["CUTS", "DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews",
            "RecentBodies", "RequestBody", "parse_request", "remembered"]
@@ -74,8 +73,7 @@ class _Slow(Exception):
     """The fast path cannot take this body: parse it the plain way."""
 
 
-@dataclass(slots=True, eq=False)
-class Decoded:
+class Decoded(msgspec.Struct, eq=False):
     """One span's decoded value, shared by every request that sends the same bytes.
 
     Attributes:
@@ -89,7 +87,7 @@ class Decoded:
 
     value: Any
     size: int
-    memo: dict[str, Any] = field(default_factory=dict)
+    memo: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def remembered(memo: dict[str, Any] | None, name: str, make: Callable[[], T]) -> T:
@@ -151,9 +149,9 @@ class DecodedSpans:
         return Decoded(_VALUE.decode(span), len(span))
 
 
-@dataclass(eq=False)
-class RequestBody:
-    """A parsed ``/v1/messages`` (or ``count_tokens``) body.
+class RequestBody(msgspec.Struct, eq=False):
+    """A parsed ``/v1/messages`` (or ``count_tokens``) body (a :class:`msgspec.Struct`: two
+    are made per request, built in C).
 
     Attributes:
         raw: the body's bytes, as read (decoded from its content coding).
@@ -174,16 +172,17 @@ class RequestBody:
     fields: dict[str, bytes | None] | None = None
     bounds: list[tuple[int, int]] | None = None
     entries: list[Decoded] | None = None
-    values: dict[str, Decoded] = field(default_factory=dict)
+    values: dict[str, Decoded] = msgspec.field(default_factory=dict)
     mended: int = 0
     reused: int = 0
     # Filled in place by facts(): shared with the RecentBodies entry kept of this body, so the
     # next body of the conversation takes the facts of the messages it repeats (list slices).
-    _facts: compactor.FactColumns = field(default_factory=compactor.FactColumns, repr=False)
-    # The earlier body's hash states (start -> xxh3-128 of the bytes before it) that hold for
-    # this body too (its bytes there were checked the same): RecentBodies.keep goes on from
-    # one instead of hashing the body again from its start.
-    _hashed: dict[int, Any] = field(default_factory=dict, repr=False)
+    _facts: compactor.FactColumns = msgspec.field(default_factory=compactor.FactColumns)
+    # The earlier body's cuts (start -> (xxh3-128 of the bytes before it, the hasher state)),
+    # which hold for this body up to _hashed_upto (its bytes there were checked the same):
+    # RecentBodies.keep takes them, or goes on from one, instead of hashing the body again.
+    _hashed: dict[int, tuple[int, Any]] = msgspec.field(default_factory=dict)
+    _hashed_upto: int = -1
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -455,12 +454,12 @@ def _occurrences(raw: bytes, needle: bytes) -> Iterable[int]:
 CUTS: Final = 4
 
 
-@dataclass(eq=False, slots=True)
-class _Seen:
+class _Seen(msgspec.Struct, eq=False):
     """What the next body of a conversation needs of this one, without its bytes."""
 
     cuts: list[tuple[int, int, int]]  # (message index, its start, xxh3-128 of all before)
-    states: dict[int, Any]  # each cut's start -> the hasher having hashed all before it
+    # each cut's start -> (that digest, the hasher having hashed all before it: never updated)
+    marks: dict[int, tuple[int, Any]]
     suffix: bytes  # from the end of the last message to the end of the body
     body: RequestBody  # raw dropped
 
@@ -502,27 +501,33 @@ class RecentBodies:
     def keep(self, key: object, parsed: RequestBody) -> None:
         """Remember ``parsed`` as the latest body of its conversation."""
         bounds = parsed.bounds
-        if bounds is None or not bounds or parsed.entries is None:
+        if not bounds or parsed.entries is None:
             return
-        view = memoryview(parsed.raw)
         first = max(0, len(bounds) - CUTS)
-        resumed = parsed._hashed.get(bounds[first][0])
-        hasher = xxhash.xxh3_128() if resumed is None else resumed.copy()
-        at = 0 if resumed is None else bounds[first][0]
-        cuts = []
-        states = {}
-        for index in range(first, len(bounds)):
-            start = bounds[index][0]
-            hasher.update(view[at:start])
-            at = start
-            cuts.append((index, start, hasher.intdigest()))
-            states[start] = hasher.copy()
+        starts = list(map(operator.itemgetter(0), bounds[first:]))
+        # Each cut's (digest, hasher state): the earlier body's where its bytes held for this
+        # one too (a body that repeats the last one: C loops only), else hashed on from the
+        # previous cut (or from the body's start).
+        before, upto = parsed._hashed, parsed._hashed_upto
+        marks = cast("list[tuple[int, Any]]", list(map(before.get, starts)))  # (Nones filled:)
+        if None in marks or starts[-1] > upto:
+            view = memoryview(parsed.raw)
+            last: tuple[int, Any] | None = None  # the previous cut's start and state
+            for position, start in enumerate(starts):
+                mark: tuple[int, Any] | None = marks[position] if start <= upto else None
+                if mark is None:
+                    hasher = xxhash.xxh3_128() if last is None else last[1].copy()
+                    hasher.update(view[0 if last is None else last[0]:start])
+                    mark = marks[position] = (hasher.intdigest(), hasher)
+                last = (start, mark[1])
+        cuts = list(zip(range(first, len(bounds)), starts,
+                        map(operator.itemgetter(0), marks), strict=True))
         cuts.reverse()
         kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
                            parsed.values, reused=0, _facts=parsed._facts)
-        seen = _Seen(cuts, states, bytes(view[bounds[-1][1]:]), kept)
-        others = [s for s in self._seen.get(key, ()) if s.body.doc is not parsed.doc][:3]
-        self._seen[key] = [seen, *others]
+        seen = _Seen(cuts, dict(zip(starts, marks, strict=True)),
+                     parsed.raw[bounds[-1][1]:], kept)
+        self._seen[key] = [seen, *self._seen.get(key, ())[:3]]
 
 
 def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
@@ -559,7 +564,6 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages
         facts = before._facts.prefix(index)
-        hashed = {at: state for at, state in seen.states.items() if at <= start}
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
-                           reused=index, _facts=facts, _hashed=hashed)
+                           reused=index, _facts=facts, _hashed=seen.marks, _hashed_upto=start)
     return None

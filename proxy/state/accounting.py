@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Final
 
-from proxy.lru import LRU
+from lru import LRU
+
 from proxy.state.usage import ProviderUsage, UsageEntry
 
 __all__ = ["Accounting"]

@@ -56,9 +56,10 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Final, cast
 
+from lru import LRU
+
 from compactor._fingerprint import PROCESS_SALT
 from policies import CompactionPolicy
-from proxy.lru import LRU
 
 __all__ = [
     "FIXED_SHARE",
@@ -218,7 +219,9 @@ class Calibration:
             if session is None:
                 session = _Session()
                 self._sessions[key] = session
-            fleet = self._fleet.setdefault(model, _Fleet())
+            fleet = self._fleet.get(model)
+            if fleet is None:
+                fleet = self._fleet[model] = _Fleet()
             session.ratios.append(ratio)
             fleet.ratios.append(ratio)
             if reserved >= FIXED_SHARE * counted:

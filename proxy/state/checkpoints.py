@@ -38,10 +38,10 @@ from array import array
 from typing import Final, Protocol
 
 import structlog
+from lru import LRU
 
 import compactor
 from compactor._fingerprint import PROCESS_SALT
-from proxy.lru import LRU
 from proxy.state.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
 from proxy.state.store.read_cache import request_versions
 

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import structlog
+from lru import LRU
 
-from proxy.lru import LRU
 from proxy.state.calibration import MAX_SESSIONS, Calibration
 from proxy.state.store import ReplicaConsistency, SessionVersions, StoreError
 

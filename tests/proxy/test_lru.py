@@ -1,5 +1,6 @@
-"""The per-request caches' bounded mapping (:class:`proxy.lru.LRU`): what cachetools'
-``LRUCache`` does with the operations the proxy uses, checked against it."""
+"""The per-request caches' bounded mapping (lru-dict's C :class:`lru.LRU`): that it does
+what cachetools' ``LRUCache`` does with the operations the proxy uses, as the proxy assumes
+(``in`` does not count as a use; ``get`` and ``[]`` do)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import pytest
 from cachetools import Cache, LRUCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from proxy.lru import LRU
+from lru import LRU
 
 _OPS = st.lists(st.tuples(st.sampled_from(["get", "getitem", "set", "in", "pop"]),
                           st.integers(0, 6)), max_size=60)
@@ -37,7 +37,7 @@ def test_it_keeps_and_forgets_exactly_what_cachetools_lru_cache_does(
             assert ours.pop(key, None) == theirs.pop(key, None)
         assert len(ours) == len(theirs)
         # (Cache.__getitem__: LRUCache's own would count as a use and reorder it.)
-        assert sorted(ours._data.items()) == sorted(
+        assert sorted(ours.items()) == sorted(
             (key, Cache.__getitem__(theirs, key)) for key in theirs)
 
 
@@ -56,5 +56,5 @@ def test_the_least_recently_used_goes_first() -> None:
 
 
 def test_a_cache_holds_at_least_one_entry() -> None:
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError):
         LRU(0)

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Final
 
+from lru import LRU
+
 from compactor import DurableContextState
-from proxy.lru import LRU
 
 from .base import ReplicaConsistency, SessionVersions, StateStore, StoredState
 
