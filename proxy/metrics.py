@@ -35,6 +35,7 @@ worker's ``/metrics`` reads the files, not this process's dicts).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterable
 from typing import Final, Generic, TypeVar
@@ -67,6 +68,10 @@ _Metric = TypeVar("_Metric", Counter, Histogram)
 #: Observations held before they are applied without a read (bounds the memory of a proxy
 #: nobody scrapes).
 MAX_HELD: Final = 4096
+#: The ``kind`` label of ``compact_proxy_provider_tokens_total`` and where a usage holds it.
+_USAGE_KINDS: Final = tuple((kind, operator.attrgetter(name)) for kind, name in (
+    ("input", "input"), ("cache_read", "cache_read"), ("cache_write", "cache_write"),
+    ("output", "output")))
 
 
 class _Children(Generic[_Metric]):
@@ -111,8 +116,8 @@ class ProxyMetrics:
         # outcome), provider tokens by kind (a client's request's, a summary call's), upstream
         # latencies (route, seconds) and estimate errors.
         self._request_counts: dict[tuple[str, str], int] = {}
-        self._token_counts: dict[str, int] = {}
-        self._summary_token_counts: dict[str, int] = {}
+        self._usages: list[ProviderUsage] = []  # clients' requests
+        self._summary_usages: list[ProviderUsage] = []
         self._latencies: list[tuple[str, float]] = []
         self._errors: list[float] = []
         self._at_once = self.multiprocess_dir is not None
@@ -190,12 +195,9 @@ class ProxyMetrics:
 
     def observe_provider_usage(self, usage: ProviderUsage, *, summary: bool = False) -> None:
         """Count the tokens of one provider answer (a client's request, or a summary call)."""
-        counts = self._summary_token_counts if summary else self._token_counts
-        for kind, value in (("input", usage.input), ("cache_read", usage.cache_read),
-                            ("cache_write", usage.cache_write), ("output", usage.output)):
-            if value:
-                counts[kind] = counts.get(kind, 0) + value
-        if self._at_once:
+        held = self._summary_usages if summary else self._usages
+        held.append(usage)
+        if self._at_once or len(held) >= MAX_HELD:
             self.apply_pending()
 
     def apply_pending(self) -> None:
@@ -203,11 +205,13 @@ class ProxyMetrics:
         requests, self._request_counts = self._request_counts, {}
         for (route, outcome), count in requests.items():
             self._requests(route, outcome).inc(count)
-        for children, counts in ((self._provider_tokens, self._token_counts),
-                                 (self._summary_tokens, self._summary_token_counts)):
-            for kind, value in counts.items():
-                children(kind).inc(value)
-            counts.clear()
+        for children, usages in ((self._provider_tokens, self._usages),
+                                 (self._summary_tokens, self._summary_usages)):
+            for kind, tokens in _USAGE_KINDS:
+                total = sum(map(tokens, usages))
+                if total:
+                    children(kind).inc(total)
+            usages.clear()
         latencies, self._latencies = self._latencies, []
         for route, seconds in latencies:
             self._upstream_latency(route).observe(seconds)

@@ -10,8 +10,7 @@ the ``store_unavailable`` log line (once a second at most).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 from aiohttp import web
 
 import compactor
@@ -22,8 +21,7 @@ from proxy.state.store import StoreUnavailable
 __all__ = ["DurableContext", "SessionRef", "load_durable_context"]
 
 
-@dataclass(frozen=True)
-class DurableContext:
+class DurableContext(msgspec.Struct, frozen=True):
     """A session's durable state and its rendered block (``""`` when there is none).
 
     ``store_available`` is false when the store could not be reached and the request goes
@@ -35,18 +33,19 @@ class DurableContext:
     store_available: bool = True
 
 
-@dataclass(frozen=True)
-class SessionRef:
+class SessionRef(msgspec.Struct, frozen=True):
     """A request's session: the client's own id, its tenant, and the key the store knows it
-    by (:func:`proxy.http.tenants.scoped_key`)."""
+    by (:func:`proxy.http.tenants.scoped_key`; :meth:`of` makes it once, a request asks for
+    it often)."""
 
     session_id: str
     tenant: str
+    key: str
 
-    @property
-    def key(self) -> str:
-        """The store key of this tenant's session."""
-        return scoped_key(self.tenant, self.session_id)
+    @classmethod
+    def of(cls, session_id: str, tenant: str) -> SessionRef:
+        """The session ``session_id`` of ``tenant``."""
+        return cls(session_id, tenant, scoped_key(tenant, session_id))
 
 
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:

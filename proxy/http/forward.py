@@ -135,7 +135,10 @@ def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMult
     """``headers`` but ``dropped`` and what ``Connection`` lists, in their order (a copy, then
     the few names present removed: C loops, not one Python step per header)."""
     out = CIMultiDict(headers)
-    for name in dropped.intersection(map(str.lower, headers.keys())) | _connection_tokens(headers):
+    names = dropped.intersection(map(str.lower, headers.keys()))
+    if "Connection" in headers:
+        names |= _connection_tokens(headers)
+    for name in names:
         out.popall(name, None)
     return out
 

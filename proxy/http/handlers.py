@@ -20,12 +20,11 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
@@ -100,12 +99,11 @@ async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     return await forward(request, request[RECORD], body=body, headers=headers)
 
 
-def _summarizer(request: web.Request, policy: CompactionPolicy, session: SessionRef,
-                may_call_model: bool, body: dict[str, Any],
+def _summarizer(app: web.Application, request: web.Request, policy: CompactionPolicy,
+                session: SessionRef, may_call_model: bool, body: dict[str, Any],
                 durable: DurableContext) -> Summarizer | None:
     """The request's L4 summarizer: the summary cache, and (``/v1/messages``) the provider,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
-    app = request.app
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
     provider = app.get(SUMMARIZER) if may_call_model else None
@@ -147,16 +145,18 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
     ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
     doc = parsed.doc
-    reserved = sum(remembered(parsed.memo(name), "tokens",
-                              functools.partial(counter.count_value, doc.get(name)))
-                   for name in ("system", "tools"))
+    reserved = 0
+    for name in ("system", "tools"):
+        value = doc.get(name)
+        if value is not None:
+            reserved += remembered(parsed.memo(name), "tokens",
+                                   functools.partial(counter.count_value, value))
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved
 
 
-@dataclass(frozen=True)
-class CompactionPlan:
+class CompactionPlan(msgspec.Struct, frozen=True):
     """How one request is compacted: its role and policy (below the model's learnt window),
     its conversation lane, its model and the calibration factors (of the messages, and of the
     fixed part: system, tools, durable block)."""
@@ -182,9 +182,8 @@ def _conversation_key(parsed: RequestBody) -> str:
     return key_of([])
 
 
-def _plan(request: web.Request, session: SessionRef, parsed: RequestBody,
+def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
           durable: DurableContext) -> CompactionPlan:
-    app = request.app
     body = parsed.doc
     model = body.get("model") if isinstance(body.get("model"), str) else None
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
@@ -201,29 +200,29 @@ def _plan(request: web.Request, session: SessionRef, parsed: RequestBody,
                           _reserved_tokens(app, parsed, durable.text), known)
 
 
-async def _compact(request: web.Request, record: RequestRecord, session: SessionRef,
-                   parsed: RequestBody, durable: DurableContext, plan: CompactionPlan,
-                   may_call_model: bool) -> compactor.CompactionResult:
-    app = request.app
+async def _compact(app: web.Application, request: web.Request, record: RequestRecord,
+                   session: SessionRef, parsed: RequestBody, durable: DurableContext,
+                   plan: CompactionPlan, may_call_model: bool) -> compactor.CompactionResult:
     body = parsed.doc
     record.role = plan.role
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
+    counter = app[COUNTER]
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
             parsed.messages,
             durable.state,
             policy=plan.policy,
-            summarizer=_summarizer(request, plan.policy, session, may_call_model,
+            summarizer=_summarizer(app, request, plan.policy, session, may_call_model,
                                    body, durable),
-            counter=app[COUNTER],
+            counter=counter,
             options=compactor.CompactionOptions(
                 # The compactor scales all by the messages' factor; the fixed part's own
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
-                known_tokens=plan.known, facts=parsed.facts(app[COUNTER]),
+                known_tokens=plan.known, facts=parsed.facts(counter),
                 protocol_memo=app[PROTOCOL_MEMO]),
         )
     except compactor.MessageShapeError as exc:
@@ -242,8 +241,9 @@ async def _compact(request: web.Request, record: RequestRecord, session: Session
     return result
 
 
-def _outgoing(request: web.Request, parsed: RequestBody, result: compactor.CompactionResult,
-              durable: DurableContext, headers: CIMultiDict[str]) -> bytes:
+def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
+              result: compactor.CompactionResult, durable: DurableContext,
+              headers: CIMultiDict[str]) -> bytes:
     """The body to forward: the client's (spliced from its own bytes where unchanged) with
     the compacted messages, the durable block appended to its ``system``, and the
     thinking-binding opt-out where needed."""
@@ -256,7 +256,7 @@ def _outgoing(request: web.Request, parsed: RequestBody, result: compactor.Compa
         apply_binding_opt_out(candidate)
         replaced["thinking"] = candidate["thinking"]
         _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    views = request.app[ENCODED_VIEWS]
+    views = app[ENCODED_VIEWS]
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
 
@@ -278,12 +278,13 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
     session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
-    session = SessionRef(session_id, tenant)
+    session = SessionRef.of(session_id, tenant)
     record.session_id, record.tenant = session_id, tenant
     bind_request_fields(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    plan = _plan(request, session, parsed, durable)
-    result = await _compact(request, record, session, parsed, durable, plan, may_call_model)
+    plan = _plan(app, request, session, parsed, durable)
+    result = await _compact(app, request, record, session, parsed, durable, plan,
+                            may_call_model)
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
@@ -291,7 +292,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # Nothing to rewrite: the client's bytes go out as they came.
         outgoing = raw
     else:
-        outgoing = _outgoing(request, parsed, result, durable, headers)
+        outgoing = _outgoing(app, request, parsed, result, durable, headers)
     if not may_call_model:
         return await forward(request, record, body=outgoing, headers=headers)
 
@@ -306,17 +307,17 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
             return None
         app[CALIBRATION].learn_window(plan.model, refusal.maximum)
         shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
-        tighter = dataclasses.replace(
+        tighter = msgspec.structs.replace(
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
-        again = await _compact(request, record, session, parsed, durable, tighter,
+        again = await _compact(app, request, record, session, parsed, durable, tighter,
                                may_call_model)
         sent = tighter, again
         app[METRICS].recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
                   provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
-        return _outgoing(request, parsed, again, durable, headers)
+        return _outgoing(app, request, parsed, again, durable, headers)
 
     learnt = False
 
@@ -325,24 +326,23 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # sees the answer end: its next request, on any replica, is planned with it.
         nonlocal learnt
         learnt = True
-        _learn(request, record, session, *sent)
+        _learn(app, record, session, *sent)
         await app[CALIBRATION].saved(session.key)
 
     response = await forward(request, record, body=outgoing, headers=headers, retry=recompact,
                              before_end=learn_before_end)
     if not learnt:  # the answer failed or the client went away: learn what there is
-        _learn(request, record, session, *sent)
+        _learn(app, record, session, *sent)
     return response
 
 
-def _learn(request: web.Request, record: RequestRecord, session: SessionRef,
+def _learn(app: web.Application, record: RequestRecord, session: SessionRef,
            plan: CompactionPlan, result: compactor.CompactionResult) -> None:
     """What the provider's answer teaches: its count of the view calibrates the session's
     factor; its usage goes to the log line, the metrics and (off the request) the ledger."""
     usage = record.usage
     if usage is None or plan.model is None or usage.prompt_tokens <= 0:
         return
-    app = request.app
     provider = usage.prompt_tokens
     error = (result.tokens_after - provider) / provider
     record.estimate_error = round(error * 100, 2)

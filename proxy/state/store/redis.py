@@ -469,7 +469,7 @@ def _client(url: str, mode: str, service: str | None,
             raise ValueError("sentinel mode needs the service name of the primary")
         addresses, primary = _sentinels(url)
         sentinel_options = {"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s}
-        sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_options,  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_options,  # type: ignore[no-untyped-call,unused-ignore]
                             **options)
         return cast("aioredis.Redis", sentinel.master_for(service, redis_class=aioredis.Redis,
                                                           **primary))
