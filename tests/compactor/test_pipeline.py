@@ -224,3 +224,20 @@ async def test_the_summarys_conversation_is_the_history_as_it_was_sent() -> None
     assert conversation == messages[: len(conversation)]
     assert all(a is b for a, b in zip(conversation, messages, strict=False))
     assert '"r0"' in json.dumps(conversation) and '"r0"' not in seen[0].messages_json
+
+
+def test_the_result_is_an_ordinary_frozen_compaction_result() -> None:
+    """The pipeline sets the result's fields in one call (not through its __init__): it is
+    still equal to the one the constructor makes, frozen, and takes dataclasses.replace."""
+    import dataclasses
+
+    from compactor import CompactionResult
+
+    result = compact_context(_big_results_session(), policy=_policy(soft=2_000),
+                             counter=Chars4Counter())
+    values = {spec.name: getattr(result, spec.name) for spec in dataclasses.fields(result)}
+    assert result.layers_applied and result.tokens_after < result.tokens_before
+    assert result == CompactionResult(**values)
+    assert dataclasses.replace(result, tokens_after=1).tokens_after == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.tokens_after = 0  # type: ignore[misc]
