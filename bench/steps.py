@@ -34,7 +34,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Final
 
 from bench.proxy import (
@@ -65,13 +65,21 @@ def _traced(serve: Any, out: str) -> None:
     """Run ``serve()`` with a bytecode counter: SIGUSR2 turns it on (from zero), SIGUSR1 off
     and writes the counts to ``out`` (JSON ``[[file, function, steps], ...]``)."""
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    # A generated method (a dataclass's __init__: file "<string>") is named by its class.
+    labels: dict[CodeType, str] = {}
 
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         if event == "call":
             frame.f_trace_opcodes = True
             frame.f_trace_lines = False
+            code = frame.f_code
+            if code.co_filename == "<string>" and code not in labels:
+                owner = frame.f_locals.get("self")
+                labels[code] = (f"{type(owner).__name__}.{code.co_name}" if owner is not None
+                                else code.co_name)
         elif event == "opcode":
-            counts[frame.f_code.co_filename, frame.f_code.co_name] += 1
+            code = frame.f_code
+            counts[code.co_filename, labels.get(code) or code.co_name] += 1
         return tracer
 
     def on(signum: int, frame: FrameType | None) -> None:
