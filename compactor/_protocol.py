@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from operator import attrgetter
+from typing import Any, Final, Literal, cast
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, SERVER_USES, Message, blocks_of, is_server_result
 from ._errors import MessageShapeError, ProtocolErrorKind, ToolProtocolError
@@ -52,6 +53,10 @@ class Interaction:
     name: str
     tool_input: Any
     is_error: bool
+
+
+_USE_INDEX: Final = attrgetter("use_index")
+_TOOL_USE_ID: Final = attrgetter("tool_use_id")
 
 
 def check_shape(messages: object) -> list[Message]:
@@ -172,7 +177,9 @@ class _Walk:
     def finish(self) -> dict[str, Interaction]:
         """The map, once every use before the end is answered."""
         self._close_open()
-        return dict(sorted(self.interactions.items(), key=lambda item: item[1].use_index))
+        # (Each kept by its own id: sorted and keyed again in C, not a key function per use.)
+        ordered = sorted(self.interactions.values(), key=_USE_INDEX)
+        return dict(zip(map(_TOOL_USE_ID, ordered), ordered, strict=True))
 
     def walk(self, messages: list[Message], start: int) -> None:
         """Walk on over ``messages[start:]``."""
@@ -312,6 +319,14 @@ class ProtocolMemo:
             if (covered <= len(prints) and (base is None or covered > len(base[0]))
                     and prints[:covered] == entry[0]):
                 base = entry
+        if base is not None and len(base[0]) == len(prints):
+            # The very history walked before (a retry, count_tokens then the request): its
+            # walk, unchanged, is the answer; it becomes the latest of its start.
+            entries = cast("list[tuple[list[int], _Walk]]", kept)
+            entries.remove(base)
+            entries.insert(0, base)
+            self._walks.move_to_end(prints[0])
+            return base[1].finish()
         if base is None:
             walk, start = _Walk(None), 0
         else:

@@ -136,3 +136,20 @@ def test_fingerprints_must_be_one_per_message() -> None:
         ProtocolMemo().validate([user("go")], [])
     with pytest.raises(ValueError):
         ProtocolMemo(max_messages=0)
+
+
+def test_the_same_history_again_is_its_kept_walk_in_the_same_order() -> None:
+    """A request sent again (a retry; count_tokens, then the request) is answered from its
+    kept walk without looking at the messages: the same map, in use order."""
+    session = [user("go"), assistant(tool_use("a"), tool_use("b")),
+               user(tool_result("b"), tool_result("a")), assistant(tool_use("c")),
+               user(tool_result("c"))]
+    memo = ProtocolMemo()
+    first = memo.validate(session, _prints(session))
+    blind = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "zz"}]}
+             for _ in session]
+    again = memo.validate(blind, _prints(session))
+    assert list(again.items()) == list(first.items()) \
+        == list(validate_tool_protocol(session).items())
+    assert [i.use_index for i in again.values()] == [1, 1, 3]
+    assert again is not first  # (the caller's own map)
