@@ -268,6 +268,16 @@ def _json_usage(body: bytes, content_encoding: str) -> ProviderUsage | None:
     return None if usage is None else ProviderUsage.from_usage(usage)
 
 
+class _WholeAnswerResponse(web.StreamResponse):
+    """A relayed answer that is not an event stream: its status line and headers go out
+    with its first body bytes, in one send (a JSON Message is one small chunk: one send and
+    one wake-up of the client instead of two), as aiohttp's own ``web.Response`` does. An
+    event stream's headers go out at once (:class:`web.StreamResponse`): a client may wait
+    on them before the first event comes."""
+
+    _send_headers_immediately = False
+
+
 class _UsageOnly(msgspec.Struct):
     usage: dict[str, Any] | None = None
 
@@ -406,7 +416,8 @@ async def _relay(request: web.Request, record: RequestRecord,
         and "Content-Encoding" not in upstream.headers
         else None
     )
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response = (web.StreamResponse if framer is not None else _WholeAnswerResponse)(
+        status=upstream.status, reason=upstream.reason)
     response.headers.extend(_downstream_headers(upstream.headers, framed=framer is not None))
     response.headers.update(record.response_headers())
     await response.prepare(request)

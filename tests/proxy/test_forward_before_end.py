@@ -81,3 +81,25 @@ async def test_the_client_sees_the_answer_end_only_after_before_end(
     assert seen[1] == "released"
     assert took >= HOLD_S  # the end waited for the hook
     assert (b"message_stop" in answer) if stream else answer.rstrip().endswith(b"}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_json_answer_s_headers_go_out_with_its_body_a_stream_s_at_once(
+        relay: tuple[str, list[Any]], stream: bool) -> None:
+    """A JSON answer's status line and headers are sent with its body, in one send (here
+    its only chunk waits for before_end, so the headers do too); an event stream's are sent
+    at once, before any event, as a client waiting on them expects."""
+    url, _ = relay
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "stream": stream,
+            "messages": [{"role": "user", "content": "hello there"}]}
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        started = loop.time()
+        async with http.post(f"{url}/v1/messages", json=body) as resp:
+            headers_after = loop.time() - started
+            assert resp.status == 200
+            await resp.read()
+    if stream:
+        assert headers_after < HOLD_S
+    else:
+        assert headers_after >= HOLD_S
