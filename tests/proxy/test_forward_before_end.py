@@ -64,19 +64,26 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
         await upstream_runner.cleanup()
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_the_client_sees_the_answer_end_only_after_before_end(
-        relay: tuple[str, list[Any]], stream: bool) -> None:
-    url, seen = relay
+async def _post(url: str, stream: bool) -> tuple[float, float, bytes]:
+    """A request through the relay: when its headers came, when its answer ended (seconds
+    from the start) and the answer."""
     body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "stream": stream,
             "messages": [{"role": "user", "content": "hello there"}]}
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession() as http:
         started = loop.time()
         async with http.post(f"{url}/v1/messages", json=body) as resp:
+            headers_after = loop.time() - started
             assert resp.status == 200
             answer = await resp.read()
-        took = loop.time() - started
+        return headers_after, loop.time() - started, answer
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_client_sees_the_answer_end_only_after_before_end(
+        relay: tuple[str, list[Any]], stream: bool) -> None:
+    url, seen = relay
+    _, took, answer = await _post(url, stream)
     assert seen[0] is not None and seen[0].prompt_tokens > 0  # usage known when called
     assert seen[1] == "released"
     assert took >= HOLD_S  # the end waited for the hook
@@ -89,16 +96,7 @@ async def test_a_json_answer_s_headers_go_out_with_its_body_a_stream_s_at_once(
     """A JSON answer's status line and headers are sent with its body, in one send (here
     its only chunk waits for before_end, so the headers do too); an event stream's are sent
     at once, before any event, as a client waiting on them expects."""
-    url, _ = relay
-    body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "stream": stream,
-            "messages": [{"role": "user", "content": "hello there"}]}
-    loop = asyncio.get_running_loop()
-    async with aiohttp.ClientSession() as http:
-        started = loop.time()
-        async with http.post(f"{url}/v1/messages", json=body) as resp:
-            headers_after = loop.time() - started
-            assert resp.status == 200
-            await resp.read()
+    headers_after, _, _ = await _post(relay[0], stream)
     if stream:
         assert headers_after < HOLD_S
     else:
