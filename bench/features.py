@@ -1,6 +1,7 @@
 """What each bookkeeping feature costs: the proxy's CPU per request with it on and off.
 
-    python -m bench.features [--requests 300] [--size 50000] [--pace-ms 20]
+    python -m bench.features [--requests 300] [--size 50000] [--pace-ms 20] [--block 1]
+                             [--baseline REF]
 
 One run starts the fake provider, the bare relay (``bench/proxy.py --null-relay``) and one
 ``serve`` process per variant of ``bench/proxy.py``'s config (sticky, tiktoken, the audit log
@@ -10,8 +11,13 @@ calibration (``compaction.calibration``) — then all three off. The same reques
 bytes under the threshold (``bench/proxy.py``'s CPU cell) goes to every process in turn,
 ``--pace-ms`` apart, ``--requests`` times; it prints each process's CPU per request (``/proc``)
 and its ratio to the relay's. What a feature costs is the difference between "all on" and its
-own row, measured in one interleaved run. Not a timed test; ``tests/bench/test_features_smoke.py``
-checks its structure at a tiny size.
+own row, measured in one interleaved run.
+
+``--block N`` sends each process N requests in a row before the next one's turn (with
+``--pace-ms 0``: a hop that serves a stream of requests, its caches warm — paced one by one,
+every request starts cold); ``--baseline REF`` adds the proxy of git ref ``REF`` (a temporary
+worktree, every feature on), so a change of a few percent is read old against new in one run.
+Not a timed test; ``tests/bench/test_features_smoke.py`` checks its structure at a tiny size.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +35,7 @@ from typing import Any, Final
 from bench.proxy import (
     SESSION_THRESHOLDS,
     _headers,
+    baseline_worktree,
     client_session,
     history_of_size,
     process_cpu_s,
@@ -62,6 +69,8 @@ class FeatureCosts:
     requests: int
     relay_ms: float
     variant_ms: dict[str, float]
+    baseline_ms: float | None = None
+    baseline_ref: str | None = None
 
     def ratio(self, name: str) -> float:
         """A variant's CPU per request over the relay's."""
@@ -72,9 +81,15 @@ class FeatureCosts:
         return self.variant_ms[VARIANTS[0][0]] - self.variant_ms[name]
 
 
-async def measure(size: int, requests: int, pace_s: float) -> FeatureCosts:
-    """Run every process and time the same request against each in turn (see the module)."""
-    with tempfile.TemporaryDirectory(prefix="compact-proxy-features-") as tmp:
+async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
+                  baseline: str | None = None) -> FeatureCosts:
+    """Run every process and time the same request against each in turn, ``block`` requests
+    at a time (see the module); ``baseline``: a git ref whose proxy runs too."""
+    if block < 1 or requests % block:
+        raise ValueError(f"--block must divide --requests ({requests}), got {block}")
+    with tempfile.TemporaryDirectory(prefix="compact-proxy-features-") as tmp, \
+            (baseline_worktree(baseline, Path(tmp) / "baseline") if baseline is not None
+             else nullcontext()) as baseline_source:
         work = Path(tmp)
         async with client_session() as client, AsyncExitStack() as stack:
             upstream = await stack.enter_async_context(upstream_process(client, work))
@@ -84,6 +99,10 @@ async def measure(size: int, requests: int, pace_s: float) -> FeatureCosts:
                 services[name] = await stack.enter_async_context(proxy_process(
                     client, work, name.replace(" ", "-"), upstream.url, SESSION_THRESHOLDS,
                     sticky=True, overrides=change))
+            if baseline_source is not None:
+                services[_BASELINE] = await stack.enter_async_context(proxy_process(
+                    client, work, "baseline", upstream.url, SESSION_THRESHOLDS, sticky=True,
+                    source=baseline_source))
             body = request_body(history_of_size(size), stream=False)
             headers = _headers("bench-features")
             for service in services.values():
@@ -91,30 +110,40 @@ async def measure(size: int, requests: int, pace_s: float) -> FeatureCosts:
                     await send(client, service.url, body, headers, stream=False)
             await asyncio.sleep(SETTLE_S)
             before = {name: process_cpu_s(s.process.pid) for name, s in services.items()}
-            for _ in range(requests):
+            for _ in range(requests // block):
                 for name, service in services.items():
-                    sample = await send(client, service.url, body, headers, stream=False)
-                    if sample.status != 200:
-                        raise RuntimeError(f"{name}: HTTP {sample.status}")
-                    if pace_s:
-                        await asyncio.sleep(pace_s)
+                    for _ in range(block):
+                        sample = await send(client, service.url, body, headers, stream=False)
+                        if sample.status != 200:
+                            raise RuntimeError(f"{name}: HTTP {sample.status}")
+                        if pace_s:
+                            await asyncio.sleep(pace_s)
             await asyncio.sleep(SETTLE_S)
             cpu = {name: (process_cpu_s(s.process.pid) - before[name]) * 1000 / requests
                    for name, s in services.items()}
     relay = cpu.pop("relay")
-    return FeatureCosts(len(body), requests, relay, cpu)
+    baseline_ms = cpu.pop(_BASELINE, None)
+    return FeatureCosts(len(body), requests, relay, cpu, baseline_ms, baseline)
 
 
-def format_costs(costs: FeatureCosts, pace_ms: float) -> str:
+#: The baseline proxy's key among the measured processes.
+_BASELINE: Final = "baseline"
+
+
+def format_costs(costs: FeatureCosts, pace_ms: float, block: int = 1) -> str:
     """The table: a row per process, CPU per request, ratio to the relay, saving."""
+    turns = "interleaved" if block == 1 else f"interleaved in blocks of {block}"
     lines = [f"CPU per request, {costs.body_bytes / 1000:.0f} KB under the threshold "
-             f"({costs.requests} requests per process, interleaved, {pace_ms:g} ms apart)",
+             f"({costs.requests} requests per process, {turns}, {pace_ms:g} ms apart)",
              f"   {'process':<26}{'ms':>8}{'x relay':>10}{'saves':>9}",
              f"   {'bare relay':<26}{costs.relay_ms:>8.3f}{1.0:>10.2f}"]
     for name, _ in VARIANTS:
         saved = "" if name == VARIANTS[0][0] else f"{costs.saved(name):>9.3f}"
         lines.append(f"   {'proxy, ' + name:<26}{costs.variant_ms[name]:>8.3f}"
                      f"{costs.ratio(name):>10.2f}{saved}")
+    if costs.baseline_ms is not None:
+        lines.append(f"   {f'baseline {costs.baseline_ref}, all on':<26}{costs.baseline_ms:>8.3f}"
+                     f"{costs.baseline_ms / costs.relay_ms:>10.2f}")
     return "\n".join(lines)
 
 
@@ -124,9 +153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--size", type=int, default=50_000, help="history size in bytes")
     parser.add_argument("--pace-ms", type=float, default=20.0)
+    parser.add_argument("--block", type=int, default=1,
+                        help="requests in a row per process before the next one's turn")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also the proxy of this git ref (a temporary worktree)")
     args = parser.parse_args(argv)
-    costs = asyncio.run(measure(args.size, args.requests, args.pace_ms / 1000))
-    print(format_costs(costs, args.pace_ms))
+    costs = asyncio.run(measure(args.size, args.requests, args.pace_ms / 1000,
+                                block=args.block, baseline=args.baseline))
+    print(format_costs(costs, args.pace_ms, args.block))
     return 0
 
 

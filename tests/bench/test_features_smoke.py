@@ -6,6 +6,7 @@ import asyncio
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench import features
@@ -42,3 +43,18 @@ def test_a_variant_changes_only_what_it_names(tmp_path: Path) -> None:
     assert changed["compaction"] == {**plain["compaction"], "calibration": False}
     for section in ("listen", "upstream", "summary", "admin"):
         assert changed[section] == plain[section]
+
+
+def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
+    """--block sends each process its requests in a row; --baseline runs a git ref's proxy
+    (here the checked-out commit) next to the others, in its own row."""
+    costs = asyncio.run(features.measure(20_000, requests=4, pace_s=0.0, block=2,
+                                         baseline="HEAD"))
+    assert costs.baseline_ref == "HEAD"
+    assert costs.baseline_ms is not None and math.isfinite(costs.baseline_ms)
+    assert costs.baseline_ms > 0 and "baseline" not in costs.variant_ms
+    table = features.format_costs(costs, 0.0, 2)
+    assert "blocks of 2" in table and "baseline HEAD, all on" in table
+    assert table.count("\n") == len(features.VARIANTS) + 3
+    with pytest.raises(ValueError, match="--block"):
+        asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))
