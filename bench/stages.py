@@ -1,13 +1,15 @@
 """Where a warm request's CPU goes inside the proxy: thread CPU per stage of the request path.
 
     python -m bench.stages [--requests 300] [--sizes 50000,800000,2600000] [--pace-ms 20]
+                           [--same]
 
 One run starts the fake provider and one ``serve`` process (sticky, tiktoken, the audit log on:
 ``bench/proxy.py``'s config) whose request-path stages are timed where they run: a wrapper
 around each stage adds the thread CPU time (``time.thread_time_ns``) spent inside it. For each
 history size a session is compacted once and warmed untimed, then ``--requests`` requests of
 the same history grown by one small exchange each are sent one at a time, ``--pace-ms`` apart
-(a gap lets the machine's caches go cold as between an agent's calls; 0: back to back). It
+(a gap lets the machine's caches go cold as between an agent's calls; 0: back to back); with
+``--same``, the same request every time (``bench/proxy.py``'s CPU cell, nothing new in it). It
 prints the proxy process's CPU per request (``/proc``) and each stage's share of it; what no
 stage covers is aiohttp's server and client, routing, the middleware's log line and metrics,
 and the event loop — the part a bare relay (``bench/proxy.py --null-relay``) pays too, plus
@@ -139,7 +141,8 @@ class SizeResult:
     stages: dict[str, tuple[float, float]]  # stage -> (ms per request, calls per request)
 
 
-async def measure(sizes: Sequence[int], requests: int, pace_s: float) -> list[SizeResult]:
+async def measure(sizes: Sequence[int], requests: int, pace_s: float, *,
+                  same: bool = False) -> list[SizeResult]:
     """Run the proxy with timed stages and measure each size (see the module)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="compact-proxy-stages-") as tmp:
@@ -159,14 +162,14 @@ async def measure(sizes: Sequence[int], requests: int, pace_s: float) -> list[Si
                 service = Service(url, process)
                 for size in sizes:
                     results.append(await _one_size(client, service, size, requests, pace_s,
-                                                   out))
+                                                   out, same))
             finally:
                 process.stop()
     return results
 
 
 async def _one_size(client: Any, service: Service, size: int, requests: int, pace_s: float,
-                    out: Path) -> SizeResult:
+                    out: Path, same: bool = False) -> SizeResult:
     pid = service.process.pid
     assert pid is not None
     history = history_of_size(size)
@@ -183,8 +186,9 @@ async def _one_size(client: Any, service: Service, size: int, requests: int, pac
     before = process_cpu_s(pid)
     body = b""
     for _ in range(requests):
-        history.extend(tiny_exchange(len(history)))
-        body = request_body(history, stream=False)
+        if not same or not body:
+            history.extend(tiny_exchange(len(history)))
+            body = request_body(history, stream=False)
         sample = await send(client, service.url, body, headers, stream=False)
         if sample.status != 200:
             raise RuntimeError(f"{size} bytes: HTTP {sample.status}")
@@ -225,13 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="50000,800000,2600000",
                         help="history sizes in bytes, comma separated")
     parser.add_argument("--pace-ms", type=float, default=20.0)
+    parser.add_argument("--same", action="store_true",
+                        help="the same request every time (nothing new in it)")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
         serve_timed(*args.serve)
         return 0
     sizes = [int(size) for size in args.sizes.split(",")]
-    results = asyncio.run(measure(sizes, args.requests, args.pace_ms / 1000))
+    results = asyncio.run(measure(sizes, args.requests, args.pace_ms / 1000, same=args.same))
     print(format_results(results, args.pace_ms))
     return 0
 

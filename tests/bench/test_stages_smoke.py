@@ -26,3 +26,12 @@ def test_every_stage_is_timed_once_per_request_and_the_table_prints() -> None:
     table = stages.format_results(results, 0.0)
     assert table.count("\n") == len(stages.STAGES) + 3
     assert "no stage" in table and "MB" in table
+
+
+def test_the_same_request_every_time_sends_one_body() -> None:
+    """--same: every timed request is one body (the CPU cell's), each stage still timed once
+    per request."""
+    result, = asyncio.run(stages.measure([20_000], requests=4, pace_s=0.0, same=True))
+    grown, = asyncio.run(stages.measure([20_000], requests=4, pace_s=0.0))
+    assert result.requests == 4 and result.stages["_compact"][1] == 1.0
+    assert result.body_bytes < grown.body_bytes  # (grown by three more exchanges)
