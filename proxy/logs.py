@@ -27,6 +27,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -301,6 +302,20 @@ def _renderer(config: LoggingConfig) -> Processor:
     return structlog.processors.JSONRenderer(serializer=_json_line, sort_keys=False)
 
 
+def utc_text(when: datetime) -> str:
+    """``when`` (aware) as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it —
+    ``isoformat()`` with ``Z`` for ``+00:00``, no fraction when it is zero — written by
+    msgspec's RFC 3339 encoder, which gives the same text in a fraction of the time."""
+    return _JSON.encode(when.astimezone(UTC))[1:-1].decode("ascii")
+
+
+def _stamp_utc(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """The line's ``timestamp`` (:func:`utc_text` of now): structlog's ``TimeStamper(fmt="iso",
+    utc=True)``, a third of its time."""
+    event_dict["timestamp"] = utc_text(datetime.now(UTC))
+    return event_dict
+
+
 _REQUEST_FIELDS: Final[ContextVar[dict[str, Any] | None]] = ContextVar(
     "compact_proxy_request_fields", default=None)
 
@@ -348,13 +363,13 @@ def configure_logging(
     """
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
-    # add_log_level and TimeStamper set these two on every event, whatever it held.
+    # add_log_level and _stamp_utc set these two on every event, whatever it held.
     redactor = Redactor(secrets, trusted=frozenset({"level", "timestamp"}))
     renderer = _renderer(config)
     shared: list[Processor] = [
         _merge_request_fields,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _stamp_utc,
     ]
     if fields:
         shared.insert(1, _ProcessFields(fields))

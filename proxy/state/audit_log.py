@@ -37,6 +37,7 @@ __all__ = [
     "SessionSummary",
     "StateChange",
     "state_change_detail",
+    "utc_iso",
 ]
 
 #: The bounds a store keeps when none are configured (``audit.*``).
@@ -44,9 +45,16 @@ DEFAULT_MAX_REQUESTS_PER_SESSION: Final = 1000
 DEFAULT_RETENTION_DAYS: Final = 14
 
 
-def _iso(when: datetime) -> str:
-    """A time as fixed-width ISO 8601 in UTC (later times compare greater as text too)."""
-    return when.astimezone(UTC).isoformat(timespec="microseconds")
+def utc_iso(when: datetime) -> str:
+    """A time as fixed-width ISO 8601 in UTC (later times compare greater as text too):
+    ``when.astimezone(UTC).isoformat(timespec="microseconds")``, written by msgspec's RFC 3339
+    encoder (a tenth of the time; it ends in ``Z`` and leaves out a zero fraction)."""
+    utc = when.astimezone(UTC)
+    text = _RFC3339.encode(utc)[1:-2].decode("ascii")  # (without the quotes and the Z)
+    return text + (".000000+00:00" if utc.microsecond == 0 else "+00:00")
+
+
+_RFC3339: Final = msgspec.json.Encoder()
 
 
 def _time(name: str, value: object) -> datetime:
@@ -134,7 +142,7 @@ class RequestEntry(msgspec.Struct, frozen=True):
         """Every field by name (``at`` as ISO 8601 in UTC, ``layers`` as
         ``[{"layer", "saved"}]``), plus ``blocked``."""
         out: dict[str, Any] = dict(zip(_REQUEST_FIELDS, _request_fields_of(self), strict=True))
-        out["at"] = _iso(self.at)
+        out["at"] = utc_iso(self.at)
         out["layers"] = [{"layer": saving.layer, "saved": saving.saved}
                          for saving in self.layers]
         out["blocked"] = self.blocked
@@ -211,7 +219,7 @@ class StateChange:
 
     def as_json(self) -> dict[str, Any]:
         """Every field by name, ``at`` as ISO 8601 in UTC, ``detail`` as a list."""
-        return {"at": _iso(self.at), "session_id": self.session_id, "tenant": self.tenant,
+        return {"at": utc_iso(self.at), "session_id": self.session_id, "tenant": self.tenant,
                 "actor": self.actor, "action": self.action, "version": self.version,
                 "detail": list(self.detail)}
 
@@ -268,7 +276,7 @@ class SessionSummary:
         """Every field by name, ``last_seen`` as ISO 8601 in UTC, plus ``saved_ratio``."""
         ratio = self.saved_ratio
         return {"session_id": self.session_id, "tenant": self.tenant,
-                "last_seen": _iso(self.last_seen), "requests": self.requests,
+                "last_seen": utc_iso(self.last_seen), "requests": self.requests,
                 "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
                 "saved_ratio": None if ratio is None else round(ratio, 4),
                 "blocked": self.blocked}

@@ -172,3 +172,15 @@ def test_since_refuses_anything_else(text: str) -> None:
     """Anything else is a ValueError naming --since and what it takes."""
     with pytest.raises(ValueError, match="^--since: .* 30m, 1h, 2d"):
         parse_since(text, NOW)
+
+
+@given(st.datetimes(timezones=st.sampled_from(
+    [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-11))])))
+@example(datetime(2026, 12, 4, 16, 0, 0, 0, tzinfo=UTC))
+@example(datetime(2026, 12, 4, 16, 0, 0, 5, tzinfo=UTC))
+def test_an_entry_s_time_is_fixed_width_iso_8601_in_utc(when: datetime) -> None:
+    """The stored time is what ``isoformat(timespec="microseconds")`` of the UTC time writes
+    (msgspec writes it, in a tenth of the time): a zero fraction and the offset spelt out."""
+    from proxy.state.audit_log import utc_iso
+
+    assert utc_iso(when) == when.astimezone(UTC).isoformat(timespec="microseconds")

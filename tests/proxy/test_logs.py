@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -270,3 +271,21 @@ def test_a_new_request_keeps_nothing_of_the_one_before_but_its_tasks_keep_theirs
         "request_id": "req-2", "session_id": None, "tenant": "t2"}
     assert {k: by_event["background"][k] for k in ("request_id", "session_id", "tenant")} == {
         "request_id": "req-1", "session_id": "sess-1", "tenant": "t1"}
+
+
+@given(st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=-3))])))
+@example(datetime(2026, 12, 4, 16, 0, 0, 0, tzinfo=UTC))
+@example(datetime(2026, 12, 4, 16, 0, 0, 120, tzinfo=UTC))
+def test_a_line_s_timestamp_is_structlog_s_iso_utc_text(when: datetime) -> None:
+    """The proxy's stamper writes what structlog's TimeStamper(fmt="iso", utc=True) writes:
+    ``isoformat()`` of the UTC time with ``Z`` for ``+00:00``."""
+    from proxy.logs import utc_text
+
+    assert utc_text(when) == when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_a_line_is_stamped_now_in_utc() -> None:
+    lines = _lines(lambda log: log.info("tick"))
+    stamped = datetime.fromisoformat(lines[0]["timestamp"])
+    assert stamped.tzinfo is not None and stamped.utcoffset() == timedelta(0)
+    assert abs((datetime.now(UTC) - stamped).total_seconds()) < 5

@@ -29,7 +29,7 @@ from typing import Any, Final
 import msgspec
 
 from compactor import DurableContextState
-from proxy.state.audit_log import RequestEntry, StateChange
+from proxy.state.audit_log import RequestEntry, StateChange, utc_iso
 from proxy.state.usage import UsageEntry, UsageRow
 
 from .base import CorruptStateError, StoredState
@@ -69,8 +69,9 @@ def usage_stamp() -> str:
 
 
 def audit_stamp(when: datetime) -> str:
-    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text)."""
-    return when.astimezone(UTC).isoformat(timespec="microseconds")
+    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text;
+    :func:`proxy.state.audit_log.utc_iso`)."""
+    return utc_iso(when)
 
 
 def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
