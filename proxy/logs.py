@@ -3,7 +3,7 @@
 One JSON object per line (or a console rendering) from both structlog and the standard
 ``logging`` module (aiohttp, asyncio), through the same chain::
 
-    request fields -> add_log_level -> TimeStamper(iso, utc) -> Redactor -> renderer
+    request fields -> add_log_level -> timestamp (ISO, UTC: _stamp_utc) -> Redactor -> renderer
 
 The request fields are those of the request being served (its id, then its session and
 tenant once known): one dict per request in a context variable, begun by the request

@@ -70,7 +70,7 @@ def test_a_remembered_value_is_cleaned_as_the_first_time() -> None:
 
 
 def test_trusted_fields_are_kept_as_the_chain_set_them() -> None:
-    """``level`` and ``timestamp`` (set by add_log_level and TimeStamper) skip the string
+    """``level`` and ``timestamp`` (set by add_log_level and the stamper) skip the string
     tests; a trusted name outside the allow-list is still dropped."""
     redactor = Redactor(trusted=frozenset({"timestamp", "prompt"}))
     out = redactor(None, "info", {"timestamp": "2026-12-03T15:00:00.123456Z", "event": "x",
