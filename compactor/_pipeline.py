@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Final, cast
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from policies import CompactionPolicy
 
@@ -357,21 +357,9 @@ def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_bef
         raise MessageViewLimitExceeded(tokens_before=tokens_before, tokens_after=tokens_after,
                                        hard_limit=policy.hard_limit_tokens,
                                        layers_applied=tuple(sorted(ran)), outcomes=outcomes)
-    return _result(view.messages, durable_state, tokens_before, tokens_after,
-                   tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused,
-                   view.counted(), tuple(view.fingerprints), tuple(view.tokens))
-
-
-def _result(*values: Any) -> CompactionResult:
-    """``CompactionResult(*values)`` (every field, in order), its fields set in one C call:
-    a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, some hundred
-    steps on every request. It has no ``__post_init__`` to skip."""
-    result: CompactionResult = object.__new__(CompactionResult)
-    result.__dict__.update(zip(_RESULT_FIELDS, values, strict=True))
-    return result
-
-
-_RESULT_FIELDS: Final = tuple(spec.name for spec in fields(CompactionResult))
+    return CompactionResult(view.messages, durable_state, tokens_before, tokens_after,
+                            tuple(sorted(layers)), outcomes, summary_request, checkpoint, reused,
+                            view.counted(), tuple(view.fingerprints), tuple(view.tokens))
 
 
 def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,

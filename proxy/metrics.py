@@ -68,10 +68,9 @@ _Metric = TypeVar("_Metric", Counter, Histogram)
 #: Observations held before they are applied without a read (bounds the memory of a proxy
 #: nobody scrapes).
 MAX_HELD: Final = 4096
-#: The ``kind`` label of ``compact_proxy_provider_tokens_total`` and where a usage holds it.
-_USAGE_KINDS: Final = tuple((kind, operator.attrgetter(name)) for kind, name in (
-    ("input", "input"), ("cache_read", "cache_read"), ("cache_write", "cache_write"),
-    ("output", "output")))
+#: The ``kind`` labels of ``compact_proxy_provider_tokens_total``: a usage's field of each.
+_USAGE_KINDS: Final = tuple((kind, operator.attrgetter(kind))
+                            for kind in ("input", "cache_read", "cache_write", "output"))
 
 
 class _Children(Generic[_Metric]):

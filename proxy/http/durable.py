@@ -35,17 +35,14 @@ class DurableContext(msgspec.Struct, frozen=True):
 
 class SessionRef(msgspec.Struct, frozen=True):
     """A request's session: the client's own id, its tenant, and the key the store knows it
-    by (:func:`proxy.http.tenants.scoped_key`; :meth:`of` makes it once, a request asks for
-    it often)."""
+    by (:func:`proxy.http.tenants.scoped_key`, made once: a request asks for it often)."""
 
     session_id: str
     tenant: str
-    key: str
+    key: str = ""  # (always derived: set from the two above)
 
-    @classmethod
-    def of(cls, session_id: str, tenant: str) -> SessionRef:
-        """The session ``session_id`` of ``tenant``."""
-        return cls(session_id, tenant, scoped_key(tenant, session_id))
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "key", scoped_key(self.tenant, self.session_id))
 
 
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:

@@ -145,12 +145,9 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
     ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
     doc = parsed.doc
-    reserved = 0
-    for name in ("system", "tools"):
-        value = doc.get(name)
-        if value is not None:
-            reserved += remembered(parsed.memo(name), "tokens",
-                                   functools.partial(counter.count_value, value))
+    reserved = sum(remembered(parsed.memo(name), "tokens",
+                              functools.partial(counter.count_value, doc.get(name)))
+                   for name in ("system", "tools"))
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved
@@ -278,7 +275,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
     session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
-    session = SessionRef.of(session_id, tenant)
+    session = SessionRef(session_id, tenant)
     record.session_id, record.tenant = session_id, tenant
     bind_request_fields(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)

@@ -24,7 +24,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -39,7 +39,6 @@ __all__ = [
 
 #: Prices are quoted per this many tokens.
 TOKENS_PER_PRICE_UNIT: Final = 1_000_000
-_ALL_INTS: Final = frozenset({int})
 
 
 class ProviderUsage(msgspec.Struct, frozen=True):
@@ -67,12 +66,6 @@ class ProviderUsage(msgspec.Struct, frozen=True):
                    ) -> ProviderUsage:
         """Read a ``usage`` object; a field missing or null keeps ``previous``'s value (a
         stream's ``message_delta`` repeats only what changed)."""
-        get = usage.get
-        found = cast("tuple[int, int, int, int]", (  # (what they are is tested next)
-            get("input_tokens"), get("cache_read_input_tokens"),
-            get("cache_creation_input_tokens"), get("output_tokens")))
-        if _ALL_INTS.issuperset(map(type, found)) and min(found) >= 0:
-            return cls(*found)  # the usual case: every count there, tested in C
         base = previous if previous is not None else cls()
 
         def pick(name: str, current: int) -> int:

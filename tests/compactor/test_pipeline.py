@@ -227,8 +227,8 @@ async def test_the_summarys_conversation_is_the_history_as_it_was_sent() -> None
 
 
 def test_the_result_is_an_ordinary_frozen_compaction_result() -> None:
-    """The pipeline sets the result's fields in one call (not through its __init__): it is
-    still equal to the one the constructor makes, frozen, and takes dataclasses.replace."""
+    """The pipeline's result is equal to the one the constructor makes from its fields,
+    frozen, and takes dataclasses.replace."""
     import dataclasses
 
     from compactor import CompactionResult
