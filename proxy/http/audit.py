@@ -28,7 +28,7 @@ from aiohttp import web
 from compactor import LayerOutcome
 from proxy.background import in_background
 from proxy.keys import AUDIT_LOG, CONFIG, METRICS
-from proxy.logs import start_request_fields
+from proxy.logs import log_info, start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
@@ -200,27 +200,26 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         duration_ms = record.duration_ms()
         _keep_in_audit_log(app, record, status, outcome, duration_ms)
         usage = record.usage
-        _log.info(
-            "request_completed",
-            route=record.route,
-            method=request.method,
-            status=status,
-            role=record.role,
-            session_id=record.session_id,
-            tenant=record.tenant,
-            tokens_before=record.tokens_before,
-            tokens_after=record.tokens_after,
-            layers=list(record.layers),
-            upstream_status=record.upstream_status,
-            provider_input_tokens=None if usage is None else usage.prompt_tokens,
-            estimate_error=record.estimate_error,
-            usage_input=None if usage is None else usage.input,
-            usage_cache_read=None if usage is None else usage.cache_read,
-            usage_cache_write=None if usage is None else usage.cache_write,
-            usage_output=None if usage is None else usage.output,
-            outcome=outcome.value,
-            duration_ms=duration_ms,
-        )
+        log_info(_log, "request_completed", {
+            "route": record.route,
+            "method": request.method,
+            "status": status,
+            "role": record.role,
+            "session_id": record.session_id,
+            "tenant": record.tenant,
+            "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after,
+            "layers": list(record.layers),
+            "upstream_status": record.upstream_status,
+            "provider_input_tokens": None if usage is None else usage.prompt_tokens,
+            "estimate_error": record.estimate_error,
+            "usage_input": None if usage is None else usage.input,
+            "usage_cache_read": None if usage is None else usage.cache_read,
+            "usage_cache_write": None if usage is None else usage.cache_write,
+            "usage_output": None if usage is None else usage.output,
+            "outcome": outcome.value,
+            "duration_ms": duration_ms,
+        })
 
 
 def _keep_in_audit_log(app: web.Application, record: RequestRecord, status: int | None,

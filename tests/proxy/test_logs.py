@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -21,6 +22,7 @@ from proxy.logs import (
     _may_hold_credential,
     bind_request_fields,
     configure_logging,
+    log_info,
     reset_logging,
     start_request_fields,
 )
@@ -289,3 +291,81 @@ def test_a_line_is_stamped_now_in_utc() -> None:
     stamped = datetime.fromisoformat(lines[0]["timestamp"])
     assert stamped.tzinfo is not None and stamped.utcoffset() == timedelta(0)
     assert abs((datetime.now(UTC) - stamped).total_seconds()) < 5
+
+
+def _written(fmt: str, final: bool, run: Any, **kw: Any) -> list[str]:
+    """The lines ``run(logger)`` writes under ``configure_logging(..., **kw)``, timestamps
+    blanked (two lines written one after the other differ only there)."""
+    stream = io.StringIO()
+    configure_logging(LoggingConfig(format=fmt, level="info"), stream=stream, final=final, **kw)
+    try:
+        run(structlog.get_logger("test"))
+    finally:
+        reset_logging()
+        start_request_fields()  # (this thread's lines carry no request's fields after it)
+    return [re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "<now>", line)
+            for line in stream.getvalue().splitlines()]
+
+
+_REQUEST_LINE = {
+    "route": "messages", "method": "POST", "status": 200, "role": "main",
+    "session_id": "sess-1", "tenant": "none", "tokens_before": None, "tokens_after": 12,
+    "layers": ["L1", "tok-123"], "upstream_status": 200, "estimate_error": float("nan"),
+    "outcome": "forwarded", "duration_ms": 0.5, "reason": "sk-ant-api03-abcdefgh",
+    "detail": "caf\u00e9", "prompt": "never written",
+}
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+@pytest.mark.parametrize("final", [False, True])
+def test_the_request_line_written_directly_is_the_line_structlog_writes(
+        fmt: str, final: bool) -> None:
+    """:func:`log_info` runs the configured chain without structlog's logger: the very line
+    ``logger.info`` writes (framing, request and process fields, redaction, a NaN, text
+    outside ASCII, a field outside the allow-list), in either format."""
+    def run(log: Any) -> None:
+        start_request_fields(request_id="req-1", session_id=None)
+        bind_request_fields(session_id="sess-0", tenant="t1")
+        log.info("request_completed", **_REQUEST_LINE)
+        log_info(log, "request_completed", dict(_REQUEST_LINE))
+
+    via_structlog, direct = _written(fmt, final, run, secrets=["tok-123"],
+                                     fields={"worker": 2, "pid": 7})
+    assert direct == via_structlog
+    assert "tok-123" not in direct and "never written" not in direct and "sk-ant" not in direct
+    if fmt == "json":
+        line = json.loads(direct)
+        assert list(line)[:4] == ["timestamp", "level", "event", "route"]
+        assert list(line)[-4:] == ["request_id", "worker", "pid", "redacted"]
+        assert (line["session_id"], line["tenant"], line["redacted"]) == ("sess-1", "none",
+                                                                          ["prompt"])
+
+
+def test_the_request_line_follows_the_level_and_a_later_configuration() -> None:
+    """Below the configured level nothing is written; a configuration made since (a test's
+    ``capture_logs``) sees the line; without any configuration it goes through the logger."""
+    stream = io.StringIO()
+    configure_logging(LoggingConfig(format="json", level="warning"), stream=stream)
+    try:
+        log_info(structlog.get_logger("test"), "request_completed", {"status": 200})
+        assert stream.getvalue() == ""
+        configure_logging(LoggingConfig(format="json", level="info"), stream=stream)
+        with structlog.testing.capture_logs() as captured:
+            log_info(structlog.get_logger("test"), "request_completed", {"status": 200})
+        assert captured == [{"event": "request_completed", "status": 200, "log_level": "info"}]
+        assert stream.getvalue() == ""
+    finally:
+        reset_logging()
+    with structlog.testing.capture_logs() as captured:
+        log_info(structlog.get_logger("test"), "request_completed", {"status": 201})
+    assert captured == [{"event": "request_completed", "status": 201, "log_level": "info"}]
+
+
+@pytest.mark.parametrize("value", [float("nan"), [1.0, float("inf")], (float("-inf"),)])
+def test_a_line_with_a_null_is_msgspec_s_unless_a_float_is_not_finite(value: Any) -> None:
+    """A ``null`` in msgspec's text is a None, unless a float is a NaN or an infinity:
+    then ``json.dumps`` writes the line (``NaN``, ``Infinity``), as before."""
+    [plain] = _written("json", False, lambda log: log.info("x", status=None))
+    assert plain.endswith('"event":"x","status":null}')
+    [odd] = _written("json", False, lambda log: log.info("x", status=None, layers=value))
+    assert "NaN" in odd or "Infinity" in odd
