@@ -17,7 +17,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from aiohttp import web
@@ -146,12 +146,14 @@ _DECODERS: Final[dict[str, Callable[[], _BodyDecoder]]] = {
 SUPPORTED_ENCODINGS: Final = ("identity", *_DECODERS)
 
 
-def _decoder_for(values: Iterable[str]) -> tuple[str, _BodyDecoder] | None:
+def _decoder_for(values: Sequence[str]) -> tuple[str, _BodyDecoder] | None:
     """The decoder for the request's ``Content-Encoding`` (``None``: no coding, or identity).
 
     Raises:
         RequestRejected: 415 when the coding is unknown here, or more than one is stacked.
     """
+    if not values:  # (nearly every request and answer)
+        return None
     label = ", ".join(values)
     codings = [c.strip().lower() for c in label.split(",") if c.strip()]
     codings = [c for c in codings if c != "identity"]
