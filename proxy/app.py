@@ -31,6 +31,7 @@ from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
 from proxy.http.tenants import TenantScope
+from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
     AUDIT_LOG,
@@ -52,6 +53,7 @@ from proxy.keys import (
     SUMMARIZER,
     TENANTS,
     UPSTREAM,
+    UPSTREAM_WAITS,
     USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
@@ -144,9 +146,9 @@ async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
     session = aiohttp.ClientSession(
+        # The read timeout is UpstreamWaits' (one sweep, no timer per read).
         timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=upstream.connect_timeout_s, sock_read=upstream.read_timeout_s
-        ),
+            total=None, sock_connect=upstream.connect_timeout_s, sock_read=None),
         # Bodies are relayed as the bytes they are, Content-Encoding included.
         auto_decompress=False,
         # Cookies set by the provider belong to the client, never to the next caller.
@@ -154,7 +156,12 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         connector=aiohttp.TCPConnector(limit=UPSTREAM_CONNECTION_LIMIT, limit_per_host=0),
     )
     app[UPSTREAM] = session
+    waits = app[UPSTREAM_WAITS] = UpstreamWaits(upstream.read_timeout_s)
+    sweeping = asyncio.get_running_loop().create_task(waits.run())
     yield
+    sweeping.cancel()
+    with suppress(asyncio.CancelledError):
+        await sweeping
     await session.close()
 
 

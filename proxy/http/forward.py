@@ -19,7 +19,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,7 +33,8 @@ from yarl import URL
 from proxy.http.audit import Outcome, RequestRecord
 from proxy.http.body import decoded
 from proxy.http.errors import UpstreamFailure
-from proxy.keys import CONFIG, METRICS, UPSTREAM
+from proxy.http.upstream_waits import UpstreamWaits, read_some
+from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
 from proxy.state.usage import ProviderUsage
 
 __all__ = [
@@ -341,7 +342,7 @@ async def forward(
     held = b""
     try:
         if retry is not None and upstream.status == 400:
-            held, whole = await _read_refusal(upstream)
+            held, whole = await _read_refusal(request.app[UPSTREAM_WAITS], upstream)
             refusal = (PromptTooLong.from_error_body(
                 held, upstream.headers.get("Content-Encoding", "")) if whole else None)
             again = None if refusal is None else await retry(refusal)
@@ -362,13 +363,14 @@ def _done_with(upstream: aiohttp.ClientResponse) -> None:
         upstream.close()
 
 
-async def _read_refusal(upstream: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
+                        ) -> tuple[bytes, bool]:
     """The start of an error body, and whether it is all of it (a refusal is small: only
     :data:`_MAX_REFUSAL_BYTES` are read; the rest, if any, is relayed as it comes)."""
     chunks = bytearray()
     while len(chunks) <= _MAX_REFUSAL_BYTES:
         try:
-            chunk = await upstream.content.readany()
+            chunk = await read_some(waits, upstream)
         except (TimeoutError, aiohttp.ClientError):
             return bytes(chunks), False
         if not chunk:
@@ -383,16 +385,19 @@ async def _send(request: web.Request, record: RequestRecord,
     """Send the request upstream; the provider's response, headers read."""
     app = request.app
     upstream_config = app[CONFIG].upstream
+    waits = app[UPSTREAM_WAITS]
     started = time.perf_counter()
     try:
-        upstream = await app[UPSTREAM].request(
+        # The answer's headers within the read timeout (UpstreamWaits: no timer of its own).
+        upstream = await waits.request(lambda wait: app[UPSTREAM].request(
             request.method,
             upstream_url(upstream_config.require_base_url(), request),
-            data=body,
+            data=body if body is None or isinstance(body, bytes) else _touching(
+                body, waits, wait),
             headers=headers,
             skip_auto_headers=_AUTO_HEADERS,
             allow_redirects=False,
-        )
+        ))
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         timed_out = isinstance(exc, asyncio.TimeoutError)
         record.outcome = Outcome.UPSTREAM_TIMEOUT if timed_out else Outcome.UPSTREAM_UNREACHABLE
@@ -401,6 +406,15 @@ async def _send(request: web.Request, record: RequestRecord,
     app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
     return upstream
+
+
+async def _touching(body: AsyncIterable[bytes], waits: UpstreamWaits,
+                    wait: int) -> AsyncIterator[bytes]:
+    """``body``, each chunk restarting ``wait`` (for the answer): the provider is not silent
+    while the client is still uploading."""
+    async for chunk in body:
+        waits.touch(wait)
+        yield chunk
 
 
 async def _relay(request: web.Request, record: RequestRecord,
@@ -430,12 +444,13 @@ async def _relay(request: web.Request, record: RequestRecord,
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
     last = b""  # with before_end, a body not framed here: its chunk not written yet
+    waits = request.app[UPSTREAM_WAITS]
     while True:
         if held:
             chunk, held = held, b""
         else:
             try:
-                chunk = await upstream.content.readany()
+                chunk = await read_some(waits, upstream)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 return await _failed_mid_body(response, record, framer, exc)
         if not chunk:
