@@ -18,7 +18,8 @@ from proxy.fake_upstream import FakeUpstream
 from proxy.fake_upstream.server import start_fake_upstream
 from proxy.http.audit import RequestRecord
 from proxy.http.forward import forward
-from proxy.keys import CONFIG, METRICS, UPSTREAM
+from proxy.http.upstream_waits import UpstreamWaits
+from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
 from proxy.metrics import ProxyMetrics
 from tests.conftest import TEST_API_KEY
 
@@ -51,6 +52,7 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
     app.router.add_post("/v1/messages", handler)
     session = aiohttp.ClientSession()
     app[UPSTREAM] = session
+    app[UPSTREAM_WAITS] = UpstreamWaits(30.0)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
