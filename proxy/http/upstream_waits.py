@@ -4,11 +4,11 @@ A wait for the provider — for its answer's headers, or for the next bytes of i
 lasts longer than the timeout fails: the request with the 504 of a provider that does not
 answer, a body relayed part-way with the error of a stalled stream. aiohttp's own
 ``sock_read`` does this with a timer per read, armed and cancelled on the event loop: two per
-request, and a timer on asyncio's heap is ordered by Python comparisons (about a tenth of the
-proxy's own CPU per warm request). Here a wait is an entry in a dict, begun and ended with a
-time stamp, and one sweep a second (a quarter of the timeout, when that is shorter) fails
-those that are over: a wait fails between the timeout and the timeout plus the sweep's
-interval.
+request, on asyncio's heap of timers ordered by Python comparisons (about 9 µs a request
+here; ``asyncio.timeout`` contexts would cost as much: 6.7 µs each). Here a wait is an entry in
+a dict, begun and ended with a time stamp (about 3 µs a request), and one sweep a second (a
+quarter of the timeout, when that is shorter) fails those that are over: a wait fails between
+the timeout and the timeout plus the sweep's interval.
 
 Only the time spent waiting for the provider counts. A relay held back by a slow client, or
 a request body still being uploaded (:meth:`UpstreamWaits.touch`, per chunk sent), is not a
@@ -102,15 +102,20 @@ class UpstreamWaits:
         cancelling = task.cancelling()
         key = self.begin(asyncio.Task.cancel, task)
         try:
-            return await send(key)
+            answer = await send(key)
         except asyncio.CancelledError:
             # The sweep's cancellation, and nobody else's (the client's going away wins),
             # becomes the timeout: asyncio.timeout's rule, without its timer.
             if not self.end(key) and task.uncancel() <= cancelling:
                 raise TimeoutError(f"no answer within {self.timeout_s} s") from None
             raise
-        finally:
-            self.end(key)
+        except BaseException:
+            if not self.end(key):
+                task.uncancel()  # (the sweep's cancellation, taken by what failed otherwise)
+            raise
+        if not self.end(key):
+            task.uncancel()  # (the sweep's cancellation came as the answer did, and was taken)
+        return answer
 
 
 def _stalled(content: aiohttp.StreamReader) -> None:
