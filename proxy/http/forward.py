@@ -338,18 +338,19 @@ async def forward(
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
             in time; both before anything was sent to the client.
     """
-    upstream = await _send(request, record, body, headers)
+    waits = request.app[UPSTREAM_WAITS]
+    upstream = await _send(request, record, waits, body, headers)
     held = b""
     try:
         if retry is not None and upstream.status == 400:
-            held, whole = await _read_refusal(request.app[UPSTREAM_WAITS], upstream)
+            held, whole = await _read_refusal(waits, upstream)
             refusal = (PromptTooLong.from_error_body(
                 held, upstream.headers.get("Content-Encoding", "")) if whole else None)
             again = None if refusal is None else await retry(refusal)
             if again is not None:
                 _done_with(upstream)
-                upstream, held = await _send(request, record, again, headers), b""
-        return await _relay(request, record, upstream, held, before_end)
+                upstream, held = await _send(request, record, waits, again, headers), b""
+        return await _relay(request, record, waits, upstream, held, before_end)
     finally:
         _done_with(upstream)
 
@@ -379,13 +380,12 @@ async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
     return bytes(chunks), False
 
 
-async def _send(request: web.Request, record: RequestRecord,
+async def _send(request: web.Request, record: RequestRecord, waits: UpstreamWaits,
                 body: bytes | AsyncIterable[bytes] | None,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     """Send the request upstream; the provider's response, headers read."""
     app = request.app
     upstream_config = app[CONFIG].upstream
-    waits = app[UPSTREAM_WAITS]
     started = time.perf_counter()
     try:
         # The answer's headers within the read timeout (UpstreamWaits: no timer of its own).
@@ -417,7 +417,7 @@ async def _touching(body: AsyncIterable[bytes], waits: UpstreamWaits,
         yield chunk
 
 
-async def _relay(request: web.Request, record: RequestRecord,
+async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWaits,
                  upstream: aiohttp.ClientResponse, held: bytes = b"",
                  before_end: BeforeEnd | None = None) -> web.StreamResponse:
     """Relay the answer as it arrives; ``held`` is the start of its body, already read.
@@ -444,7 +444,6 @@ async def _relay(request: web.Request, record: RequestRecord,
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
     last = b""  # with before_end, a body not framed here: its chunk not written yet
-    waits = request.app[UPSTREAM_WAITS]
     while True:
         if held:
             chunk, held = held, b""
