@@ -147,6 +147,7 @@ class Redactor:
         self._safe_keys = safe_keys
         self._trusted = trusted & safe_keys
         self._cleaned = _CleanedStrings(self._checked)
+        self._skips: dict[frozenset[str], frozenset[str]] = {}  # own -> own | trusted
 
     def _clean_str(self, value: str) -> str:
         return self._cleaned[value]
@@ -185,26 +186,44 @@ class Redactor:
             return self._all_safe(event_dict)
         return self._field_by_field(event_dict)
 
-    def _all_safe(self, event_dict: EventDict) -> EventDict:
+    def redact_own(self, event_dict: EventDict, own: frozenset[str]) -> EventDict:
+        """:meth:`__call__` for a line whose fields named in ``own`` hold what the proxy made
+        itself (its counts, its own names and codes, ``None``): those are kept as they are,
+        only the others are cleaned (the request line: its session id and method, of ~20
+        fields)."""
+        if event_dict.keys() <= self._safe_keys:
+            skip = self._skips.get(own)
+            if skip is None:
+                skip = self._skips[own] = own | self._trusted
+            return self._all_safe(event_dict, skip)
+        return self._field_by_field(event_dict)
+
+    def _all_safe(self, event_dict: EventDict, skip: frozenset[str] | None = None) -> EventDict:
         """:meth:`__call__` for an event whose fields are all allowed (most events): a copy
         with the framing fields first, in which the strings are replaced by their cleaned
         forms from the cache of cleaned strings (:class:`_CleanedStrings`, which cleans those
         it does not hold) and the other values that are not plain are cleaned one by one; a
         value that cannot be kept sends the event field by field. One plain loop that
         writes only what it changes: timed, it beats chains of C iterators (``map``,
-        ``compress``, sets), whose objects cost more than the steps they save."""
+        ``compress``, sets), whose objects cost more than the steps they save. ``skip``:
+        the fields kept as they are (default: the trusted ones), left out of the loop."""
         if event_dict.keys() >= _LEADING_KEYS:  # (every line of the chain)
             out = dict.fromkeys(_LEADING)
         else:
             out = dict.fromkeys(key for key in _LEADING if key in event_dict)
         out.update(event_dict)
-        cleaned, trusted = self._cleaned, self._trusted
-        for key, value in event_dict.items():
+        cleaned = self._cleaned
+        if skip is None:
+            skip = self._trusted
+            items: Iterable[tuple[str, Any]] = event_dict.items()
+        else:
+            items = [(key, event_dict[key]) for key in event_dict.keys() - skip]
+        for key, value in items:
             kind = type(value)
             if kind is str:
-                if key not in trusted:
+                if key not in skip:
                     out[key] = cleaned[value]
-            elif kind not in _PLAIN and key not in trusted:  # (trusted: kept as it is)
+            elif kind not in _PLAIN and key not in skip:  # (skip: kept as it is)
                 keep, value = self._clean(value)
                 if not keep:
                     return self._field_by_field(event_dict)
@@ -375,19 +394,25 @@ class _DirectLines:
     the same steps, then the line written as structlog's ``WriteLogger`` writes it."""
 
     def __init__(self, processors: list[Processor], out: TextIO, *, enabled: bool,
-                 final: bool) -> None:
+                 final: bool, redactor: Redactor | None = None) -> None:
         self.processors = processors
         self.enabled = enabled
         self.final = final
+        self._redactor = redactor
         self._write = out.write
         self._flush = out.flush
 
-    def write(self, event: str, fields: dict[str, Any]) -> None:
+    def write(self, event: str, fields: dict[str, Any],
+              own: frozenset[str] = frozenset()) -> None:
         event_dict: Any = fields
         event_dict["event"] = event
+        redactor = self._redactor if own else None
         try:
             for step in self.processors:
-                event_dict = step(None, "info", event_dict)
+                if step is redactor:
+                    event_dict = redactor.redact_own(event_dict, own)
+                else:
+                    event_dict = step(None, "info", event_dict)
         except structlog.DropEvent:  # (as structlog's logger does: a step dropped it)
             return
         self._write(event_dict + "\n")
@@ -397,20 +422,26 @@ class _DirectLines:
 _DIRECT: _DirectLines | None = None
 
 
-def log_info(logger: Any, event: str, fields: dict[str, Any]) -> None:
+def log_info(logger: Any, event: str, fields: dict[str, Any],
+             own: frozenset[str] = frozenset()) -> None:
     """``logger.info(event, **fields)``, for the line every request writes: the configured
     chain's own steps run on ``fields`` (which become the line), without structlog's logger
     around them (it copies the fields three times, a third of the line's time); the same
     line, to the same stream. The steps are structlog's own list, which a test's
     ``capture_logs`` changes in place. Goes through ``logger`` when logging is not
     configured, or was configured with another list since (a process configured with
-    ``final`` is not configured again)."""
+    ``final`` is not configured again).
+
+    ``own``: the fields whose values the proxy made itself (counts, its own names and codes,
+    ``None``; also those of the request and the process the framing adds): the redaction
+    keeps them as they are and cleans only the others (:meth:`Redactor.redact_own`). The
+    allow-list of field names holds for every field."""
     direct = _DIRECT
     if direct is None or not (
             direct.final or structlog.get_config()["processors"] is direct.processors):
         logger.info(event, **fields)
     elif direct.enabled:
-        direct.write(event, fields)
+        direct.write(event, fields, own)
 
 
 def configure_logging(
@@ -445,7 +476,8 @@ def configure_logging(
         context_class=dict,
         cache_logger_on_first_use=final,
     )
-    _DIRECT = _DirectLines(processors, out, enabled=level <= logging.INFO, final=final)
+    _DIRECT = _DirectLines(processors, out, enabled=level <= logging.INFO, final=final,
+                           redactor=redactor)
     # Foreign (stdlib) records: aiohttp's and asyncio's own errors, in the same format.
     handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(

@@ -151,6 +151,16 @@ def layer_savings(outcomes: Iterable[LayerOutcome]) -> tuple[LayerSaving, ...]:
     return tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
 
 
+#: The fields of the ``request_completed`` line whose values the proxy made itself (its
+#: counts, route and role names, codes, its request id, a worker's index and pid): the
+#: redaction keeps them as they are (:func:`proxy.logs.log_info`); the session id and the
+#: method, which the client chose, are cleaned like any line's.
+_OWN_FIELDS: Final = frozenset({
+    "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
+    "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
+    "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
+    "request_id", "worker", "pid"})
+
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
 
@@ -219,7 +229,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             "usage_output": None if usage is None else usage.output,
             "outcome": outcome.value,
             "duration_ms": duration_ms,
-        })
+        }, _OWN_FIELDS)
 
 
 def _keep_in_audit_log(app: web.Application, record: RequestRecord, status: int | None,

@@ -14,6 +14,7 @@ import structlog
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+import proxy.http.audit as audit_module
 from proxy.config import LoggingConfig
 from proxy.logs import (
     _CREDENTIAL,
@@ -339,6 +340,31 @@ def test_the_request_line_written_directly_is_the_line_structlog_writes(
         assert list(line)[-4:] == ["request_id", "worker", "pid", "redacted"]
         assert (line["session_id"], line["tenant"], line["redacted"]) == ("sess-1", "none",
                                                                           ["prompt"])
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_the_request_line_with_its_own_fields_is_the_same_line(final: bool) -> None:
+    """The request middleware's line names the fields the proxy made itself: they are kept
+    as they are, the others still cleaned, so a line of clean own values is the very line
+    structlog writes; a credential in the session id or the method is still blanked, and a
+    field outside the allow-list still dropped."""
+    own = audit_module._OWN_FIELDS
+    line = {**_REQUEST_LINE, "layers": ["L1", "L3"], "estimate_error": 1.5,
+            "session_id": "sk-ant-api03-abcdefghijklmnop", "method": "tok-123"}
+
+    def run(log: Any) -> None:
+        start_request_fields(request_id="req-1", session_id=None)
+        bind_request_fields(session_id="sess-0", tenant="t1")
+        log.info("request_completed", **line)
+        log_info(log, "request_completed", dict(line), own)
+
+    via_structlog, direct = _written("json", final, run, secrets=["tok-123"],
+                                     fields={"worker": 2, "pid": 7})
+    assert direct == via_structlog
+    written = json.loads(direct)
+    assert (written["session_id"], written["method"]) == ("[redacted]", "[redacted]")
+    assert written["redacted"] == ["prompt"] and "prompt" not in written
+    assert written["layers"] == ["L1", "L3"] and written["worker"] == 2
 
 
 def test_the_request_line_follows_the_level_and_a_later_configuration() -> None:
