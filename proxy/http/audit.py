@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -187,7 +187,7 @@ def _outcome(record: RequestRecord, status: int | None) -> Outcome:
 @web.middleware
 async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The outermost middleware: opens the request's record, closes it with one log line."""
-    record = RequestRecord(request_id=secrets.token_hex(12), route=route_name(request))
+    record = RequestRecord(request_id=os.urandom(12).hex(), route=route_name(request))
     request[RECORD] = record
     start_request_fields(request_id=record.request_id, session_id=None)
     status: int | None = None

@@ -106,10 +106,25 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
         return None
+    source: Summarizer | None = None
+
+    async def summarize(summary: compactor.SummaryRequest) -> str | None:
+        # The source is made when L4 first asks (most requests never do).
+        nonlocal source
+        if source is None:
+            source = _summary_source(app, request, session, may_call_model, body, durable)
+        return await source(summary)
+
+    return summarize
+
+
+def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
+                    may_call_model: bool, body: dict[str, Any],
+                    durable: DurableContext) -> Summarizer:
     provider = app.get(SUMMARIZER) if may_call_model else None
 
     def fork() -> ForkSource:
-        # Made only when a summary call is (most requests never need one).
+        # Made only when a summary call is (a cached summary needs none).
         headers = upstream_request_headers(request.headers)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
@@ -125,29 +140,25 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
         metrics.observe_provider_usage(usage, summary=True)
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
-    source: Summarizer | None = None
-
-    async def summarize(summary: compactor.SummaryRequest) -> str | None:
-        # Made when L4 first asks (most requests never do).
-        nonlocal source
-        if source is None:
-            source = summary_source(
-                app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
-                tenant=session.tenant, fork=fork if provider is not None else None,
-                counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
-        return await source(summary)
-
-    return summarize
+    return summary_source(
+        app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
+        tenant=session.tenant, fork=fork if provider is not None else None,
+        counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
 
 
 def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: str) -> int:
     """Tokens outside ``messages`` that count toward the thresholds (``system`` and
     ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
-    doc = parsed.doc
-    reserved = sum(remembered(parsed.memo(name), "tokens",
-                              functools.partial(counter.count_value, doc.get(name)))
-                   for name in ("system", "tools"))
+    reserved = 0
+    for name in ("system", "tools"):
+        memo = parsed.memo(name)
+        tokens = None if memo is None else memo.get("tokens")
+        if tokens is None:
+            tokens = counter.count_value(parsed.doc.get(name))
+            if memo is not None:
+                memo["tokens"] = tokens
+        reserved += tokens
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved

@@ -66,18 +66,19 @@ class ProviderUsage(msgspec.Struct, frozen=True):
                    ) -> ProviderUsage:
         """Read a ``usage`` object; a field missing or null keeps ``previous``'s value (a
         stream's ``message_delta`` repeats only what changed)."""
+        values: tuple[Any, ...] = tuple(map(usage.get, _USAGE_NAMES))
+        if set(map(type, values)) == _INTS and min(values) >= 0:
+            return cls(*values)  # the usual whole usage, tested in C loops
         base = previous if previous is not None else cls()
+        return cls(*(value if type(value) is int and value >= 0 else current  # (not a bool)
+                     for value, current in zip(values, _counts_of(base), strict=True)))
 
-        def pick(name: str, current: int) -> int:
-            value = usage.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                return value
-            return current
 
-        return cls(input=pick("input_tokens", base.input),
-                   cache_read=pick("cache_read_input_tokens", base.cache_read),
-                   cache_write=pick("cache_creation_input_tokens", base.cache_write),
-                   output=pick("output_tokens", base.output))
+#: The provider's names of :class:`ProviderUsage`'s fields, in their order.
+_USAGE_NAMES: Final = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                       "output_tokens")
+_counts_of: Final = operator.attrgetter(*ProviderUsage.__struct_fields__)
+_INTS: Final = frozenset({int})
 
 
 class UsageEntry(msgspec.Struct, frozen=True):

@@ -51,6 +51,18 @@ def test_provider_usage_reads_the_usage_object_and_keeps_missing_fields() -> Non
     assert delta == ProviderUsage(input=12, cache_read=3_000, cache_write=400, output=250)
 
 
+@pytest.mark.parametrize("odd", [True, -1, 2.0, "7", [1], None])
+def test_provider_usage_keeps_the_previous_count_for_a_value_that_is_not_a_count(
+        odd: object) -> None:
+    """A bool, a negative, a float, a string or a list where a count belongs is not read: the
+    previous value stays (0 without one); the other fields are read."""
+    before = ProviderUsage(input=5, cache_read=6, cache_write=7, output=8)
+    usage = {"input_tokens": odd, "cache_read_input_tokens": 1,
+             "cache_creation_input_tokens": 2, "output_tokens": 3}
+    assert ProviderUsage.from_usage(usage, before) == ProviderUsage(5, 1, 2, 3)
+    assert ProviderUsage.from_usage(usage) == ProviderUsage(0, 1, 2, 3)
+
+
 def test_costs_of_requests_counterfactual_and_summaries_by_hand() -> None:
     """Each kind of token at its own price, per million tokens."""
     entry = UsageEntry(
