@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -42,10 +41,10 @@ def in_background(app: web.Application, start: Callable[[], Awaitable[None]], *,
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
         _report(app, exc, failure_event)
         return
-    if asyncio.isfuture(work):
-        future = cast("asyncio.Future[None]", work)
+    if isinstance(work, asyncio.Future):  # (a C check: asyncio.isfuture is Python code)
+        future: asyncio.Future[None] = work
     else:
-        future = asyncio.get_running_loop().create_task(cast("Any", work))
+        future = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
     tasks = app[BACKGROUND]
     tasks.add(future)
 

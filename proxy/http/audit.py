@@ -135,7 +135,7 @@ class RequestRecord(msgspec.Struct):
             at=self.arrived, request_id=self.request_id, session_id=self.session_id,
             tenant=self.tenant or "none", route=self.route, role=self.role, model=self.model,
             tokens_before=self.tokens_before, tokens_after=self.tokens_after,
-            layers=self.layer_savings, outcome=outcome.value, reason=self.reason,
+            layers=self.layer_savings, outcome=str(outcome), reason=self.reason,
             hard_limit=self.hard_limit, status=status, upstream_status=self.upstream_status,
             usage_input=None if usage is None else usage.input,
             usage_cache_read=None if usage is None else usage.cache_read,
@@ -227,7 +227,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             "usage_cache_read": None if usage is None else usage.cache_read,
             "usage_cache_write": None if usage is None else usage.cache_write,
             "usage_output": None if usage is None else usage.output,
-            "outcome": outcome.value,
+            "outcome": str(outcome),  # (its value: .value is a Python-level property)
             "duration_ms": duration_ms,
         }, _OWN_FIELDS)
 

@@ -16,6 +16,7 @@ end the stream with a well-formed ``event: error`` instead of half an event.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -119,7 +120,13 @@ def upstream_url(base_url: str, request: web.Request) -> URL:
     A base with a path (``https://gw.example/anthropic``) keeps it: ``/v1/messages`` becomes
     ``https://gw.example/anthropic/v1/messages``.
     """
-    return URL(base_url.rstrip("/") + request.raw_path, encoded=True)
+    return _joined(base_url, request.raw_path)
+
+
+@functools.lru_cache(maxsize=256)
+def _joined(base_url: str, raw_path: str) -> URL:
+    # An agent sends the same path again and again: its URL (immutable) is parsed once.
+    return URL(base_url.rstrip("/") + raw_path, encoded=True)
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -338,8 +345,9 @@ async def forward(
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
             in time; both before anything was sent to the client.
     """
-    waits = request.app[UPSTREAM_WAITS]
-    upstream = await _send(request, record, waits, body, headers)
+    app = request.app
+    waits = app[UPSTREAM_WAITS]
+    upstream = await _send(app, request, record, waits, body, headers)
     held = b""
     try:
         if retry is not None and upstream.status == 400:
@@ -349,7 +357,7 @@ async def forward(
             again = None if refusal is None else await retry(refusal)
             if again is not None:
                 _done_with(upstream)
-                upstream, held = await _send(request, record, waits, again, headers), b""
+                upstream, held = await _send(app, request, record, waits, again, headers), b""
         return await _relay(request, record, waits, upstream, held, before_end)
     finally:
         _done_with(upstream)
@@ -380,11 +388,10 @@ async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
     return bytes(chunks), False
 
 
-async def _send(request: web.Request, record: RequestRecord, waits: UpstreamWaits,
-                body: bytes | AsyncIterable[bytes] | None,
+async def _send(app: web.Application, request: web.Request, record: RequestRecord,
+                waits: UpstreamWaits, body: bytes | AsyncIterable[bytes] | None,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     """Send the request upstream; the provider's response, headers read."""
-    app = request.app
     upstream_config = app[CONFIG].upstream
     started = time.perf_counter()
     try:

@@ -34,7 +34,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, repeat
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 import msgspec
 import xxhash
@@ -209,7 +209,7 @@ class RequestBody(msgspec.Struct, eq=False):
                      for entry in entries]
             if not all(facts):  # (a fact is always true)
                 return None
-            columns.extend(cast("list[compactor.MessageFact]", facts))
+            columns.extend(facts)  # type: ignore[arg-type]  # (all true: no None)
         return columns
 
     def memo(self, name: str) -> dict[str, Any] | None:
@@ -509,7 +509,7 @@ class RecentBodies:
         # one too (a body that repeats the last one: C loops only), else hashed on from the
         # previous cut (or from the body's start).
         before, upto = parsed._hashed, parsed._hashed_upto
-        marks = cast("list[tuple[int, Any]]", list(map(before.get, starts)))  # (Nones filled:)
+        marks: list[tuple[int, Any]] = list(map(before.get, starts))  # type: ignore[arg-type]  # (Nones filled:)
         if None in marks or starts[-1] > upto:
             view = memoryview(parsed.raw)
             last: tuple[int, Any] | None = None  # the previous cut's start and state
