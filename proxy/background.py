@@ -5,8 +5,10 @@ The audit log's records are written here. Each piece of work is held in the app'
 for what is still running at shutdown (:mod:`proxy.app`). A failure is one warning line naming
 the error's class; it never reaches the client, whose answer is already on its way.
 
-A store that gathers writes (SQLite's audit log) hands back a future it resolves once the
-batch is written: that is watched with a callback, with no task, no coroutine per request.
+A store that gathers writes (SQLite's audit log) hands back the batch's future, resolved
+once the batch is written: it is watched with one callback from its first entry on, with no
+task, no coroutine per request, and a batch that fails is one warning, on the log context of
+the request that began it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def in_background(app: web.Application, start: Callable[[], Awaitable[None]], *,
     else:
         future = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
     tasks = app[BACKGROUND]
+    if future in tasks:
+        return  # a batch's future, watched since its first entry: its failure is told once
     tasks.add(future)
 
     def done(finished: asyncio.Future[None]) -> None:

@@ -259,7 +259,7 @@ class FailingBatchStore(SQLiteStateStore):
     """A SQLite store whose batched audit write fails in its worker thread: the future it
     handed back fails later."""
 
-    def _add_requests(self, batch: list[tuple[RequestEntry, str]]) -> None:
+    def _add_requests(self, batch: list[RequestEntry]) -> None:
         raise StoreError("disk I/O error")
 
 

@@ -117,3 +117,46 @@ async def test_event_loop_keeps_running_during_writes(store: SQLiteStateStore) -
     assert version == 200
     # Blocking calls would never yield, so the ticker would not run at all meanwhile.
     assert ticks - start >= 200
+
+
+# --- the audit log's batches ------------------------------------------------------------
+
+
+async def test_audit_entries_added_together_share_one_batch_and_its_future(
+        store: SQLiteStateStore) -> None:
+    """Entries added within the linger are one batch: the same future for each (at most
+    MAX_AUDIT_BATCH per batch), resolved once their one transaction committed; every entry
+    is then read back."""
+    from proxy.state.store.sqlite import MAX_AUDIT_BATCH
+    from tests.proxy.test_store_contract import entry
+
+    futures = [store.add_request(entry(index, session=f"s{index % 3}"))
+               for index in range(MAX_AUDIT_BATCH + 1)]
+    assert all(future is futures[0] for future in futures[:MAX_AUDIT_BATCH])
+    assert futures[-1] is not futures[0] and not futures[0].done()
+    await store.flush()
+    assert futures[0].done() and futures[-1].done()
+    assert futures[0].exception() is None and futures[-1].exception() is None
+    counts = [(await store.session_requests("none", f"s{i}", limit=500))[1] for i in range(3)]
+    assert sum(counts) == MAX_AUDIT_BATCH + 1
+
+
+async def test_a_failed_audit_batch_fails_its_one_future(tmp_path: Path) -> None:
+    """A batch whose transaction fails hands the error to its future (every caller of the
+    batch sees it), and nothing of it is kept."""
+    from proxy.state.audit_log import RequestEntry
+    from tests.proxy.test_store_contract import entry
+
+    class Failing(SQLiteStateStore):
+        def _add_requests(self, batch: list[RequestEntry]) -> None:
+            raise StoreError("disk I/O error")
+
+    failing = await Failing(tmp_path / "state.db").open()
+    try:
+        first, second = failing.add_request(entry(1)), failing.add_request(entry(2))
+        assert first is second
+        await failing.flush()
+        assert isinstance(first.exception(), StoreError)
+        assert await failing.session_requests("none", "sess-1") == ([], 0)
+    finally:
+        await failing.close()

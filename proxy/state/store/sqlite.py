@@ -262,9 +262,10 @@ class SQLiteStateStore:
         self.max_requests_per_session = max_requests_per_session
         self.retention_days = retention_days
         self._shared = shared
-        # Audit entries waiting for the next transaction, and the task writing them (used
-        # from the event loop only).
-        self._pending_requests: list[tuple[RequestEntry, str, asyncio.Future[None]]] = []
+        # Audit entries waiting for their transaction, a batch (at most MAX_AUDIT_BATCH) each
+        # with the one future its callers are handed, and the task writing them (used from
+        # the event loop only).
+        self._pending_requests: list[tuple[list[RequestEntry], asyncio.Future[None]]] = []
         self._request_writer: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
@@ -339,8 +340,9 @@ class SQLiteStateStore:
 
         Entries added within :data:`AUDIT_LINGER_S` of each other, or while a write is under
         way, go together in one transaction (at most :data:`MAX_AUDIT_BATCH`): under load one
-        commit serves many requests. Returns a future done once this entry's transaction
-        committed (or failed with its error): no coroutine, no task per entry.
+        commit serves many requests, and the worker thread encodes them in one loop. Returns
+        the batch's future, done once its transaction committed (or failed with its error):
+        one future per batch, no coroutine, no task per entry.
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.
@@ -351,8 +353,12 @@ class SQLiteStateStore:
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
-        written: asyncio.Future[None] = loop.create_future()
-        self._pending_requests.append((entry, encode_audit(entry), written))
+        pending = self._pending_requests
+        if (not pending or len(pending[-1][0]) >= MAX_AUDIT_BATCH
+                or pending[-1][1].get_loop() is not loop):
+            pending.append(([], loop.create_future()))
+        entries, written = pending[-1]
+        entries.append(entry)
         writer = self._request_writer
         if writer is None or writer.done() or writer.get_loop() is not loop:
             self._request_writer = loop.create_task(self._write_pending_requests())
@@ -374,22 +380,19 @@ class SQLiteStateStore:
     async def _write_pending(self) -> None:
         """Write the pending entries, a batch per transaction, until none are left."""
         while self._pending_requests:
-            batch = self._pending_requests[:MAX_AUDIT_BATCH]
-            del self._pending_requests[:MAX_AUDIT_BATCH]
+            entries, written = self._pending_requests.pop(0)
             failure: Exception | None = None
             try:
-                await self._call(self._add_requests, [(e, text) for e, text, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - handed to each writer
+                await self._call(self._add_requests, entries)
+            except Exception as exc:  # noqa: BLE001 - handed to the batch's callers
                 failure = exc
-            loop = asyncio.get_running_loop()
-            for *_, written in batch:
-                # A caller that gave up (or whose loop is gone) is not told.
-                if written.done() or written.get_loop() is not loop:
-                    continue
-                if failure is None:
-                    written.set_result(None)
-                else:
-                    written.set_exception(failure)
+            # A caller that gave up (or whose loop is gone) is not told.
+            if written.done() or written.get_loop() is not asyncio.get_running_loop():
+                continue
+            if failure is None:
+                written.set_result(None)
+            else:
+                written.set_exception(failure)
 
     async def add_state_change(self, change: StateChange) -> None:
         """Keep ``change``, then trim the session's changes and the retention."""
@@ -631,16 +634,19 @@ class SQLiteStateStore:
 
     # -- the audit log, worker-thread side --------------------------------------------------
 
-    def _add_requests(self, batch: list[tuple[RequestEntry, str]]) -> None:
-        """Write a batch of entries in one transaction, then trim each session it touched."""
+    def _add_requests(self, batch: list[RequestEntry]) -> None:
+        """Encode a batch of entries and write them in one transaction, then trim each
+        session it touched. An entry that cannot be encoded fails the batch, as a failed
+        write does."""
         cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
         rows = []
         # (tenant, session id) -> [last_seen, requests, tokens_before, tokens_after, blocked]
         totals: dict[tuple[str, str], list[Any]] = {}
-        for entry, text in batch:
+        for entry in batch:
             before, after = entry.tokens_before or 0, entry.tokens_after or 0
             blocked, when = int(entry.blocked), audit_stamp(entry.at)
-            rows.append((entry.tenant, entry.session_id, when, before, after, blocked, text))
+            rows.append((entry.tenant, entry.session_id, when, before, after, blocked,
+                         encode_audit(entry)))
             sums = totals.setdefault((entry.tenant, entry.session_id), [when, 0, 0, 0, 0])
             sums[0] = max(sums[0], when)
             for index, value in enumerate((1, before, after, blocked), start=1):
