@@ -160,3 +160,18 @@ async def test_a_failed_audit_batch_fails_its_one_future(tmp_path: Path) -> None
         assert await failing.session_requests("none", "sess-1") == ([], 0)
     finally:
         await failing.close()
+
+
+async def test_a_caller_giving_up_on_its_batch_leaves_the_next_entries_a_batch_of_their_own(
+        store: SQLiteStateStore) -> None:
+    """A caller that cancels the batch's future (it gave up waiting) does not take later
+    entries with it: they get a new batch and future; every entry is still written."""
+    from tests.proxy.test_store_contract import entry
+
+    first = store.add_request(entry(1))
+    first.cancel()
+    second = store.add_request(entry(2))
+    assert second is not first and not second.done()
+    await store.flush()
+    assert second.done() and second.exception() is None
+    assert (await store.session_requests("none", "sess-1"))[1] == 2

@@ -355,7 +355,8 @@ class SQLiteStateStore:
         loop = asyncio.get_running_loop()
         pending = self._pending_requests
         if (not pending or len(pending[-1][0]) >= MAX_AUDIT_BATCH
-                or pending[-1][1].get_loop() is not loop):
+                or pending[-1][1].done() or pending[-1][1].get_loop() is not loop):
+            # (a caller that gave up on its batch cancelled the batch's future: a new one)
             pending.append(([], loop.create_future()))
         entries, written = pending[-1]
         entries.append(entry)
