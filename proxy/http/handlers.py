@@ -150,15 +150,11 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
     """Tokens outside ``messages`` that count toward the thresholds (``system`` and
     ``tools`` counted once per decoded value)."""
     counter = app[COUNTER]
+    doc = parsed.doc
     reserved = 0
-    for name in ("system", "tools"):
-        memo = parsed.memo(name)
-        tokens = None if memo is None else memo.get("tokens")
-        if tokens is None:
-            tokens = counter.count_value(parsed.doc.get(name))
-            if memo is not None:
-                memo["tokens"] = tokens
-        reserved += tokens
+    for name in ("system", "tools"):  # (a loop, not a generator: this runs on every request)
+        reserved += remembered(parsed.memo(name), "tokens",
+                               functools.partial(counter.count_value, doc.get(name)))
     if durable_text:
         reserved += counter.count_value({"type": "text", "text": durable_text})
     return reserved

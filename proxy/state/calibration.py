@@ -46,11 +46,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import statistics
 import struct
 import threading
 from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Final
@@ -126,17 +127,9 @@ class _Fleet:
     messages: deque[float] = field(default_factory=_window)
 
 
-def _median(values: Iterable[float]) -> float:
-    """``statistics.median`` of a non-empty window, without its call chain (every request
-    asks for one)."""
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _followed(ratios: deque[float]) -> float:
     """The newest ratio near the median of ``ratios`` (the median when none is)."""
-    median = _median(ratios)
+    median = statistics.median(ratios)
     for ratio in reversed(ratios):
         if abs(ratio - median) <= OUTLIER_SPREAD * median:
             return ratio
@@ -146,9 +139,9 @@ def _followed(ratios: deque[float]) -> float:
 def _fleet_factors(fleet: _Fleet | None) -> tuple[float, float]:
     """The fixed part's and the messages' factors of a session that taught nothing yet: the
     fleet's medians, the whole-view median standing in for a missing one, else 1."""
-    whole = _median(fleet.ratios) if fleet and fleet.ratios else 1.0
-    reserved = _median(fleet.reserved) if fleet and fleet.reserved else whole
-    messages = _median(fleet.messages) if fleet and fleet.messages else whole
+    whole = statistics.median(fleet.ratios) if fleet and fleet.ratios else 1.0
+    reserved = statistics.median(fleet.reserved) if fleet and fleet.reserved else whole
+    messages = statistics.median(fleet.messages) if fleet and fleet.messages else whole
     return reserved, messages
 
 
@@ -192,7 +185,7 @@ class Calibration:
             if session.messages:
                 messages = _followed(session.messages)
             elif session.reserved is not None and fleet and fleet.messages:
-                messages = _median(fleet.messages)
+                messages = statistics.median(fleet.messages)
             else:
                 messages = _followed(session.ratios)
             return (session.reserved if session.reserved is not None else messages), messages
