@@ -38,7 +38,11 @@ never rendered: :func:`render_durable_context` takes resolutions, which hold no 
 The proxy resolves the same pointers on every request, so outcomes read from a file are
 remembered, keyed by the pointer and the file's identity and change stamps (device, inode,
 size, mtime, ctime; ctime cannot be set back by ``touch``). A hit skips the read, never the
-parse, the authorization, the containment check or the open.
+authorization, the containment check or the open. A request's pointers are resolved as one
+batch (:meth:`SourcePointerResolver.resolve_all`): the real paths, the containment check, the
+open and the ``fstat`` of a file are made once for all the pointers that name it (a session's
+facts mostly point into its one transcript), not once per pointer; and a pointer string is
+parsed once per process (parsing is a pure function of the string).
 
 Everything in ``__all__`` gets re-exported.
 """
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import codecs
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -54,7 +59,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
@@ -170,8 +175,8 @@ class SourcePointerResolver:
         cache_entries: how many verified outcomes to remember (0: none). An entry is keyed
             by the pointer and the file's device, inode, size, mtime and ctime, so any
             write, rename or ``touch`` to the file misses it; a hit still costs the
-            authorization, the containment check, the open and the ``fstat``, but no read.
-            Safe to share between threads.
+            authorization and the file's containment check, open and ``fstat`` (once per
+            batch, :meth:`resolve_all`), but no read. Safe to share between threads.
     """
 
     def __init__(
@@ -203,9 +208,20 @@ class SourcePointerResolver:
     def resolve(self, pointer: str) -> SourceResolution:
         """Resolve one pointer string to a :class:`SourceResolution`; never raises for a
         bad pointer or a bad file."""
+        return self._resolve(pointer, _FileChecks())
+
+    def resolve_all(self, pointers: Iterable[str]) -> tuple[SourceResolution, ...]:
+        """:meth:`resolve` each pointer, as one batch: the disk checks of a file that
+        several pointers name (a session's transcript) are made once for all of them, not
+        once each (see :class:`_FileChecks`). Each pointer is still parsed and authorized."""
+        checks = _FileChecks()
+        return tuple(self._resolve(pointer, checks) for pointer in pointers)
+
+    def _resolve(self, pointer: str, checks: _FileChecks) -> SourceResolution:
         shown = pointer if isinstance(pointer, str) else repr(pointer)
         try:
-            parsed = parse_source_pointer(pointer)
+            parsed = _parsed(pointer) if isinstance(pointer, str) else parse_source_pointer(
+                pointer)
         except UnsupportedPointerError as exc:
             return SourceResolution(shown, "unsupported", None, str(exc))
         except (ValueError, TypeError) as exc:
@@ -220,9 +236,9 @@ class SourcePointerResolver:
             return SourceResolution(shown, "denied", None, "not authorized for this session")
         try:
             if isinstance(parsed, TranscriptPointer):
-                digest = self._resolve_transcript(parsed)
+                digest = self._resolve_transcript(parsed, checks)
             else:
-                digest = self._resolve_artifact(parsed)
+                digest = self._resolve_artifact(parsed, checks)
         except _Outcome as outcome:
             return SourceResolution(shown, outcome.status, None, outcome.detail)
         except OSError as exc:
@@ -232,25 +248,26 @@ class SourcePointerResolver:
 
     # --- transcripts ----------------------------------------------------------------------
 
-    def _transcript_path(self, pointer: TranscriptPointer) -> str:
+    def _transcript_path(self, pointer: TranscriptPointer, checks: _FileChecks) -> str:
         name = pointer.session_id + ".jsonl"
         path = os.path.join(self._transcript_root, name)
         # The transcript must be that very file: a link to another session's transcript
         # (inside the root or not) is refused.
-        real_root = os.path.realpath(self._transcript_root)
-        if os.path.realpath(path) != os.path.join(real_root, name) and os.path.lexists(path):
+        real_root = checks.realpath(self._transcript_root)
+        if (checks.realpath(path) != os.path.join(real_root, name)
+                and checks.lexists(path)):
             raise _Outcome("denied", "the transcript is a link to another file")
         return path
 
-    def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
+    def _resolve_transcript(self, pointer: TranscriptPointer, checks: _FileChecks) -> str:
         def scan(handle: io.FileIO) -> str:
             # Not closed separately: closing the raw handle is enough, and it must stay
             # open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
-        return self._lookup(self._transcript_root, self._transcript_path(pointer), str(pointer),
-                            scan)
+        return self._lookup(self._transcript_root, self._transcript_path(pointer, checks),
+                            str(pointer), scan, checks)
 
     def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
                          pointer: TranscriptPointer) -> str:
@@ -279,20 +296,20 @@ class SourcePointerResolver:
 
     # --- artifacts ------------------------------------------------------------------------
 
-    def _artifact_path(self, pointer: ArtifactPointer) -> tuple[str, str]:
+    def _artifact_path(self, pointer: ArtifactPointer,
+                       checks: _FileChecks) -> tuple[str, str]:
         """``(the session's folder, the artifact's path)``."""
         # Containment is per session: a link (symbolic or hard) into another session's
         # folder must not pass for this session's artifact.
-        real_root = os.path.realpath(self._artifact_root)
+        real_root = checks.realpath(self._artifact_root)
         session_dir = os.path.join(real_root, pointer.session_id)
-        linked = os.path.realpath(os.path.join(self._artifact_root, pointer.session_id))
-        if linked != session_dir and os.path.lexists(
-                os.path.join(self._artifact_root, pointer.session_id)):
+        folder = os.path.join(self._artifact_root, pointer.session_id)
+        if checks.realpath(folder) != session_dir and checks.lexists(folder):
             raise _Outcome("denied", "the session folder is a link")
         return session_dir, os.path.join(session_dir, pointer.filename)
 
-    def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
-        session_dir, path = self._artifact_path(pointer)
+    def _resolve_artifact(self, pointer: ArtifactPointer, checks: _FileChecks) -> str:
+        session_dir, path = self._artifact_path(pointer, checks)
 
         def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
@@ -303,7 +320,7 @@ class SourcePointerResolver:
                 raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
             return digest
 
-        return self._lookup(session_dir, path, str(pointer), verify)
+        return self._lookup(session_dir, path, str(pointer), verify, checks)
 
     # --- excerpts (for an operator, never for a prompt) -------------------------------------
 
@@ -336,8 +353,9 @@ class SourcePointerResolver:
         return SourceExcerpt(resolution, text)
 
     def _transcript_excerpt(self, pointer: TranscriptPointer, max_chars: int) -> tuple[str, str]:
-        with _ContainedFile(self._transcript_root, self._transcript_path(pointer)) as (
-                handle, real, before):
+        checks = _FileChecks()
+        with _ContainedFile(self._transcript_root, self._transcript_path(pointer, checks),
+                            checks) as (handle, real, before):
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             line = self._target_line(reader, pointer)
             _check_unchanged(real, before)
@@ -350,11 +368,12 @@ class SourcePointerResolver:
         return hashlib.sha256(line).hexdigest(), text[:max_chars]
 
     def _artifact_excerpt(self, pointer: ArtifactPointer, max_chars: int) -> tuple[str, str]:
-        session_dir, path = self._artifact_path(pointer)
+        checks = _FileChecks()
+        session_dir, path = self._artifact_path(pointer, checks)
         wanted = max_chars * 4  # the most bytes max_chars characters take in UTF-8
         head = bytearray()
         hasher = hashlib.sha256()
-        with _ContainedFile(session_dir, path) as (handle, real, before):
+        with _ContainedFile(session_dir, path, checks) as (handle, real, before):
             for chunk in self._read_chunks(handle):
                 hasher.update(chunk)
                 if len(head) < wanted:
@@ -368,21 +387,22 @@ class SourcePointerResolver:
     # --- shared ---------------------------------------------------------------------------
 
     def _lookup(self, root: str, path: str, pointer: str,
-                verify: Callable[[io.FileIO], str]) -> str:
-        """Open the contained file and run ``verify`` on it (or reuse its cached outcome).
+                verify: Callable[[io.FileIO], str], checks: _FileChecks) -> str:
+        """Check the contained file (once per batch, :meth:`_FileChecks.contained`) and reuse
+        its cached outcome, or open it and run ``verify`` on it.
 
         A change to the file while it was being read takes precedence over what ``verify``
         concluded, and such an outcome is not cached.
         """
-        with _ContainedFile(root, path) as (handle, real, before):
-            key: _CacheKey = (pointer, before.st_dev, before.st_ino, before.st_size,
-                              before.st_mtime_ns, before.st_ctime_ns)
-            cached = self._cache_get(key)
+        if self._cache is not None:
+            cached = self._cache_get(_cache_key(pointer, checks.contained(root, path)[1]))
             if cached is not None:
                 status, digest, detail = cached
                 if digest is None:
                     raise _Outcome(status, detail)
                 return digest
+        with _ContainedFile(root, path, checks) as (handle, real, before):
+            key = _cache_key(pointer, before)
             try:
                 digest = verify(handle)
             except _Outcome as outcome:
@@ -416,18 +436,76 @@ class SourcePointerResolver:
             yield view[:count]
 
 
+def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
+    return (pointer, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns,
+            info.st_ctime_ns)
+
+
+#: Parsed pointers by their string (a pure function: a session's pointers come back on every
+#: request). What it raises is not kept.
+_parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
+
+
+class _FileChecks:
+    """The disk checks of one batch of pointers (:meth:`SourcePointerResolver.resolve_all`:
+    one request's state), each made once: the real path of each root and path, whether a path
+    exists, and each file's containment check, open and ``fstat``
+    (:class:`_ContainedFile`, the handle closed again). The pointers that name one file (a
+    session's transcript) share its checks; a pointer whose outcome is cached for the file as
+    it is then reads nothing, as before. A read opens the file again (:class:`_ContainedFile`).
+    Local to one batch (one thread)."""
+
+    __slots__ = ("_contained", "_exists", "_real")
+
+    def __init__(self) -> None:
+        self._real: dict[str, str] = {}
+        self._exists: dict[str, bool] = {}
+        self._contained: dict[tuple[str, str], tuple[str, os.stat_result] | Exception] = {}
+
+    def realpath(self, path: str) -> str:
+        """``os.path.realpath(path)``, once per batch."""
+        found = self._real.get(path)
+        if found is None:
+            found = self._real[path] = os.path.realpath(path)
+        return found
+
+    def lexists(self, path: str) -> bool:
+        """``os.path.lexists(path)``, once per batch."""
+        found = self._exists.get(path)
+        if found is None:
+            found = self._exists[path] = os.path.lexists(path)
+        return found
+
+    def contained(self, root: str, path: str) -> tuple[str, os.stat_result]:
+        """The real path and ``fstat`` of the regular file at ``path`` inside ``root``
+        (:class:`_ContainedFile`'s checks), once per batch; what they raised, again."""
+        found = self._contained.get((root, path))
+        if found is None:
+            try:
+                with _ContainedFile(root, path, self) as (_handle, real, info):
+                    found = (real, info)
+            except (_Outcome, OSError) as exc:
+                found = exc
+            self._contained[root, path] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+
 class _ContainedFile:
     """Context manager: the regular file at ``path``, provided its real path stays inside
-    ``root``'s real path; yields ``(unbuffered handle, real path, its fstat)``."""
+    ``root``'s real path; yields ``(unbuffered handle, real path, its fstat)``. The real
+    paths come from ``checks`` (made once per batch)."""
 
-    def __init__(self, root: str, path: str) -> None:
+    def __init__(self, root: str, path: str, checks: _FileChecks) -> None:
         self._root = root
         self._path = path
+        self._checks = checks
         self._handle: io.FileIO | None = None
 
     def __enter__(self) -> tuple[io.FileIO, str, os.stat_result]:
-        real_root = os.path.realpath(self._root)
-        real = os.path.realpath(self._path)
+        real_root = self._checks.realpath(self._root)
+        real = self._checks.realpath(self._path)
         if os.path.commonpath([real_root, real]) != real_root or real == real_root:
             raise _Outcome("denied", "path leads outside the source root")
         try:
@@ -510,5 +588,9 @@ def resolve_durable_sources(
     state: DurableContextState, resolver: PointerResolver
 ) -> tuple[SourceResolution, ...]:
     """Resolve every distinct source pointer of ``state`` once, first-seen order (facts,
-    pending items, evidence): the input :func:`render_durable_context` expects."""
+    pending items, evidence): the input :func:`render_durable_context` expects. A
+    :class:`SourcePointerResolver` resolves them as one batch
+    (:meth:`SourcePointerResolver.resolve_all`)."""
+    if isinstance(resolver, SourcePointerResolver):
+        return resolver.resolve_all(state.source_pointers())
     return tuple(resolver.resolve(pointer) for pointer in state.source_pointers())

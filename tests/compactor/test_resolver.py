@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -302,6 +302,63 @@ def test_unchanged_file_is_not_read_again(roots: tuple[Path, Path]) -> None:
     assert resolver.reads == 3
 
 
+_MIXED = ("transcript:s1:1", "transcript:s1:4", "transcript:s1:99", "transcript:s2:1",
+          f"artifact:s1:report.txt:{REPORT_SHA}", f"artifact:s1:report.txt:{'0' * 64}",
+          "artifact:s1:absent.txt:" + "0" * 12, "transcript:../s1:1", "memory:x")
+
+
+def test_a_batch_resolves_as_each_pointer_alone(roots: tuple[Path, Path]) -> None:
+    """resolve_all gives what resolve gives pointer by pointer: statuses, digests, details,
+    cold and warm."""
+    alone = [resolver_for(roots).resolve(p) for p in _MIXED]
+    batched = resolver_for(roots)
+    assert list(batched.resolve_all(_MIXED)) == alone
+    assert list(batched.resolve_all(_MIXED)) == alone  # (from the cache)
+    assert {r.status for r in alone} == {"available", "missing", "denied", "corrupt",
+                                          "unsupported"}
+
+
+def test_a_batch_checks_each_file_once(roots: tuple[Path, Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm, the pointers that name one file share its open (and its real-path walk): one
+    open per file per batch, however many pointers name it; nothing is read."""
+    resolver = _CountingReads(roots[0], roots[1], allow_all)
+    pointers = [f"transcript:s1:{n}" for n in range(1, 6)] + [
+        f"artifact:s1:report.txt:{REPORT_SHA}"]
+    first = resolver.resolve_all(pointers)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.path.basename(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    assert resolver.resolve_all(pointers) == first
+    assert sorted(opened) == ["report.txt", "s1.jsonl"]
+    assert resolver.reads == len(pointers)  # the first batch's, one per pointer
+
+
+def test_a_batch_sees_a_change_made_before_it(roots: tuple[Path, Path]) -> None:
+    """The checks are per batch: a transcript rewritten between two batches is read again."""
+    resolver = resolver_for(roots)
+    pointers = ["transcript:s1:2", "transcript:s1:4"]
+    assert [r.status for r in resolver.resolve_all(pointers)] == ["available", "available"]
+    write_transcript(roots[0], SESSION, [event_line(1), b"not json", event_line(3)])
+    assert [r.status for r in resolver.resolve_all(pointers)] == ["corrupt", "corrupt"]
+
+
+def test_a_transcript_swapped_for_a_link_is_denied_for_every_pointer_of_the_batch(
+        roots: tuple[Path, Path]) -> None:
+    resolver = resolver_for(roots)
+    pointers = ["transcript:s1:1", "transcript:s1:2"]
+    assert [r.status for r in resolver.resolve_all(pointers)] == ["available", "available"]
+    path = roots[0] / f"{SESSION}.jsonl"
+    path.unlink()
+    path.symlink_to(roots[0] / f"{OTHER}.jsonl")
+    assert [r.status for r in resolver.resolve_all(pointers)] == ["denied", "denied"]
+
+
 def test_cache_disabled_reads_every_time(roots: tuple[Path, Path]) -> None:
     """With cache_entries=0 every resolution reads the file."""
     resolver = _CountingReads(roots[0], roots[1], allow_all, cache_entries=0)
@@ -580,6 +637,11 @@ class _Counting(SourcePointerResolver):
     def resolve(self, pointer: str) -> SourceResolution:
         self.asked.append(pointer)
         return super().resolve(pointer)
+
+    def resolve_all(self, pointers: Iterable[str]) -> tuple[SourceResolution, ...]:
+        pointers = list(pointers)
+        self.asked.extend(pointers)
+        return super().resolve_all(pointers)
 
 
 def test_resolve_durable_sources_resolves_each_pointer_once_in_first_seen_order(
