@@ -27,6 +27,7 @@ from proxy.allocator import tune_allocator
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
 from proxy.http.audit import request_context_middleware
+from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
@@ -41,6 +42,7 @@ from proxy.keys import (
     CONFIG,
     COUNTER,
     DECODED_SPANS,
+    DURABLE_BLOCKS,
     ENCODED_VIEWS,
     METRICS,
     PROTOCOL_MEMO,
@@ -197,6 +199,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
+    app[DURABLE_BLOCKS] = DurableBlocks()
     app[ENCODED_VIEWS] = EncodedViews()
     app[RECENT_BODIES] = RecentBodies()
     app[PROTOCOL_MEMO] = compactor.ProtocolMemo()

@@ -27,6 +27,7 @@ from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
+    from proxy.http.durable import DurableBlocks
     from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
     from proxy.http.tenants import TenantScope
     from proxy.http.upstream_waits import UpstreamWaits
@@ -40,6 +41,7 @@ __all__ = [
     "CONFIG",
     "COUNTER",
     "DECODED_SPANS",
+    "DURABLE_BLOCKS",
     "ENCODED_VIEWS",
     "METRICS",
     "PROTOCOL_MEMO",
@@ -96,6 +98,8 @@ CALIBRATION: Final = web.AppKey("calibration", Calibration)
 BACKGROUND: Final[web.AppKey[set[asyncio.Future[None]]]] = web.AppKey("background")
 #: The L4 summary client; absent when ``summary.enabled`` is false.
 SUMMARIZER: Final = web.AppKey("summarizer", ProviderSummarizer)
+#: The durable block last rendered for each recent session (:mod:`proxy.http.durable`).
+DURABLE_BLOCKS: Final[web.AppKey[DurableBlocks]] = web.AppKey("durable_blocks")
 #: Decoded messages by the hash of their bytes (:mod:`proxy.http.spans`).
 DECODED_SPANS: Final[web.AppKey[DecodedSpans]] = web.AppKey("decoded_spans")
 #: The encoded messages of recent checkpoints' views (:mod:`proxy.http.spans`).

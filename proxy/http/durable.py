@@ -10,15 +10,21 @@ the ``store_unavailable`` log line (once a second at most).
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 from aiohttp import web
+from lru import LRU
 
 import compactor
 from proxy.http.tenants import scoped_key
-from proxy.keys import CONFIG, RESOLVERS, STORE, STORE_HEALTH
+from proxy.keys import CONFIG, DURABLE_BLOCKS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.state.store import StoreUnavailable
 
-__all__ = ["DurableContext", "SessionRef", "load_durable_context"]
+__all__ = ["DurableBlocks", "DurableContext", "SessionRef", "load_durable_context"]
+
+#: Sessions whose last rendered block is kept (least recently used go first).
+DEFAULT_MAX_BLOCKS: Final = 1024
 
 
 class DurableContext(msgspec.Struct, frozen=True):
@@ -45,6 +51,33 @@ class SessionRef(msgspec.Struct, frozen=True):
         msgspec.structs.force_setattr(self, "key", scoped_key(self.tenant, self.session_id))
 
 
+class DurableBlocks:
+    """The durable block last rendered for each recent session, rendered again only when the
+    session's state (another object: the store's read cache hands back the same one while
+    its version holds) or a source's resolution changed. The rendering is deterministic
+    (SPEC section 7), so the same state and resolutions give the same text; an agent's
+    requests mostly find both unchanged. Used from the event loop only.
+
+    Args:
+        max_sessions: how many sessions' blocks to keep.
+    """
+
+    def __init__(self, max_sessions: int = DEFAULT_MAX_BLOCKS) -> None:
+        self._last: LRU[str, tuple[compactor.DurableContextState,
+                                   tuple[compactor.SourceResolution, ...], str]] = LRU(
+            max(1, max_sessions))
+
+    def text(self, session_key: str, state: compactor.DurableContextState,
+             resolutions: tuple[compactor.SourceResolution, ...]) -> str:
+        """:func:`compactor.render_durable_context` of ``state`` with ``resolutions``."""
+        found = self._last.get(session_key)
+        if found is not None and found[0] is state and found[1] == resolutions:
+            return found[2]
+        text = compactor.render_durable_context(state, source_resolutions=resolutions)
+        self._last[session_key] = (state, resolutions, text)
+        return text
+
+
 async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
@@ -63,5 +96,5 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
     resolutions = await app[RESOLVERS].resolve(session_id, stored.state)
-    text = compactor.render_durable_context(stored.state, source_resolutions=resolutions)
-    return DurableContext(stored.state, text)
+    return DurableContext(stored.state,
+                          app[DURABLE_BLOCKS].text(session.key, stored.state, resolutions))

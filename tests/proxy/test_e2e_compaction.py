@@ -224,6 +224,52 @@ def test_durable_block_is_appended_last_to_system_with_verified_statuses(
     assert first["messages"] == request["messages"]
 
 
+def test_each_request_shows_its_sources_as_they_are_then(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer
+) -> None:
+    """Pointers are re-verified on every request, and the block follows: an artifact
+    removed between two requests is missing in the second; a transcript line rewritten is
+    corrupt for the pointers into it; both put back, the block is the first one again, byte
+    for byte."""
+    proxy = proxy_factory(admin_token="admin-e2e-token-5b2d4e6f")
+    digests = durable_setup(proxy, "sess-r")
+    admin_put(proxy, "sess-r", {
+        "facts": [{"fact_id": f"f{n}", "content": f"fact {n}",
+                   "source_pointer": "transcript:sess-r:1",
+                   "last_confirmed_at": "2025-03-01T12:30:00Z"} for n in range(3)],
+        "pending_items": [{"item_id": "p1", "description": "publish the report",
+                           "source_pointer": f"artifact:sess-r:report.txt:{digests['artifact']}",
+                           "last_confirmed_at": "2025-03-01T12:31:00Z"}],
+    })
+    transcript = proxy.transcript_root / "sess-r.jsonl"
+    artifact = proxy.artifact_root / "sess-r" / "report.txt"
+    kept_transcript, kept_artifact = transcript.read_bytes(), artifact.read_bytes()
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    request: dict[str, Any] = {"model": MODEL, "max_tokens": 32, "system": "You are helpful.",
+               "messages": [{"role": "user", "content": user_text("what is left?")}],
+               "extra_headers": {"x-compact-session-id": "sess-r"}}
+
+    def statuses(body: dict[str, Any]) -> list[str]:
+        return [line.split("source_status=")[1].split()[0]
+                for line in body["system"][-1]["text"].splitlines() if "source_status=" in line]
+
+    with client:
+        client.messages.create(**request)
+        artifact.unlink()
+        client.messages.create(**request)
+        transcript.write_text(json.dumps({"sequence": 1, "session_id": "sess-r"}) + "\n",
+                              encoding="utf-8")  # no event_id: not a transcript event
+        client.messages.create(**request)
+        transcript.write_bytes(kept_transcript)
+        artifact.write_bytes(kept_artifact)
+        client.messages.create(**request)
+    first, second, third, fourth = forwarded(upstream_server)
+    assert statuses(first) == ["available"] * 4
+    assert statuses(second) == ["available"] * 3 + ["missing"]
+    assert statuses(third) == ["corrupt"] * 3 + ["missing"]
+    assert fourth["system"] == first["system"]
+
+
 def thinking_history() -> list[Any]:
     """A long tool loop whose assistant turns start with signed thinking blocks."""
     messages = read_turns(8)
