@@ -7,7 +7,10 @@ One run starts the fake provider, the bare relay (``bench/proxy.py --null-relay`
 ``serve`` process per variant of ``bench/proxy.py``'s config (sticky, tiktoken, the audit log
 on): every feature on, then each of the request path's bookkeeping features off on its own —
 the audit log (``audit.enabled``), the ``request_completed`` line (``logging.level: warning``),
-calibration (``compaction.calibration``) — then all three off. The same request of ``--size``
+calibration (``compaction.calibration``) — then all three off; and one more with every
+feature on whose session holds a durable state (:func:`seed_durable_state`: facts pointing
+into the session's transcript and pending items on an artifact, each pointer verified again
+on every request and the block appended to ``system``). The same request of ``--size``
 bytes under the threshold (``bench/proxy.py``'s CPU cell) goes to every process in turn,
 ``--pace-ms`` apart, ``--requests`` times; it prints each process's CPU per request (``/proc``)
 and its ratio to the relay's. What a feature costs is the difference between "all on" and its
@@ -16,7 +19,8 @@ own row, measured in one interleaved run.
 ``--block N`` sends each process N requests in a row before the next one's turn (with
 ``--pace-ms 0``: a hop that serves a stream of requests, its caches warm — paced one by one,
 every request starts cold); ``--baseline REF`` adds the proxy of git ref ``REF`` (a temporary
-worktree, every feature on), so a change of a few percent is read old against new in one run.
+worktree, every feature on; and its durable-state process), so a change of a few percent is
+read old against new in one run.
 Not a timed test; ``tests/bench/test_features_smoke.py`` checks its structure at a tiny size.
 """
 
@@ -24,14 +28,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+import compactor
 from bench.proxy import (
     SESSION_THRESHOLDS,
     _headers,
@@ -45,6 +53,7 @@ from bench.proxy import (
     send,
     upstream_process,
 )
+from proxy.state.store import SQLiteStateStore
 
 #: The variants: a name and what it changes in the config.
 VARIANTS: Final[tuple[tuple[str, Mapping[str, Any]], ...]] = (
@@ -55,6 +64,15 @@ VARIANTS: Final[tuple[tuple[str, Mapping[str, Any]], ...]] = (
     ("all three off", {"audit": {"enabled": False}, "logging": {"level": "warning"},
                        "compaction": {"calibration": False}}),
 )
+#: The session every request belongs to.
+SESSION: Final = "bench-features"
+#: The durable state one more process (every feature on) holds for the session: facts that
+#: point into the session's transcript, pending items on one artifact (SPEC section 4, step 4:
+#: each pointer verified on every request, the block appended to ``system``).
+DURABLE_FACTS: Final = 8
+DURABLE_PENDING: Final = 2
+#: Events in the session's transcript.
+TRANSCRIPT_EVENTS: Final = 200
 #: Untimed requests per process before the counts start (connections, caches, the session).
 WARMUP: Final = 20
 #: How long the processes are left to finish a request's tail before CPU is read.
@@ -71,6 +89,11 @@ class FeatureCosts:
     variant_ms: dict[str, float]
     baseline_ms: float | None = None
     baseline_ref: str | None = None
+    #: Every feature on, the session holding a durable state of ``pointers`` pointers (and
+    #: the baseline's, when there is one).
+    durable_ms: float = 0.0
+    baseline_durable_ms: float | None = None
+    pointers: int = 0
 
     def ratio(self, name: str) -> float:
         """A variant's CPU per request over the relay's."""
@@ -99,12 +122,19 @@ async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
                 services[name] = await stack.enter_async_context(proxy_process(
                     client, work, name.replace(" ", "-"), upstream.url, SESSION_THRESHOLDS,
                     sticky=True, overrides=change))
+            pointers = await seed_durable_state(work / _DURABLE, SESSION)
+            services[_DURABLE] = await stack.enter_async_context(proxy_process(
+                client, work, _DURABLE, upstream.url, SESSION_THRESHOLDS, sticky=True))
             if baseline_source is not None:
                 services[_BASELINE] = await stack.enter_async_context(proxy_process(
-                    client, work, "baseline", upstream.url, SESSION_THRESHOLDS, sticky=True,
+                    client, work, _BASELINE, upstream.url, SESSION_THRESHOLDS, sticky=True,
                     source=baseline_source))
+                await seed_durable_state(work / _BASELINE_DURABLE, SESSION)
+                services[_BASELINE_DURABLE] = await stack.enter_async_context(proxy_process(
+                    client, work, _BASELINE_DURABLE, upstream.url, SESSION_THRESHOLDS,
+                    sticky=True, source=baseline_source))
             body = request_body(history_of_size(size), stream=False)
-            headers = _headers("bench-features")
+            headers = _headers(SESSION)
             for service in services.values():
                 for _ in range(WARMUP):
                     await send(client, service.url, body, headers, stream=False)
@@ -123,27 +153,74 @@ async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
                    for name, s in services.items()}
     relay = cpu.pop("relay")
     baseline_ms = cpu.pop(_BASELINE, None)
-    return FeatureCosts(len(body), requests, relay, cpu, baseline_ms, baseline)
+    baseline_durable_ms = cpu.pop(_BASELINE_DURABLE, None)
+    durable_ms = cpu.pop(_DURABLE)
+    return FeatureCosts(len(body), requests, relay, cpu, baseline_ms, baseline, durable_ms,
+                        baseline_durable_ms, pointers)
 
 
-#: The baseline proxy's key among the measured processes.
+#: The measured processes beyond the variants: their keys (and their folders' names).
+_DURABLE: Final = "durable-state"
 _BASELINE: Final = "baseline"
+_BASELINE_DURABLE: Final = "baseline-durable-state"
+
+
+async def seed_durable_state(directory: Path, session_id: str) -> int:
+    """Give ``session_id`` a durable state in the store of the proxy whose files are under
+    ``directory`` (:func:`bench.proxy.write_proxy_config`'s layout, written before the proxy
+    starts), with its transcript and artifact in the proxy's roots; returns how many distinct
+    pointers the state holds."""
+    transcripts = directory / "transcripts"
+    artifacts = directory / "artifacts" / session_id
+    transcripts.mkdir(parents=True, exist_ok=True)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    events = [json.dumps({"sequence": n, "session_id": session_id, "event_id": f"e{n}",
+                          "type": "message", "text": f"event {n}: " + "x" * 200})
+              for n in range(1, TRANSCRIPT_EVENTS + 1)]
+    (transcripts / f"{session_id}.jsonl").write_text("\n".join(events) + "\n", encoding="utf-8")
+    report = b"all tests passed\n" * 500
+    (artifacts / "report.txt").write_bytes(report)
+    digest = hashlib.sha256(report).hexdigest()
+    now = datetime.now(UTC)
+    step = TRANSCRIPT_EVENTS // DURABLE_FACTS
+    state = compactor.DurableContextState(
+        facts=tuple(compactor.DurableFact(f"f{n}", f"fact number {n}",
+                                          f"transcript:{session_id}:{1 + n * step}", now)
+                    for n in range(DURABLE_FACTS)),
+        pending_items=tuple(compactor.PendingItem(f"p{n}", f"pending item {n}",
+                                                  f"artifact:{session_id}:report.txt:{digest}",
+                                                  now)
+                            for n in range(DURABLE_PENDING)))
+    store = await SQLiteStateStore(directory / "state.db").open()
+    try:
+        await store.put_state(session_id, state, None)
+    finally:
+        await store.close()
+    return len(state.source_pointers())
 
 
 def format_costs(costs: FeatureCosts, pace_ms: float, block: int = 1) -> str:
-    """The table: a row per process, CPU per request, ratio to the relay, saving."""
+    """The table: a row per process, CPU per request, ratio to the relay, what a variant saves
+    (a durable state: what it costs, negative) against every feature on."""
     turns = "interleaved" if block == 1 else f"interleaved in blocks of {block}"
+    everything = costs.variant_ms[VARIANTS[0][0]]
+    rows: list[tuple[str, float, float | None]] = [("bare relay", costs.relay_ms, None)]
+    rows += [(f"proxy, {name}", costs.variant_ms[name],
+              None if name == VARIANTS[0][0] else costs.saved(name)) for name, _ in VARIANTS]
+    rows.append((f"proxy, durable state ({costs.pointers} pointers)", costs.durable_ms,
+                 everything - costs.durable_ms))
+    if costs.baseline_ms is not None:
+        rows.append((f"baseline {costs.baseline_ref}, all on", costs.baseline_ms, None))
+    if costs.baseline_durable_ms is not None:
+        rows.append((f"baseline {costs.baseline_ref}, durable state", costs.baseline_durable_ms,
+                     None))
+    width = max(len(label) for label, _, _ in rows) + 2
     lines = [f"CPU per request, {costs.body_bytes / 1000:.0f} KB under the threshold "
              f"({costs.requests} requests per process, {turns}, {pace_ms:g} ms apart)",
-             f"   {'process':<26}{'ms':>8}{'x relay':>10}{'saves':>9}",
-             f"   {'bare relay':<26}{costs.relay_ms:>8.3f}{1.0:>10.2f}"]
-    for name, _ in VARIANTS:
-        saved = "" if name == VARIANTS[0][0] else f"{costs.saved(name):>9.3f}"
-        lines.append(f"   {'proxy, ' + name:<26}{costs.variant_ms[name]:>8.3f}"
-                     f"{costs.ratio(name):>10.2f}{saved}")
-    if costs.baseline_ms is not None:
-        lines.append(f"   {f'baseline {costs.baseline_ref}, all on':<26}{costs.baseline_ms:>8.3f}"
-                     f"{costs.baseline_ms / costs.relay_ms:>10.2f}")
+             f"   {'process':<{width}}{'ms':>8}{'x relay':>10}{'saves':>9}"]
+    for label, ms, saved in rows:
+        lines.append(f"   {label:<{width}}{ms:>8.3f}{ms / costs.relay_ms:>10.2f}"
+                     + ("" if saved is None else f"{saved:>9.3f}"))
     return "\n".join(lines)
 
 

@@ -24,9 +24,39 @@ def test_every_variant_is_measured_against_the_relay_and_the_table_prints() -> N
         assert math.isfinite(costs.variant_ms[name]) and costs.variant_ms[name] > 0
         assert costs.ratio(name) == costs.variant_ms[name] / costs.relay_ms
     assert costs.saved("all on") == 0.0
+    assert costs.pointers == features.DURABLE_FACTS + 1  # (the pending items share one)
+    assert math.isfinite(costs.durable_ms) and costs.durable_ms > 0
     table = features.format_costs(costs, 0.0)
-    assert table.count("\n") == len(features.VARIANTS) + 2
+    assert table.count("\n") == len(features.VARIANTS) + 3
     assert "bare relay" in table and "proxy, all three off" in table
+    assert f"proxy, durable state ({costs.pointers} pointers)" in table
+
+
+def test_the_durable_state_is_seeded_and_every_pointer_verifies(tmp_path: Path) -> None:
+    """The seeded state is in the proxy's store, and its pointers are all available in the
+    proxy's roots (the cell measures verified sources, not refusals)."""
+    from compactor import SourcePointerResolver, resolve_durable_sources
+    from proxy.state.store import SQLiteStateStore
+
+    pointers = asyncio.run(features.seed_durable_state(tmp_path, "bench-features"))
+
+    async def read() -> object:
+        store = await SQLiteStateStore(tmp_path / "state.db").open()
+        try:
+            return await store.get_state("bench-features")
+        finally:
+            await store.close()
+
+    stored = asyncio.run(read())
+    assert stored is not None
+    state = stored.state  # type: ignore[attr-defined]
+    assert len(state.facts) == features.DURABLE_FACTS
+    assert len(state.pending_items) == features.DURABLE_PENDING
+    resolver = SourcePointerResolver(tmp_path / "transcripts", tmp_path / "artifacts",
+                                     lambda pointer: True)
+    resolutions = resolve_durable_sources(state, resolver)
+    assert len(resolutions) == pointers == features.DURABLE_FACTS + 1
+    assert {r.status for r in resolutions} == {"available"}
 
 
 def test_a_variant_changes_only_what_it_names(tmp_path: Path) -> None:
@@ -54,7 +84,9 @@ def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
     assert costs.baseline_ms is not None and math.isfinite(costs.baseline_ms)
     assert costs.baseline_ms > 0 and "baseline" not in costs.variant_ms
     table = features.format_costs(costs, 0.0, 2)
+    assert costs.baseline_durable_ms is not None and costs.baseline_durable_ms > 0
     assert "blocks of 2" in table and "baseline HEAD, all on" in table
-    assert table.count("\n") == len(features.VARIANTS) + 3
+    assert "baseline HEAD, durable state" in table
+    assert table.count("\n") == len(features.VARIANTS) + 5
     with pytest.raises(ValueError, match="--block"):
         asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))
