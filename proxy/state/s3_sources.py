@@ -56,7 +56,7 @@ import asyncio
 import codecs
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
@@ -240,6 +240,10 @@ class _Located:
     key: str
 
 
+#: One batch's HEAD requests, by object (:meth:`S3SourceResolver._head`).
+_Heads = dict[_Located, "asyncio.Future[Mapping[str, Any]]"]
+
+
 class S3SourceResolver:
     """Checks source pointers against the objects they name (see the module's doc).
 
@@ -271,15 +275,18 @@ class S3SourceResolver:
 
     async def resolve(self, pointer: str) -> SourceResolution:
         """Resolve one pointer string; never raises for a bad pointer or a bad object."""
+        return await self._resolve(pointer, {})
+
+    async def _resolve(self, pointer: str, heads: _Heads) -> SourceResolution:
         shown = pointer if isinstance(pointer, str) else repr(pointer)
         parsed = self._parse_and_authorize(shown, pointer)
         if isinstance(parsed, SourceResolution):
             return parsed
         try:
             if isinstance(parsed, TranscriptPointer):
-                digest = await self._resolve_transcript(parsed)
+                digest = await self._resolve_transcript(parsed, heads)
             else:
-                digest = await self._resolve_artifact(parsed)
+                digest = await self._resolve_artifact(parsed, heads)
         except _Outcome as outcome:
             return SourceResolution(shown, outcome.status, None, outcome.detail)
         except _STORE_ERRORS as exc:
@@ -290,8 +297,11 @@ class S3SourceResolver:
     async def resolve_all(self, state: compactor.DurableContextState
                           ) -> tuple[SourceResolution, ...]:
         """Every distinct pointer of ``state``, first-seen order (as
-        :func:`compactor.resolve_durable_sources`), :data:`CONCURRENCY` at a time."""
-        return await _bounded(self.resolve(p) for p in state.source_pointers())
+        :func:`compactor.resolve_durable_sources`), :data:`CONCURRENCY` at a time. The
+        pointers that name one object (a session's facts in its one transcript) share its
+        HEAD: one per object per request, not one per pointer."""
+        heads: _Heads = {}
+        return await _bounded(self._resolve(p, heads) for p in state.source_pointers())
 
     def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
         try:
@@ -326,13 +336,13 @@ class S3SourceResolver:
 
     # --- verification -----------------------------------------------------------------------
 
-    async def _resolve_transcript(self, pointer: TranscriptPointer) -> str:
+    async def _resolve_transcript(self, pointer: TranscriptPointer, heads: _Heads) -> str:
         async def scan(body: _Body) -> str:
             return hashlib.sha256(await self._target_line(body, pointer)).hexdigest()
 
-        return await self._lookup(self._transcript_object(pointer), str(pointer), scan)
+        return await self._lookup(self._transcript_object(pointer), str(pointer), scan, heads)
 
-    async def _resolve_artifact(self, pointer: ArtifactPointer) -> str:
+    async def _resolve_artifact(self, pointer: ArtifactPointer, heads: _Heads) -> str:
         async def verify(body: _Body) -> str:
             hasher = hashlib.sha256()
             await self._stream(body, hasher.update)
@@ -341,14 +351,13 @@ class S3SourceResolver:
                 raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
             return digest
 
-        return await self._lookup(self._artifact_object(pointer), str(pointer), verify)
+        return await self._lookup(self._artifact_object(pointer), str(pointer), verify, heads)
 
     async def _lookup(self, where: _Located, pointer: str,
-                      verify: Callable[[_Body], Awaitable[str]]) -> str:
-        """HEAD the object, reuse its remembered outcome or GET it (``If-Match`` its ETag)
-        and run ``verify`` on the body."""
-        client = await self._store.client()
-        head = await client.head_object(Bucket=where.bucket, Key=where.key)
+                      verify: Callable[[_Body], Awaitable[str]], heads: _Heads) -> str:
+        """HEAD the object (once per batch), reuse its remembered outcome or GET it
+        (``If-Match`` its ETag) and run ``verify`` on the body."""
+        head = await self._head(where, heads)
         etag = head.get("ETag") or ""
         modified = head.get("LastModified")
         key: _CacheKey = (pointer, where.bucket, where.key, etag,
@@ -374,6 +383,19 @@ class S3SourceResolver:
         if cache is not None:
             cache[key] = ("available", digest, "verified")
         return digest
+
+    async def _head(self, where: _Located, heads: _Heads) -> Mapping[str, Any]:
+        """The object's HEAD, asked once per batch (``heads``: the batch's, by object: its
+        pointers wait on the same request, and share its answer or its error)."""
+        found = heads.get(where)
+        if found is None:
+            found = heads[where] = asyncio.ensure_future(self._head_object(where))
+        return await found
+
+    async def _head_object(self, where: _Located) -> Mapping[str, Any]:
+        client = await self._store.client()
+        head: Mapping[str, Any] = await client.head_object(Bucket=where.bucket, Key=where.key)
+        return head
 
     async def _get(self, where: _Located, etag: str) -> _Body:
         """The object's body, streaming; a GET whose object changed since ``etag`` is

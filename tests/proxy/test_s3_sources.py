@@ -17,6 +17,7 @@ import time
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ OTHER = "sess-other"
 REPORT = b"all tests passed\n"
 REPORT_SHA = hashlib.sha256(REPORT).hexdigest()
 MIB = 1024 * 1024
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
 
 # --- the server and the objects --------------------------------------------------------------
@@ -272,6 +274,47 @@ async def test_an_unchanged_object_is_not_read_again(
         for pointer in pointers:
             await uncached.resolve(pointer)
     assert uncached.gets == 8
+
+
+class CountingHeads(CountingGets):
+    """A real resolver that also counts the HEAD requests it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.heads: list[str] = []
+
+    async def _head_object(self, where: _Located) -> Any:
+        self.heads.append(where.key)
+        return await super()._head_object(where)
+
+
+async def test_a_batch_sends_one_head_per_object(
+        s3: S3Client, bucket: str, store: S3ObjectStore) -> None:
+    """A state's pointers into one transcript share its HEAD (one per object per request);
+    each pointer still gets its own status; a missing object is missing for all of its."""
+    await put_transcript(s3, bucket, [event(n) for n in range(1, 6)])
+    await put_artifact(s3, bucket, "report.txt", REPORT)
+    transcripts, artifacts = roots(bucket)
+    resolver = CountingHeads(store, transcripts, artifacts, SourceAccessPolicy().authorizer(SID),
+                             cache=new_outcome_cache())
+    pointer = f"artifact:sess-s3:report.txt:{REPORT_SHA}"
+    state = DurableContextState(
+        facts=tuple(DurableFact(f"f{n}", "x", f"transcript:sess-s3:{n}", T0)
+                    for n in (1, 3, 5, 9)),
+        pending_items=(PendingItem("p", "y", pointer, T0),
+                       PendingItem("q", "z", "artifact:sess-s3:gone.txt:" + "0" * 12,
+                                             T0)))
+    first = await resolver.resolve_all(state)
+    assert [r.status for r in first] == ["available"] * 3 + ["missing", "available", "missing"]
+    assert sorted(resolver.heads) == sorted([f"team/transcripts/{SID}.jsonl",
+                                             f"team/artifacts/{SID}/report.txt",
+                                             f"team/artifacts/{SID}/gone.txt"])
+    assert resolver.gets == 5  # the transcript read once per pointer, the artifact once
+    resolver.heads.clear()
+    assert await resolver.resolve_all(state) == first  # from the cache: HEADs only
+    assert len(resolver.heads) == 3 and resolver.gets == 5
+    alone = [await resolver_for(store, bucket).resolve(p) for p in state.source_pointers()]
+    assert list(first) == alone
 
 
 async def test_a_corrupted_object_is_corrupt_even_after_it_was_verified(
