@@ -2523,7 +2523,7 @@ def format_report(results: BenchResults) -> str:
     # Streamed (every request of Claude Code is): against the bare relay's streamed requests.
     relay_streamed = _cpu(streamed, "relay")
     for label, target in ((f"bare relay, {kb} streamed", "relay"),
-                          (f"compact-proxy, {kb} streamed, nothing to compact", "proxy")):
+                          (f"compact-proxy, {kb} streamed, nothing to do", "proxy")):
         seq = _cpu(streamed, target)
         add(f"   {label:<44}{_ms(seq):>11}{_times(_ratio(seq, relay_streamed)):>9}")
     add(f"   (x relay: over the bare relay's CPU per {kb} request, same column; a streamed "

@@ -193,7 +193,7 @@ def test_report_prints_every_part_and_a_verdict_for_every_goal(
                     "Goals (issue #13)", "LiteLLM: not measured"):
         assert heading in report
     part5 = report.split("5. CPU per request")[1].split("6. ")[0]
-    assert "streamed, nothing to compact" in part5 and "bare relay, " in part5
+    assert "streamed, nothing to do" in part5 and "bare relay, " in part5
     goals = bench.evaluate_goals(results)
     assert [g.issue for g in goals] == [4] * 10 + [13] * 5
     for goal in goals:
