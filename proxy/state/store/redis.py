@@ -794,7 +794,9 @@ class RedisStateStore:
     # -- the audit log (proxy.state.audit_log.RequestLog) ---------------------------------
 
     async def add_request(self, entry: RequestEntry) -> None:
-        """Keep ``entry``, then trim the session and the retention, in one script."""
+        """Keep ``entry``, then trim its session (bound and retention), in one script; the
+        global indexes follow what that session's trim dropped (other sessions' old entries
+        wait for :meth:`trim`, as the SQLite store's do)."""
         if not isinstance(entry, RequestEntry):
             raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
         self._check_open()
@@ -810,7 +812,6 @@ class RedisStateStore:
             if entry.blocked and text not in refused:
                 await self._redis.zadd(self.audit_blocked_key, {text: _score(entry.at)})
             await self._after_trim(member, keys[1], reply)
-            await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
         except _FAILURES as exc:
             raise self._audit_error("add audit entry", exc) from exc
 
