@@ -10,9 +10,10 @@ requests it is turned on (``callgrind_control -i on``) for ``--requests`` reques
 cell (the same ``--size`` request under the threshold, ``bench/proxy.py``'s config) and the
 count dumped: every user-space instruction of the process, its threads included, per
 request. Two runs give the same figures within a few tenths of a percent — with the audit log
-off (the default here): its batches are written by the clock (``AUDIT_LINGER_S``), and under
-valgrind's slowness a batch holds far fewer requests than at full speed, so with ``--audit``
-its commits weigh more than they do in production and move from run to run.
+off (the default here): its batches are written by the clock
+(``proxy.state.store.audit_batches.AUDIT_LINGER_S``), and under valgrind's slowness a batch
+holds far fewer requests than at full speed, so with ``--audit`` its commits weigh more than
+they do in production and move from run to run.
 
 What it cannot see: the kernel (system calls, the loopback), and the caches — a proxy whose
 footprint evicts aiohttp's code runs the same instructions slower. A change is judged here

@@ -127,7 +127,7 @@ async def test_audit_entries_added_together_share_one_batch_and_its_future(
     """Entries added within the linger are one batch: the same future for each (at most
     MAX_AUDIT_BATCH per batch), resolved once their one transaction committed; every entry
     is then read back."""
-    from proxy.state.store.sqlite import MAX_AUDIT_BATCH
+    from proxy.state.store.audit_batches import MAX_AUDIT_BATCH
     from tests.proxy.test_store_contract import entry
 
     futures = [store.add_request(entry(index, session=f"s{index % 3}"))

@@ -86,6 +86,7 @@ from ._rows import (
     usage_stamp,
     utc_now,
 )
+from .audit_batches import AuditBatches
 from .base import CorruptStateError, SessionVersions, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
@@ -96,14 +97,6 @@ _T = TypeVar("_T")
 #: A new table (``CREATE TABLE IF NOT EXISTS``) is no such change: a file from before gets it
 #: when it is opened, and an older program never looks at it (``session_usage`` came so).
 SCHEMA_VERSION = 1
-
-#: The most request entries written in one transaction.
-MAX_AUDIT_BATCH = 256
-#: How long the first of a batch of request entries waits for others to join it (seconds):
-#: a commit costs far more than a row (measured: ~0.4 ms of CPU for a batch of one, ~0.04 ms
-#: a row in a batch of 64), and nobody waits for these entries. The audit log's own reads
-#: write what is pending first, so this process never reads around its own entries.
-AUDIT_LINGER_S = 1.0
 
 #: The usage counters, one INTEGER column each (names from our own dataclass, not input).
 _USAGE_COLUMNS: tuple[str, ...] = UsageEntry.field_names()
@@ -262,11 +255,8 @@ class SQLiteStateStore:
         self.max_requests_per_session = max_requests_per_session
         self.retention_days = retention_days
         self._shared = shared
-        # Audit entries waiting for their transaction, a batch (at most MAX_AUDIT_BATCH) each
-        # with the one future its callers are handed, and the task writing them (used from
-        # the event loop only).
-        self._pending_requests: list[tuple[list[RequestEntry], asyncio.Future[None]]] = []
-        self._request_writer: asyncio.Task[None] | None = None
+        # Audit entries waiting for their transaction (used from the event loop only).
+        self._batches = AuditBatches(self._write_requests)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
         # Touched only from the worker thread.
@@ -338,11 +328,11 @@ class SQLiteStateStore:
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
         """Keep ``entry``, then trim its session (bound and retention).
 
-        Entries added within :data:`AUDIT_LINGER_S` of each other, or while a write is under
-        way, go together in one transaction (at most :data:`MAX_AUDIT_BATCH`): under load one
-        commit serves many requests, and the worker thread encodes them in one loop. Returns
-        the batch's future, done once its transaction committed (or failed with its error):
-        one future per batch, no coroutine, no task per entry.
+        Entries added within a second of each other, or while a write is under way, go
+        together in one transaction (:class:`~proxy.state.store.audit_batches.AuditBatches`):
+        under load one commit serves many requests, and the worker thread encodes them in one
+        loop. Returns the batch's future, done once its transaction committed (or failed with
+        its error).
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.
@@ -352,48 +342,14 @@ class SQLiteStateStore:
             raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        pending = self._pending_requests
-        if (not pending or len(pending[-1][0]) >= MAX_AUDIT_BATCH
-                or pending[-1][1].done() or pending[-1][1].get_loop() is not loop):
-            # (a caller that gave up on its batch cancelled the batch's future: a new one)
-            pending.append(([], loop.create_future()))
-        entries, written = pending[-1]
-        entries.append(entry)
-        writer = self._request_writer
-        if writer is None or writer.done() or writer.get_loop() is not loop:
-            self._request_writer = loop.create_task(self._write_pending_requests())
-        return written
+        return self._batches.add(entry)
 
     async def flush(self) -> None:
         """Write the entries :meth:`add_request` still holds back, now."""
-        await self._write_pending()
+        await self._batches.flush()
 
-    async def _write_pending_requests(self) -> None:
-        """After :data:`AUDIT_LINGER_S`, write the pending entries."""
-        try:
-            await asyncio.sleep(AUDIT_LINGER_S)
-            await self._write_pending()
-        finally:
-            if self._request_writer is asyncio.current_task():
-                self._request_writer = None
-
-    async def _write_pending(self) -> None:
-        """Write the pending entries, a batch per transaction, until none are left."""
-        while self._pending_requests:
-            entries, written = self._pending_requests.pop(0)
-            failure: Exception | None = None
-            try:
-                await self._call(self._add_requests, entries)
-            except Exception as exc:  # noqa: BLE001 - handed to the batch's callers
-                failure = exc
-            # A caller that gave up (or whose loop is gone) is not told.
-            if written.done() or written.get_loop() is not asyncio.get_running_loop():
-                continue
-            if failure is None:
-                written.set_result(None)
-            else:
-                written.set_exception(failure)
+    async def _write_requests(self, entries: list[RequestEntry]) -> None:
+        await self._call(self._add_requests, entries)
 
     async def add_state_change(self, change: StateChange) -> None:
         """Keep ``change``, then trim the session's changes and the retention."""
@@ -409,14 +365,14 @@ class SQLiteStateStore:
         _check_page(offset, limit)
         if order not in _SESSION_ORDERS:
             raise ValueError(f"order must be one of {', '.join(_SESSION_ORDERS)}, got {order!r}")
-        await self._write_pending()  # this process's entries are read too
+        await self._batches.flush()  # this process's entries are read too
         return await self._call(self._sessions, offset, limit, contains, order, tenant)
 
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
                                limit: int = 100) -> tuple[list[RequestEntry], int]:
         """One page of a session's requests, newest first, and how many it has."""
         _check_page(offset, limit)
-        await self._write_pending()  # this process's entries are read too
+        await self._batches.flush()  # this process's entries are read too
         return await self._call(self._session_requests, tenant, session_id, offset, limit)
 
     async def state_changes(self, tenant: str, session_id: str, *,
@@ -428,7 +384,7 @@ class SQLiteStateStore:
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
         """Refused requests that arrived at or after ``since``, oldest first."""
         _check_page(0, limit)
-        await self._write_pending()  # this process's entries are read too
+        await self._batches.flush()  # this process's entries are read too
         return await self._call(self._blocked_since, audit_stamp(since), limit)
 
     async def trim(self, now: datetime) -> int:
@@ -440,7 +396,7 @@ class SQLiteStateStore:
         """Close the connection and stop the worker thread; idempotent."""
         if self._closed:
             return
-        await self._write_pending()
+        await self._batches.flush()
         self._closed = True
         loop = asyncio.get_running_loop()
         # Queued behind every call already submitted, so those still complete.
