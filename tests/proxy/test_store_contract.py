@@ -730,6 +730,31 @@ async def test_trim_drops_what_the_retention_no_longer_allows(
         await store.close()
 
 
+async def test_entries_added_together_are_kept_as_one_by_one(
+    store_factory: StoreFactory,
+) -> None:
+    """Entries added without waiting go in one batch (one future for all; per session, one
+    write): the sessions, their pages, totals and refusals are those of one-by-one adds; a
+    session over its bound keeps its newest, and a refusal the bound dropped is not listed."""
+    store = await store_factory.open(max_requests_per_session=3)
+    try:
+        added = [entry(index, session=("a", "b", "c")[index % 3], blocked=index in (0, 4, 7))
+                 for index in range(12)]
+        futures = [store.add_request(item) for item in added]
+        assert all(future is futures[0] for future in futures)
+        await asyncio.gather(*futures)
+        for name in ("a", "b", "c"):
+            kept = [e for e in added if e.session_id == name][-3:]
+            assert await store.session_requests("none", name) == (kept[::-1], 3)
+        summaries, total = await store.sessions()
+        assert total == 3
+        assert summaries == [summary_of([e for e in added if e.session_id == name][-3:])
+                             for name in ("c", "b", "a")]
+        assert await store.blocked_since(NOW - timedelta(days=1)) == [added[4], added[7]]
+    finally:
+        await store.close()
+
+
 async def test_sessions_are_newest_first_or_most_blocked_first(store: StoreBackend) -> None:
     """order last_seen: newest first; order blocked: most refusals first, then newest."""
     await store.add_request(entry(1, session="a", blocked=True))
