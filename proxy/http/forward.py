@@ -222,6 +222,7 @@ _EVENT_NAME: Final = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTI
 _USAGE_EVENTS: Final = (b"message_start", b"message_delta")
 #: Where one event ends and the next begins (a blank line).
 _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
+_DATA_LINE: Final = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)
 
 
 def _last_event_name(data: bytes) -> bytes | None:
@@ -236,7 +237,6 @@ def _last_event_name(data: bytes) -> bytes | None:
         if found is not None:
             return found.group(1)
         end = at  # ("event:" cannot overlap itself: the earlier ones end before this one)
-_DATA_LINE: Final = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)
 
 
 class _StreamWatch:

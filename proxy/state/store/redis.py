@@ -803,11 +803,11 @@ class RedisStateStore:
 
         Entries added within a second of each other, or while a write is under way, go
         together (:class:`~proxy.state.store.audit_batches.AuditBatches`): one script per
-        session of the batch, then the global indexes once (each round trip costs the proxy
-        about 0.2 ms of CPU; three per entry cost more than the rest of its request's
-        bookkeeping). The indexes follow what each session's trim dropped; other sessions'
-        old entries wait for :meth:`trim`, as the SQLite store's do. Returns the batch's
-        future, done once it is written (or failed with its error).
+        session of the batch, then its places in the global indexes (each round trip costs
+        the proxy about 0.2 ms of CPU; three per entry cost more than the rest of its
+        request's bookkeeping). The indexes follow what each session's trim dropped; other
+        sessions' old entries wait for :meth:`trim`, as the SQLite store's do. Returns the
+        batch's future, done once it is written (or failed with its error).
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.
@@ -820,11 +820,11 @@ class RedisStateStore:
         return self._batches.add(entry)
 
     async def _write_requests(self, batch: list[RequestEntry]) -> None:
-        """One batch: each session's entries by one script, then the indexes."""
+        """One batch: each session's entries by one script, then that session's places in
+        the global indexes (a failure leaves the sessions before it whole)."""
         sessions: dict[tuple[str, str], list[RequestEntry]] = {}
         for entry in batch:
             sessions.setdefault((entry.tenant, entry.session_id), []).append(entry)
-        blocked: dict[str, str] = {}
         try:
             for (tenant, session_id), entries in sessions.items():
                 member, maximum, cutoff = self._trim_args(tenant, session_id)
@@ -837,12 +837,12 @@ class RedisStateStore:
                              int(entry.blocked)]
                 reply = await self._add_requests_script(keys=keys, args=args)
                 refused = {_as_text(m) for m in reply[2]}
-                blocked.update((text, _score(entry.at))
-                               for entry, text in zip(entries, texts, strict=True)
-                               if entry.blocked and text not in refused)
+                blocked = {text: _score(entry.at)
+                           for entry, text in zip(entries, texts, strict=True)
+                           if entry.blocked and text not in refused}
+                if blocked:  # (refusals are few: their index is written session by session)
+                    await self._redis.zadd(self.audit_blocked_key, blocked)
                 await self._after_trim(member, keys[1], reply)
-            if blocked:
-                await self._redis.zadd(self.audit_blocked_key, blocked)
         except _FAILURES as exc:
             raise self._audit_error("add audit entries", exc) from exc
 
