@@ -55,7 +55,7 @@ class Api:
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """The admin API with the audit log, the resolvers and change recording on."""
-    store = await SQLiteStateStore(tmp_path / "state.db").open()
+    store = await SQLiteStateStore(tmp_path / "state.db", audit_linger_s=0.01).open()
     roots = (tmp_path / "transcripts", tmp_path / "artifacts")
     for root in roots:
         root.mkdir()
@@ -170,7 +170,7 @@ async def test_audit_routes_need_the_token(api: Api, path: str) -> None:
                                   "/admin/sessions/alpha-1/changes"])
 async def test_audit_routes_are_404_when_the_admin_api_is_off(tmp_path: Path, path: str) -> None:
     """No token configured: 404 like the rest of /admin, with or without a header."""
-    store = await SQLiteStateStore(tmp_path / "state.db").open()
+    store = await SQLiteStateStore(tmp_path / "state.db", audit_linger_s=0.01).open()
     app = web.Application()
     setup_admin(app, store, None, log=store)
     server = TestServer(app, host="127.0.0.1", port=0)
@@ -294,7 +294,7 @@ async def test_tenant_route_changes_are_recorded_under_the_tenant(api: Api) -> N
 
 async def test_changes_are_not_recorded_when_the_audit_log_is_off(tmp_path: Path) -> None:
     """record_changes False (audit.enabled false): writes work, no change is kept."""
-    store = await SQLiteStateStore(tmp_path / "state.db").open()
+    store = await SQLiteStateStore(tmp_path / "state.db", audit_linger_s=0.01).open()
     app = web.Application()
     setup_admin(app, store, TOKEN, log=store, record_changes=False)
     server = TestServer(app, host="127.0.0.1", port=0)

@@ -27,7 +27,7 @@ TENANT = "t0123456789abcdef"
 async def store(redis_cluster_url: str) -> AsyncIterator[RedisStateStore]:
     """A cluster store under a fresh key prefix."""
     opened = await RedisStateStore(redis_cluster_url, mode="cluster",
-                                   key_prefix=unique_prefix()).open()
+                                   key_prefix=unique_prefix(), audit_linger_s=0.01).open()
     yield opened
     await opened.close()
 

@@ -77,8 +77,10 @@ class StoreFactory:
     async def open(self, *, max_summaries: int = 1000, max_requests_per_session: int = 1000,
                    retention_days: int = 14) -> StoreBackend:
         """A new store instance on this test's data."""
+        # (A short linger: each awaited entry is written within it; a batch still gathers
+        # the entries added without waiting.)
         bounds = {"max_requests_per_session": max_requests_per_session,
-                  "retention_days": retention_days}
+                  "retention_days": retention_days, "audit_linger_s": 0.01}
         if self.backend == "sqlite":
             return await SQLiteStateStore(self.location, max_summaries=max_summaries,
                                           **bounds).open()

@@ -32,7 +32,8 @@ from tests.redis_server import free_port
 @pytest.fixture
 async def store(redis_url: str) -> AsyncIterator[RedisStateStore]:
     """An opened store under a fresh key prefix, closed after the test."""
-    opened = await RedisStateStore(redis_url, key_prefix=unique_prefix()).open()
+    opened = await RedisStateStore(redis_url, key_prefix=unique_prefix(),
+                                   audit_linger_s=0.01).open()
     yield opened
     await opened.close()
 

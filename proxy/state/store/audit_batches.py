@@ -42,6 +42,8 @@ class AuditBatches:
 
     def __init__(self, write: Callable[[list[RequestEntry]], Awaitable[None]], *,
                  linger_s: float = AUDIT_LINGER_S) -> None:
+        if not linger_s >= 0:
+            raise ValueError(f"linger_s must be >= 0, got {linger_s}")
         self._write = write
         self._linger_s = linger_s
         # Each batch (at most MAX_AUDIT_BATCH entries) with the one future its callers are

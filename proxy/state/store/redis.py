@@ -159,7 +159,7 @@ from ._rows import (
     usage_stamp,
     utc_now,
 )
-from .audit_batches import AuditBatches
+from .audit_batches import AUDIT_LINGER_S, AuditBatches
 from .base import (
     CorruptStateError,
     SessionVersions,
@@ -503,6 +503,8 @@ class RedisStateStore:
         timeout_s: connect and per-command socket timeout.
         max_requests_per_session: how many request entries a session keeps in the audit log.
         retention_days: how long audit entries are kept.
+        audit_linger_s: how long the first audit entry of a batch waits for others
+            (:mod:`~proxy.state.store.audit_batches`).
 
     Raises:
         ValueError: a bound is out of range, the prefix is empty or holds a brace, the URL
@@ -513,7 +515,8 @@ class RedisStateStore:
                  sentinel_service: str | None = None, max_summaries: int = 1000,
                  key_prefix: str = "compact-proxy:", timeout_s: float = 5.0,
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
-                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
+                 retention_days: int = DEFAULT_RETENTION_DAYS,
+                 audit_linger_s: float = AUDIT_LINGER_S) -> None:
         if max_summaries < 1:
             raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
         check_bounds(max_requests_per_session, retention_days)
@@ -547,7 +550,7 @@ class RedisStateStore:
                               self._key("summary", "summary:seq")]
         self._closed = False
         # Audit entries waiting for their batch's write (used from the event loop only).
-        self._batches = AuditBatches(self._write_requests)
+        self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
         # Why the server is unreachable (None: it is not known to be); while set, every
         # call fails fast and a probe PINGs until it answers.
         self._down: str | None = None

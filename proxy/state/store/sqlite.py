@@ -86,7 +86,7 @@ from ._rows import (
     usage_stamp,
     utc_now,
 )
-from .audit_batches import AuditBatches
+from .audit_batches import AUDIT_LINGER_S, AuditBatches
 from .base import CorruptStateError, SessionVersions, StoredState, StoreError, VersionConflict
 
 __all__ = ["SQLiteStateStore"]
@@ -238,12 +238,15 @@ class SQLiteStateStore:
         retention_days: how long audit entries are kept.
         shared: whether other processes serve from the same file (``listen.workers`` > 1):
             then in-memory copies are checked against the file's versions on every request.
+        audit_linger_s: how long the first audit entry of a batch waits for others
+            (:mod:`~proxy.state.store.audit_batches`).
     """
 
     def __init__(self, path: str | Path, *, max_summaries: int = 1000,
                  busy_timeout_s: float = 5.0,
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
-                 retention_days: int = DEFAULT_RETENTION_DAYS, shared: bool = False) -> None:
+                 retention_days: int = DEFAULT_RETENTION_DAYS, shared: bool = False,
+                 audit_linger_s: float = AUDIT_LINGER_S) -> None:
         if max_summaries < 1:
             raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
         if busy_timeout_s <= 0:
@@ -256,7 +259,7 @@ class SQLiteStateStore:
         self.retention_days = retention_days
         self._shared = shared
         # Audit entries waiting for their transaction (used from the event loop only).
-        self._batches = AuditBatches(self._write_requests)
+        self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
         # Touched only from the worker thread.
