@@ -1,7 +1,7 @@
 """What each bookkeeping feature costs: the proxy's CPU per request with it on and off.
 
     python -m bench.features [--requests 300] [--size 50000] [--pace-ms 20] [--block 1]
-                             [--baseline REF]
+                             [--baseline REF] [--redis URL]
 
 One run starts the fake provider, the bare relay (``bench/proxy.py --null-relay``) and one
 ``serve`` process per variant of ``bench/proxy.py``'s config (sticky, tiktoken, the audit log
@@ -20,7 +20,8 @@ own row, measured in one interleaved run.
 ``--pace-ms 0``: a hop that serves a stream of requests, its caches warm — paced one by one,
 every request starts cold); ``--baseline REF`` adds the proxy of git ref ``REF`` (a temporary
 worktree, every feature on; and its durable-state process), so a change of a few percent is
-read old against new in one run.
+read old against new in one run; ``--redis URL`` one more process (and the baseline's) whose
+store is that Redis (each with a session of its own there).
 Not a timed test; ``tests/bench/test_features_smoke.py`` checks its structure at a tiny size.
 """
 
@@ -32,6 +33,7 @@ import hashlib
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass
@@ -94,6 +96,9 @@ class FeatureCosts:
     durable_ms: float = 0.0
     baseline_durable_ms: float | None = None
     pointers: int = 0
+    #: Every feature on, the store on Redis (``--redis``; and the baseline's).
+    redis_ms: float | None = None
+    baseline_redis_ms: float | None = None
 
     def ratio(self, name: str) -> float:
         """A variant's CPU per request over the relay's."""
@@ -105,9 +110,10 @@ class FeatureCosts:
 
 
 async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
-                  baseline: str | None = None) -> FeatureCosts:
+                  baseline: str | None = None, redis: str | None = None) -> FeatureCosts:
     """Run every process and time the same request against each in turn, ``block`` requests
-    at a time (see the module); ``baseline``: a git ref whose proxy runs too."""
+    at a time (see the module); ``baseline``: a git ref whose proxy runs too; ``redis``: a
+    Redis URL whose store one more process (and the baseline's) uses."""
     if block < 1 or requests % block:
         raise ValueError(f"--block must divide --requests ({requests}), got {block}")
     with tempfile.TemporaryDirectory(prefix="compact-proxy-features-") as tmp, \
@@ -133,15 +139,30 @@ async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
                 services[_BASELINE_DURABLE] = await stack.enter_async_context(proxy_process(
                     client, work, _BASELINE_DURABLE, upstream.url, SESSION_THRESHOLDS,
                     sticky=True, source=baseline_source))
+            if redis is not None:
+                on_redis = {"store": {"backend": "redis", "url": redis}}
+                services[_REDIS] = await stack.enter_async_context(proxy_process(
+                    client, work, _REDIS, upstream.url, SESSION_THRESHOLDS, sticky=True,
+                    overrides=on_redis))
+                if baseline_source is not None:
+                    services[_BASELINE_REDIS] = await stack.enter_async_context(proxy_process(
+                        client, work, _BASELINE_REDIS, upstream.url, SESSION_THRESHOLDS,
+                        sticky=True, overrides=on_redis, source=baseline_source))
             body = request_body(history_of_size(size), stream=False)
-            headers = _headers(SESSION)
-            for service in services.values():
+            # A Redis store outlives the run and is shared: each process there has a session
+            # of its own.
+            run = uuid.uuid4().hex[:12]
+            sessions = {name: f"{SESSION}-{name}-{run}" if name in (_REDIS, _BASELINE_REDIS)
+                        else SESSION for name in services}
+            for name, service in services.items():
                 for _ in range(WARMUP):
-                    await send(client, service.url, body, headers, stream=False)
+                    await send(client, service.url, body, _headers(sessions[name]),
+                               stream=False)
             await asyncio.sleep(SETTLE_S)
             before = {name: process_cpu_s(s.process.pid) for name, s in services.items()}
             for _ in range(requests // block):
                 for name, service in services.items():
+                    headers = _headers(sessions[name])
                     for _ in range(block):
                         sample = await send(client, service.url, body, headers, stream=False)
                         if sample.status != 200:
@@ -155,14 +176,18 @@ async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
     baseline_ms = cpu.pop(_BASELINE, None)
     baseline_durable_ms = cpu.pop(_BASELINE_DURABLE, None)
     durable_ms = cpu.pop(_DURABLE)
+    redis_ms = cpu.pop(_REDIS, None)
+    baseline_redis_ms = cpu.pop(_BASELINE_REDIS, None)
     return FeatureCosts(len(body), requests, relay, cpu, baseline_ms, baseline, durable_ms,
-                        baseline_durable_ms, pointers)
+                        baseline_durable_ms, pointers, redis_ms, baseline_redis_ms)
 
 
 #: The measured processes beyond the variants: their keys (and their folders' names).
 _DURABLE: Final = "durable-state"
 _BASELINE: Final = "baseline"
 _BASELINE_DURABLE: Final = "baseline-durable-state"
+_REDIS: Final = "redis-store"
+_BASELINE_REDIS: Final = "baseline-redis-store"
 
 
 async def seed_durable_state(directory: Path, session_id: str) -> int:
@@ -214,6 +239,11 @@ def format_costs(costs: FeatureCosts, pace_ms: float, block: int = 1) -> str:
     if costs.baseline_durable_ms is not None:
         rows.append((f"baseline {costs.baseline_ref}, durable state", costs.baseline_durable_ms,
                      None))
+    if costs.redis_ms is not None:
+        rows.append(("proxy, Redis store", costs.redis_ms, everything - costs.redis_ms))
+    if costs.baseline_redis_ms is not None:
+        rows.append((f"baseline {costs.baseline_ref}, Redis store", costs.baseline_redis_ms,
+                     None))
     width = max(len(label) for label, _, _ in rows) + 2
     lines = [f"CPU per request, {costs.body_bytes / 1000:.0f} KB under the threshold "
              f"({costs.requests} requests per process, {turns}, {pace_ms:g} ms apart)",
@@ -234,9 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="requests in a row per process before the next one's turn")
     parser.add_argument("--baseline", metavar="REF",
                         help="also the proxy of this git ref (a temporary worktree)")
+    parser.add_argument("--redis", metavar="URL",
+                        help="also a proxy (and the baseline's) whose store is this Redis")
     args = parser.parse_args(argv)
     costs = asyncio.run(measure(args.size, args.requests, args.pace_ms / 1000,
-                                block=args.block, baseline=args.baseline))
+                                block=args.block, baseline=args.baseline, redis=args.redis))
     print(format_costs(costs, args.pace_ms, args.block))
     return 0
 

@@ -90,3 +90,15 @@ def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
     assert table.count("\n") == len(features.VARIANTS) + 5
     with pytest.raises(ValueError, match="--block"):
         asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))
+
+
+def test_a_redis_store_is_measured_with_a_session_of_its_own() -> None:
+    """--redis: one more process on a real Redis, its row printed with what it costs."""
+    from tests.redis_server import RedisServer, RedisServerUnavailable
+    from tests.servers import started
+
+    with started(RedisServer(), RedisServerUnavailable) as server:
+        costs = asyncio.run(features.measure(20_000, requests=2, pace_s=0.0, redis=server.url))
+    assert costs.redis_ms is not None and math.isfinite(costs.redis_ms) and costs.redis_ms > 0
+    assert costs.baseline_redis_ms is None  # (no baseline asked for)
+    assert "proxy, Redis store" in features.format_costs(costs, 0.0)
