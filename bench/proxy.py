@@ -1290,7 +1290,7 @@ async def measure_latency(client: aiohttp.ClientSession, targets: Targets,
     """Part 1: the four cells (small/large × json/stream).
 
     LiteLLM (``litellm``) is timed in the small cells; a baseline proxy (``baseline``) in the
-    json cells, where its CPU per request is read.
+    small cells and the large json one, where its CPU per request is read.
     """
     small = history_of_size(sizes.small_bytes)
     large = history_of_size(sizes.large_bytes)
@@ -1299,8 +1299,7 @@ async def measure_latency(client: aiohttp.ClientSession, targets: Targets,
     cells = []
     for stream in (False, True):
         kind = "stream" if stream else "json"
-        extras = ("litellm", "baseline") if not stream else ("litellm",)
-        cells.append(await _fixed_cell(client, targets.only(*extras), small,
+        cells.append(await _fixed_cell(client, targets.only("litellm", "baseline"), small,
                                        sizes.latency_requests, stream=stream,
                                        label=f"{small_label}, {kind}",
                                        session_id=f"bench-small-{kind}"))
@@ -2522,8 +2521,11 @@ def format_report(results: BenchResults) -> str:
             f"{_times(_ratio(c16, relay_c16)):>9}")
     # Streamed (every request of Claude Code is): against the bare relay's streamed requests.
     relay_streamed = _cpu(streamed, "relay")
-    for label, target in ((f"bare relay, {kb} streamed", "relay"),
-                          (f"compact-proxy, {kb} streamed, nothing to do", "proxy")):
+    streamed_rows = [(f"bare relay, {kb} streamed", "relay"),
+                     (f"compact-proxy, {kb} streamed, nothing to do", "proxy")]
+    if streamed is not None and "baseline" in streamed.cpu_ms:
+        streamed_rows.append((f"baseline compact-proxy, {kb} streamed", "baseline"))
+    for label, target in streamed_rows:
         seq = _cpu(streamed, target)
         add(f"   {label:<44}{_ms(seq):>11}{_times(_ratio(seq, relay_streamed)):>9}")
     add(f"   (x relay: over the bare relay's CPU per {kb} request, same column; a streamed "
