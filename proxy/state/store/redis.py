@@ -804,13 +804,13 @@ class RedisStateStore:
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
         """Keep ``entry``, then trim its session (bound and retention).
 
-        Entries added within a second of each other, or while a write is under way, go
-        together (:class:`~proxy.state.store.audit_batches.AuditBatches`): one script per
-        session of the batch, then its places in the global indexes (each round trip costs
-        the proxy about 0.2 ms of CPU; three per entry cost more than the rest of its
-        request's bookkeeping). The indexes follow what each session's trim dropped; other
-        sessions' old entries wait for :meth:`trim`, as the SQLite store's do. Returns the
-        batch's future, done once it is written (or failed with its error).
+        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
+        under way, go together (:class:`~proxy.state.store.audit_batches.AuditBatches`): one
+        script per session of the batch, then its places in the global indexes (each round
+        trip costs the proxy about 0.2 ms of CPU; three per entry cost more than the rest of
+        its request's bookkeeping). The indexes follow what each session's trim dropped;
+        other sessions' old entries wait for :meth:`trim`, as the SQLite store's do. Returns
+        the batch's future, done once it is written (or failed with its error).
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.

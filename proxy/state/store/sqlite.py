@@ -331,11 +331,11 @@ class SQLiteStateStore:
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
         """Keep ``entry``, then trim its session (bound and retention).
 
-        Entries added within a second of each other, or while a write is under way, go
-        together in one transaction (:class:`~proxy.state.store.audit_batches.AuditBatches`):
-        under load one commit serves many requests, and the worker thread encodes them in one
-        loop. Returns the batch's future, done once its transaction committed (or failed with
-        its error).
+        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
+        under way, go together in one transaction
+        (:class:`~proxy.state.store.audit_batches.AuditBatches`): under load one commit serves
+        many requests, and the worker thread encodes them in one loop. Returns the batch's
+        future, done once its transaction committed (or failed with its error).
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.
