@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 from urllib.parse import parse_qsl
 
 import anthropic
+import msgspec
 import structlog
 
 import compactor
@@ -160,9 +161,19 @@ def _total(usages: Sequence[ProviderUsage]) -> ProviderUsage:
                          output=sum(u.output for u in usages))
 
 
-def _given(value: Any) -> Any:
-    """A body field for the SDK: ``None`` (not sent by the client) is left out."""
-    return anthropic.omit if value is None else value
+_JSON: Final = msgspec.json.Encoder()
+
+
+def _call_body(call: SummaryCall, model: str, max_tokens: int) -> bytes:
+    """The JSON body of ``call`` as ``messages.create`` sends it (UTF-8; a field that is
+    ``None``, which the client did not send, left out), encoded in C. Raises what the SDK's
+    own encoding raises on a lone surrogate (``UnicodeEncodeError``): the call fails."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": call.messages}
+    for name in ("system", "tools", "tool_choice", "metadata"):
+        value = getattr(call, name)
+        if value is not None:
+            body[name] = value
+    return _JSON.encode(body)
 
 
 @dataclass
@@ -308,17 +319,13 @@ class ProviderSummarizer:
             _NoSummary: the call failed, or its answer has no text.
         """
         try:
-            message = await self._client.messages.create(
-                model=calls.model,
-                max_tokens=self.config.max_tokens,
-                messages=cast("list[anthropic.types.MessageParam]", list(call.messages)),
-                system=_given(call.system),
-                tools=_given(call.tools),
-                tool_choice=_given(call.tool_choice),
-                metadata=_given(call.metadata),
-                extra_headers=calls.headers,
-                extra_query=calls.query or None,
-            )
+            # The SDK's own client (its credentials, base URL, timeout, retries, errors and
+            # answer), given the body as bytes: ``messages.create`` would copy the whole
+            # conversation and encode it with ``json`` (~3 ms of CPU for 400 KB).
+            message = await self._client.post(
+                "/v1/messages", cast_to=anthropic.types.Message,
+                content=_call_body(call, calls.model, self.config.max_tokens),
+                options={"headers": calls.headers, "params": calls.query})
             usage = ProviderUsage.from_usage(message.usage.model_dump())
             text = "".join(block.text for block in message.content
                            if isinstance(block, anthropic.types.TextBlock)).strip()

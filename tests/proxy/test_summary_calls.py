@@ -264,3 +264,82 @@ async def test_closing_single_flight_cancels_what_still_runs() -> None:
     await asyncio.sleep(0)
     await flights.close()
     assert task.cancelled() and len(flights) == 0
+
+
+def _sdk_body(call: SummaryCall, model: str, max_tokens: int) -> Any:
+    """What ``messages.create`` sends for ``call``: the SDK's own body, taken off the wire."""
+    import anthropic
+    import httpx2
+
+    sent: list[bytes] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request.read())
+        return httpx2.Response(200, json={
+            "id": "msg_1", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+    def given(value: Any) -> Any:
+        return anthropic.omit if value is None else value
+
+    async def create() -> None:
+        async with anthropic.AsyncAnthropic(
+                api_key="k", base_url="http://provider.invalid", max_retries=0,
+                http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(answer))) as sdk:
+            await sdk.messages.create(
+                model=model, max_tokens=max_tokens, messages=list(call.messages),
+                system=given(call.system), tools=given(call.tools),
+                tool_choice=given(call.tool_choice), metadata=given(call.metadata))
+
+    asyncio.run(create())
+    (body,) = sent
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("kind", ["fork", "separate", "merge"])
+def test_a_summary_call_sends_the_body_the_sdks_create_would(kind: str) -> None:
+    """L4's calls go out as bytes encoded by the proxy (``messages.create`` would copy and
+    re-encode the whole conversation in Python): the same JSON, field for field, with the
+    fields the client did not send left out."""
+    from proxy.state.summarizer import _call_body
+
+    conversation = [{"role": "user", "content": "Fix the bug in ünïcode.py"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "On it 🛠"}]}]
+    call = {"fork": lambda: fork_call(SOURCE, conversation),
+            "separate": lambda: plan_calls(
+                compactor.SummaryRequest(json.dumps(conversation), "key", 2, tuple(conversation)),
+                None, counter=None, budget=100_000)[0],  # type: ignore[index]
+            "merge": lambda: merge_call(None, ["first part", "second part"])}[kind]()
+    assert call is not None
+    body = _call_body(call, "claude-sonnet-4-5", 2048)
+    assert json.loads(body) == _sdk_body(call, "claude-sonnet-4-5", 2048)
+    assert (b'"system"' in body) == (call.system is not None)
+
+
+def test_a_summary_call_that_cannot_be_encoded_fails_as_the_sdks_did() -> None:
+    """A lone surrogate has no UTF-8 form: the SDK's encoder raised ``UnicodeEncodeError``,
+    so does the proxy's, before anything is sent; the summary fails (the view is kept), the
+    request does not."""
+    from proxy.config import SummaryConfig
+    from proxy.state.summarizer import CallerCredentials, ProviderSummarizer
+
+    span = "half \ud83d a pair"  # (what L4 was asked to summarise, as separate mode sends it)
+    calls = plan_calls(compactor.SummaryRequest(span, "key", 1), None, counter=None,
+                       budget=100_000)
+    assert calls is not None
+    with pytest.raises(UnicodeEncodeError):
+        _sdk_body(calls[0], "claude-sonnet-4-5", 64)
+
+    async def summarize() -> Any:
+        # Nothing listens there: a body that was encoded would fail to connect instead.
+        provider = ProviderSummarizer(SummaryConfig(mode="separate", max_retries=0),
+                                      "http://127.0.0.1:9", "k")
+        try:
+            return await provider.summarize(compactor.SummaryRequest(span, "key", 1),
+                                            CallerCredentials.from_headers({}))
+        finally:
+            await provider.close()
+
+    result = asyncio.run(summarize())
+    assert result.text is None and result.error_class == "UnicodeEncodeError"
