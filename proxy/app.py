@@ -216,9 +216,12 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # Per-session calibration: shared through the store when other processes serve from it
     # (refreshed with each request's state read), else this process's own.
     calibration = SharedCalibration(backend) if backend.shared else Calibration()
-    app[STORE] = CachedStateReads(
-        backend, listeners=[calibration.refresh] if isinstance(calibration, SharedCalibration)
-        else ())
+    if isinstance(calibration, SharedCalibration):
+        # The calibration another process wrote comes with the versions: one round trip.
+        app[STORE] = CachedStateReads(backend, listeners=[calibration.refresh],
+                                      fetch=calibration.wanted)
+    else:
+        app[STORE] = CachedStateReads(backend)
     app[SUMMARIES] = backend
     app[STORE_HEALTH] = health = StoreHealth(backend,
                                              on_unavailable=config.store.on_unavailable)

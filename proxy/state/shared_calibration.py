@@ -10,7 +10,9 @@ per-(session, model) part lives in the store as well, as the versioned record
 - on every request, the session's versions arrive with its state read
   (:class:`~proxy.state.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`
   with them, in the same round trip), and a ``calibration:<model>`` record whose version is
-  not the one this process holds is read and restored before the request is planned.
+  not the one this process holds is restored before the request is planned. The record
+  comes in that same round trip (:meth:`~SharedCalibration.wanted` tells the read which
+  versions this process holds); only one the store could not hand over so is read again.
 
 So a replica plans each request with the factors and per-message counts the session's last
 answer taught, whichever replica forwarded it. The fleet's medians and the learnt windows stay
@@ -34,7 +36,7 @@ import structlog
 from lru import LRU
 
 from proxy.state.calibration import MAX_SESSIONS, Calibration
-from proxy.state.store import ReplicaConsistency, SessionVersions, StoreError
+from proxy.state.store import RecordFetch, ReplicaConsistency, SessionVersions, StoreError
 
 __all__ = ["CALIBRATION_RECORD_PREFIX", "SharedCalibration"]
 
@@ -42,6 +44,8 @@ _log = structlog.get_logger("proxy.state.shared_calibration")
 
 #: Record kind in the store: ``calibration:<model>``.
 CALIBRATION_RECORD_PREFIX: Final = "calibration:"
+#: A session this process holds no calibration of: every one it has in the store.
+_ALL_CALIBRATIONS: Final = RecordFetch(CALIBRATION_RECORD_PREFIX)
 
 
 class SharedCalibration(Calibration):
@@ -57,8 +61,8 @@ class SharedCalibration(Calibration):
     def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS) -> None:
         super().__init__(max_sessions=max_sessions)
         self._store = store
-        # (session, model) -> the store's version of what this process holds.
-        self._versions: LRU[tuple[str, str], int] = LRU(max_sessions)
+        # session -> model -> the store's version of what this process holds.
+        self._versions: LRU[str, dict[str, int]] = LRU(max_sessions)
         # (session, model) -> the newest snapshot not yet written; its writer task.
         self._unsaved: dict[tuple[str, str], bytes] = {}
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -92,9 +96,26 @@ class SharedCalibration(Calibration):
                 except StoreError as exc:
                     _log.warning("calibration_save_failed", error_class=type(exc).__name__)
                     continue
-                self._versions[key] = version
+                self._held(session_key)[model] = version
         finally:
             del self._writers[key]
+
+    def _held(self, session_key: str) -> dict[str, int]:
+        held = self._versions.get(session_key)
+        if held is None:
+            held = self._versions[session_key] = {}
+        return held
+
+    def wanted(self, session_key: str) -> RecordFetch:
+        """The session's calibration records to read with its versions: each one whose
+        version is not the one this process holds (a
+        :data:`~proxy.state.store.read_cache.RecordsWanted`)."""
+        held = self._versions.get(session_key)
+        if not held:
+            return _ALL_CALIBRATIONS
+        return RecordFetch(CALIBRATION_RECORD_PREFIX, {
+            CALIBRATION_RECORD_PREFIX + model: version for model, version in held.items()
+            if self.holds(session_key, model)})
 
     async def refresh(self, session_key: str, versions: SessionVersions) -> None:
         """Restore each of the session's calibrations whose store version is not the one held
@@ -103,21 +124,24 @@ class SharedCalibration(Calibration):
             if not kind.startswith(CALIBRATION_RECORD_PREFIX):
                 continue
             model = kind[len(CALIBRATION_RECORD_PREFIX):]
-            key = (session_key, model)
-            if ((self._versions.get(key) == version and self.holds(session_key, model))
-                    or key in self._writers):
+            held = self._versions.get(session_key)
+            if ((held is not None and held.get(model) == version
+                 and self.holds(session_key, model))
+                    or (session_key, model) in self._writers):
                 # Held already, or this process's newer answer is being written.
                 continue
-            try:
-                found = await self._store.get_versioned_record(session_key, kind)
-            except StoreError as exc:
-                _log.warning("calibration_load_failed", error_class=type(exc).__name__)
-                continue
-            if found is None:
-                continue
+            found = versions.fetched.get(kind)
+            if found is None:  # (not read with the versions)
+                try:
+                    found = await self._store.get_versioned_record(session_key, kind)
+                except StoreError as exc:
+                    _log.warning("calibration_load_failed", error_class=type(exc).__name__)
+                    continue
+                if found is None:
+                    continue
             stored_version, data = found
             if self.restore(session_key, model, data):
-                self._versions[key] = stored_version
+                self._held(session_key)[model] = stored_version
 
     async def saved(self, session_key: str) -> None:
         """Wait until every snapshot of ``session_key`` taken so far is written (or failed)."""

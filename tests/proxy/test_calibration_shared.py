@@ -74,3 +74,42 @@ async def test_saved_returns_once_the_sessions_answer_is_in_the_store(tmp_path: 
     finally:
         await a_store.close()
         await b_store.close()
+
+
+class CountingRecordReads(SQLiteStateStore):
+    """The real SQLite store, counting the record reads made on their own (round trips)."""
+
+    record_reads = 0
+
+    async def get_versioned_record(self, session_id: str, kind: str
+                                   ) -> tuple[int, bytes] | None:
+        self.record_reads += 1
+        return await super().get_versioned_record(session_id, kind)
+
+
+async def test_what_another_process_taught_comes_with_the_versions_read(tmp_path: Path) -> None:
+    """Round robin between two processes: each request's state read brings the calibration
+    the other one wrote (one round trip, no record read of its own); a process that holds
+    the current calibration, its own or one it read, is sent nothing."""
+    a_store = await CountingRecordReads(tmp_path / "s.db", shared=True).open()
+    b_store = await CountingRecordReads(tmp_path / "s.db", shared=True).open()
+    a, b = SharedCalibration(a_store), SharedCalibration(b_store)
+    a_reads = CachedStateReads(a_store, listeners=[a.refresh], fetch=a.wanted)
+    b_reads = CachedStateReads(b_store, listeners=[b.refresh], fetch=b.wanted)
+    try:
+        for turn in range(1, 5):
+            this, reads, other = (a, a_reads, b) if turn % 2 else (b, b_reads, a)
+            await reads.get_state("s")
+            assert this.snapshot("s", MODEL) == other.snapshot("s", MODEL)
+            teach(this, "s", turn)
+            await this.saved("s")
+        assert a_store.record_reads == b_store.record_reads == 0
+        # Held and current: nothing more comes with the next reads.
+        kind = f"calibration:{MODEL}"
+        assert kind not in (await b_store.session_versions("s", b.wanted("s"))).fetched
+        assert kind in (await a_store.session_versions("s", a.wanted("s"))).fetched
+        await a_reads.get_state("s")
+        assert kind not in (await a_store.session_versions("s", a.wanted("s"))).fetched
+    finally:
+        await a_store.close()
+        await b_store.close()

@@ -49,9 +49,9 @@ async def test_the_requests_versions_spare_a_round_trip(tmp_path: Path) -> None:
     class Counting(SQLiteStateStore):
         reads = 0
 
-        async def session_versions(self, session_id: str) -> Any:
+        async def session_versions(self, session_id: str, fetch: Any = None) -> Any:
             self.reads += 1
-            return await super().session_versions(session_id)
+            return await super().session_versions(session_id, fetch)
 
     store = await Counting(tmp_path / "s.db", shared=True).open()
     states = CachedStateReads(store)

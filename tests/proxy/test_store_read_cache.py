@@ -118,9 +118,9 @@ class CountingVersions(CountingStore):
 
     version_reads = 0
 
-    async def session_versions(self, session_id: str):  # type: ignore[no-untyped-def]
+    async def session_versions(self, session_id, fetch=None):  # type: ignore[no-untyped-def]
         self.version_reads += 1
-        return await super().session_versions(session_id)
+        return await super().session_versions(session_id, fetch)
 
 
 async def test_a_store_no_other_process_writes_is_not_asked_again(tmp_path: Path) -> None:

@@ -12,7 +12,12 @@ import pytest
 
 from compactor import DurableContextState
 from proxy.state.flights import fleet_single_flight
-from proxy.state.store import ReplicaConsistency, SessionVersions, SQLiteStateStore
+from proxy.state.store import (
+    RecordFetch,
+    ReplicaConsistency,
+    SessionVersions,
+    SQLiteStateStore,
+)
 from tests.proxy.test_store_contract import StoreFactory, make_state, store, store_factory
 
 __all__ = ["store", "store_factory"]  # fixtures, re-used
@@ -40,6 +45,30 @@ async def test_versioned_records_and_the_sessions_versions(store: Any) -> None:
     assert versions.state == 1 and versions.same_state(stored)
     assert not versions.same_state(None)
     assert (await store.session_versions("t")).same_state(None)
+
+
+async def test_a_versions_read_brings_the_records_of_a_prefix_not_held(store: Any) -> None:
+    """With a :class:`RecordFetch`, the versions read also returns each record of the
+    prefix whose version is not the one held (with that version), and no other: not one
+    held at its version, not another prefix's, not another session's. Without one, none."""
+    await store.put_versioned_record("s", "calibration:a", b"a1")
+    await store.put_versioned_record("s", "calibration:a", b"\x00a2")
+    await store.put_versioned_record("s", "calibration:b", b"b1")
+    await store.put_versioned_record("s", "calibration:c", b"c1")
+    await store.put_versioned_record("s", "checkpoint:lane", b"big")
+    await store.put_versioned_record("t", "calibration:a", b"t1")
+    everything = await store.session_versions("s", RecordFetch("calibration:"))
+    assert everything.fetched == {"calibration:a": (2, b"\x00a2"), "calibration:b": (1, b"b1"),
+                                  "calibration:c": (1, b"c1")}
+    assert everything.records == {"calibration:a": 2, "calibration:b": 1, "calibration:c": 1,
+                                  "checkpoint:lane": 1}
+    held = RecordFetch("calibration:", {"calibration:a": 1, "calibration:b": 1,
+                                        "calibration:gone": 4})
+    changed = await store.session_versions("s", held)
+    assert changed.fetched == {"calibration:a": (2, b"\x00a2"), "calibration:c": (1, b"c1")}
+    assert changed.records == everything.records
+    assert (await store.session_versions("s")).fetched == {}
+    assert (await store.session_versions("u", RecordFetch("calibration:"))) == SessionVersions()
 
 
 async def test_a_lease_has_one_holder_until_released_or_expired(store: Any) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import (
     CorruptStateError,
+    RecordFetch,
     RecordStore,
     ReplicaConsistency,
     RequestLog,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CachedStateReads",
     "CorruptStateError",
+    "RecordFetch",
     "RecordStore",
     "RedisStateStore",
     "ReplicaConsistency",

@@ -55,6 +55,7 @@ from proxy.state.usage import UsageEntry, UsageRow
 
 __all__ = [
     "CorruptStateError",
+    "RecordFetch",
     "RecordStore",
     "ReplicaConsistency",
     "RequestLog",
@@ -227,11 +228,15 @@ class SessionVersions:
             not tell two states apart.
         records: the version of each versioned record (``put_versioned_record``) by kind; a
             kind absent here has no such record. A version only grows (1 for the first write).
+        fetched: the records a :class:`RecordFetch` asked for, read with the versions (the
+            same snapshot): ``(version, data)`` by kind. A record it wanted may be missing
+            here (one whose data the store cannot read as bytes): read it on its own.
     """
 
     state: int | None = None
     state_updated_at: str | None = None
     records: Mapping[str, int] = field(default_factory=dict)
+    fetched: Mapping[str, tuple[int, bytes]] = field(default_factory=dict)
 
     def same_state(self, stored: StoredState | None) -> bool:
         """Whether ``stored`` (a state read earlier, ``None``: none) is still the current one."""
@@ -239,6 +244,27 @@ class SessionVersions:
             return self.state is None
         return (stored.version == self.state
                 and stored.updated_at.isoformat() == self.state_updated_at)
+
+
+@dataclass(frozen=True)
+class RecordFetch:
+    """The versioned records a versions read also brings back, in the same round trip: each
+    one whose kind starts with ``prefix`` and whose version is not the one the caller holds
+    (``held``: version by kind; a kind not in it is not held). A replica that served the
+    session's previous request holds its records already; one that did not gets what the
+    other wrote without a second round trip.
+
+    Attributes:
+        prefix: the kinds wanted (``calibration:``).
+        held: the version of each such record the caller holds.
+    """
+
+    prefix: str
+    held: Mapping[str, int] = field(default_factory=dict)
+
+    def wants(self, kind: str, version: int) -> bool:
+        """Whether the record ``kind``, at ``version`` in the store, is to be read."""
+        return kind.startswith(self.prefix) and self.held.get(kind) != version
 
 
 @runtime_checkable
@@ -260,9 +286,11 @@ class ReplicaConsistency(Protocol):
         stay authoritative."""
         ...
 
-    async def session_versions(self, session_id: str) -> SessionVersions:
+    async def session_versions(self, session_id: str,
+                               fetch: RecordFetch | None = None) -> SessionVersions:
         """The session's state version and every versioned record's version, in one round
-        trip (nothing else is read)."""
+        trip; with ``fetch``, the records it wants too (:attr:`SessionVersions.fetched`),
+        in the same one."""
         ...
 
     async def get_versioned_record(self, session_id: str, kind: str

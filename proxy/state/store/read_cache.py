@@ -13,7 +13,9 @@ without asking the store again.
 The versions read for a request are also kept for the rest of it (a context variable of the
 request's task, :func:`request_versions`): the checkpoints (:mod:`proxy.state.checkpoints`)
 check their in-memory copies against them without another round trip, and the listeners
-given here (the shared calibration) refresh what changed before the request is planned.
+given here (the shared calibration) refresh what changed before the request is planned —
+from the records the same round trip brought back (``fetch``: those another process wrote
+since this one last held them), without one of their own.
 
 Only the durable state goes through here: the summary cache and the records are reached on
 the backend itself, and the backend's owner opens and closes it.
@@ -29,14 +31,16 @@ from lru import LRU
 
 from compactor import DurableContextState
 
-from .base import ReplicaConsistency, SessionVersions, StateStore, StoredState
+from .base import RecordFetch, ReplicaConsistency, SessionVersions, StateStore, StoredState
 
-__all__ = ["CachedStateReads", "VersionsListener", "request_versions"]
+__all__ = ["CachedStateReads", "RecordsWanted", "VersionsListener", "request_versions"]
 
 DEFAULT_MAX_ENTRIES: Final = 10_000
 
 #: Told each session's versions as read for a request (before the state is returned).
 VersionsListener = Callable[[str, SessionVersions], Awaitable[None]]
+#: The versioned records of a session to read with its versions (``None``: none).
+RecordsWanted = Callable[[str], RecordFetch | None]
 
 # The versions the current task (a request) read: (store, session id, versions).
 _READ: ContextVar[tuple[object, str, SessionVersions] | None] = ContextVar(
@@ -64,12 +68,15 @@ class CachedStateReads:
         store: the backend.
         max_entries: how many sessions' states to keep.
         listeners: told each session's versions on every read.
+        fetch: the records the listeners want read with the versions (one round trip).
     """
 
     def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 listeners: Sequence[VersionsListener] = ()) -> None:
+                 listeners: Sequence[VersionsListener] = (),
+                 fetch: RecordsWanted | None = None) -> None:
         self.inner = store
         self.listeners = list(listeners)
+        self._fetch = fetch
         self._versioned = store if isinstance(store, ReplicaConsistency) else None
         self._states: LRU[str, StoredState | None] = LRU(max_entries)
 
@@ -83,7 +90,8 @@ class CachedStateReads:
         if self._versioned is None:
             return await self.inner.get_state(session_id)
         if self._versioned.shared:
-            versions = await self._versioned.session_versions(session_id)
+            versions = await self._versioned.session_versions(
+                session_id, None if self._fetch is None else self._fetch(session_id))
             _READ.set((self._versioned, session_id, versions))
             for listener in self.listeners:
                 await listener(session_id, versions)

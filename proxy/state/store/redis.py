@@ -162,6 +162,7 @@ from ._rows import (
 from .audit_batches import AUDIT_LINGER_S, AuditBatches
 from .base import (
     CorruptStateError,
+    RecordFetch,
     SessionVersions,
     StoredState,
     StoreError,
@@ -1129,23 +1130,41 @@ class RedisStateStore:
             script = scripts[text] = self._redis.register_script(text)
         return script
 
-    async def session_versions(self, session_id: str) -> SessionVersions:
-        """The state's version and every record version of the session: one round trip."""
+    async def session_versions(self, session_id: str,
+                               fetch: RecordFetch | None = None) -> SessionVersions:
+        """The state's version and every record version of the session, and the records
+        ``fetch`` wants: one round trip (a pipeline; with ``fetch``, one script, so the
+        records are those of the versions read)."""
         self._check_open()
+        fetched: dict[str, tuple[int, bytes]] = {}
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.state_key(session_id), ["version", "updated_at"])
-                pipe.hgetall(self.record_versions_key(session_id))
-                (version, updated_at), records = await pipe.execute()
+            if fetch is None:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.hmget(self.state_key(session_id), ["version", "updated_at"])
+                    pipe.hgetall(self.record_versions_key(session_id))
+                    (version, updated_at), records = await pipe.execute()
+            else:
+                held = [item for kind, number in fetch.held.items() for item in (kind, number)]
+                (version, updated_at), flat, found = await self._replica_script(
+                    _VERSIONS_AND_RECORDS_LUA)(
+                    keys=[self.state_key(session_id), self.record_versions_key(session_id),
+                          self.record_key(session_id)],
+                    args=[fetch.prefix, *held])
+                records = dict(zip(flat[::2], flat[1::2], strict=True))
         except _FAILURES as exc:
             raise self._error("read versions", exc) from exc
         try:
-            return SessionVersions(
-                None if version is None else int(version),
-                None if updated_at is None else _as_text(updated_at),
-                {_as_text(kind): int(number) for kind, number in records.items()})
+            versions = {_as_text(kind): int(number) for kind, number in records.items()}
         except ValueError:
             raise CorruptStateError(session_id, "a version is not an integer") from None
+        if fetch is not None:
+            for kind, data in zip(found[::2], found[1::2], strict=True):
+                name = _as_text(kind)
+                if isinstance(data, bytes) and name in versions:
+                    fetched[name] = (versions[name], data)
+        return SessionVersions(None if version is None else int(version),
+                               None if updated_at is None else _as_text(updated_at),
+                               versions, fetched)
 
     async def get_versioned_record(self, session_id: str, kind: str
                                    ) -> tuple[int, bytes] | None:
@@ -1204,6 +1223,27 @@ class RedisStateStore:
 
 
 # --- replica consistency: scripts (each on one session's keys, or one lease's) ---
+
+# KEYS = the state hash, the record versions hash, the records hash; ARGV = a kind prefix,
+# then (kind, version) pairs the caller holds. Returns the state's version and write time,
+# every record version (flat), and (kind, data) of each record of the prefix whose version
+# is not the one held (flat): the versions and those records from one moment.
+_VERSIONS_AND_RECORDS_LUA: Final = """
+local state = redis.call('HMGET', KEYS[1], 'version', 'updated_at')
+local versions = redis.call('HGETALL', KEYS[2])
+local prefix = ARGV[1]
+local held = {}
+for i = 2, #ARGV, 2 do held[ARGV[i]] = ARGV[i + 1] end
+local found = {}
+for i = 1, #versions, 2 do
+    local kind = versions[i]
+    if string.sub(kind, 1, #prefix) == prefix and held[kind] ~= versions[i + 1] then
+        found[#found + 1] = kind
+        found[#found + 1] = redis.call('HGET', KEYS[3], kind)
+    end
+end
+return {state, versions, found}
+"""
 
 # KEYS = the record hash, the record versions hash; ARGV = kind. Returns {version, data}.
 _GET_VERSIONED_LUA: Final = """

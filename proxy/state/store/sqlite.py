@@ -87,7 +87,14 @@ from ._rows import (
     utc_now,
 )
 from .audit_batches import AUDIT_LINGER_S, AuditBatches
-from .base import CorruptStateError, SessionVersions, StoredState, StoreError, VersionConflict
+from .base import (
+    CorruptStateError,
+    RecordFetch,
+    SessionVersions,
+    StoredState,
+    StoreError,
+    VersionConflict,
+)
 
 __all__ = ["SQLiteStateStore"]
 
@@ -727,9 +734,11 @@ class SQLiteStateStore:
         """Whether other processes serve from this file (the ``shared`` argument)."""
         return self._shared
 
-    async def session_versions(self, session_id: str) -> SessionVersions:
-        """The session's state version and its versioned records' versions (one call)."""
-        return await self._call(self._session_versions, session_id)
+    async def session_versions(self, session_id: str,
+                               fetch: RecordFetch | None = None) -> SessionVersions:
+        """The session's state version, its versioned records' versions and the records
+        ``fetch`` wants, in one read transaction (one call)."""
+        return await self._call(self._session_versions, session_id, fetch)
 
     async def get_versioned_record(self, session_id: str, kind: str
                                    ) -> tuple[int, bytes] | None:
@@ -752,22 +761,29 @@ class SQLiteStateStore:
         """Drop the lease if ``token`` holds it."""
         return await self._call(self._release_lock, name, token)
 
-    def _session_versions(self, session_id: str) -> SessionVersions:
+    def _session_versions(self, session_id: str, fetch: RecordFetch | None) -> SessionVersions:
+        fetched: dict[str, tuple[int, bytes]] = {}
         with self._sqlite_errors("read versions") as conn:
-            # One read transaction: both answers from the same snapshot of the file.
+            # One read transaction: every answer from the same snapshot of the file.
             conn.execute("BEGIN")
             try:
                 row = conn.execute(
                     "SELECT version, updated_at FROM session_state WHERE session_id = ?",
                     (session_id,)).fetchone()
-                records = conn.execute(
+                records = {str(kind): int(version) for kind, version in conn.execute(
                     "SELECT kind, version FROM record_version WHERE session_id = ?",
-                    (session_id,)).fetchall()
+                    (session_id,))}
+                for kind, version in records.items():
+                    if fetch is not None and fetch.wants(kind, version):
+                        data = conn.execute(
+                            "SELECT data FROM session_record WHERE session_id = ? AND kind = ?",
+                            (session_id, kind)).fetchone()
+                        if data is not None and isinstance(data[0], bytes):
+                            fetched[kind] = (version, data[0])
             finally:
                 conn.execute("COMMIT")
         return SessionVersions(None if row is None else int(row[0]),
-                               None if row is None else str(row[1]),
-                               {str(kind): int(version) for kind, version in records})
+                               None if row is None else str(row[1]), records, fetched)
 
     def _get_versioned_record(self, session_id: str, kind: str) -> tuple[int, bytes] | None:
         with self._sqlite_errors("read record") as conn:
