@@ -269,8 +269,10 @@ class SQLiteStateStore:
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
-        # Touched only from the worker thread.
+        # Touched only from the worker thread (the loop only asks whether it is there yet).
         self._conn: sqlite3.Connection | None = None
+        # The event loop's own connection, for the reads that answer at once (_read_now).
+        self._loop_conn: sqlite3.Connection | None = None
 
     async def open(self) -> Self:
         """Create the file and its schema now (idempotent); returns the store itself.
@@ -403,11 +405,14 @@ class SQLiteStateStore:
             retention_cutoff(now, self.retention_days)))
 
     async def close(self) -> None:
-        """Close the connection and stop the worker thread; idempotent."""
+        """Close the connections and stop the worker thread; idempotent."""
         if self._closed:
             return
         await self._batches.flush()
         self._closed = True
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
         loop = asyncio.get_running_loop()
         # Queued behind every call already submitted, so those still complete.
         await loop.run_in_executor(self._executor, self._close_connection)
@@ -418,6 +423,39 @@ class SQLiteStateStore:
             raise StoreError(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # -- the event loop's own connection --------------------------------------------------
+
+    def _read_now(self, read: Callable[..., _T], *args: Any) -> _T | None:
+        """``read(connection, *args)`` on the event loop's own connection, or ``None`` when
+        it cannot answer at once: the file is not open yet (the worker thread creates it and
+        its schema), or SQLite is busy or locked (the worker thread, whose connection waits
+        up to ``busy_timeout_s``, reads instead).
+
+        In WAL mode a writer never blocks a reader, so a read of a few small rows answers
+        from memory: ~10 µs, where the hop to the worker thread and back costs ~100 µs of
+        CPU. This connection waits for nothing (``timeout=0``), never writes
+        (``query_only``) and never creates the file (``mode=rw``).
+        """
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        conn = self._loop_conn
+        try:
+            if conn is None:
+                if self._conn is None:  # (set once by the worker thread; read here only)
+                    return None
+                conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
+                                       timeout=0, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("PRAGMA query_only = ON")
+                self._loop_conn = conn
+            return read(conn, *args)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return None
+            raise StoreError(f"state database {self.path}: read failed: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"state database {self.path}: read failed: {exc}") from exc
 
     # -- worker-thread side ----------------------------------------------------------------
     # Everything below runs in the single worker thread only.
@@ -737,7 +775,12 @@ class SQLiteStateStore:
     async def session_versions(self, session_id: str,
                                fetch: RecordFetch | None = None) -> SessionVersions:
         """The session's state version, its versioned records' versions and the records
-        ``fetch`` wants, in one read transaction (one call)."""
+        ``fetch`` wants, in one read transaction. Read on the event loop's own connection
+        (:meth:`_read_now`: every request of a worker asks, and a thread hop costs ten times
+        the read); in the worker thread when SQLite cannot answer at once."""
+        versions = self._read_now(_versions_on, session_id, fetch)
+        if versions is not None:
+            return versions
         return await self._call(self._session_versions, session_id, fetch)
 
     async def get_versioned_record(self, session_id: str, kind: str
@@ -762,28 +805,8 @@ class SQLiteStateStore:
         return await self._call(self._release_lock, name, token)
 
     def _session_versions(self, session_id: str, fetch: RecordFetch | None) -> SessionVersions:
-        fetched: dict[str, tuple[int, bytes]] = {}
         with self._sqlite_errors("read versions") as conn:
-            # One read transaction: every answer from the same snapshot of the file.
-            conn.execute("BEGIN")
-            try:
-                row = conn.execute(
-                    "SELECT version, updated_at FROM session_state WHERE session_id = ?",
-                    (session_id,)).fetchone()
-                records = {str(kind): int(version) for kind, version in conn.execute(
-                    "SELECT kind, version FROM record_version WHERE session_id = ?",
-                    (session_id,))}
-                for kind, version in records.items():
-                    if fetch is not None and fetch.wants(kind, version):
-                        data = conn.execute(
-                            "SELECT data FROM session_record WHERE session_id = ? AND kind = ?",
-                            (session_id, kind)).fetchone()
-                        if data is not None and isinstance(data[0], bytes):
-                            fetched[kind] = (version, data[0])
-            finally:
-                conn.execute("COMMIT")
-        return SessionVersions(None if row is None else int(row[0]),
-                               None if row is None else str(row[1]), records, fetched)
+            return _versions_on(conn, session_id, fetch)
 
     def _get_versioned_record(self, session_id: str, kind: str) -> tuple[int, bytes] | None:
         with self._sqlite_errors("read record") as conn:
@@ -859,3 +882,29 @@ def _summary(row: tuple[Any, ...]) -> SessionSummary:
     return SessionSummary(session_id=str(session_id), tenant=str(tenant), last_seen=when,
                           requests=int(requests), tokens_before=int(before),
                           tokens_after=int(after), blocked=int(blocked))
+
+
+def _versions_on(conn: sqlite3.Connection, session_id: str,
+                 fetch: RecordFetch | None) -> SessionVersions:
+    """:meth:`SQLiteStateStore.session_versions` on ``conn``, in one read transaction (every
+    answer from the same snapshot of the file)."""
+    fetched: dict[str, tuple[int, bytes]] = {}
+    conn.execute("BEGIN")
+    try:
+        row = conn.execute(
+            "SELECT version, updated_at FROM session_state WHERE session_id = ?",
+            (session_id,)).fetchone()
+        records = {str(kind): int(version) for kind, version in conn.execute(
+            "SELECT kind, version FROM record_version WHERE session_id = ?", (session_id,))}
+        for kind, version in records.items():
+            if fetch is not None and fetch.wants(kind, version):
+                data = conn.execute(
+                    "SELECT data FROM session_record WHERE session_id = ? AND kind = ?",
+                    (session_id, kind)).fetchone()
+                if data is not None and isinstance(data[0], bytes):
+                    fetched[kind] = (version, data[0])
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    return SessionVersions(None if row is None else int(row[0]),
+                           None if row is None else str(row[1]), records, fetched)
