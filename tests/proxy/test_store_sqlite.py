@@ -152,9 +152,8 @@ async def test_a_workers_versions_read_answers_on_the_event_loop(tmp_path: Path)
         await store.session_versions("s")
 
 
-async def test_a_read_sqlite_cannot_answer_at_once_goes_to_the_worker_thread(
-        tmp_path: Path) -> None:
-    """A busy or locked database (the loop's connection never waits) sends the read to the
+async def test_what_sqlite_cannot_do_at_once_goes_to_the_worker_thread(tmp_path: Path) -> None:
+    """A busy or locked database (the loop's connection never waits) sends the call to the
     worker thread, whose connection waits; any other failure is a StoreError."""
     store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
     # A database in rollback-journal mode that another connection holds exclusively: a
@@ -172,13 +171,56 @@ async def test_a_read_sqlite_cannot_answer_at_once_goes_to_the_worker_thread(
 
     try:
         await store.session_versions("s")  # (opens the loop's connection)
-        assert store._read_now(busy) is None
+        assert store._now(busy) is None
         with pytest.raises(StoreError, match="no such table"):
-            store._read_now(broken)
-        with pytest.raises(StoreError, match="readonly"):  # (the loop's connection writes
-            store._read_now(lambda conn: conn.execute("CREATE TABLE w (x)"))  # nothing)
+            store._now(broken)
     finally:
         holder.close()
+        await store.close()
+
+
+async def test_a_workers_record_is_written_on_the_loop_unless_another_writer_holds_the_lock(
+        tmp_path: Path) -> None:
+    """``put_versioned_record`` (a worker's calibration, after every answer) commits on the
+    loop's connection, no hop; while another process holds the write lock it goes to the
+    worker thread, which waits for the lock: the version is right either way."""
+    store = await CountingHops(tmp_path / "s.db", shared=True).open()
+    other = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    holder = sqlite3.connect(tmp_path / "s.db", isolation_level=None, check_same_thread=False)
+    try:
+        hops = store.hops
+        assert await store.put_versioned_record("s", "calibration:m", b"one") == 1
+        assert await store.put_versioned_record("s", "calibration:m", b"two") == 2
+        assert store.hops == hops
+        assert await other.get_versioned_record("s", "calibration:m") == (2, b"two")
+        holder.execute("BEGIN IMMEDIATE")  # another process writing
+        asyncio.get_running_loop().call_later(0.3, holder.execute, "COMMIT")
+        assert await store.put_versioned_record("s", "calibration:m", b"three") == 3
+        assert store.hops == hops + 1 and not holder.in_transaction
+        assert await other.get_versioned_record("s", "calibration:m") == (3, b"three")
+        # A large record (a checkpoint's view) is written by the worker thread: no stall.
+        assert await store.put_versioned_record("s", "checkpoint:lane", bytes(1 << 20)) == 1
+        assert store.hops == hops + 2
+    finally:
+        holder.close()
+        await store.close()
+        await other.close()
+
+
+async def test_the_loops_commits_are_checkpointed_by_the_worker_thread(tmp_path: Path) -> None:
+    """The loop's connection never checkpoints (a checkpoint syncs the file); every
+    CHECKPOINT_EVERY of its commits the worker thread does, so the log stays small however
+    many records are written."""
+    from proxy.state.store.sqlite import CHECKPOINT_EVERY
+
+    store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    wal = tmp_path / "s.db-wal"
+    try:
+        for n in range(12 * CHECKPOINT_EVERY):
+            await store.put_versioned_record("s", f"calibration:{n % 4}", bytes(8192))
+        # 3072 commits of an 8 KB record: 25 MB of log without checkpoints.
+        assert wal.stat().st_size < 12 * 1024 * 1024
+    finally:
         await store.close()
 
 

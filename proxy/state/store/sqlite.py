@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 from compactor import DurableContextState
 from proxy.state.audit_log import (
@@ -99,6 +99,12 @@ from .base import (
 __all__ = ["SQLiteStateStore"]
 
 _T = TypeVar("_T")
+
+#: The largest record written on the event loop's own connection (a calibration is a few KB).
+INLINE_WRITE_MAX_BYTES: Final = 64 * 1024
+#: Commits of the event loop's own connection between two checkpoints of the worker thread's
+#: (a calibration record is a few pages: the log stays within a few megabytes).
+CHECKPOINT_EVERY: Final = 256
 
 #: Bump together with a migration in ``_SCHEMA`` handling when the table layout changes.
 #: A new table (``CREATE TABLE IF NOT EXISTS``) is no such change: a file from before gets it
@@ -271,8 +277,10 @@ class SQLiteStateStore:
         self._closed = False
         # Touched only from the worker thread (the loop only asks whether it is there yet).
         self._conn: sqlite3.Connection | None = None
-        # The event loop's own connection, for the reads that answer at once (_read_now).
+        # The event loop's own connection, for what is done at once (_now), and its commits
+        # since the worker thread last checkpointed.
         self._loop_conn: sqlite3.Connection | None = None
+        self._loop_commits = 0
 
     async def open(self) -> Self:
         """Create the file and its schema now (idempotent); returns the store itself.
@@ -426,16 +434,19 @@ class SQLiteStateStore:
 
     # -- the event loop's own connection --------------------------------------------------
 
-    def _read_now(self, read: Callable[..., _T], *args: Any) -> _T | None:
-        """``read(connection, *args)`` on the event loop's own connection, or ``None`` when
-        it cannot answer at once: the file is not open yet (the worker thread creates it and
-        its schema), or SQLite is busy or locked (the worker thread, whose connection waits
-        up to ``busy_timeout_s``, reads instead).
+    def _now(self, call: Callable[..., _T], *args: Any) -> _T | None:
+        """``call(connection, *args)`` on the event loop's own connection, or ``None`` when
+        it cannot be done at once: the file is not open yet (the worker thread creates it
+        and its schema), or SQLite is busy or locked (the worker thread, whose connection
+        waits up to ``busy_timeout_s``, does it instead).
 
-        In WAL mode a writer never blocks a reader, so a read of a few small rows answers
-        from memory: ~10 µs, where the hop to the worker thread and back costs ~100 µs of
-        CPU. This connection waits for nothing (``timeout=0``), never writes
-        (``query_only``) and never creates the file (``mode=rw``).
+        For the few small reads and writes every request of a worker makes (its session's
+        versions, the calibration its answer taught): in WAL mode a writer never blocks a
+        reader, and a commit appends to the log without a sync (``synchronous = NORMAL``),
+        so each takes ~10-50 µs, where the hop to the worker thread and back costs ~100 µs
+        of CPU. This connection waits for nothing (``timeout=0``), never creates the file
+        (``mode=rw``) and never checkpoints (a checkpoint syncs the file: the worker thread
+        makes one every :data:`CHECKPOINT_EVERY` of its commits).
         """
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
@@ -447,15 +458,16 @@ class SQLiteStateStore:
                 conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
                                        timeout=0, isolation_level=None,
                                        check_same_thread=False)
-                conn.execute("PRAGMA query_only = ON")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
                 self._loop_conn = conn
-            return read(conn, *args)
+            return call(conn, *args)
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 return None
-            raise StoreError(f"state database {self.path}: read failed: {exc}") from exc
+            raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
         except sqlite3.Error as exc:
-            raise StoreError(f"state database {self.path}: read failed: {exc}") from exc
+            raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
 
     # -- worker-thread side ----------------------------------------------------------------
     # Everything below runs in the single worker thread only.
@@ -503,19 +515,9 @@ class SQLiteStateStore:
             self._conn.close()
             self._conn = None
 
-    @contextlib.contextmanager
-    def _immediate(self, conn: sqlite3.Connection) -> Iterator[None]:
+    def _immediate(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
         """One write transaction holding the write lock from its first statement."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back by itself (e.g. disk full); a second
-            # ROLLBACK would raise and hide the original error.
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        return _immediate(conn)
 
     @contextlib.contextmanager
     def _sqlite_errors(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -776,9 +778,9 @@ class SQLiteStateStore:
                                fetch: RecordFetch | None = None) -> SessionVersions:
         """The session's state version, its versioned records' versions and the records
         ``fetch`` wants, in one read transaction. Read on the event loop's own connection
-        (:meth:`_read_now`: every request of a worker asks, and a thread hop costs ten times
-        the read); in the worker thread when SQLite cannot answer at once."""
-        versions = self._read_now(_versions_on, session_id, fetch)
+        (:meth:`_now`: every request of a worker asks, and a thread hop costs ten times the
+        read); in the worker thread when SQLite cannot answer at once."""
+        versions = self._now(_versions_on, session_id, fetch)
         if versions is not None:
             return versions
         return await self._call(self._session_versions, session_id, fetch)
@@ -789,8 +791,23 @@ class SQLiteStateStore:
         return await self._call(self._get_versioned_record, session_id, kind)
 
     async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
-        """Replace the record ``kind`` and bump its version in one transaction."""
-        return await self._call(self._put_versioned_record, session_id, kind, bytes(data))
+        """Replace the record ``kind`` and bump its version in one transaction: on the event
+        loop's own connection when the record is small and the write lock is free at once
+        (a worker's calibration, saved after every answer; in WAL mode a commit appends to
+        the log and does not sync), else in the worker thread, whose connection waits for
+        it (a checkpoint's record may be megabytes: no stall of the loop)."""
+        data = bytes(data)
+        version = None if len(data) > INLINE_WRITE_MAX_BYTES else self._now(
+            _put_versioned_on, session_id, kind, data, utc_now().isoformat())
+        if version is not None:
+            self._loop_commits += 1
+            if self._loop_commits >= CHECKPOINT_EVERY:
+                # The loop's connection never checkpoints (a checkpoint syncs the file):
+                # the worker thread does, in the background.
+                self._loop_commits = 0
+                self._executor.submit(self._checkpoint)
+            return version
+        return await self._call(self._put_versioned_record, session_id, kind, data)
 
     async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """Take the lease ``name`` if it is free or expired."""
@@ -821,18 +838,16 @@ class SQLiteStateStore:
         return int(row[0]), row[1]
 
     def _put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
-        with self._sqlite_errors("write record") as conn, self._immediate(conn):
-            conn.execute(
-                "INSERT INTO session_record (session_id, kind, data, updated_at)"
-                " VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
-                " updated_at = excluded.updated_at",
-                (session_id, kind, data, utc_now().isoformat()))
-            row = conn.execute(
-                "INSERT INTO record_version (session_id, kind, version) VALUES (?, ?, 1)"
-                " ON CONFLICT (session_id, kind) DO UPDATE SET version = version + 1"
-                " RETURNING version", (session_id, kind)).fetchone()
-        return int(row[0])
+        with self._sqlite_errors("write record") as conn:
+            return _put_versioned_on(conn, session_id, kind, data, utc_now().isoformat())
+
+    def _checkpoint(self) -> None:
+        """Move what the log holds into the file, so the next write starts the log again
+        (``RESTART``: it waits for the writer of the moment, and a write the event loop
+        tries meanwhile is busy, so it comes here after it); a failure is left to the next
+        checkpoint."""
+        with contextlib.suppress(sqlite3.Error, StoreError):
+            self._connection().execute("PRAGMA wal_checkpoint(RESTART)")
 
     def _acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
         now = time.time()  # wall clock: the one every process on the machine shares
@@ -908,3 +923,36 @@ def _versions_on(conn: sqlite3.Connection, session_id: str,
             conn.execute("COMMIT")
     return SessionVersions(None if row is None else int(row[0]),
                            None if row is None else str(row[1]), records, fetched)
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction holding the write lock from its first statement."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        # SQLite may already have rolled back by itself (e.g. disk full); a second
+        # ROLLBACK would raise and hide the original error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _put_versioned_on(conn: sqlite3.Connection, session_id: str, kind: str, data: bytes,
+                      updated_at: str) -> int:
+    """:meth:`SQLiteStateStore.put_versioned_record` on ``conn``: the record and its bumped
+    version in one write transaction; returns the new version."""
+    with _immediate(conn):
+        conn.execute(
+            "INSERT INTO session_record (session_id, kind, data, updated_at)"
+            " VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
+            " updated_at = excluded.updated_at",
+            (session_id, kind, data, updated_at))
+        row = conn.execute(
+            "INSERT INTO record_version (session_id, kind, version) VALUES (?, ?, 1)"
+            " ON CONFLICT (session_id, kind) DO UPDATE SET version = version + 1"
+            " RETURNING version", (session_id, kind)).fetchone()
+    return int(row[0])
