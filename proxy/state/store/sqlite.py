@@ -7,6 +7,16 @@ Theory of operation
 never blocks on disk I/O or on another process's lock. Because that one thread does all the
 work, calls are executed in the order they were made and the connection needs no lock.
 
+*But for two small calls, done at once on the loop.* A worker (``shared``) reads its session's
+versions on every request and saves the calibration each answer taught: a hop to the thread
+and back costs ~100 µs of CPU, the read ~10 and the commit ~50. Those two run on the event
+loop's own connection (:meth:`SQLiteStateStore._now`), which never waits (``timeout=0``: a
+busy file sends the call to the thread, which waits), never creates the file and never
+checkpoints (every :data:`CHECKPOINT_EVERY` of its commits a write goes to the thread, which
+checkpoints after it); a record over :data:`INLINE_WRITE_MAX_BYTES` goes to the thread. In
+WAL mode a reader is not blocked by a writer and a commit appends to the log without a sync,
+so neither waits on the disk.
+
 *Compare-and-swap in one transaction.* A write opens ``BEGIN IMMEDIATE``, which takes SQLite's
 single write lock up front (waiting up to the busy timeout for another writer, in this process
 or another), then reads the current version, checks it against the caller's and writes, then
@@ -445,8 +455,9 @@ class SQLiteStateStore:
         reader, and a commit appends to the log without a sync (``synchronous = NORMAL``),
         so each takes ~10-50 µs, where the hop to the worker thread and back costs ~100 µs
         of CPU. This connection waits for nothing (``timeout=0``), never creates the file
-        (``mode=rw``) and never checkpoints (a checkpoint syncs the file: the worker thread
-        makes one every :data:`CHECKPOINT_EVERY` of its commits).
+        (``mode=rw``) and never checkpoints (a checkpoint syncs the file): every
+        :data:`CHECKPOINT_EVERY` of its commits, a write goes to the worker thread, which
+        checkpoints after it.
         """
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
@@ -517,7 +528,7 @@ class SQLiteStateStore:
 
     def _immediate(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
         """One write transaction holding the write lock from its first statement."""
-        return _immediate(conn)
+        return _write_transaction(conn)
 
     @contextlib.contextmanager
     def _sqlite_errors(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -797,17 +808,20 @@ class SQLiteStateStore:
         the log and does not sync), else in the worker thread, whose connection waits for
         it (a checkpoint's record may be megabytes: no stall of the loop)."""
         data = bytes(data)
-        version = None if len(data) > INLINE_WRITE_MAX_BYTES else self._now(
-            _put_versioned_on, session_id, kind, data, utc_now().isoformat())
-        if version is not None:
-            self._loop_commits += 1
-            if self._loop_commits >= CHECKPOINT_EVERY:
-                # The loop's connection never checkpoints (a checkpoint syncs the file):
-                # the worker thread does, in the background.
-                self._loop_commits = 0
-                self._executor.submit(self._checkpoint)
-            return version
-        return await self._call(self._put_versioned_record, session_id, kind, data)
+        if len(data) <= INLINE_WRITE_MAX_BYTES and self._loop_commits < CHECKPOINT_EVERY:
+            version = self._now(_put_versioned_on, session_id, kind, data,
+                                utc_now().isoformat())
+            if version is not None:
+                self._loop_commits += 1
+                return version
+        # A large record, a busy file, or the turn of the loop's connection to have its log
+        # checkpointed (it never does so itself): the worker thread writes, then checkpoints.
+        checkpoint = self._loop_commits >= CHECKPOINT_EVERY
+        version = await self._call(self._put_versioned_record, session_id, kind, data,
+                                   checkpoint)
+        if checkpoint:
+            self._loop_commits = 0
+        return version
 
     async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """Take the lease ``name`` if it is free or expired."""
@@ -837,17 +851,16 @@ class SQLiteStateStore:
             raise CorruptStateError(session_id, f"record {kind!r} is not a blob")
         return int(row[0]), row[1]
 
-    def _put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
+    def _put_versioned_record(self, session_id: str, kind: str, data: bytes,
+                              checkpoint: bool = False) -> int:
         with self._sqlite_errors("write record") as conn:
-            return _put_versioned_on(conn, session_id, kind, data, utc_now().isoformat())
-
-    def _checkpoint(self) -> None:
-        """Move what the log holds into the file, so the next write starts the log again
-        (``RESTART``: it waits for the writer of the moment, and a write the event loop
-        tries meanwhile is busy, so it comes here after it); a failure is left to the next
-        checkpoint."""
-        with contextlib.suppress(sqlite3.Error, StoreError):
-            self._connection().execute("PRAGMA wal_checkpoint(RESTART)")
+            version = _put_versioned_on(conn, session_id, kind, data, utc_now().isoformat())
+            if checkpoint:
+                # Everything the log holds into the file, and the log emptied (it waits for
+                # the readers and writers of the moment); a failure is left to the next one.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return version
 
     def _acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
         now = time.time()  # wall clock: the one every process on the machine shares
@@ -926,7 +939,7 @@ def _versions_on(conn: sqlite3.Connection, session_id: str,
 
 
 @contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+def _write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
     """One write transaction holding the write lock from its first statement."""
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -944,7 +957,7 @@ def _put_versioned_on(conn: sqlite3.Connection, session_id: str, kind: str, data
                       updated_at: str) -> int:
     """:meth:`SQLiteStateStore.put_versioned_record` on ``conn``: the record and its bumped
     version in one write transaction; returns the new version."""
-    with _immediate(conn):
+    with _write_transaction(conn):
         conn.execute(
             "INSERT INTO session_record (session_id, kind, data, updated_at)"
             " VALUES (?, ?, ?, ?)"
