@@ -189,6 +189,19 @@ async def test_corrupt_usage_rows_raise_instead_of_returning_garbage(
         await store.usage_rows()
 
 
+async def test_a_versions_read_survives_a_server_that_forgot_its_scripts(
+        store: RedisStateStore, raw: aioredis.Redis) -> None:
+    """The versions read calls EVALSHA itself (every request makes it); a server restarted
+    since, which no longer has the script (NOSCRIPT), gets it loaded and the read made."""
+    from proxy.state.store import RecordFetch
+
+    await store.put_versioned_record("s", "calibration:m", b"taught")
+    fetch = RecordFetch("calibration:")
+    assert (await store.session_versions("s", fetch)).fetched == {"calibration:m": (1, b"taught")}
+    await raw.script_flush()
+    assert (await store.session_versions("s", fetch)).fetched == {"calibration:m": (1, b"taught")}
+
+
 async def test_unreachable_server_raises_a_clean_store_error() -> None:
     """Opening a store on a port nobody listens on: StoreError naming the address, no secret."""
     port = free_port()
