@@ -112,7 +112,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any, Final, Literal, Self, cast, get_args
@@ -1124,12 +1124,21 @@ class RedisStateStore:
         """The Redis key of the hash of the session's record versions (``kind -> n``)."""
         return f"{self.record_key(session_id)}-versions"
 
-    def _replica_script(self, text: str) -> Any:
+    async def _replica_script(self, text: str, keys: Sequence[str],
+                              args: Sequence[Any]) -> Any:
+        """Run the script ``text`` on ``keys`` (one session's, or one lease's) with ``args``:
+        EVALSHA itself (redis-py's script object costs ~8 µs more a call, and the versions
+        read and the calibration save run on every request); a server that does not hold
+        the script (NOSCRIPT: restarted, or a new node) gets it through that object, which
+        loads it."""
         scripts: dict[str, Any] = self.__dict__.setdefault("_replica_scripts", {})
         script = scripts.get(text)
         if script is None:
             script = scripts[text] = self._redis.register_script(text)
-        return script
+        try:
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await script(keys=list(keys), args=list(args))
 
     async def session_versions(self, session_id: str,
                                fetch: RecordFetch | None = None) -> SessionVersions:
@@ -1146,17 +1155,10 @@ class RedisStateStore:
                     (version, updated_at), records = await pipe.execute()
             else:
                 held = [item for kind, number in fetch.held.items() for item in (kind, number)]
-                keys = (self.state_key(session_id), self.record_versions_key(session_id),
-                        self.record_key(session_id))
-                script = self._replica_script(_VERSIONS_AND_RECORDS_LUA)
-                try:
-                    # EVALSHA itself (the script object's call costs ~8 µs more; this one
-                    # runs on every request).
-                    (version, updated_at), flat, found = await self._redis.evalsha(
-                        script.sha, len(keys), *keys, fetch.prefix, *held)
-                except NoScriptError:  # (a server restarted, or a new node: load it)
-                    (version, updated_at), flat, found = await script(
-                        keys=list(keys), args=[fetch.prefix, *held])
+                (version, updated_at), flat, found = await self._replica_script(
+                    _VERSIONS_AND_RECORDS_LUA,
+                    (self.state_key(session_id), self.record_versions_key(session_id),
+                     self.record_key(session_id)), (fetch.prefix, *held))
                 records = dict(zip(flat[::2], flat[1::2], strict=True))
         except _FAILURES as exc:
             raise self._error("read versions", exc) from exc
@@ -1178,9 +1180,9 @@ class RedisStateStore:
         """The record ``kind`` and its version, read by one script."""
         self._check_open()
         try:
-            version, data = await self._replica_script(_GET_VERSIONED_LUA)(
-                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
-                args=[kind])
+            version, data = await self._replica_script(
+                _GET_VERSIONED_LUA,
+                (self.record_key(session_id), self.record_versions_key(session_id)), (kind,))
         except _FAILURES as exc:
             raise self._error("read record", exc) from exc
         if version is None or data is None:
@@ -1191,9 +1193,10 @@ class RedisStateStore:
         """Replace the record ``kind`` and bump its version, in one script."""
         self._check_open()
         try:
-            version = await self._replica_script(_PUT_VERSIONED_LUA)(
-                keys=[self.record_key(session_id), self.record_versions_key(session_id)],
-                args=[kind, bytes(data)])
+            version = await self._replica_script(
+                _PUT_VERSIONED_LUA,
+                (self.record_key(session_id), self.record_versions_key(session_id)),
+                (kind, bytes(data)))
         except _FAILURES as exc:
             raise self._error("write record", exc) from exc
         return int(version)
@@ -1212,8 +1215,8 @@ class RedisStateStore:
         """``PEXPIRE`` the lease if it still holds ``token`` (one script)."""
         self._check_open()
         try:
-            done = await self._replica_script(_EXTEND_LOCK_LUA)(
-                keys=[self.lock_key(name)], args=[token, _ttl_ms(ttl_ms)])
+            done = await self._replica_script(_EXTEND_LOCK_LUA, (self.lock_key(name),),
+                                              (token, _ttl_ms(ttl_ms)))
         except _FAILURES as exc:
             raise self._error("extend lock", exc) from exc
         return bool(done)
@@ -1222,8 +1225,8 @@ class RedisStateStore:
         """Delete the lease if it still holds ``token`` (compare-and-delete, one script)."""
         self._check_open()
         try:
-            done = await self._replica_script(_RELEASE_LOCK_LUA)(
-                keys=[self.lock_key(name)], args=[token])
+            done = await self._replica_script(_RELEASE_LOCK_LUA, (self.lock_key(name),),
+                                              (token,))
         except _FAILURES as exc:
             raise self._error("release lock", exc) from exc
         return bool(done)
