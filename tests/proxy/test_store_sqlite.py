@@ -1,6 +1,8 @@
 """What only the SQLite state store does, on real database files: the file itself (parent
-directories, WAL, schema version, unopenable paths), corrupt rows, and calls kept off the
-event loop. The StateStore contract it shares with Redis is in test_store_contract.py."""
+directories, WAL, schema version, unopenable paths), corrupt rows, calls kept off the event
+loop but for the two small ones a worker makes on every request (and what sends those to the
+thread too), and the audit log's batches. The StateStore contract it shares with Redis is in
+test_store_contract.py."""
 
 from __future__ import annotations
 
