@@ -181,6 +181,23 @@ async def test_what_sqlite_cannot_do_at_once_goes_to_the_worker_thread(tmp_path:
         await store.close()
 
 
+async def test_a_file_the_loop_cannot_open_leaves_the_work_to_the_worker_thread(
+        tmp_path: Path) -> None:
+    """The file removed after the worker thread opened it: the loop's connection cannot be
+    opened (``mode=rw`` never creates a file), so the worker thread's, still open, answers
+    as it did before; nothing is created in the removed file's place."""
+    store = await CountingHops(tmp_path / "s.db", shared=True).open()
+    try:
+        await store.put_state("s", make_state("a"), None)
+        (tmp_path / "s.db").unlink()
+        hops = store.hops
+        assert (await store.session_versions("s")).state == 1
+        assert await store.put_versioned_record("s", "calibration:m", b"x") == 1
+        assert store.hops == hops + 2 and not (tmp_path / "s.db").exists()
+    finally:
+        await store.close()
+
+
 async def test_a_workers_record_is_written_on_the_loop_unless_another_writer_holds_the_lock(
         tmp_path: Path) -> None:
     """``put_versioned_record`` (a worker's calibration, after every answer) commits on the

@@ -462,16 +462,13 @@ class SQLiteStateStore:
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._loop_conn
-        try:
+        if conn is None:
+            if self._conn is None:  # (set once by the worker thread; read here only)
+                return None
+            conn = self._loop_conn = self._open_loop_connection()
             if conn is None:
-                if self._conn is None:  # (set once by the worker thread; read here only)
-                    return None
-                conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
-                                       timeout=0, isolation_level=None,
-                                       check_same_thread=False)
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-                self._loop_conn = conn
+                return None
+        try:
             return call(conn, *args)
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
@@ -479,6 +476,23 @@ class SQLiteStateStore:
             raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
+
+    def _open_loop_connection(self) -> sqlite3.Connection | None:
+        """The loop's own connection to the file the worker thread opened, or ``None`` when
+        it cannot be opened (the file was removed or made read-only since: the worker
+        thread's connection, still open, does the work, as it did before)."""
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
+                                   timeout=0, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+        except sqlite3.Error:
+            conn.close()
+            return None
+        return conn
 
     # -- worker-thread side ----------------------------------------------------------------
     # Everything below runs in the single worker thread only.
