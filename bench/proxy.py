@@ -1468,6 +1468,31 @@ def process_cpu_s(pid: int | None) -> float:
     return process_cpu_ns(pid) / 1e9
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc``; none elsewhere)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children so far (a supervisor and its workers)."""
+    return sum(process_cpu_s(p) for p in (pid, *children(pid)))
+
+
+async def wait_for_workers(process: ManagedProcess, workers: int, name: str) -> None:
+    """Until ``process`` (``serve`` with ``workers`` > 1, up) has all its workers: /healthz
+    answers once the first one is up."""
+    deadline = time.monotonic() + 30.0
+    while workers > 1 and len(children(process.pid)) < workers:
+        if time.monotonic() > deadline:
+            raise BenchError(f"{name}: {workers} workers did not start:\n"
+                             f"{process.log_tail()}")
+        await asyncio.sleep(0.05)
+
+
 async def measure_throughput(client: aiohttp.ClientSession, targets: Targets,
                              pids: dict[str, int], sizes: Sizes) -> Throughput:
     """Part 2: the small request at ``sizes.concurrency`` against every target, in two

@@ -48,13 +48,16 @@ from bench.proxy import (
     _headers,
     _machine_ticks,
     _wait_until_up,
+    children,
     client_session,
     free_port,
     history_of_size,
     process_cpu_s,
     request_body,
     send,
+    tree_cpu_s,
     upstream_process,
+    wait_for_workers,
     write_proxy_config,
 )
 
@@ -139,20 +142,6 @@ class ScaleResults:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (Linux ``/proc``; none elsewhere)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
-    except OSError:
-        return []
-    return [int(child) for child in text.split()]
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its children so far."""
-    return sum(process_cpu_s(p) for p in (pid, *_children(pid)))
-
-
 @asynccontextmanager
 async def _proxy(client: aiohttp.ClientSession, workdir: Path, name: str, upstream_url: str,
                  workers: int) -> AsyncIterator[Service]:
@@ -170,12 +159,7 @@ async def _proxy(client: aiohttp.ClientSession, workdir: Path, name: str, upstre
     try:
         url = f"http://127.0.0.1:{port}"
         await _wait_until_up(client, process, f"{url}/healthz")
-        deadline = time.monotonic() + 30.0  # every worker up, not just the first
-        while workers > 1 and len(_children(process.pid)) < workers:
-            if time.monotonic() > deadline:
-                raise BenchError(f"{name}: {workers} workers did not start:\n"
-                                 f"{process.log_tail()}")
-            await asyncio.sleep(0.05)
+        await wait_for_workers(process, workers, name)
         yield Service(url, process)
     finally:
         process.stop()
@@ -219,7 +203,7 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
             urls = {"workers_1": one.url, "workers_2": two.url, "direct": upstream.url}
             pids = {"workers_1": one.process.pid if one.process else 0,
                     "workers_2": two.process.pid if two.process else 0}
-            processes = {"workers_1": 1, "workers_2": len(_children(pids["workers_2"]))}
+            processes = {"workers_1": 1, "workers_2": len(children(pids["workers_2"]))}
             body = request_body(history_of_size(sizes.body_bytes), stream=False)
             probe = await send(client, one.url, body, _headers("bench-scale-probe"), stream=False)
             if probe.status != 200:
@@ -237,14 +221,14 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
             for number in range(sizes.rounds):
                 order = TARGETS[:2] if number % 2 == 0 else TARGETS[1::-1]
                 for name in (*order, "direct"):
-                    before = _tree_cpu_s(pids[name]) if name in pids else 0.0
+                    before = tree_cpu_s(pids[name]) if name in pids else 0.0
                     others = (process_cpu_s(None), process_cpu_s(provider_pid))
                     machine = _machine_ticks()
                     spent, failed = await _closed_loop(client, urls[name], body,
                                                        sizes.requests, sizes.concurrency, name,
                                                        cold=sizes.cold)
                     if name in pids:
-                        cpu[name] += _tree_cpu_s(pids[name]) - before
+                        cpu[name] += tree_cpu_s(pids[name]) - before
                     busy, total_ticks = _machine_ticks()
                     ticks[name][0] += busy - machine[0]
                     ticks[name][1] += total_ticks - machine[1]

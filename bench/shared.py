@@ -45,9 +45,10 @@ from bench.proxy import (
     relay_process,
     request_body,
     send,
+    tree_cpu_s,
     upstream_process,
+    wait_for_workers,
 )
-from bench.scale import _tree_cpu_s
 from tests.redis_server import RedisServer
 
 #: Each setup: its name and the processes it runs (each a config change), whose requests
@@ -58,6 +59,8 @@ SETUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("redis", ("redis",)),
     ("redis round robin", ("redis", "redis")),
 )
+#: The worker processes of the ``sqlite workers`` setup.
+WORKERS: Final = 2
 #: Requests to each setup before the count starts (connections, caches, the session).
 WARMUP: Final = 20
 #: Left to every process to finish a request's tail before its CPU is read (seconds).
@@ -81,7 +84,7 @@ class SharedCosts:
 
 def _change(kind: str, redis_url: str) -> dict[str, Any]:
     if kind == "workers":
-        return {"listen": {"workers": 2}}
+        return {"listen": {"workers": WORKERS}}
     if kind == "redis":
         return {"store": {"backend": "redis", "url": redis_url}}
     return {}
@@ -112,6 +115,10 @@ async def measure(size: int, requests: int, rounds: int,
                             client, work, f"{label}-{index}".replace(" ", "-"), upstream.url,
                             SESSION_THRESHOLDS, sticky=True, overrides=_change(kind, url),
                             source=source)) for index, kind in enumerate(kinds)]
+                        for service, kind in zip(setups[label], kinds, strict=True):
+                            if kind == "workers" and service.process is not None:
+                                # (every worker's CPU counted from the first round on)
+                                await wait_for_workers(service.process, WORKERS, label)
                 return await _rounds(client, setups, size, requests, rounds)
         finally:
             redis.stop()
@@ -132,8 +139,8 @@ async def _rounds(client: Any, setups: dict[str, list[Service]], size: int, requ
             raise RuntimeError(f"{name}: HTTP {sample.status}")
 
     def cpu_s(name: str) -> float:
-        return sum(_tree_cpu_s(service.process.pid) for service in setups[name]
-                   if service.process is not None and service.process.pid is not None)
+        return sum(tree_cpu_s(service.process.pid) for service in setups[name]
+                   if service.process is not None)
 
     for name in setups:
         for _ in range(WARMUP):
