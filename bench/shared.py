@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
+
 from bench.proxy import (
     _ROOT,
     SESSION_THRESHOLDS,
@@ -124,7 +126,7 @@ async def measure(size: int, requests: int, rounds: int,
             redis.stop()
 
 
-async def _rounds(client: Any, setups: dict[str, list[Service]], size: int, requests: int,
+async def _rounds(client: aiohttp.ClientSession, setups: dict[str, list[Service]], size: int, requests: int,
                   rounds: int) -> SharedCosts:
     body = request_body(history_of_size(size), stream=False)
     sent = dict.fromkeys(setups, 0)
