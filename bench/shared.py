@@ -126,8 +126,8 @@ async def measure(size: int, requests: int, rounds: int,
             redis.stop()
 
 
-async def _rounds(client: aiohttp.ClientSession, setups: dict[str, list[Service]], size: int, requests: int,
-                  rounds: int) -> SharedCosts:
+async def _rounds(client: aiohttp.ClientSession, setups: dict[str, list[Service]], size: int,
+                  requests: int, rounds: int) -> SharedCosts:
     body = request_body(history_of_size(size), stream=False)
     sent = dict.fromkeys(setups, 0)
 
