@@ -103,6 +103,8 @@ from compactor import CachingCounter, TiktokenCounter  # noqa: E402
 from compactor._fingerprint import strip_cache_control  # noqa: E402
 from proxy.allocator import tune_allocator  # noqa: E402
 from proxy.app import READ_BUFSIZE  # noqa: E402
+from proxy.config import EventLoopName  # noqa: E402
+from proxy.event_loop import loop_factory  # noqa: E402
 from proxy.fake_upstream import (  # noqa: E402
     FakeUpstream,
     RecordedRequest,
@@ -162,6 +164,9 @@ STOP_TIMEOUT_S: Final = 5.0
 RUN_DEADLINE_S: Final = 1200.0
 RSS_SAMPLE_S: Final = 0.005
 CPU_SETTLE_S: Final = 0.05  # after a cell, before its hops' CPU is read again
+#: The reference relay on uvloop, the proxy's default loop (``listen.event_loop``): a target
+#: of the small cells and of the throughput part, next to the relay on asyncio's own loop.
+RELAY_UVLOOP: Final = "relay-uvloop"
 WARM_BLOCK: Final = 40  # timed requests per session of a warm cell (then a new session)
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
 BUSY_OTHERS: Final = 0.10  # others' share of the machine during a part above this: say so
@@ -889,21 +894,27 @@ def null_relay_app(upstream_url: str) -> web.Application:
     return app
 
 
-def serve_null_relay(port: int, upstream_url: str) -> None:
+def serve_null_relay(port: int, upstream_url: str, event_loop: EventLoopName = "asyncio",
+                     ) -> None:
     """Serve :func:`null_relay_app` on 127.0.0.1 until SIGINT / SIGTERM, with the proxy's
-    allocator thresholds and read buffer: the floor is what the same tuning gives a relay."""
+    allocator thresholds and read buffer: the floor is what the same tuning gives a relay.
+    ``event_loop``: the loop it runs on (the proxy's ``listen.event_loop`` values)."""
     tune_allocator()
     web.run_app(null_relay_app(upstream_url), host="127.0.0.1", port=port, access_log=None,
-                print=None, handler_cancellation=True, read_bufsize=READ_BUFSIZE)
+                print=None, handler_cancellation=True, read_bufsize=READ_BUFSIZE,
+                loop=loop_factory(event_loop)())
 
 
 @asynccontextmanager
-async def relay_process(client: aiohttp.ClientSession, workdir: Path,
-                        upstream_url: str) -> AsyncIterator[Service]:
-    """The reference relay as a child process on a free port."""
+async def relay_process(client: aiohttp.ClientSession, workdir: Path, upstream_url: str,
+                        event_loop: EventLoopName = "asyncio") -> AsyncIterator[Service]:
+    """The reference relay as a child process on a free port (on asyncio's own loop, unless
+    ``event_loop`` says otherwise)."""
     port = free_port()
-    process = ManagedProcess("null-relay", [sys.executable, "-m", "bench.proxy", "--null-relay",
-                                            str(port), upstream_url], workdir / "relay.log")
+    name = "null-relay" if event_loop == "asyncio" else f"null-relay-{event_loop}"
+    process = ManagedProcess(name, [sys.executable, "-m", "bench.proxy", "--null-relay",
+                                    str(port), upstream_url, "--relay-loop", event_loop],
+                             workdir / f"{name}.log")
     process.start()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -1289,8 +1300,9 @@ async def measure_latency(client: aiohttp.ClientSession, targets: Targets,
                           sizes: Sizes) -> list[LatencyCell]:
     """Part 1: the four cells (small/large × json/stream).
 
-    LiteLLM (``litellm``) is timed in the small cells; a baseline proxy (``baseline``) in the
-    small cells and the large json one, where its CPU per request is read.
+    LiteLLM (``litellm``) and the relay on uvloop (:data:`RELAY_UVLOOP`) are timed in the
+    small cells; a baseline proxy (``baseline``) in the small cells and the large json one,
+    where its CPU per request is read.
     """
     small = history_of_size(sizes.small_bytes)
     large = history_of_size(sizes.large_bytes)
@@ -1299,8 +1311,8 @@ async def measure_latency(client: aiohttp.ClientSession, targets: Targets,
     cells = []
     for stream in (False, True):
         kind = "stream" if stream else "json"
-        cells.append(await _fixed_cell(client, targets.only("litellm", "baseline"), small,
-                                       sizes.latency_requests, stream=stream,
+        cells.append(await _fixed_cell(client, targets.only("litellm", "baseline", RELAY_UVLOOP),
+                                       small, sizes.latency_requests, stream=stream,
                                        label=f"{small_label}, {kind}",
                                        session_id=f"bench-small-{kind}"))
     for stream in (False, True):
@@ -2054,7 +2066,10 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
                         relay_process(client, root, upstream.url))
                     proxy = await hops.enter_async_context(proxy_process(
                         client, root, "proxy-main", upstream.url, thresholds, sticky=sticky))
-                    extra: list[tuple[str, Service]] = []
+                    # The same relay on the proxy's default loop: the floor on that loop.
+                    relay_uvloop = await hops.enter_async_context(
+                        relay_process(client, root, upstream.url, "uvloop"))
+                    extra: list[tuple[str, Service]] = [(RELAY_UVLOOP, relay_uvloop)]
                     if baseline is not None:
                         _progress(f"baseline: git worktree of {baseline}")
                         source = hops.enter_context(baseline_worktree(
@@ -2091,7 +2106,7 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
                     _progress("part 4: throughput")
                     meter.part("4 throughput")
                     throughput = await measure_throughput(
-                        client, targets.only("litellm"),
+                        client, targets.only("litellm", RELAY_UVLOOP),
                         {**pids, "provider": _pid(upstream)}, sizes)
                     meter.close()
                 async with proxy_process(client, root, "proxy-streams", upstream.url, thresholds,
@@ -2269,10 +2284,12 @@ def issue13_goals(results: BenchResults) -> list[Goal]:
     t = results.throughput
     c16 = _ratio(t.cpu_ms.get("proxy", {}).get("proxy", math.nan),
                  t.cpu_ms.get("relay", {}).get("relay", math.nan))
+    same_loop = _ratio(cpu_proxy, _cpu(small, RELAY_UVLOOP))
     goals.append(Goal(
         f"CPU per {_kb(results.sizes.small_bytes)} request, nothing to compact, <= 1.5x the "
         "bare relay's", f"{cpu_ratio:.2f}x ({cpu_proxy:.2f} vs {cpu_relay:.2f} ms, sequential; "
-        f"at concurrency {t.concurrency}: {c16:.2f}x)",
+        f"at concurrency {t.concurrency}: {c16:.2f}x; over the relay on uvloop, the proxy's "
+        f"loop: {same_loop:.2f}x)",
         cpu_ratio <= 1.5 and small is not None and not small.failures, 13))
     warm_failures = sum(c.failures for c in results.warm)
     if results.warm:
@@ -2527,6 +2544,7 @@ def format_report(results: BenchResults) -> str:
     large = next((c for c in results.latency if "history" in c.label and not c.stream), None)
     streamed = next((c for c in results.latency if "under" in c.label and c.stream), None)
     rows = [(f"bare relay, {kb}", small, "relay", "relay"),
+            (f"bare relay on uvloop, {kb}", small, RELAY_UVLOOP, RELAY_UVLOOP),
             (f"compact-proxy, {kb}, nothing to compact", small, "proxy", "proxy"),
             (f"compact-proxy, {_kb(sizes.large_bytes)} warm, compacted", large, "proxy", None),
             (f"bare relay, {_kb(sizes.large_bytes)} warm (reference)", large, "relay", None)]
@@ -2547,6 +2565,7 @@ def format_report(results: BenchResults) -> str:
     # Streamed (every request of Claude Code is): against the bare relay's streamed requests.
     relay_streamed = _cpu(streamed, "relay")
     streamed_rows = [(f"bare relay, {kb} streamed", "relay"),
+                     (f"bare relay on uvloop, {kb} streamed", RELAY_UVLOOP),
                      (f"compact-proxy, {kb} streamed, nothing to do", "proxy")]
     if streamed is not None and "baseline" in streamed.cpu_ms:
         streamed_rows.append((f"baseline compact-proxy, {kb} streamed", "baseline"))
@@ -2555,6 +2574,13 @@ def format_report(results: BenchResults) -> str:
         add(f"   {label:<44}{_ms(seq):>11}{_times(_ratio(seq, relay_streamed)):>9}")
     add(f"   (x relay: over the bare relay's CPU per {kb} request, same column; a streamed "
         "request over the relay's streamed one)")
+    same_loop = (_ratio(_cpu(small, "proxy"), _cpu(small, RELAY_UVLOOP)),
+                 _ratio(t.cpu_ms.get("proxy", {}).get("proxy", math.nan),
+                        t.cpu_ms.get(RELAY_UVLOOP, {}).get(RELAY_UVLOOP, math.nan)),
+                 _ratio(_cpu(streamed, "proxy"), _cpu(streamed, RELAY_UVLOOP)))
+    add("   compact-proxy (on uvloop, listen.event_loop's default) over the bare relay on "
+        f"uvloop: {_times(same_loop[0])}x sequential, {_times(same_loop[1])}x at "
+        f"c{t.concurrency}, {_times(same_loop[2])}x streamed")
     add("")
     s = results.streams
     add(f"6. {s.streams} concurrent streams through a fresh proxy process "
@@ -2646,6 +2672,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "that mode)")
     parser.add_argument("--null-relay", nargs=2, metavar=("PORT", "UPSTREAM_URL"),
                         help=argparse.SUPPRESS)  # internal: serve the reference relay
+    parser.add_argument("--relay-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help=argparse.SUPPRESS)  # internal: the reference relay's event loop
     parser.add_argument("--quick", action="store_true",
                         help=f"fewer requests ({QUICK.latency_requests} per latency cell, "
                              f"{QUICK.session_turns} session turns)")
@@ -2660,7 +2688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "audit.enabled true against false, in one run")
     args = parser.parse_args(argv)
     if args.null_relay is not None:
-        serve_null_relay(int(args.null_relay[0]), args.null_relay[1])
+        serve_null_relay(int(args.null_relay[0]), args.null_relay[1], args.relay_loop)
         return 0
     sizes = QUICK if args.quick else FULL
     sticky = not args.no_sticky

@@ -26,6 +26,7 @@ import compactor
 from proxy.allocator import tune_allocator
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
+from proxy.event_loop import run as run_loop
 from proxy.http.audit import request_context_middleware
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
@@ -304,6 +305,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         admin_enabled=config.admin_token() is not None,
         log_format=config.logging.format,
         allocator=allocator,
+        event_loop=_loop_kind(),
     )
     stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
@@ -318,6 +320,12 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         await runner.cleanup()
         _log.info("proxy_stopped")
     return 0
+
+
+def _loop_kind() -> str:
+    """The package of the running event loop's class (``uvloop``, ``asyncio``): what the
+    startup line says the process runs on, whatever was asked for."""
+    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
 
 
 def _freeze_startup_objects() -> None:
@@ -345,4 +353,4 @@ def run_server(config: Config) -> int:
         return supervise(config)
     secrets = [value for value in (config.admin_token(), config.summary_api_key()) if value]
     configure_logging(config.logging, secrets=secrets, final=True)
-    return asyncio.run(serve(config))
+    return run_loop(serve(config), config.listen.event_loop)

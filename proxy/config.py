@@ -83,6 +83,7 @@ __all__ = [
     "ConfigError",
     "CONFIG_ENV_VAR",
     "DEFAULT_PRICES",
+    "EventLoopName",
     "LimitsConfig",
     "ListenConfig",
     "LoggingConfig",
@@ -266,6 +267,10 @@ class _Section:
         return {} if data is None else data
 
 
+#: The event loops a serving process can run on (:mod:`proxy.event_loop`).
+EventLoopName = Literal["uvloop", "asyncio"]
+
+
 @_section("listen")
 class ListenConfig(_Section):
     """Where the proxy listens. ``port`` 0 picks a free port.
@@ -273,13 +278,15 @@ class ListenConfig(_Section):
     ``workers`` processes serve the port together (``SO_REUSEPORT``), supervised by the one
     ``compact-proxy serve`` started (:mod:`proxy.workers`); 1 serves in that process itself.
     On SIGTERM / SIGINT a process stops accepting and lets the requests and streams in
-    flight finish for up to ``drain_timeout_s``, then cancels what is left.
+    flight finish for up to ``drain_timeout_s``, then cancels what is left. ``event_loop``
+    is what runs each serving process's event loop (:mod:`proxy.event_loop`).
     """
 
     host: Text = "127.0.0.1"
     port: Port = 8787
     workers: Annotated[int, Strict(), Ge(1), Le(MAX_WORKERS)] = 1
     drain_timeout_s: Seconds = 60.0
+    event_loop: EventLoopName = "uvloop"
 
 
 @_section("limits")

@@ -62,7 +62,7 @@ SAFE_KEYS: Final = frozenset({
     "facts", "pending_items", "retrieval_evidence",
     # startup
     "host", "port", "upstream_host", "store_backend", "token_counter", "summary_enabled",
-    "admin_enabled", "log_format", "allocator",
+    "admin_enabled", "log_format", "allocator", "event_loop",
     # worker processes (``listen.workers``): which one logged, and the supervisor's events
     "worker", "pid", "workers", "worker_pid", "exit_code", "signal", "restart_in_s",
     "uptime_s", "drain_timeout_s",

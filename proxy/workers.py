@@ -93,6 +93,8 @@ import structlog
 from prometheus_client import values as prometheus_values
 
 from proxy.config import Config, ConfigError
+from proxy.event_loop import loop_factory
+from proxy.event_loop import run as run_loop
 from proxy.logs import configure_logging
 from proxy.metrics import MULTIPROCESS_ENV
 
@@ -387,8 +389,11 @@ def supervise(config: Config) -> int:
     old_wakeup = -1
     try:
         _check_store(config)
-        # The app's modules, once, here: every worker forked from this process has them.
+        # The app's modules and the event loop's, once, here: every worker forked from this
+        # process has them (and a loop that cannot be loaded stops serve before any fork).
         import proxy.app  # noqa: F401
+
+        loop_factory(config.listen.event_loop)
 
         _no_other_threads()
         metrics_dir = tempfile.mkdtemp(prefix="compact-proxy-metrics-")
@@ -435,7 +440,7 @@ def _run_worker(config: Config, index: int, ready: int, lifeline: int, metrics_d
     configure_logging(config.logging, secrets=_secrets(config),
                       fields={"worker": index, "pid": os.getpid()}, final=True)
     try:
-        return asyncio.run(_serve_worker(config, ready, lifeline))
+        return run_loop(_serve_worker(config, ready, lifeline), config.listen.event_loop)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return _EXIT_CONFIG

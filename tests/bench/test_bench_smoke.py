@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -125,13 +126,14 @@ def test_throughput_part_reports_both_rates_and_cpu_per_request(
     """Positive rates for every target, the ratios, and CPU time per request per process."""
     t = results.throughput
     assert t.failures == 0
-    assert set(t.rps) == {"proxy", "direct", "relay"}
+    assert set(t.rps) == {"proxy", "direct", "relay", bench.RELAY_UVLOOP}
     assert all(rate > 0 for rate in t.rps.values())
     assert t.ratio == pytest.approx(t.proxy_rps / t.direct_rps)
     assert t.relay_ratio == pytest.approx(t.rps["relay"] / t.direct_rps)
     assert t.cpu_ms["proxy"].keys() == {"client", "proxy", "provider"}
     assert t.cpu_ms["direct"].keys() == {"client", "provider"}
     assert t.cpu_ms["relay"].keys() == {"client", "relay", "provider"}
+    assert t.cpu_ms[bench.RELAY_UVLOOP].keys() == {"client", bench.RELAY_UVLOOP, "provider"}
     assert all(math.isfinite(ms) and ms >= 0
                for processes in t.cpu_ms.values() for ms in processes.values())
 
@@ -194,6 +196,11 @@ def test_report_prints_every_part_and_a_verdict_for_every_goal(
         assert heading in report
     part5 = report.split("5. CPU per request")[1].split("6. ")[0]
     assert "streamed, nothing to do" in part5 and "bare relay, " in part5
+    # the relay on the proxy's loop too, and the proxy's CPU over it
+    assert "bare relay on uvloop, " in part5 and "bare relay on uvloop, 20 KB streamed" in part5
+    same_loop = re.search(r"over the bare relay on uvloop: ([\d.]+)x sequential, ([\d.]+)x at "
+                          r"c\d+, ([\d.]+)x streamed", part5)
+    assert same_loop is not None and all(float(x) > 0 for x in same_loop.groups())
     goals = bench.evaluate_goals(results)
     assert [g.issue for g in goals] == [4] * 10 + [13] * 5
     for goal in goals:

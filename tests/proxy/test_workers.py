@@ -264,6 +264,8 @@ async def test_requests_are_served_by_both_workers_and_metrics_add_up(
     pids = shared_fleet.worker_pids()
     assert set(pids) == {0, 1} and len(set(pids.values())) == 2
     assert shared_fleet.pid not in pids.values()
+    # every worker on listen.event_loop's default, uvloop (its loop made after the fork)
+    assert {e["event_loop"] for e in shared_fleet.log.events("proxy_started")} == {"uvloop"}
     session = f"spread-{uuid.uuid4().hex[:8]}"
     async with fresh_client() as client:
         assert await post_messages(client, shared_fleet.url, session, 40) == [200] * 40
@@ -580,12 +582,34 @@ async def test_one_worker_serves_in_the_serve_process_itself(upstream: str,
         # glibc's thresholds fixed at startup (proxy.allocator), said in the startup line
         assert started["allocator"] == ("fixed" if platform.libc_ver()[0] == "glibc"
                                         else "not_glibc")
+        assert started["event_loop"] == "uvloop"  # listen.event_loop's default
         children = Path(f"/proc/{process.process.pid}/task/{process.process.pid}/children")
         assert children.read_text().split() == []
         async with fresh_client() as client:
             async with client.get(f"http://127.0.0.1:{started['port']}/healthz") as response:
                 assert response.status == 200
         assert process.events("workers_started") == []
+    finally:
+        assert process.stop() == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_listen_event_loop_asyncio_serves_on_the_standard_library_loop(
+        upstream: str, tmp_path: Path, workers: int) -> None:
+    """listen.event_loop: asyncio runs every serving process on asyncio's own loop (the
+    default, uvloop, is checked above and in every worker below) and serves the same."""
+    config = write_config(tmp_path, upstream, backend="sqlite", event_loop="asyncio",
+                          workers=workers)
+    process = Logged([*COMMAND, "serve", "--config", str(config)], env={ADMIN_ENV: ""})
+    try:
+        started = process.wait_for("proxy_started", count=workers, timeout_s=START_TIMEOUT_S)
+        assert [line["event_loop"] for line in started] == ["asyncio"] * workers
+        async with fresh_client() as client:
+            async with client.post(f"http://127.0.0.1:{started[0]['port']}/v1/messages",
+                                   json=message_body(stream=True),
+                                   headers=headers("loop-asyncio")) as response:
+                assert response.status == 200
+                assert b"event: message_stop" in await response.read()
     finally:
         assert process.stop() == 0
 
