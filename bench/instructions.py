@@ -114,6 +114,10 @@ async def measure(size: int, requests: int, *, baseline: str | None = None,
             port = free_port()
             targets = [("relay", [sys.executable, "-m", "bench.proxy", "--null-relay",
                                   str(port), upstream.url], _ROOT, port)]
+            port = free_port()  # the same relay on uvloop, the proxy's default loop
+            targets.append(("relay on uvloop", [sys.executable, "-m", "bench.proxy",
+                                                "--null-relay", str(port), upstream.url,
+                                                "--relay-loop", "uvloop"], _ROOT, port))
             sources = [("proxy", _ROOT)]
             if baseline_source is not None:
                 sources.append((f"baseline {baseline}", baseline_source))

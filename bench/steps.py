@@ -53,6 +53,7 @@ from bench.proxy import (
     upstream_process,
     write_proxy_config,
 )
+from proxy.config import EventLoopName
 
 #: Untimed requests per process before the count starts (connections, caches, the session).
 WARMUP: Final = 20
@@ -173,8 +174,11 @@ def _bodies(size: int, requests: int, grow: bool) -> list[bytes]:
     return bodies
 
 
-async def measure(size: int, requests: int, *, grow: bool = False) -> dict[str, Steps]:
-    """Count the relay's and the proxy's steps per request (see the module)."""
+async def measure(size: int, requests: int, *, grow: bool = False,
+                  loop: EventLoopName = "uvloop") -> dict[str, Steps]:
+    """Count the relay's and the proxy's steps per request (see the module), both on the
+    event loop ``loop`` (asyncio's runs its iterations and callbacks in Python steps, uvloop's
+    in C: only the same loop on both sides compares the proxy's own steps)."""
     bodies = _bodies(size, requests, grow)
     results = {}
     with tempfile.TemporaryDirectory(prefix="compact-proxy-steps-") as tmp:
@@ -184,10 +188,11 @@ async def measure(size: int, requests: int, *, grow: bool = False) -> dict[str, 
                 port = free_port()
                 out = work / f"{name}.json"
                 if name == "relay":
-                    args = ["--serve-relay", str(port), upstream.url, str(out)]
+                    args = ["--serve-relay", str(port), upstream.url, str(out), loop]
                 else:
                     config = write_proxy_config(work / "proxy", upstream.url,
-                                                SESSION_THRESHOLDS, sticky=True, port=port)
+                                                SESSION_THRESHOLDS, sticky=True, port=port,
+                                                overrides={"listen": {"event_loop": loop}})
                     args = ["--serve", str(config), str(out)]
                 process = ManagedProcess(f"steps-{name}", [sys.executable, "-m", "bench.steps",
                                                            *args], work / f"{name}.log")
@@ -202,13 +207,14 @@ async def measure(size: int, requests: int, *, grow: bool = False) -> dict[str, 
     return results
 
 
-def format_steps(results: dict[str, Steps], size: int, grow: bool, top: int) -> str:
+def format_steps(results: dict[str, Steps], size: int, grow: bool, top: int,
+                 loop: str = "uvloop") -> str:
     """The table: steps per request of each process and their ratio, the packages, and the
     proxy's busiest functions."""
     relay, proxy = results["relay"], results["proxy"]
     kind = "grown by one exchange per request" if grow else "the same request every time"
     lines = [f"Python steps (bytecode instructions) per request, {size / 1000:.0f} KB history, "
-             f"{kind} ({proxy.requests} requests)",
+             f"{kind} ({proxy.requests} requests, both on {loop})",
              f"   bare relay {relay.total:>9,.0f}",
              f"   proxy      {proxy.total:>9,.0f}   ({proxy.total / relay.total:.2f}x the relay)",
              f"   {'package':<28}{'relay':>9}{'proxy':>9}"]
@@ -231,8 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grow", action="store_true",
                         help="grow the history by one exchange per request")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                        help="the event loop of both processes (default: the proxy's default)")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
-    parser.add_argument("--serve-relay", nargs=3, metavar=("PORT", "UPSTREAM", "OUT"),
+    parser.add_argument("--serve-relay", nargs=4, metavar=("PORT", "UPSTREAM", "OUT", "LOOP"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
@@ -243,11 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_relay is not None:
         from bench.proxy import serve_null_relay
 
-        port, upstream, out = args.serve_relay
-        _traced(lambda: serve_null_relay(int(port), upstream), out)
+        port, upstream, out, loop = args.serve_relay
+        _traced(lambda: serve_null_relay(int(port), upstream, loop), out)
         return 0
-    results = asyncio.run(measure(args.size, args.requests, grow=args.grow))
-    print(format_steps(results, args.size, args.grow, args.top))
+    results = asyncio.run(measure(args.size, args.requests, grow=args.grow, loop=args.loop))
+    print(format_steps(results, args.size, args.grow, args.top, args.loop))
     return 0
 
 

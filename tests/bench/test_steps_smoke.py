@@ -21,6 +21,9 @@ def test_both_processes_are_counted_and_the_table_prints() -> None:
     assert proxy.packages["proxy"] > 0 and proxy.packages["compactor"] > 0
     assert any(name.endswith("handlers.py:_compact_and_forward") for name in proxy.functions)
     assert sum(proxy.packages.values()) == pytest.approx(proxy.total)
+    # both on uvloop (the default): neither ran asyncio's own loop in Python steps
+    for counted in (relay, proxy):
+        assert not any(name.endswith("base_events.py:_run_once") for name in counted.functions)
     table = steps.format_steps(results, 20_000, False, top=5)
     assert "bare relay" in table and "x the relay" in table
     assert table.count("\n") >= 5 + 4
