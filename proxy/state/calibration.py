@@ -44,7 +44,6 @@ anything of its own) and the learnt context windows (from refusals).
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
 import statistics
 import struct
@@ -56,6 +55,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Final
 
+import msgspec
 from lru import LRU
 
 from compactor._fingerprint import PROCESS_SALT
@@ -302,9 +302,12 @@ class Calibration:
             if session is None:
                 return None
             known = self._known.get(key) or {}
-            head = json.dumps({"ratios": list(session.ratios), "reserved": session.reserved,
-                               "messages": list(session.messages), "salt": PROCESS_SALT},
-                              separators=(",", ":")).encode()
+            # (JSON by msgspec, one C call each way: a replica of an earlier version reads it
+            # with json.loads, as this one reads theirs)
+            head = msgspec.json.encode({"ratios": list(session.ratios),
+                                        "reserved": session.reserved,
+                                        "messages": list(session.messages),
+                                        "salt": PROCESS_SALT})
             prints = array("q", known.keys())
             counts = array("d", known.values())
         return b"".join((_SNAPSHOT_HEAD.pack(_SNAPSHOT_FORMAT, len(head), len(prints)), head,
@@ -317,7 +320,7 @@ class Calibration:
         try:
             form, head_size, count = _SNAPSHOT_HEAD.unpack_from(data)
             start = _SNAPSHOT_HEAD.size
-            head = json.loads(data[start:start + head_size])
+            head = msgspec.json.decode(data[start:start + head_size])
             start += head_size
             prints = array("q")
             prints.frombytes(data[start:start + 8 * count])
@@ -331,7 +334,7 @@ class Calibration:
             reserved = head["reserved"]
             session.reserved = None if reserved is None else float(reserved)
             same_salt = head["salt"] == PROCESS_SALT
-        except (struct.error, ValueError, KeyError, TypeError):
+        except (struct.error, msgspec.DecodeError, ValueError, KeyError, TypeError):
             return False
         key = (session_key, model)
         with self._lock:
