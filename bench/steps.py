@@ -1,6 +1,7 @@
 """Python steps per request: bytecode instructions the bare relay and the proxy execute.
 
-    python -m bench.steps [--requests 40] [--size 50000] [--grow] [--top 40]
+    python -m bench.steps [--requests 40] [--size 50000] [--grow] [--stream] [--top 40]
+                          [--loop uvloop|asyncio]
 
 A count, not a timing: the same code and requests give (nearly) the same figures on a busy
 machine or a quiet one, so a change of a few percent shows, where CPU times on this 2-core box
@@ -10,8 +11,11 @@ sticky, tiktoken, the audit log on), each with a tracer that counts every byteco
 its event-loop thread executes (``sys.settrace`` with ``f_trace_opcodes``) while it is on. Each
 process is warmed untimed, then ``--requests`` requests of ``--size`` bytes are sent one at a
 time with the tracer on: the same request every time (``bench/proxy.py``'s CPU cell), or with
-``--grow`` a history grown by one small exchange per request (a warm agent session). It prints
-the steps per request of each process, by package, and the proxy's busiest functions.
+``--grow`` a history grown by one small exchange per request (a warm agent session); with
+``--stream`` streamed, as Claude Code sends every request. Both processes run on the event
+loop ``--loop`` (default uvloop, the proxy's default): asyncio's own loop runs its iterations in
+Python steps, uvloop's in C. It prints the steps per request of each process, by package, and
+the proxy's busiest functions.
 
 Steps are not all alike: a step of a list comprehension over slotted objects (specialised by
 the interpreter) costs a fraction of a call's, and work in C (the JSON decoder, hashing,
@@ -137,18 +141,18 @@ class Steps:
 
 
 async def _count(client: Any, service: Service, out: Path, bodies: Sequence[bytes],
-                 session: str) -> Steps:
+                 session: str, *, stream: bool = False) -> Steps:
     pid = service.process.pid
     assert pid is not None
     headers = _headers(session)
     for body in bodies[:WARMUP]:
-        await send(client, service.url, body, headers, stream=False)
+        await send(client, service.url, body, headers, stream=stream)
     await asyncio.sleep(SETTLE_S)
     os.kill(pid, signal.SIGUSR2)
     await asyncio.sleep(0.2)
     timed = bodies[WARMUP:]
     for body in timed:
-        sample = await send(client, service.url, body, headers, stream=False)
+        sample = await send(client, service.url, body, headers, stream=stream)
         if sample.status != 200:
             raise RuntimeError(f"{session}: HTTP {sample.status}")
     await asyncio.sleep(SETTLE_S)
@@ -164,22 +168,22 @@ async def _count(client: Any, service: Service, out: Path, bodies: Sequence[byte
                  {k: v / count for k, v in functions.most_common()})
 
 
-def _bodies(size: int, requests: int, grow: bool) -> list[bytes]:
+def _bodies(size: int, requests: int, grow: bool, stream: bool = False) -> list[bytes]:
     history = history_of_size(size)
     bodies = []
     for _ in range(WARMUP + requests):
         if grow:
             history.extend(tiny_exchange(len(history)))
-        bodies.append(request_body(history, stream=False) if grow or not bodies else bodies[0])
+        bodies.append(request_body(history, stream=stream) if grow or not bodies else bodies[0])
     return bodies
 
 
 async def measure(size: int, requests: int, *, grow: bool = False,
-                  loop: EventLoopName = "uvloop") -> dict[str, Steps]:
+                  loop: EventLoopName = "uvloop", stream: bool = False) -> dict[str, Steps]:
     """Count the relay's and the proxy's steps per request (see the module), both on the
     event loop ``loop`` (asyncio's runs its iterations and callbacks in Python steps, uvloop's
     in C: only the same loop on both sides compares the proxy's own steps)."""
-    bodies = _bodies(size, requests, grow)
+    bodies = _bodies(size, requests, grow, stream)
     results = {}
     with tempfile.TemporaryDirectory(prefix="compact-proxy-steps-") as tmp:
         work = Path(tmp)
@@ -201,20 +205,21 @@ async def measure(size: int, requests: int, *, grow: bool = False,
                     url = f"http://127.0.0.1:{port}"
                     await _wait_until_up(client, process, f"{url}/healthz")
                     results[name] = await _count(client, Service(url, process), out, bodies,
-                                                 f"bench-steps-{name}")
+                                                 f"bench-steps-{name}", stream=stream)
                 finally:
                     process.stop()
     return results
 
 
 def format_steps(results: dict[str, Steps], size: int, grow: bool, top: int,
-                 loop: str = "uvloop") -> str:
+                 loop: str = "uvloop", stream: bool = False) -> str:
     """The table: steps per request of each process and their ratio, the packages, and the
     proxy's busiest functions."""
     relay, proxy = results["relay"], results["proxy"]
     kind = "grown by one exchange per request" if grow else "the same request every time"
     lines = [f"Python steps (bytecode instructions) per request, {size / 1000:.0f} KB history, "
-             f"{kind} ({proxy.requests} requests, both on {loop})",
+             f"{kind}{', streamed' if stream else ''} ({proxy.requests} requests, both on "
+             f"{loop})",
              f"   bare relay {relay.total:>9,.0f}",
              f"   proxy      {proxy.total:>9,.0f}   ({proxy.total / relay.total:.2f}x the relay)",
              f"   {'package':<28}{'relay':>9}{'proxy':>9}"]
@@ -237,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grow", action="store_true",
                         help="grow the history by one exchange per request")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed requests (as Claude Code sends every one)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the event loop of both processes (default: the proxy's default)")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
@@ -254,8 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         port, upstream, out, loop = args.serve_relay
         _traced(lambda: serve_null_relay(int(port), upstream, loop), out)
         return 0
-    results = asyncio.run(measure(args.size, args.requests, grow=args.grow, loop=args.loop))
-    print(format_steps(results, args.size, args.grow, args.top, args.loop))
+    results = asyncio.run(measure(args.size, args.requests, grow=args.grow, loop=args.loop,
+                                  stream=args.stream))
+    print(format_steps(results, args.size, args.grow, args.top, args.loop, args.stream))
     return 0
 
 
