@@ -79,6 +79,7 @@ async def test_a_timeout_is_redis_pys_and_leaves_no_stale_reply(
     await raw.set(key, "late")
     lane = lane_of(redis_url, timeout_s=0.2)
     try:
+        assert await lane.call("ECHO", "warm") == b"warm"  # (its connection made)
         blocker = asyncio.create_task(busy(raw, 0.6))
         await asyncio.sleep(0.05)
         with pytest.raises(RedisTimeoutError):
@@ -88,6 +89,22 @@ async def test_a_timeout_is_redis_pys_and_leaves_no_stale_reply(
     finally:
         await lane.close()
         await raw.delete(key)
+
+
+async def test_a_new_connections_handshake_is_bounded_too(
+        redis_url: str, raw: aioredis.Redis) -> None:
+    """The connection has no socket timeout of its own: its handshake (HELLO) with a busy
+    server is bounded by the lane, as the client's socket timeout bounds it."""
+    lane = lane_of(redis_url, timeout_s=0.2)
+    try:
+        blocker = asyncio.create_task(busy(raw, 0.6))
+        await asyncio.sleep(0.05)
+        with pytest.raises(RedisTimeoutError):
+            await lane.call("ECHO", "first")
+        await blocker
+        assert await lane.call("ECHO", "then") == b"then"
+    finally:
+        await lane.close()
 
 
 async def test_a_cancelled_call_leaves_no_stale_reply(

@@ -62,6 +62,8 @@ async def test_sentinel_mode_finds_the_primary_and_follows_a_failover() -> None:
                                               key_prefix=unique_prefix()).open()
                 try:
                     assert (await store.put_state("s1", make_state("a"), None)).version == 1
+                    # (the lane's per-request scripts: its Sentinel-managed connections)
+                    assert await store.put_versioned_record("s1", "calibration:m", b"a") == 1
                     assert await old.exists(store.state_key("s1")) == 1
                     await old.execute_command("WAIT", 1, 5000)
                     # Until the Sentinel has checked the replica it has nothing to promote.
@@ -90,6 +92,18 @@ async def test_sentinel_mode_finds_the_primary_and_follows_a_failover() -> None:
                         except StoreUnavailable:
                             await asyncio.sleep(0.2)
                     assert written is not None and written.version == 2
+                    # The lane's connection was to the old primary: it follows too.
+                    saved = None
+                    deadline = time.monotonic() + 20
+                    while saved is None and time.monotonic() < deadline:
+                        try:
+                            saved = await store.put_versioned_record("s1", "calibration:m",
+                                                                     b"b")
+                        except StoreUnavailable:
+                            await asyncio.sleep(0.2)
+                    assert saved == 2
+                    versions = await store.session_versions("s1")
+                    assert versions.records == {"calibration:m": 2} and versions.state == 2
                     # The promotion closed the replica's client connections: a new one.
                     promoted = aioredis.Redis.from_url(replica.url)
                     try:

@@ -540,11 +540,10 @@ class RedisStateStore:
         except ValueError as exc:
             # redis-py's messages name the scheme or option, never the URL itself.
             raise ValueError(f"invalid redis url {self.url}: {exc}") from None
-        # The scripts every request runs go by a lane of the store's own (standalone only:
-        # see proxy.state.store.redis_lane).
+        # The scripts every request runs go by a lane of the store's own (not in a cluster,
+        # whose client routes each key to its node: see proxy.state.store.redis_lane).
         self._lane = (Lane(self._redis.connection_pool)
-                      if mode == "standalone" and isinstance(self._redis, aioredis.Redis)
-                      else None)
+                      if isinstance(self._redis, aioredis.Redis) else None)
         self._put_state_script = self._redis.register_script(_PUT_STATE_LUA)
         self._delete_state_script = self._redis.register_script(_DELETE_STATE_LUA)
         self._put_summary_script = self._redis.register_script(_PUT_SUMMARY_LUA)

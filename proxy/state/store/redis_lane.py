@@ -11,7 +11,8 @@ guarantees:
 
 - a bound on every call: the connection has no socket timeout of its own; the send and the
   read together are bounded by the client's (``socket_timeout``: the store's ``timeout_s``,
-  unless the URL says otherwise), and one that runs out raises redis-py's ``TimeoutError``,
+  unless the URL says otherwise), and so is a new connection's connect and handshake (the
+  connect timeout holds within it); one that runs out raises redis-py's ``TimeoutError``,
   never retried (a script may have run);
 - a retry, once and at once, on a connection error (a connection the server closed while it
   was idle), as the client's ``Retry`` does;
@@ -19,9 +20,13 @@ guarantees:
   redis-py itself before it is used again: the next call connects anew;
 - errors the server answers (``NOSCRIPT``, a script's error) are redis-py's exceptions.
 
-Used from the event loop only. The store uses a lane in standalone mode; a cluster routes each
-key to its node, and a Sentinel-managed connection finds its primary through its pool, so both
-keep the client's path.
+The connections are the pool's own kind, made with its settings: in ``sentinel`` mode
+redis-py's Sentinel-managed connections, which ask the Sentinels for the primary when they
+connect and, told by the old primary that it is now a replica, disconnect and raise a
+connection error — the lane's retry then connects to the new primary. A cluster routes each
+key to its node: the store keeps the client's path there.
+
+Used from the event loop only.
 """
 
 from __future__ import annotations
@@ -87,6 +92,11 @@ class Lane:
     async def _once(self, packed: Any) -> Any:
         connection = self._idle.pop() if self._idle else self._make()
         try:
+            if not connection.is_connected:
+                # Its own connect (a Sentinel-managed one asks for the primary first), the
+                # handshake's replies bounded as the command's are.
+                async with asyncio.timeout(self.timeout_s):
+                    await connection.connect()
             async with asyncio.timeout(self.timeout_s):
                 await connection.send_packed_command(packed, check_health=False)
                 return await connection.read_response()
