@@ -96,7 +96,7 @@ class Lane:
                 # Its own connect (a Sentinel-managed one asks for the primary first), the
                 # handshake's replies bounded as the command's are.
                 async with asyncio.timeout(self.timeout_s):
-                    await connection.connect()
+                    await connection.connect()  # type: ignore[no-untyped-call]
             async with asyncio.timeout(self.timeout_s):
                 await connection.send_packed_command(packed, check_health=False)
                 return await connection.read_response()
