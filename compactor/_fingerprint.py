@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from typing import Any
 
 __all__: list[str] = []
@@ -48,3 +49,36 @@ def stable_digest(value: object) -> str:
     canonical = json.dumps(strip_cache_control(value), sort_keys=True, ensure_ascii=False,
                            separators=(",", ":"), default=str)
     return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+#: How many messages' stable digests :func:`stable_digest_of` keeps (~150 bytes each).
+DIGEST_CACHE_ENTRIES = 65536
+# fingerprint -> stable digest, least recently used first.
+_DIGESTS: OrderedDict[int, str] = OrderedDict()
+
+
+def stable_digest_of(message: object, print_: int) -> str:
+    """:func:`stable_digest` of ``message``, whose :func:`fingerprint` in this process is
+    ``print_``: kept by that fingerprint, so a message is digested once while it is kept.
+
+    A checkpoint holds the digest of every message it covers, and a session's next
+    checkpoint covers the same messages and a few more: digested anew, each compaction
+    event serialised the whole history again (2.8 ms for the 120 messages, 350 KB, of a
+    real session; 4.6 ms at 600 KB). The digest is a function of the content alone, which
+    the fingerprint stands for within the process (as it does for token counts and the
+    prefix match); the newest :data:`DIGEST_CACHE_ENTRIES` are kept.
+    """
+    found = _DIGESTS.get(print_)
+    if found is not None:
+        try:
+            _DIGESTS.move_to_end(print_)
+        except KeyError:  # (evicted meanwhile by another thread)
+            pass
+        return found
+    digest = _DIGESTS[print_] = stable_digest(message)
+    while len(_DIGESTS) > DIGEST_CACHE_ENTRIES:
+        try:
+            _DIGESTS.popitem(last=False)
+        except KeyError:
+            break
+    return digest

@@ -28,7 +28,13 @@ from policies import CompactionPolicy
 
 from ._blocks import Message
 from ._errors import ToolProtocolError
-from ._fingerprint import PROCESS_SALT, fingerprint, stable_digest, strip_cache_control
+from ._fingerprint import (
+    PROCESS_SALT,
+    fingerprint,
+    stable_digest,
+    stable_digest_of,
+    strip_cache_control,
+)
 from ._l1_truncate import truncate_tool_results
 from ._markers import reapply_markers
 from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
@@ -71,7 +77,7 @@ class CompactionCheckpoint:
         prints = tuple(fingerprints) if fingerprints is not None else tuple(
             fingerprint(m) for m in raw)
         return cls(len(raw), [strip_cache_control(m) for m in view],
-                   tuple(stable_digest(m) for m in raw), policy_key, tuple(layers),
+                   tuple(map(stable_digest_of, raw, prints)), policy_key, tuple(layers),
                    prints, PROCESS_SALT)
 
     @functools.cached_property
@@ -115,7 +121,8 @@ class CompactionCheckpoint:
         if self.salt == PROCESS_SALT and len(self.fingerprints) == self.covered:
             return tuple(fingerprints[: self.covered]) == self.fingerprints
         # Made by another process (a restart): compare the stable digests instead.
-        return all(stable_digest(raw[i]) == d for i, d in enumerate(self.digests))
+        return all(stable_digest_of(raw[i], fingerprints[i]) == d
+                   for i, d in enumerate(self.digests))
 
     @staticmethod
     def conversation_key(messages: object) -> str:
