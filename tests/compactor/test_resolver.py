@@ -329,9 +329,10 @@ def test_a_batch_checks_each_file_once(roots: tuple[Path, Path],
     opened: list[str] = []
     real_open = os.open
 
-    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
-        opened.append(os.path.basename(path))
-        return real_open(path, *args, **kwargs)
+    def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if not flags & getattr(os, "O_PATH", 0):  # (not a real-path resolution: no access)
+            opened.append(os.path.basename(path))
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", counting_open)
     assert resolver.resolve_all(pointers) == first
@@ -773,3 +774,54 @@ def test_excerpts_are_never_rendered(roots: tuple[Path, Path]) -> None:
     assert resolver.excerpt("transcript:s1:3").text == "event number 3"
     text = render_durable_context(state, resolve_durable_sources(state, resolver))
     assert "event number" not in text
+
+
+# -- real paths --------------------------------------------------------------------------------
+
+
+def test_real_paths_are_os_path_realpaths_whatever_the_links(tmp_path: Path) -> None:
+    """The resolver's real path (the kernel's, on Linux, for a path that exists) is
+    ``os.path.realpath``'s for files, folders, links, chains of links, ``..`` after a link,
+    missing paths, dangling links, link loops and a path through a file."""
+    from compactor._resolver import _realpath
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f.txt").write_text("x")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "link-dir").symlink_to(tmp_path / "a" / "b")
+    (tmp_path / "c" / "link-file").symlink_to(tmp_path / "a" / "b" / "f.txt")
+    (tmp_path / "chain").symlink_to(tmp_path / "c" / "link-file")
+    (tmp_path / "relative").symlink_to("a/b")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for path in ["a/b/f.txt", "a/b", "link-dir", "link-dir/f.txt", "link-dir/..",
+                 "link-dir/../b/f.txt", "c/link-file", "chain", "relative/f.txt", "missing",
+                 "missing/deeper", "link-dir/missing", "dangling", "loop1", "a/b/f.txt/x",
+                 "a/./b//f.txt"]:
+        full = str(tmp_path) + "/" + path
+        assert _realpath(full) == os.path.realpath(full), path
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's path: Linux")
+def test_an_existing_paths_real_path_is_the_kernels(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Linux an existing path's real path takes no Python walk (os.path.realpath is not
+    called); a missing one still does."""
+    from compactor import _resolver
+
+    walked: list[str] = []
+    real_walk = os.path.realpath
+
+    def walk(path: Any, *args: Any, **kwargs: Any) -> Any:
+        walked.append(os.path.basename(path))
+        return real_walk(path, *args, **kwargs)
+
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "f.txt")
+    expected = real_walk(tmp_path / "f.txt"), real_walk(tmp_path / "missing")
+    monkeypatch.setattr(os.path, "realpath", walk)
+    assert _resolver._realpath(str(tmp_path / "link")) == expected[0]
+    assert walked == []
+    assert _resolver._realpath(str(tmp_path / "missing")) == expected[1]
+    assert walked == ["missing"]
