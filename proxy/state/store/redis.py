@@ -551,6 +551,8 @@ class RedisStateStore:
         self._add_requests_script = self._redis.register_script(_ADD_REQUESTS_LUA)
         self._trim_session_script = self._redis.register_script(_TRIM_SESSION_LUA)
         self._add_change_script = self._redis.register_script(_ADD_CHANGE_LUA)
+        # The replica scripts (_replica_script), registered on first use, by their text.
+        self._replica_scripts: dict[str, Any] = {}
         self._trim_changes_script = self._redis.register_script(_TRIM_CHANGES_LUA)
         self._summary_keys = [self._key("summary", "summary:text"),
                               self._key("summary", "summary:order"),
@@ -1138,10 +1140,9 @@ class RedisStateStore:
         more a call, its client ~40 µs more than the lane, and the versions read and the
         calibration save run on every request); a server that does not hold the script
         (NOSCRIPT: restarted, or a new node) gets it through that object, which loads it."""
-        scripts: dict[str, Any] = self.__dict__.setdefault("_replica_scripts", {})
-        script = scripts.get(text)
+        script = self._replica_scripts.get(text)
         if script is None:
-            script = scripts[text] = self._redis.register_script(text)
+            script = self._replica_scripts[text] = self._redis.register_script(text)
         try:
             if self._lane is not None:
                 return await self._lane.call("EVALSHA", script.sha, len(keys), *keys, *args)
