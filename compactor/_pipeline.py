@@ -13,8 +13,10 @@ callable, the async driver with an awaitable, and a driver that may not call a m
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -410,26 +412,45 @@ async def compact_context_async(
         messages: list[dict[str, Any]], durable_state: Any = None, *, policy: CompactionPolicy,
         summarizer: AsyncSummarizer | None = None,
         counter: TokenCounter | CachingCounter | None = None,
-        options: CompactionOptions = CompactionOptions()) -> CompactionResult:
+        options: CompactionOptions = CompactionOptions(),
+        executor: Executor | None = None) -> CompactionResult:
     """:func:`compact_context` with an awaited summariser (the proxy's); the same options.
 
     The summariser gets the :class:`SummaryRequest`: the same JSON string as the sync
     driver's (its ``cache_key`` is the key to cache the answer by) and the conversation it
-    comes from.
+    comes from. With ``executor``, the work between two summaries runs there (a thread, so
+    the event loop serves others meanwhile); the summariser is awaited on the loop.
     """
-    steps = _prepare(messages, durable_state, policy, counter, options, summarizer is not None)
-    try:
-        request = next(steps)
-        while True:
-            assert summarizer is not None
-            try:
-                text = await summarizer(request)
-            except Exception:  # a failed summary never replaces history
-                text = None
-            request = steps.send(text)
-    except StopIteration as done:
-        result: CompactionResult = done.value
-        return result
+    steps: Steps | None = None
+
+    def advance(text: str | None) -> SummaryRequest | CompactionResult:
+        # One step: up to the next summary L4 needs, or the result. (The result comes back
+        # as a value: a StopIteration cannot cross an executor's future.)
+        nonlocal steps
+        try:
+            if steps is None:
+                steps = _prepare(messages, durable_state, policy, counter, options,
+                                 summarizer is not None)
+                return next(steps)
+            return steps.send(text)
+        except StopIteration as done:
+            result: CompactionResult = done.value
+            return result
+
+    loop = asyncio.get_running_loop()
+    text: str | None = None
+    while True:
+        if executor is None:
+            step = advance(text)
+        else:
+            step = await loop.run_in_executor(executor, advance, text)
+        if isinstance(step, CompactionResult):
+            return step
+        assert summarizer is not None
+        try:
+            text = await summarizer(step)
+        except Exception:  # a failed summary never replaces history
+            text = None
 
 
 def compact_if_needed(messages: list[dict[str, Any]], durable_state: Any = None, *,

@@ -16,6 +16,7 @@ The map this module returns is what lets the layers remove a pair atomically.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -290,8 +291,8 @@ class ProtocolMemo:
     the new part, or a list nothing kept starts, is checked whole by
     :func:`validate_tool_protocol` (errors named exactly as it names them). A few walks are
     kept per first message (a session's latest, and the one before for a retried request),
-    the least recently used dropped beyond ``max_messages`` messages in all. Not thread-safe:
-    one per event loop.
+    the least recently used dropped beyond ``max_messages`` messages in all. Safe to share
+    between threads: the kept walks are read and replaced under a lock, walked outside it.
     """
 
     def __init__(self, max_messages: int = DEFAULT_MEMO_MESSAGES, *, per_start: int = 2) -> None:
@@ -302,6 +303,7 @@ class ProtocolMemo:
         # first message's fingerprint -> [(fingerprints walked, where the walk stands)]
         self._walks: OrderedDict[int, list[tuple[list[int], _Walk]]] = OrderedDict()
         self._held = 0
+        self._lock = threading.Lock()
 
     def validate(self, messages: list[Message],
                  fingerprints: Sequence[int]) -> dict[str, Interaction]:
@@ -312,21 +314,22 @@ class ProtocolMemo:
         if not messages:
             return validate_tool_protocol(messages)
         prints = list(fingerprints)
-        kept = self._walks.get(prints[0])
-        base: tuple[list[int], _Walk] | None = None
-        for entry in kept or ():
-            covered = len(entry[0])
-            if (covered <= len(prints) and (base is None or covered > len(base[0]))
-                    and prints[:covered] == entry[0]):
-                base = entry
-        if base is not None and len(base[0]) == len(prints):
-            # The very history walked before (a retry, count_tokens then the request): its
-            # walk, unchanged, is the answer; it becomes the latest of its start.
-            entries = cast("list[tuple[list[int], _Walk]]", kept)
-            entries.remove(base)
-            entries.insert(0, base)
-            self._walks.move_to_end(prints[0])
-            return base[1].finish()
+        with self._lock:
+            kept = self._walks.get(prints[0])
+            base: tuple[list[int], _Walk] | None = None
+            for entry in kept or ():
+                covered = len(entry[0])
+                if (covered <= len(prints) and (base is None or covered > len(base[0]))
+                        and prints[:covered] == entry[0]):
+                    base = entry
+            if base is not None and len(base[0]) == len(prints):
+                # The very history walked before (a retry, count_tokens then the request):
+                # its walk, unchanged, is the answer; it becomes the latest of its start.
+                entries = cast("list[tuple[list[int], _Walk]]", kept)
+                entries.remove(base)
+                entries.insert(0, base)
+                self._walks.move_to_end(prints[0])
+                return base[1].finish()
         if base is None:
             walk, start = _Walk(None), 0
         else:
@@ -337,7 +340,8 @@ class ProtocolMemo:
             interactions = walk.finish()
         except (_Broken, ToolProtocolError, MessageShapeError):
             return validate_tool_protocol(messages)  # names the violation as it always does
-        self._keep(prints, walk, base)
+        with self._lock:
+            self._keep(prints, walk, base)
         return interactions
 
     def _keep(self, prints: list[int], walk: _Walk,

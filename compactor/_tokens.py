@@ -163,7 +163,8 @@ class CachingCounter:
     """Counts messages and blocks with a base counter, caching by content hash.
 
     One instance lives as long as the proxy: counts survive across requests, bounded to
-    ``max_entries`` (least recently used evicted).
+    ``max_entries`` (least recently used evicted). Safe to share between threads: each
+    cache operation is one call on a C ``OrderedDict``, and a race only costs a count.
     """
 
     def __init__(self, base: TokenCounter | None = None, *, max_entries: int = 200_000) -> None:
@@ -178,15 +179,21 @@ class CachingCounter:
     def _cached(self, key: tuple[str, int]) -> int | None:
         found = self._cache.get(key)
         if found is not None:
-            self._cache.move_to_end(key)
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:  # (evicted meanwhile by another thread)
+                pass
             self.hits += 1
         return found
 
     def _store(self, key: tuple[str, int], tokens: int) -> int:
         self.misses += 1
         self._cache[key] = tokens
-        if len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        while len(self._cache) > self.max_entries:
+            try:
+                self._cache.popitem(last=False)
+            except KeyError:  # (emptied meanwhile by another thread)
+                break
         return tokens
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ import asyncio
 import gc
 import signal
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Final
@@ -30,8 +31,9 @@ from proxy.event_loop import run as run_loop
 from proxy.http.audit import request_context_middleware
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
+from proxy.http.recent import RecentBodies
 from proxy.http.routes import setup_routes
-from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
+from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
@@ -40,6 +42,7 @@ from proxy.keys import (
     BACKGROUND,
     CALIBRATION,
     CHECKPOINTS,
+    COMPUTE,
     CONFIG,
     COUNTER,
     DECODED_SPANS,
@@ -89,6 +92,13 @@ AUDIT_TRIM_INTERVAL_S: Final = 3600.0
 #: body anyway. Against aiohttp's default of 64 KiB, a 2.6 MB body took 1.4-1.5 ms of CPU
 #: instead of 1.7-2.1 (allocator fixed in both, see :mod:`proxy.allocator`).
 READ_BUFSIZE: Final = 4 * 1024 * 1024
+#: Threads that parse and compact large bodies (see create_app).
+COMPUTE_THREADS: Final = 2
+
+
+async def _shutdown(compute: ThreadPoolExecutor) -> None:
+    """Stop the compute threads (a step still running finishes first, off the loop)."""
+    await asyncio.get_running_loop().run_in_executor(None, compute.shutdown)
 
 
 def _token_counter(config: Config) -> compactor.CachingCounter:
@@ -199,10 +209,17 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[CONFIG] = config
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
-    app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
+    # The decoded objects kept in all: half for spans by their bytes, half for the last body
+    # of each conversation (the two mostly share objects; together never more than this).
+    app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes // 2)
     app[DURABLE_BLOCKS] = DurableBlocks()
     app[ENCODED_VIEWS] = EncodedViews()
-    app[RECENT_BODIES] = RecentBodies()
+    app[RECENT_BODIES] = RecentBodies(max_bytes=config.limits.decoded_cache_bytes // 2)
+    # Large bodies are parsed and compacted here, so the loop serves others meanwhile; two
+    # threads, as many as the cores the GIL lets them share with the loop.
+    compute = app[COMPUTE] = ThreadPoolExecutor(max_workers=COMPUTE_THREADS,
+                                                thread_name_prefix="compact")
+    app.on_cleanup.append(lambda _app: _shutdown(compute))
     app[PROTOCOL_MEMO] = compactor.ProtocolMemo()
     app[ROLE_POLICIES] = config.role_policies()
     resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,

@@ -7,6 +7,7 @@ by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final
 
 import aiohttp
@@ -28,7 +29,8 @@ from proxy.state.summarizer import ProviderSummarizer
 
 if TYPE_CHECKING:
     from proxy.http.durable import DurableBlocks
-    from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
+    from proxy.http.recent import RecentBodies
+    from proxy.http.spans import DecodedSpans, EncodedViews
     from proxy.http.tenants import TenantScope
     from proxy.http.upstream_waits import UpstreamWaits
 
@@ -39,6 +41,7 @@ __all__ = [
     "CALIBRATION",
     "CHECKPOINTS",
     "CONFIG",
+    "COMPUTE",
     "COUNTER",
     "DECODED_SPANS",
     "DURABLE_BLOCKS",
@@ -106,5 +109,7 @@ DECODED_SPANS: Final[web.AppKey[DecodedSpans]] = web.AppKey("decoded_spans")
 ENCODED_VIEWS: Final[web.AppKey[EncodedViews]] = web.AppKey("encoded_views")
 #: The last body of recent conversations (:mod:`proxy.http.spans`).
 RECENT_BODIES: Final[web.AppKey[RecentBodies]] = web.AppKey("recent_bodies")
+#: The threads that parse and compact large bodies off the event loop (``handlers``).
+COMPUTE: Final = web.AppKey("compute", ThreadPoolExecutor)
 #: Walks of the tool protocol of recent histories: a warm request checks its new part only.
 PROTOCOL_MEMO: Final = web.AppKey("protocol_memo", ProtocolMemo)

@@ -20,9 +20,11 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import Any, Final, TypeVar
 
 import msgspec
 import structlog
@@ -42,12 +44,14 @@ from proxy.http.forward import (
     upstream_request_headers,
 )
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
-from proxy.http.spans import RecentBodies, RequestBody, parse_request, remembered
+from proxy.http.recent import RecentBodies
+from proxy.http.spans import RequestBody, parse_request, remembered
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.keys import (
     ACCOUNTING,
     CALIBRATION,
     CHECKPOINTS,
+    COMPUTE,
     CONFIG,
     COUNTER,
     DECODED_SPANS,
@@ -75,6 +79,20 @@ from proxy.state.usage import ProviderUsage
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
 _log = structlog.get_logger("proxy.http.handlers")
+
+#: A body at least this large is parsed, counted, compacted and encoded on the compute
+#: threads (``app[COMPUTE]``), so the event loop serves other requests meanwhile; a smaller
+#: one costs less than the hop (bench/README.md, "hostile callers").
+OFFLOAD_FROM_BYTES: Final = 256 * 1024
+
+T = TypeVar("T")
+
+
+async def _run(executor: Executor | None, work: Callable[[], T]) -> T:
+    """``work()`` on ``executor``'s threads, or here with none."""
+    if executor is None:
+        return work()
+    return await asyncio.get_running_loop().run_in_executor(executor, work)
 
 
 async def messages_handler(request: web.Request) -> web.StreamResponse:
@@ -186,12 +204,26 @@ def _conversation_key(parsed: RequestBody) -> str:
     return key_of([])
 
 
+class Measured(msgspec.Struct, frozen=True):
+    """What a request's body is, counted once (on the compute threads for a large body):
+    its conversation key, the tokens outside ``messages`` and each message's facts."""
+
+    conversation: str
+    reserved: int
+    facts: compactor.FactColumns | None
+
+
+def _measure(app: web.Application, parsed: RequestBody, durable_text: str) -> Measured:
+    return Measured(_conversation_key(parsed), _reserved_tokens(app, parsed, durable_text),
+                    parsed.facts(app[COUNTER]))
+
+
 def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
-          durable: DurableContext) -> CompactionPlan:
+          measured: Measured) -> CompactionPlan:
     body = parsed.doc
     model = body.get("model") if isinstance(body.get("model"), str) else None
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
-    lane = f"{role}:{_conversation_key(parsed)}"
+    lane = f"{role}:{measured.conversation}"
     scale = reserved_scale = 1.0
     known = None
     if model is not None:
@@ -200,13 +232,16 @@ def _plan(app: web.Application, request: web.Request, session: SessionRef, parse
         if app[CONFIG].compaction.calibration:
             reserved_scale, scale = calibration.factors(session.key, model)
             known = calibration.known(session.key, model)
-    return CompactionPlan(role, policy, lane, model, scale, reserved_scale,
-                          _reserved_tokens(app, parsed, durable.text), known)
+    return CompactionPlan(role, policy, lane, model, scale, reserved_scale, measured.reserved,
+                          known)
 
 
 async def _compact(app: web.Application, request: web.Request, record: RequestRecord,
                    session: SessionRef, parsed: RequestBody, durable: DurableContext,
-                   plan: CompactionPlan, may_call_model: bool) -> compactor.CompactionResult:
+                   plan: CompactionPlan, may_call_model: bool, measured: Measured,
+                   executor: Executor | None) -> tuple[compactor.CompactionResult, bool]:
+    """The compacted view, and whether its checkpoint is a new one (kept once the provider
+    accepts the request: :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
@@ -226,23 +261,21 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
-                known_tokens=plan.known, facts=parsed.facts(counter),
+                known_tokens=plan.known, facts=measured.facts,
                 protocol_memo=app[PROTOCOL_MEMO]),
+            executor=executor,
         )
     except compactor.MessageShapeError as exc:
         # A block that is not an object, a content of the wrong type: the client's mistake.
         # Any other exception is a bug in a layer: the error middleware's 500, never a 400.
         raise RequestRejected(400, "invalid_request_error", str(exc),
                               reason="invalid_messages") from None
-    # count_tokens only looks: the next /v1/messages keeps the checkpoint it makes.
-    if may_call_model and result.checkpoint is not None and result.checkpoint is not checkpoint:
-        await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
-    return result
+    return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
 def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
@@ -273,8 +306,12 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     tenant = app[TENANTS].tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
-    parsed = parse_request(raw, app[DECODED_SPANS], app[RECENT_BODIES],
-                           RecentBodies.key_of(tenant, named, raw))
+    # A large body is worked on by the compute threads; what it decodes is kept only if
+    # the provider accepts the request (parsed.commit(), in _succeeded).
+    executor = app[COMPUTE] if len(raw) >= OFFLOAD_FROM_BYTES else None
+    parsed = await _run(executor, functools.partial(
+        parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
+        RecentBodies.key_of(tenant, named, raw), tenant=tenant))
     body = parsed.doc
     if isinstance(body.get("model"), str):
         record.model = body["model"]
@@ -286,9 +323,10 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     record.session_id, record.tenant = session_id, tenant
     bind_request_fields(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    plan = _plan(app, request, session, parsed, durable)
-    result = await _compact(app, request, record, session, parsed, durable, plan,
-                            may_call_model)
+    measured = await _run(executor, functools.partial(_measure, app, parsed, durable.text))
+    plan = _plan(app, request, session, parsed, measured)
+    result, new = await _compact(app, request, record, session, parsed, durable, plan,
+                                 may_call_model, measured, executor)
 
     headers = upstream_request_headers(request.headers)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
@@ -296,11 +334,15 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # Nothing to rewrite: the client's bytes go out as they came.
         outgoing = raw
     else:
-        outgoing = _outgoing(app, request, parsed, result, durable, headers)
+        outgoing = await _run(executor, functools.partial(
+            _outgoing, app, request, parsed, result, durable, headers))
     if not may_call_model:
-        return await forward(request, record, body=outgoing, headers=headers)
+        response = await forward(request, record, body=outgoing, headers=headers)
+        if _accepted(record):
+            parsed.commit()
+        return response
 
-    sent = plan, result  # what the provider answered last: learnt from below
+    sent = plan, result, new  # what the provider answered last: learnt from below
 
     async def recompact(refusal: PromptTooLong) -> bytes | None:
         # The provider counted the view at N > M: compact the same request again below M, at
@@ -314,14 +356,15 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         tighter = msgspec.structs.replace(
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
-        again = await _compact(app, request, record, session, parsed, durable, tighter,
-                               may_call_model)
-        sent = tighter, again
+        again, again_new = await _compact(app, request, record, session, parsed, durable,
+                                          tighter, may_call_model, measured, executor)
+        sent = tighter, again, again_new
         app[METRICS].recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
                   provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
-        return _outgoing(app, request, parsed, again, durable, headers)
+        return await _run(executor, functools.partial(
+            _outgoing, app, request, parsed, again, durable, headers))
 
     learnt = False
 
@@ -330,14 +373,34 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # sees the answer end: its next request, on any replica, is planned with it.
         nonlocal learnt
         learnt = True
-        _learn(app, record, session, *sent)
+        _learn(app, record, session, *sent[:2])
+        await _succeeded(app, record, session, parsed, *sent)
         await app[CALIBRATION].saved(session.key)
 
     response = await forward(request, record, body=outgoing, headers=headers, retry=recompact,
                              before_end=learn_before_end)
     if not learnt:  # the answer failed or the client went away: learn what there is
-        _learn(app, record, session, *sent)
+        _learn(app, record, session, *sent[:2])
+        await _succeeded(app, record, session, parsed, *sent)
     return response
+
+
+def _accepted(record: RequestRecord) -> bool:
+    """Whether the provider accepted the request (a 2xx answer)."""
+    status = record.upstream_status
+    return status is not None and 200 <= status < 300
+
+
+async def _succeeded(app: web.Application, record: RequestRecord, session: SessionRef,
+                     parsed: RequestBody, plan: CompactionPlan,
+                     result: compactor.CompactionResult, new: bool) -> None:
+    """Keep what only an accepted request may leave behind: what its body decoded, and the
+    new checkpoint of the view it was sent (the session's next request reuses it)."""
+    if not _accepted(record):
+        return
+    parsed.commit()
+    if new and result.checkpoint is not None and app[CONFIG].compaction.sticky:
+        await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
 
 
 def _learn(app: web.Application, record: RequestRecord, session: SessionRef,

@@ -31,15 +31,13 @@ from __future__ import annotations
 import functools
 import operator
 import re
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, repeat
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-import xxhash
 from cachetools import LRUCache
-from lru import LRU
 
 import compactor
 from proxy.http.body import (
@@ -49,104 +47,29 @@ from proxy.http.body import (
     parse_body,
     replace_lone_surrogates,
 )
+from proxy.http.decoded import (
+    DEFAULT_CACHE_BYTES,
+    Decoded,
+    DecodedSpans,
+    Staged,
+    remembered,
+)
 
-__all__ = ["CUTS", "DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews",
-           "RecentBodies", "RequestBody", "parse_request", "remembered"]
+if TYPE_CHECKING:
+    from proxy.http.recent import RecentBodies
 
-#: Bytes of spans whose decoded objects are kept (least recently used go first).
-DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
-#: What a cached span costs beyond its bytes (the entry and its objects), roughly.
-_OVERHEAD: Final = 200
+__all__ = ["DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "EncodedViews", "RequestBody",
+           "parse_request", "remembered"]
 
 _FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _SPANS: Final = msgspec.json.Decoder(list[msgspec.Raw])
-_VALUE: Final = msgspec.json.Decoder()
 #: What may stand between two elements of a JSON array.
 _GAP: Final = re.compile(rb"[ \t\n\r,]*")
 _ENCODER: Final = msgspec.json.Encoder()
 
 
-T = TypeVar("T")
-
-
 class _Slow(Exception):
     """The fast path cannot take this body: parse it the plain way."""
-
-
-class Decoded(msgspec.Struct, eq=False):
-    """One span's decoded value, shared by every request that sends the same bytes.
-
-    Attributes:
-        value: the decoded JSON value (read-only).
-        size: what it costs in the cache: the span's length in bytes, plus a little for the
-            objects around it.
-        memo: facts derived from ``value`` by its users (a message's
-            :class:`compactor.MessageFact`, token counts, conversation keys), made once per
-            decoded object.
-    """
-
-    value: Any
-    size: int
-    memo: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-def remembered(memo: dict[str, Any] | None, name: str, make: Callable[[], T]) -> T:
-    """``memo[name]``, made by ``make`` the first time (``make()`` each time with no memo:
-    a value parsed the plain way)."""
-    if memo is None:
-        return make()
-    try:
-        found: T = memo[name]
-    except KeyError:
-        found = memo[name] = make()
-    return found
-
-
-class DecodedSpans:
-    """Decoded spans by the hash of their bytes, least recently used evicted beyond
-    ``max_bytes`` of spans. Used from the event loop only.
-
-    Args:
-        max_bytes: how many bytes of spans to keep decoded (0: keep none).
-    """
-
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        # hash of the bytes -> its entry, least recently used first. An OrderedDict, not
-        # cachetools: a lookup here runs once per message of every request, and the C
-        # OrderedDict's get + move_to_end is several times cheaper than LRUCache's.
-        self._entries: OrderedDict[int, Decoded] = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def decode(self, span: msgspec.Raw) -> Decoded:
-        """The decoded value of ``span``, from the cache when these bytes were seen.
-
-        Raises:
-            msgspec.DecodeError, msgspec.ValidationError: the span is not JSON the fast
-                decoder takes.
-        """
-        size = len(span) + _OVERHEAD
-        if size > self.max_bytes:
-            return Decoded(_VALUE.decode(span), size)
-        key = xxhash.xxh3_128_intdigest(span)
-        entries = self._entries
-        found = entries.get(key)
-        if found is not None:
-            entries.move_to_end(key)
-            return found
-        found = entries[key] = Decoded(_VALUE.decode(span), size)
-        self._bytes += size
-        while self._bytes > self.max_bytes:
-            self._bytes -= entries.popitem(last=False)[1].size
-        return found
-
-    @staticmethod
-    def fresh(span: msgspec.Raw) -> Decoded:
-        """``span`` decoded into objects of its own (never cached)."""
-        return Decoded(_VALUE.decode(span), len(span))
 
 
 class RequestBody(msgspec.Struct, eq=False):
@@ -183,6 +106,19 @@ class RequestBody(msgspec.Struct, eq=False):
     # RecentBodies.keep takes them, or goes on from one, instead of hashing the body again.
     _hashed: dict[int, tuple[int, Any]] = msgspec.field(default_factory=dict)
     _hashed_upto: int = -1
+    # What this request decoded and remembers, kept aside until commit() (a request that
+    # is refused keeps nothing): (the cache, its staged entries, the recent bodies, the key).
+    _pending: tuple[DecodedSpans, Staged, RecentBodies | None, object] | None = None
+
+    def commit(self) -> None:
+        """Keep what this request decoded, and remember it as its conversation's latest
+        body: its answer was a success. Idempotent; nothing to do for an immediate parse."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            cache, staged, recent, key = pending
+            cache.commit(staged)
+            if recent is not None:
+                recent.keep(key, self)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -323,6 +259,8 @@ class EncodedViews:
         self._since: LRUCache[int, tuple[compactor.CompactionCheckpoint,
                                          dict[int, tuple[Any, bytes]]]] = LRUCache(
             maxsize=max(1, max_checkpoints))
+        # cachetools' caches are not thread-safe; the compaction threads use these too.
+        self._lock = threading.Lock()
 
     def since(self, checkpoint: compactor.CompactionCheckpoint | None,
               ) -> dict[int, tuple[Any, bytes]] | None:
@@ -331,9 +269,10 @@ class EncodedViews:
         :meth:`RequestBody.encode` to reuse and refill; None for no checkpoint."""
         if checkpoint is None:
             return None
-        found = self._since.get(id(checkpoint))
-        if found is None or found[0] is not checkpoint:
-            found = self._since[id(checkpoint)] = (checkpoint, {})
+        with self._lock:
+            found = self._since.get(id(checkpoint))
+            if found is None or found[0] is not checkpoint:
+                found = self._since[id(checkpoint)] = (checkpoint, {})
         return found[1]
 
     def of(self, checkpoint: compactor.CompactionCheckpoint | None,
@@ -342,22 +281,28 @@ class EncodedViews:
         (``[]`` for no checkpoint, or a view the encoder cannot write)."""
         if checkpoint is None:
             return []
-        found = self._entries.get(id(checkpoint))
+        with self._lock:
+            found = self._entries.get(id(checkpoint))
         if found is None or found[0] is not checkpoint:
             try:
                 found = (checkpoint, [_ENCODER.encode(m) for m in checkpoint.view])
             except (UnicodeEncodeError, OverflowError, TypeError):
                 return []
             if sum(map(len, found[1])) <= self._entries.maxsize:
-                self._entries[id(checkpoint)] = found
+                with self._lock:
+                    self._entries[id(checkpoint)] = found
         return [(checkpoint.view, found[1])]
 
 
-def parse_request(raw: bytes, cache: DecodedSpans,
-                  recent: RecentBodies | None = None, key: object = None) -> RequestBody:
+def parse_request(raw: bytes, cache: DecodedSpans, recent: RecentBodies | None = None,
+                  key: object = None, *, tenant: str | None = None) -> RequestBody:
     """``raw`` as a :class:`RequestBody`: from an earlier body of the same conversation
     (``recent``, under ``key``) plus what is new, or by spans where the fast decoder takes it,
     else the plain way (:func:`proxy.http.body.parse_body`, whose errors name the problem).
+
+    With ``tenant``, what is decoded anew is found only by that tenant and kept only once
+    the caller calls :meth:`RequestBody.commit` (the request succeeded); without, it is kept
+    at once.
 
     A body holding a lone surrogate escape is parsed the plain way and mended: each lone
     surrogate becomes U+FFFD (:func:`proxy.http.body.replace_lone_surrogates`, counted in
@@ -367,13 +312,16 @@ def parse_request(raw: bytes, cache: DecodedSpans,
         RequestRejected: 400 ``invalid_request_error`` naming the problem, as
             :func:`proxy.http.body.parse_body`.
     """
+    staged = None if tenant is None else Staged(tenant)
     try:
         # The fast decoder refuses every lone surrogate, and decodes every span it hands
         # out (or decoded the same bytes before): a body that needs mending is never here.
-        parsed = None if recent is None else recent.extend(raw, key, cache)
+        parsed = None if recent is None else recent.extend(raw, key, cache, staged)
         if parsed is None:
-            parsed = _by_spans(raw, cache)
-        if recent is not None:
+            parsed = _by_spans(raw, cache, staged)
+        if staged is not None:
+            parsed._pending = (cache, staged, recent, key)
+        elif recent is not None:
             recent.keep(key, parsed)
         return parsed
     except (_Slow, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -395,7 +343,7 @@ def _distinct(entries: list[Decoded], spans: Sequence[Any], start: int,
             raise _Slow  # the plain parse names it
 
 
-def _by_spans(raw: bytes, cache: DecodedSpans) -> RequestBody:
+def _by_spans(raw: bytes, cache: DecodedSpans, staged: Staged | None) -> RequestBody:
     raw_fields = _FIELDS.decode(raw)
     spans_raw = raw_fields.get("messages")
     if spans_raw is None:
@@ -408,11 +356,11 @@ def _by_spans(raw: bytes, cache: DecodedSpans) -> RequestBody:
         if key == "messages":
             doc[key] = fields[key] = None  # the client's position; filled below
             continue
-        decoded = cache.decode(value)
+        decoded = cache.decode(value, staged)
         values[key] = decoded
         doc[key] = decoded.value
         fields[key] = bytes(value)
-    entries = [cache.decode(span) for span in spans]
+    entries = [cache.decode(span, staged) for span in spans]
     _distinct(entries, spans, 0, set())
     doc["messages"] = [entry.value for entry in entries]
     check_body(doc)
@@ -447,123 +395,3 @@ def _occurrences(raw: bytes, needle: bytes) -> Iterable[int]:
     while at >= 0:
         yield at
         at = raw.find(needle, at + 1)
-
-
-#: How many of a body's last message starts are tried as the end of what the next body of
-#: the conversation repeats (clients move cache markers onto the newest messages).
-CUTS: Final = 4
-
-
-class _Seen(msgspec.Struct, eq=False):
-    """What the next body of a conversation needs of this one, without its bytes."""
-
-    cuts: list[tuple[int, int, int]]  # (message index, its start, xxh3-128 of all before)
-    # each cut's start -> (that digest, the hasher having hashed all before it: never updated)
-    marks: dict[int, tuple[int, Any]]
-    suffix: bytes  # from the end of the last message to the end of the body
-    body: RequestBody  # raw dropped
-
-
-class RecentBodies:
-    """The last body of recent conversations, so the next one is read from where it stops
-    repeating it: a warm request costs what is new in it.
-
-    A body is the previous one plus a message or two, with a cache marker moved. When its
-    bytes up to the start of one of the previous body's last messages hash (xxh3-128) to
-    what they did, and its bytes after its messages are the previous body's, only the rest
-    is scanned and decoded; the messages before are the previous body's own objects and
-    facts. Anything else is read whole. Keyed by what the caller knows before parsing (its
-    tenant and session header, or the start of the body); used from the event loop only.
-
-    Args:
-        max_entries: how many conversations to remember.
-    """
-
-    def __init__(self, max_entries: int = 1024) -> None:
-        self._seen: LRU[object, list[_Seen]] = LRU(max(1, max_entries))
-
-    @staticmethod
-    def key_of(tenant: str, session: str | None, raw: bytes) -> object:
-        """The key of ``raw``'s conversation: its tenant and session header, else its first
-        kilobytes (a guess: every candidate is checked byte for byte)."""
-        if session is not None:
-            return (tenant, session)
-        return (tenant, xxhash.xxh3_64_intdigest(memoryview(raw)[:4096]))
-
-    def extend(self, raw: bytes, key: object, cache: DecodedSpans) -> RequestBody | None:
-        """``raw`` read as a known earlier body plus what is new, or None."""
-        for seen in self._seen.get(key, ()):
-            parsed = _extend(raw, seen, cache)
-            if parsed is not None:
-                return parsed
-        return None
-
-    def keep(self, key: object, parsed: RequestBody) -> None:
-        """Remember ``parsed`` as the latest body of its conversation."""
-        bounds = parsed.bounds
-        if not bounds or parsed.entries is None:
-            return
-        first = max(0, len(bounds) - CUTS)
-        starts = list(map(operator.itemgetter(0), bounds[first:]))
-        # Each cut's (digest, hasher state): the earlier body's where its bytes held for this
-        # one too (a body that repeats the last one: C loops only), else hashed on from the
-        # previous cut (or from the body's start).
-        before, upto = parsed._hashed, parsed._hashed_upto
-        marks: list[tuple[int, Any]] = list(map(before.get, starts))  # type: ignore[arg-type]  # (Nones filled:)
-        if None in marks or starts[-1] > upto:
-            view = memoryview(parsed.raw)
-            last: tuple[int, Any] | None = None  # the previous cut's start and state
-            for position, start in enumerate(starts):
-                mark: tuple[int, Any] | None = marks[position] if start <= upto else None
-                if mark is None:
-                    hasher = xxhash.xxh3_128() if last is None else last[1].copy()
-                    hasher.update(view[0 if last is None else last[0]:start])
-                    mark = marks[position] = (hasher.intdigest(), hasher)
-                last = (start, mark[1])
-        cuts = list(zip(range(first, len(bounds)), starts,
-                        map(operator.itemgetter(0), marks), strict=True))
-        cuts.reverse()
-        kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
-                           parsed.values, reused=0, _facts=parsed._facts)
-        seen = _Seen(cuts, dict(zip(starts, marks, strict=True)),
-                     parsed.raw[bounds[-1][1]:], kept)
-        self._seen[key] = [seen, *self._seen.get(key, ())[:3]]
-
-
-def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans) -> RequestBody | None:
-    suffix = seen.suffix
-    if not raw.endswith(suffix):
-        return None
-    view = memoryview(raw)
-    end = len(raw) - len(suffix)
-    for index, start, digest in seen.cuts:
-        if start >= end or xxhash.xxh3_128_intdigest(view[:start]) != digest:
-            continue
-        tail = b"[" + view[start:end] + b"]"
-        spans = _SPANS.decode(tail)
-        if not spans:
-            return None  # a trailing comma: the plain parse names it
-        before = seen.body
-        assert before.entries is not None and before.bounds is not None
-        entries = before.entries[:index]
-        entries.extend(cache.decode(span) for span in spans)
-        _distinct(entries, spans, index, set(map(id, before.doc["messages"][:index])))
-        bounds = before.bounds[:index]
-        at = 1
-        for span in spans:
-            # Each span starts where the whitespace and commas after the previous one end (a
-            # search would first study the whole span: ~70k instructions for a 7 KB one).
-            at = _GAP.match(tail, at).end()  # type: ignore[union-attr]  # (matches the empty)
-            if not tail.startswith(span, at):
-                return None
-            bounds.append((start + at - 1, start + at - 1 + len(span)))
-            at += len(span)
-        doc = dict(before.doc)
-        # The repeated messages are the earlier body's own objects: its list, sliced.
-        messages = before.doc["messages"][:index]
-        messages.extend(entry.value for entry in entries[index:])
-        doc["messages"] = messages
-        facts = before._facts.prefix(index)
-        return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
-                           reused=index, _facts=facts, _hashed=seen.marks, _hashed_upto=start)
-    return None

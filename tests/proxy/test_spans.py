@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import compactor
 from proxy.http.body import parse_body
 from proxy.http.errors import RequestRejected
-from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies, parse_request
+from proxy.http.recent import RecentBodies
+from proxy.http.spans import DecodedSpans, EncodedViews, parse_request
 
 BIG_TEXT = "x" * 400  # long enough that the span is worth keeping
 

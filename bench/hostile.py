@@ -1,0 +1,240 @@
+"""What a hostile caller costs the proxy: memory kept for refused bodies, and event-loop lag.
+
+    python -m bench.hostile [--bodies 100] [--concurrency 4] [--cache-mib 64]
+                            [--baseline REF] [--quick]
+
+Two parts, each against ``compact-proxy serve`` in a child process and the stamped fake
+provider (issue #31):
+
+- **memory**: ``--bodies`` bodies of 8 MB, each one user message of 250k tiny text blocks, a
+  new session id and a made-up key each (all refused), sent ``--concurrency`` at a time.
+  Prints the proxy's RSS before, its peak while they are sent, and after (the steady state),
+  with ``limits.decoded_cache_bytes`` at ``--cache-mib``.
+- **loop lag**: ``/healthz`` asked every 10 ms while eight cold 9 MB bodies and one 29 MB
+  body are compacted concurrently; prints its latency percentiles.
+
+With ``--baseline REF`` the same runs for a git ref (its own worktree) in the same run, and
+both are printed side by side. Not a timed test: ``tests/bench/test_hostile_smoke.py`` runs
+it at a tiny size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+
+from bench.proxy import (
+    _ROOT,
+    Thresholds,
+    baseline_worktree,
+    client_session,
+    percentile,
+    proxy_process,
+    upstream_process,
+)
+
+MODEL: Final = "claude-sonnet-4-5"
+#: A view over this many tokens is refused by the proxy (the hostile bodies all are).
+THRESHOLDS: Final = Thresholds(soft_threshold_tokens=40_000, hard_limit_tokens=100_000,
+                               max_tool_result_tokens=2_000, keep_recent_messages=8,
+                               summary_keep_recent=4)
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much hostile work each part sends."""
+
+    bodies: int
+    blocks: int
+    concurrency: int
+    lag_bodies: int
+    lag_blocks: int
+    lag_big_blocks: int
+
+
+FULL: Final = Size(bodies=100, blocks=250_000, concurrency=4, lag_bodies=8, lag_blocks=280_000,
+                   lag_big_blocks=900_000)
+TINY: Final = Size(bodies=4, blocks=2_000, concurrency=2, lag_bodies=2, lag_blocks=2_000,
+                   lag_big_blocks=4_000)
+
+
+def tiny_blocks_body(blocks: int, salt: str) -> bytes:
+    """One user message of ``blocks`` two-character text blocks (each body's own texts)."""
+    block = '{"type":"text","text":"%s"}'
+    texts = ",".join(block % f"{salt[i % len(salt)]}{i % 10}" for i in range(blocks))
+    return (f'{{"model":"{MODEL}","max_tokens":64,"messages":'
+            f'[{{"role":"user","content":[{texts}]}}]}}').encode()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` (its /proc status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def _send(client: aiohttp.ClientSession, url: str, body: bytes) -> int:
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01",
+               "x-api-key": f"sk-made-up-{uuid.uuid4().hex}",
+               "x-compact-session-id": f"hostile-{uuid.uuid4().hex}"}
+    async with client.post(f"{url}/v1/messages", data=body, headers=headers,
+                           timeout=aiohttp.ClientTimeout(total=600)) as response:
+        await response.read()
+        return response.status
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The proxy's RSS (MB) around the hostile bodies, and the statuses they got."""
+
+    before_mb: float
+    peak_mb: float
+    after_mb: float
+    statuses: dict[int, int]
+
+
+async def measure_memory(client: aiohttp.ClientSession, url: str, pid: int,
+                         size: Size) -> Memory:
+    """Send the hostile bodies; sample RSS every 20 ms meanwhile."""
+    before = rss_bytes(pid)
+    peak = before
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, rss_bytes(pid))
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    statuses: dict[int, int] = {}
+    queue = list(range(size.bodies))
+
+    async def worker() -> None:
+        while queue:
+            index = queue.pop()
+            status = await _send(client, url, tiny_blocks_body(size.blocks, uuid.uuid4().hex))
+            statuses[status] = statuses.get(status, 0) + 1
+            del index
+
+    await asyncio.gather(*(worker() for _ in range(size.concurrency)))
+    await asyncio.sleep(1.0)  # what is freed after the last answer
+    done.set()
+    await sampler
+    mb = 1024 * 1024
+    return Memory(before / mb, peak / mb, rss_bytes(pid) / mb, statuses)
+
+
+@dataclass(frozen=True)
+class Lag:
+    """``/healthz`` latency (ms) while the cold bodies were compacted."""
+
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    samples: int
+    busy_s: float
+
+
+async def measure_lag(client: aiohttp.ClientSession, url: str, size: Size) -> Lag:
+    """Ask ``/healthz`` every 10 ms while the cold bodies are sent at once."""
+    bodies = [tiny_blocks_body(size.lag_blocks, uuid.uuid4().hex) for _ in range(size.lag_bodies)]
+    bodies.append(tiny_blocks_body(size.lag_big_blocks, uuid.uuid4().hex))
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        async with aiohttp.ClientSession() as own:  # a connection of its own
+            while not done.is_set():
+                started = time.perf_counter()
+                async with own.get(f"{url}/healthz") as response:
+                    await response.read()
+                latencies.append((time.perf_counter() - started) * 1000)
+                await asyncio.sleep(0.01)
+
+    prober = asyncio.create_task(probe())
+    await asyncio.sleep(0.2)
+    started = time.perf_counter()
+    await asyncio.gather(*(_send(client, url, body) for body in bodies))
+    busy = time.perf_counter() - started
+    done.set()
+    await prober
+    return Lag(percentile(latencies, 50), percentile(latencies, 99), max(latencies),
+               len(latencies), busy)
+
+
+async def run_one(workdir: Path, name: str, source: Path, size: Size,
+                  cache_mib: int) -> tuple[Memory, Lag]:
+    """Both parts against one proxy built from ``source``."""
+    async with client_session() as client, upstream_process(client, workdir) as upstream:
+        overrides = {"limits": {"decoded_cache_bytes": cache_mib * 1024 * 1024}}
+        async with proxy_process(client, workdir, name, upstream.url, THRESHOLDS, sticky=True,
+                                 source=source, overrides=overrides) as proxy:
+            assert proxy.process is not None
+            memory = await measure_memory(client, proxy.url, proxy.process.pid, size)
+        async with proxy_process(client, workdir, f"{name}-lag", upstream.url, THRESHOLDS,
+                                 sticky=True, source=source, overrides=overrides) as proxy:
+            lag = await measure_lag(client, proxy.url, size)
+    return memory, lag
+
+
+def render(rows: Sequence[tuple[str, Memory, Lag]], cache_mib: int) -> str:
+    """The results side by side."""
+    lines = [f"hostile bodies with limits.decoded_cache_bytes = {cache_mib} MiB",
+             f"{'build':<22}{'RSS before':>11}{'peak':>9}{'after':>9}  statuses",
+             ]
+    for name, memory, _ in rows:
+        lines.append(f"{name:<22}{memory.before_mb:>9.0f}MB{memory.peak_mb:>7.0f}MB"
+                     f"{memory.after_mb:>7.0f}MB  {json.dumps(memory.statuses)}")
+    lines.append("")
+    lines.append(f"{'build':<22}{'/healthz p50':>13}{'p99':>9}{'max':>9}{'samples':>9}"
+                 f"{'bodies took':>13}")
+    for name, _, lag in rows:
+        lines.append(f"{name:<22}{lag.p50_ms:>11.1f}ms{lag.p99_ms:>7.1f}ms{lag.max_ms:>7.1f}ms"
+                     f"{lag.samples:>9}{lag.busy_s:>12.1f}s")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> str:
+    size = TINY if args.tiny else FULL
+    if args.bodies is not None:
+        size = Size(args.bodies, size.blocks, args.concurrency or size.concurrency,
+                    size.lag_bodies, size.lag_blocks, size.lag_big_blocks)
+    rows: list[tuple[str, Memory, Lag]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
+        workdir = Path(tmp)
+        memory, lag = await run_one(workdir, "proxy", _ROOT, size, args.cache_mib)
+        rows.append(("this tree", memory, lag))
+        if args.baseline:
+            with baseline_worktree(args.baseline, workdir / "baseline") as source:
+                memory, lag = await run_one(workdir, "baseline", source, size, args.cache_mib)
+            rows.append((f"baseline {args.baseline}", memory, lag))
+    return render(rows, args.cache_mib)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bodies", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--cache-mib", type=int, default=64)
+    parser.add_argument("--baseline", default=None, help="a git ref to run side by side")
+    parser.add_argument("--tiny", action="store_true", help="seconds in all (the smoke test)")
+    args = parser.parse_args(argv)
+    print(asyncio.run(main_async(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
