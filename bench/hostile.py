@@ -6,12 +6,14 @@
 Two parts, each against ``compact-proxy serve`` in a child process and the stamped fake
 provider (issue #31):
 
-- **memory**: ``--bodies`` bodies of 8 MB, each one user message of 250k tiny text blocks, a
-  new session id and a made-up key each (all refused), sent ``--concurrency`` at a time.
+- **memory**: ``--bodies`` bodies, each one user message of ``--blocks`` tiny text blocks
+  (250k: 8 MB, over ``limits.max_json_objects``; 150k: 4.5 MB, decoded, then refused at the
+  hard limit), a new session id and a made-up key each, sent ``--concurrency`` at a time.
   Prints the proxy's RSS before, its peak while they are sent, and after (the steady state),
   with ``limits.decoded_cache_bytes`` at ``--cache-mib``.
-- **loop lag**: ``/healthz`` asked every 10 ms while eight cold 9 MB bodies and one 29 MB
-  body are compacted concurrently; prints its latency percentiles.
+- **loop lag**: ``/healthz`` asked every 10 ms while eight cold 9 MB agent sessions, one
+  29 MB one and one body of 150k tiny blocks are compacted concurrently; prints its latency
+  percentiles.
 
 With ``--baseline REF`` the same runs for a git ref (its own worktree) in the same run, and
 both are printed side by side. Not a timed test: ``tests/bench/test_hostile_smoke.py`` runs
@@ -39,8 +41,10 @@ from bench.proxy import (
     Thresholds,
     baseline_worktree,
     client_session,
+    history_of_size,
     percentile,
     proxy_process,
+    request_body,
     upstream_process,
 )
 
@@ -59,14 +63,14 @@ class Size:
     blocks: int
     concurrency: int
     lag_bodies: int
-    lag_blocks: int
-    lag_big_blocks: int
+    lag_blocks: int  # bytes of each cold agent session
+    lag_big_blocks: int  # bytes of the big one
 
 
-FULL: Final = Size(bodies=100, blocks=250_000, concurrency=4, lag_bodies=8, lag_blocks=280_000,
-                   lag_big_blocks=900_000)
-TINY: Final = Size(bodies=4, blocks=2_000, concurrency=2, lag_bodies=2, lag_blocks=2_000,
-                   lag_big_blocks=4_000)
+FULL: Final = Size(bodies=100, blocks=150_000, concurrency=4, lag_bodies=8,
+                   lag_blocks=9_000_000, lag_big_blocks=29_000_000)
+TINY: Final = Size(bodies=4, blocks=2_000, concurrency=2, lag_bodies=2, lag_blocks=60_000,
+                   lag_big_blocks=120_000)
 
 
 def tiny_blocks_body(blocks: int, salt: str) -> bytes:
@@ -103,6 +107,7 @@ class Memory:
     peak_mb: float
     after_mb: float
     statuses: dict[int, int]
+    blocks: int
 
 
 async def measure_memory(client: aiohttp.ClientSession, url: str, pid: int,
@@ -134,7 +139,7 @@ async def measure_memory(client: aiohttp.ClientSession, url: str, pid: int,
     done.set()
     await sampler
     mb = 1024 * 1024
-    return Memory(before / mb, peak / mb, rss_bytes(pid) / mb, statuses)
+    return Memory(before / mb, peak / mb, rss_bytes(pid) / mb, statuses, size.blocks)
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,10 @@ class Lag:
 
 async def measure_lag(client: aiohttp.ClientSession, url: str, size: Size) -> Lag:
     """Ask ``/healthz`` every 10 ms while the cold bodies are sent at once."""
-    bodies = [tiny_blocks_body(size.lag_blocks, uuid.uuid4().hex) for _ in range(size.lag_bodies)]
-    bodies.append(tiny_blocks_body(size.lag_big_blocks, uuid.uuid4().hex))
+    bodies = [request_body(history_of_size(size.lag_blocks, seed=seed), stream=False)
+              for seed in range(size.lag_bodies)]
+    bodies.append(request_body(history_of_size(size.lag_big_blocks, seed=99), stream=False))
+    bodies.append(tiny_blocks_body(size.blocks, uuid.uuid4().hex))
     latencies: list[float] = []
     done = asyncio.Event()
 
@@ -192,7 +199,8 @@ async def run_one(workdir: Path, name: str, source: Path, size: Size,
 
 def render(rows: Sequence[tuple[str, Memory, Lag]], cache_mib: int) -> str:
     """The results side by side."""
-    lines = [f"hostile bodies with limits.decoded_cache_bytes = {cache_mib} MiB",
+    lines = [f"hostile bodies with limits.decoded_cache_bytes = {cache_mib} MiB"
+             f" ({rows[0][1].blocks} blocks each)" if rows else "",
              f"{'build':<22}{'RSS before':>11}{'peak':>9}{'after':>9}  statuses",
              ]
     for name, memory, _ in rows:
@@ -209,9 +217,9 @@ def render(rows: Sequence[tuple[str, Memory, Lag]], cache_mib: int) -> str:
 
 async def main_async(args: argparse.Namespace) -> str:
     size = TINY if args.tiny else FULL
-    if args.bodies is not None:
-        size = Size(args.bodies, size.blocks, args.concurrency or size.concurrency,
-                    size.lag_bodies, size.lag_blocks, size.lag_big_blocks)
+    size = Size(args.bodies or size.bodies, args.blocks or size.blocks,
+                args.concurrency or size.concurrency, size.lag_bodies, size.lag_blocks,
+                size.lag_big_blocks)
     rows: list[tuple[str, Memory, Lag]] = []
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         workdir = Path(tmp)
@@ -228,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bodies", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--blocks", type=int, default=None)
     parser.add_argument("--cache-mib", type=int, default=64)
     parser.add_argument("--baseline", default=None, help="a git ref to run side by side")
     parser.add_argument("--tiny", action="store_true", help="seconds in all (the smoke test)")

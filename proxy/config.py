@@ -291,11 +291,15 @@ class ListenConfig(_Section):
 
 @_section("limits")
 class LimitsConfig(_Section):
-    """Request limits; a body larger than ``max_body_bytes`` gets 413 ``request_too_large``."""
+    """Request limits; a body larger than ``max_body_bytes``, or holding more than
+    ``max_json_objects`` JSON objects, gets 413 ``request_too_large``."""
 
     max_body_bytes: Positive = 32 * 1024 * 1024
-    #: Bytes of messages kept decoded across requests (a warm request decodes only what is
-    #: new in it); 0 decodes every message of every request.
+    #: JSON objects a body may hold (real agent bodies: ~3.5 per KB, so ~110k at 32 MB).
+    max_json_objects: Positive = 200_000
+    #: Bytes of memory the decoded messages kept across requests may occupy, over-estimated
+    #: from their JSON (a warm request decodes only what is new in it); 0 decodes every
+    #: message of every request. Only requests the provider accepted leave anything here.
     decoded_cache_bytes: NonNegative = 256 * 1024 * 1024
 
 

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy.http.errors import RequestRejected
 
-__all__ = ["SUPPORTED_ENCODINGS", "check_body", "decoded", "dump_body", "may_hold_lone_surrogates",
+__all__ = ["SUPPORTED_ENCODINGS", "check_body", "check_objects", "decoded", "dump_body", "may_hold_lone_surrogates",
            "parse_body", "parse_json_object", "read_body", "replace_lone_surrogates"]
 
 
@@ -188,6 +188,24 @@ def decoded(data: bytes, content_encoding: str, limit: int) -> bytes | None:
     except (_Overflow, _Undecodable):
         return None
     return out
+
+
+def check_objects(raw: bytes, limit: int) -> None:
+    """Refuse a body holding more than ``limit`` JSON objects (counted as ``{"`` and ``{}``,
+    C scans, before anything is decoded): each costs hundreds of bytes once decoded, and
+    decoding an array of a million holds the interpreter for seconds.
+
+    Raises:
+        RequestRejected: 413 ``request_too_large`` naming the count and the limit.
+    """
+    objects = raw.count(b'{"') + raw.count(b"{}")
+    if objects > limit:
+        raise RequestRejected(
+            413, "request_too_large",
+            f"request body holds {objects} JSON objects, more than the proxy's limit of "
+            f"{limit} (limits.max_json_objects)",
+            reason="too_many_objects",
+        )
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

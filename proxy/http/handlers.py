@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 import compactor
 from policies import CompactionPolicy
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
-from proxy.http.body import read_body
+from proxy.http.body import check_objects, read_body
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
@@ -303,6 +303,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     config = app[CONFIG]
     record = request[RECORD]
     raw = await read_body(request, config.limits.max_body_bytes)
+    check_objects(raw, config.limits.max_json_objects)
     tenant = app[TENANTS].tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
