@@ -20,6 +20,7 @@ from typing import Any, TextIO, TypeVar
 
 import anthropic
 import pytest
+from aiohttp import web
 
 from proxy.app import start_proxy
 from proxy.config import Config
@@ -81,6 +82,8 @@ class RunningProxy:
     artifact_root: Path
     admin_token: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: The proxy's application (its caches, read by tests of what a request leaves behind).
+    app: web.Application | None = None
 
 
 def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,7 +198,8 @@ def proxy_factory(
                           secrets=[admin_token] if admin_token else [])
         runner, url = servers.run(start_proxy(config))
         runners.append(runner)
-        return RunningProxy(url, config, state_dir, transcripts, artifacts, admin_token)
+        return RunningProxy(url, config, state_dir, transcripts, artifacts, admin_token,
+                            app=runner.app)
 
     try:
         yield start
