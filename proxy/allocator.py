@@ -23,9 +23,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "tune_allocator"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "give_back_memory", "tune_allocator"]
 
 #: Blocks smaller than this come from the heap (glibc's largest allowed value on 64-bit).
 MMAP_THRESHOLD: Final = 32 * 1024 * 1024
@@ -61,3 +61,26 @@ def tune_allocator() -> str:
     if mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value is taken
         return "refused"
     return "fixed"
+
+
+def _malloc_trim() -> Any:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # pragma: no cover - glibc always has malloc_trim
+        return None
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_TRIM: Final = _malloc_trim()
+
+
+def give_back_memory() -> None:
+    """Return the free memory of every glibc arena to the kernel (``malloc_trim``): after a
+    large body that was refused, so a hostile caller's garbage does not stay resident in
+    the heap of each thread that touched it. Nothing where the C library is not glibc."""
+    if _TRIM is not None:
+        _TRIM(0)

@@ -33,6 +33,7 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
+from proxy.allocator import give_back_memory
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
@@ -299,17 +300,29 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    raw = await read_body(request, config.limits.max_body_bytes)
+    check_objects(raw, config.limits.max_json_objects)
+    # A large body is worked on by the compute threads; what it decodes is kept only if
+    # the provider accepts the request (parsed.commit(), in _succeeded).
+    executor = request.app[COMPUTE] if len(raw) >= OFFLOAD_FROM_BYTES else None
+    try:
+        return await _serve(request, raw, executor, may_call_model=may_call_model)
+    finally:
+        if executor is not None and not _accepted(request[RECORD]):
+            # What a large refused body made is all garbage now: its pages go back to the
+            # system, not kept by the allocator for a caller who may never come back.
+            asyncio.get_running_loop().run_in_executor(executor, give_back_memory)
+
+
+async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
+                 may_call_model: bool) -> web.StreamResponse:
     app = request.app
     config = app[CONFIG]
     record = request[RECORD]
-    raw = await read_body(request, config.limits.max_body_bytes)
-    check_objects(raw, config.limits.max_json_objects)
     tenant = app[TENANTS].tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
-    # A large body is worked on by the compute threads; what it decodes is kept only if
-    # the provider accepts the request (parsed.commit(), in _succeeded).
-    executor = app[COMPUTE] if len(raw) >= OFFLOAD_FROM_BYTES else None
     parsed = await _run(executor, functools.partial(
         parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
         RecentBodies.key_of(tenant, named, raw), tenant=tenant))
