@@ -337,6 +337,9 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
                              before_end=learn_before_end)
     if not learnt:  # the answer failed or the client went away: learn what there is
         _learn(app, record, session, *sent)
+    if (summarizer := app.get(SUMMARIZER)) is not None:  # (does the provider know the caller?)
+        summarizer.caller_answered(CallerCredentials.from_headers(request.headers),
+                                   record.upstream_status)
     return response
 
 
