@@ -333,7 +333,6 @@ class SourcePointerResolver:
     def _transcript_excerpt(self, pointer: TranscriptPointer, max_chars: int) -> tuple[str, str]:
         with FileChecks() as checks, ContainedFile(
                 self._transcript_root, self._transcript_path(pointer), checks) as opened:
-            assert opened.handle is not None
             reader = io.BufferedReader(opened.handle, buffer_size=self._chunk_size)
             line = self._target_line(reader, pointer)
             opened.check_unchanged()
@@ -351,7 +350,6 @@ class SourcePointerResolver:
         hasher = hashlib.sha256()
         with FileChecks() as checks, ContainedFile(
                 self._artifact_root, self._artifact_path(pointer), checks) as opened:
-            assert opened.handle is not None and opened.info is not None
             for chunk in self._read_chunks(opened.handle):
                 hasher.update(chunk)
                 if len(head) < wanted:
@@ -381,7 +379,6 @@ class SourcePointerResolver:
                     raise Outcome(status, detail)
                 return digest
         with ContainedFile(root, relative, checks) as opened:
-            assert opened.handle is not None and opened.info is not None
             key = _cache_key(pointer, opened.info)
             try:
                 digest = verify(opened.handle)

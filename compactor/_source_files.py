@@ -27,6 +27,7 @@ import io
 import os
 import stat
 import sys
+from collections.abc import Callable
 from typing import Final, Literal
 
 __all__ = ["ContainedFile", "FileChecks", "Outcome", "open_beneath"]
@@ -34,7 +35,7 @@ __all__ = ["ContainedFile", "FileChecks", "Outcome", "open_beneath"]
 _CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 #: A directory opened only to look names up in it (Linux: ``O_PATH``, no read access needed).
-_DIR_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | _CLOEXEC
+_DIR_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 #: A source file: read only, never through a link, never blocking (a FIFO cannot hang us).
 FILE_FLAGS: Final = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
 
@@ -63,21 +64,21 @@ class _Openat2:
     """``openat2`` through ``ctypes``, or None where it cannot be used (tried once)."""
 
     def __init__(self) -> None:
-        self._syscall: object | None = None
+        self._syscall: Callable[..., int] | None = None
         self._usable: bool | None = None
 
     def __call__(self, dir_fd: int, relative: str, flags: int) -> int | None:
         """The descriptor, or None when ``openat2`` is not available here."""
         if self._usable is None:
             self._usable = self._probe()
-        if not self._usable:
+        if not self._usable or self._syscall is None:
             return None
+        syscall = self._syscall
         how = _OpenHow(flags, 0, _RESOLVE)
         path = os.fsencode(relative)
         for _ in range(8):  # EAGAIN: a rename elsewhere raced the lookup; it is safe to retry
-            fd: int = self._syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd),  # type: ignore[operator]
-                                    ctypes.c_char_p(path), ctypes.byref(how),
-                                    ctypes.c_size_t(ctypes.sizeof(how)))
+            fd = syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(path),
+                         ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
             if fd >= 0:
                 return fd
             code = ctypes.get_errno()
@@ -89,15 +90,14 @@ class _Openat2:
         if sys.platform != "linux" or os.uname().machine.startswith("alpha"):
             return False
         try:
-            self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+            syscall = self._syscall = ctypes.CDLL(None, use_errno=True).syscall
             root = os.open("/", _DIR_FLAGS)
         except (OSError, AttributeError):
             return False
         try:
             how = _OpenHow(_DIR_FLAGS, 0, _RESOLVE)
-            fd = self._syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root),  # type: ignore[operator]
-                               ctypes.c_char_p(b"."), ctypes.byref(how),
-                               ctypes.c_size_t(ctypes.sizeof(how)))
+            fd = syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root), ctypes.c_char_p(b"."),
+                         ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
         finally:
             os.close(root)
         if fd < 0:  # ENOSYS (before 5.6), EPERM (a seccomp filter), ...
@@ -218,8 +218,9 @@ class ContainedFile:
         self._root = root
         self._relative = relative
         self._checks = checks
-        self.handle: io.FileIO | None = None
-        self.info: os.stat_result | None = None
+        # Set by __enter__.
+        self.handle: io.FileIO
+        self.info: os.stat_result
 
     def __enter__(self) -> ContainedFile:
         fd = _open_contained(self._checks.root(self._root), self._relative, FILE_FLAGS)
@@ -239,12 +240,10 @@ class ContainedFile:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.handle is not None:
-            self.handle.close()
+        self.handle.close()
 
     def check_unchanged(self) -> None:
         """After reading: the path must still name the file that was read."""
-        assert self.info is not None
         try:
             fd = _open_contained(self._checks.root(self._root), self._relative,
                                  getattr(os, "O_PATH", os.O_RDONLY) | _CLOEXEC)

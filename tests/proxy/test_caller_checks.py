@@ -53,6 +53,10 @@ async def test_a_check_uses_the_callers_credential_only(
     assert checks(upstream_server) == ["sk-ant-known", "sk-ant-made-up"]
     assert await callers.accepted(KNOWN)  # remembered
     assert len(checks(upstream_server)) == 2
+    bearer = CallerCredentials(authorization="Bearer sk-ant-known")
+    assert await callers.accepted(bearer)
+    sent = upstream_server.upstream.requests[-1].headers
+    assert sent["authorization"] == "Bearer sk-ant-known" and "x-api-key" not in sent
 
 
 async def test_answers_accept_and_refusals_forget(
