@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import anthropic
-import structlog
 from cachetools import TTLCache
 
 from proxy.state.flights import SingleFlight
@@ -44,13 +43,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ACCEPTED_TTL_S", "MAX_ACCEPTED", "AcceptedCallers"]
 
-#: Accepted credentials remembered (least recently stored go first): 16 bytes each.
+#: Accepted credentials remembered (the least recently used go first).
 MAX_ACCEPTED: Final = 16384
 #: How long an acceptance is trusted without a new answer from the provider.
 ACCEPTED_TTL_S: Final = 3600.0
-
-_log = structlog.get_logger("proxy.state.caller_checks")
-
 
 class AcceptedCallers:
     """The credentials the provider has accepted lately (see the module's docstring). Used
@@ -105,8 +101,7 @@ class AcceptedCallers:
     async def _check(self, caller: CallerCredentials, digest: str) -> bool:
         try:
             await self._client.models.list(limit=1, extra_headers=caller.as_extra_headers())
-        except Exception as exc:  # noqa: BLE001 - refused or unanswered: not accepted
-            _log.info("caller_not_accepted", error_class=type(exc).__name__)
+        except Exception:  # noqa: BLE001 - refused or unanswered: not accepted
             return False
         self._accepted[digest] = True
         return True

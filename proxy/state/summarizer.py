@@ -455,7 +455,9 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
             if text is not None or provider is None:
                 return text
             if not await provider.may_call_for(caller):
-                _log.info("summary_skipped", reason="caller_not_accepted")
+                count("failed")
+                _log.warning("summary_failed", error_class="CallerNotAccepted",
+                             mode="separate")
                 return None
             flight = provider.flights.running(key)
             if flight is None:

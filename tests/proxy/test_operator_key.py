@@ -8,13 +8,21 @@ made with the operator's key are counted at the provider.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
 from proxy.fake_upstream import is_summarizer_request
-from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer, user_text
+from tests.conftest import (
+    TEST_API_KEY,
+    ProxyFactory,
+    RunningProxy,
+    UpstreamServer,
+    log_lines_for,
+    user_text,
+)
 
 MODEL = "claude-sonnet-4-5"
 OPERATOR_KEY = "sk-ant-api03-the-operators-own-summary-key"
@@ -68,13 +76,16 @@ def ask(proxy: RunningProxy, api_key: str, messages: list[dict[str, Any]]) -> An
 
 
 def test_made_up_keys_spend_nothing_on_the_operators_key(
-        operator_proxy: RunningProxy, upstream_server: UpstreamServer) -> None:
+        operator_proxy: RunningProxy, upstream_server: UpstreamServer, proxy_log: Path) -> None:
     """Requests with made-up keys, each a new conversation that needs a summary: each is
     refused by the provider (401 to the caller), and no summary call is made on the
-    operator's key."""
+    operator's key (``summary_failed`` says why)."""
     for index in range(5):
-        with pytest.raises(anthropic.AuthenticationError):
+        with pytest.raises(anthropic.AuthenticationError) as caught:
             ask(operator_proxy, f"sk-ant-made-up-{index}", history(f"stranger{index}"))
+        lines = log_lines_for(proxy_log, caught.value.response.headers["x-compact-request-id"])
+        assert [line["error_class"] for line in lines
+                if line["event"] == "summary_failed"] == ["CallerNotAccepted"]
     refused = [r for r in upstream_server.upstream.message_requests
                if r.api_key.startswith("sk-ant-made-up-")]
     assert len(refused) == 5  # forwarded, and refused by the provider itself
