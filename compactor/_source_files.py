@@ -117,8 +117,7 @@ def _components(relative: str) -> list[str]:
     return names
 
 
-def open_beneath(dir_fd: int, relative: str, flags: int = FILE_FLAGS, *,
-                 use_openat2: bool = True) -> int:
+def open_beneath(dir_fd: int, relative: str, flags: int = FILE_FLAGS) -> int:
     """Open ``relative`` beneath the directory ``dir_fd`` with ``flags``, following no
     symbolic link on the way (``ELOOP``) and never leaving it (``EXDEV``).
 
@@ -127,10 +126,9 @@ def open_beneath(dir_fd: int, relative: str, flags: int = FILE_FLAGS, *,
             for a link, ``EXDEV`` for a path that is not a plain relative path.
     """
     names = _components(relative)
-    if use_openat2:
-        fd = _openat2(dir_fd, relative, flags | _NOFOLLOW)
-        if fd is not None:
-            return fd
+    fd = _openat2(dir_fd, relative, flags | _NOFOLLOW)
+    if fd is not None:
+        return fd
     return _walk(dir_fd, names, flags)
 
 
