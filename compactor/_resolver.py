@@ -6,7 +6,8 @@ one of five statuses:
 
 - ``unsupported``: the scheme is unknown;
 - ``denied``: the pointer is malformed (a traversal attempt is just a malformed pointer),
-  the authorizer said no (or failed), a symlink leads out of the root, or the OS refused;
+  the authorizer said no (or failed), a symbolic link beneath the root (never followed), or
+  the OS refused;
 - ``missing``: no such file, a transcript too short, a file removed while being read;
 - ``corrupt``: the file exists but is not what the pointer promises (wrong digest, a broken
   transcript line, a directory or device where a regular file should be, a file replaced
@@ -17,13 +18,15 @@ one of five statuses:
 The order is fixed: parse, then authorize, then touch the disk. An authorizer that says no
 costs no system call at all.
 
-Containment: the target's ``os.path.realpath`` must lie inside the root's, by
-``os.path.commonpath``. The file is then opened by that real path with ``O_NOFOLLOW`` (a
-link swapped in after the check fails to open and is denied) and ``O_NONBLOCK`` (a FIFO
-cannot hang the request), and ``fstat`` decides whether it is a regular file *before* a
-byte is read. A non-regular file inside the root is ``corrupt``: it is not an escape, just
-not a valid source. After reading, the path is looked up again: gone means ``missing``, a
-different inode means ``corrupt`` (the bytes read are no longer what the path names).
+Containment: the file is opened beneath the root's directory descriptor with no symbolic
+link followed (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``, or an
+``O_NOFOLLOW`` walk: :mod:`compactor._source_files`), so no component swapped in meanwhile
+is ever followed; a link beneath the root is ``denied``, wherever it points. It is opened
+``O_NONBLOCK`` (a FIFO cannot hang the request), and ``fstat`` decides whether it is a
+regular file *before* a byte is read from that descriptor. A non-regular file inside the
+root is ``corrupt``: it is not an escape, just not a valid source. After reading, the path
+is looked up again the same way: gone means ``missing``, a different inode means ``corrupt``
+(the bytes read are no longer what the path names).
 
 Both kinds of file are streamed: transcripts line by line up to the target (each line
 capped at ``max_line_bytes``), artifacts in ``chunk_size`` chunks into one reused buffer.
@@ -38,9 +41,9 @@ never rendered: :func:`render_durable_context` takes resolutions, which hold no 
 The proxy resolves the same pointers on every request, so outcomes read from a file are
 remembered, keyed by the pointer and the file's identity and change stamps (device, inode,
 size, mtime, ctime; ctime cannot be set back by ``touch``). A hit skips the read, never the
-authorization, the containment check or the open. A request's pointers are resolved as one
-batch (:meth:`SourcePointerResolver.resolve_all`): the real paths, the containment check, the
-open and the ``fstat`` of a file are made once for all the pointers that name it (a session's
+authorization or the open. A request's pointers are resolved as one batch
+(:meth:`SourcePointerResolver.resolve_all`): the roots' descriptors, the open and the
+``fstat`` of a file are made once for all the pointers that name it (a session's
 facts mostly point into its one transcript), not once per pointer; and a pointer string is
 parsed once per process (parsing is a pure function of the string).
 
@@ -57,11 +60,10 @@ import io
 import json
 import os
 import re
-import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Protocol, get_args
 
 from cachetools import LRUCache
 
@@ -72,6 +74,7 @@ from ._pointers import (
     UnsupportedPointerError,
     parse_source_pointer,
 )
+from ._source_files import ContainedFile, FileChecks, Outcome, ResolutionStatus
 
 if TYPE_CHECKING:
     from ._state import DurableContextState
@@ -79,7 +82,6 @@ if TYPE_CHECKING:
 __all__ = ["SourceExcerpt", "SourcePointerResolver", "SourceResolution",
            "resolve_durable_sources"]
 
-ResolutionStatus = Literal["available", "missing", "denied", "corrupt", "unsupported"]
 _STATUSES: frozenset[str] = frozenset(get_args(ResolutionStatus))
 _SHA256_HEX_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
@@ -88,41 +90,6 @@ DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024
 DEFAULT_CACHE_ENTRIES = 4096
 #: The most characters :meth:`SourcePointerResolver.excerpt` shows by default.
 DEFAULT_EXCERPT_CHARS = 500
-
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
-    | getattr(os, "O_CLOEXEC", 0)
-
-# Linux: a path's real path as the kernel resolved it, read back from a descriptor opened
-# for the path alone (O_PATH: no read access needed, nothing read).
-_O_PATH: int = getattr(os, "O_PATH", 0)
-_PROC_FD = "/proc/self/fd/"
-_KERNEL_REALPATH = bool(_O_PATH) and os.path.isdir(_PROC_FD)
-
-
-def _realpath(path: str) -> str:
-    """``os.path.realpath(path)``. For a path that exists, on Linux, the kernel's own
-    resolution (open with ``O_PATH``, read the descriptor's ``/proc`` link: three system
-    calls) rather than Python's, which ``lstat``s each component in a loop of its own (~10 µs
-    a path; a request verifies several). The same answer: both follow every link and take
-    ``..`` after the link it follows. Anything else — a path that does not exist (yet), a
-    component that cannot be searched, a link loop, no ``/proc`` — gets Python's."""
-    if _KERNEL_REALPATH:
-        try:
-            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return os.path.realpath(path)
-        try:
-            real = os.readlink(_PROC_FD + str(fd))
-        except OSError:
-            real = ""
-        finally:
-            os.close(fd)
-        # (a file removed meanwhile reads "<path> (deleted)"; a path outside this process's
-        # root does not start with "/")
-        if real.startswith("/") and not real.endswith(" (deleted)"):
-            return real
-    return os.path.realpath(path)
-
 
 @dataclass(frozen=True, slots=True)
 class SourceResolution:
@@ -176,15 +143,6 @@ _CacheKey = tuple[str, int, int, int, int, int]
 _Cached = tuple[ResolutionStatus, str | None, str]
 
 
-class _Outcome(Exception):
-    """Internal: ends a lookup early with a status (never escapes ``resolve``)."""
-
-    def __init__(self, status: ResolutionStatus, detail: str) -> None:
-        super().__init__(detail)
-        self.status: ResolutionStatus = status
-        self.detail = detail
-
-
 class PointerResolver(Protocol):
     """Anything that resolves pointer strings, like :class:`SourcePointerResolver`."""
 
@@ -206,7 +164,7 @@ class SourcePointerResolver:
         cache_entries: how many verified outcomes to remember (0: none). An entry is keyed
             by the pointer and the file's device, inode, size, mtime and ctime, so any
             write, rename or ``touch`` to the file misses it; a hit still costs the
-            authorization and the file's containment check, open and ``fstat`` (once per
+            authorization and the file's open beneath its root and ``fstat`` (once per
             batch, :meth:`resolve_all`), but no read. Safe to share between threads.
     """
 
@@ -224,7 +182,7 @@ class SourcePointerResolver:
             raise ValueError("chunk_size and max_line_bytes must be positive")
         if cache_entries < 0:
             raise ValueError("cache_entries must not be negative")
-        # Made absolute without touching the disk; real paths are taken per lookup, after
+        # Made absolute without touching the disk; each batch opens the roots anew, after
         # authorization, so a root created or re-linked later is seen as it is then.
         self._transcript_root = os.path.abspath(os.fspath(transcript_root))
         self._artifact_root = os.path.abspath(os.fspath(artifact_root))
@@ -239,16 +197,17 @@ class SourcePointerResolver:
     def resolve(self, pointer: str) -> SourceResolution:
         """Resolve one pointer string to a :class:`SourceResolution`; never raises for a
         bad pointer or a bad file."""
-        return self._resolve(pointer, _FileChecks())
+        with FileChecks() as checks:
+            return self._resolve(pointer, checks)
 
     def resolve_all(self, pointers: Iterable[str]) -> tuple[SourceResolution, ...]:
         """:meth:`resolve` each pointer, as one batch: the disk checks of a file that
         several pointers name (a session's transcript) are made once for all of them, not
-        once each (see :class:`_FileChecks`). Each pointer is still parsed and authorized."""
-        checks = _FileChecks()
-        return tuple(self._resolve(pointer, checks) for pointer in pointers)
+        once each (see :class:`FileChecks`). Each pointer is still parsed and authorized."""
+        with FileChecks() as checks:
+            return tuple(self._resolve(pointer, checks) for pointer in pointers)
 
-    def _resolve(self, pointer: str, checks: _FileChecks) -> SourceResolution:
+    def _resolve(self, pointer: str, checks: FileChecks) -> SourceResolution:
         shown = pointer if isinstance(pointer, str) else repr(pointer)
         try:
             parsed = _parsed(pointer) if isinstance(pointer, str) else parse_source_pointer(
@@ -270,7 +229,7 @@ class SourcePointerResolver:
                 digest = self._resolve_transcript(parsed, checks)
             else:
                 digest = self._resolve_artifact(parsed, checks)
-        except _Outcome as outcome:
+        except Outcome as outcome:
             return SourceResolution(shown, outcome.status, None, outcome.detail)
         except OSError as exc:
             status, detail = _os_error_outcome(exc)
@@ -279,25 +238,19 @@ class SourcePointerResolver:
 
     # --- transcripts ----------------------------------------------------------------------
 
-    def _transcript_path(self, pointer: TranscriptPointer, checks: _FileChecks) -> str:
-        name = pointer.session_id + ".jsonl"
-        path = os.path.join(self._transcript_root, name)
-        # The transcript must be that very file: a link to another session's transcript
-        # (inside the root or not) is refused.
-        real_root = checks.realpath(self._transcript_root)
-        if (checks.realpath(path) != os.path.join(real_root, name)
-                and checks.lexists(path)):
-            raise _Outcome("denied", "the transcript is a link to another file")
-        return path
+    @staticmethod
+    def _transcript_path(pointer: TranscriptPointer) -> str:
+        """The transcript's path beneath the transcript root (a link there is refused)."""
+        return pointer.session_id + ".jsonl"
 
-    def _resolve_transcript(self, pointer: TranscriptPointer, checks: _FileChecks) -> str:
+    def _resolve_transcript(self, pointer: TranscriptPointer, checks: FileChecks) -> str:
         def scan(handle: io.FileIO) -> str:
             # Not closed separately: closing the raw handle is enough, and it must stay
             # open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
-        return self._lookup(self._transcript_root, self._transcript_path(pointer, checks),
+        return self._lookup(self._transcript_root, self._transcript_path(pointer),
                             str(pointer), scan, checks)
 
     def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
@@ -312,14 +265,14 @@ class SourcePointerResolver:
         for expected in range(1, pointer.sequence + 1):
             raw = reader.readline(limit + 2)  # room for the line ending
             if not raw:
-                raise _Outcome(
+                raise Outcome(
                     "missing",
                     f"transcript has {expected - 1} events, sequence {pointer.sequence} "
                     "not found",
                 )
             line = _strip_line_ending(raw)
             if len(line) > limit:
-                raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
+                raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
             if expected == pointer.sequence:
                 return line
@@ -327,20 +280,13 @@ class SourcePointerResolver:
 
     # --- artifacts ------------------------------------------------------------------------
 
-    def _artifact_path(self, pointer: ArtifactPointer,
-                       checks: _FileChecks) -> tuple[str, str]:
-        """``(the session's folder, the artifact's path)``."""
-        # Containment is per session: a link (symbolic or hard) into another session's
-        # folder must not pass for this session's artifact.
-        real_root = checks.realpath(self._artifact_root)
-        session_dir = os.path.join(real_root, pointer.session_id)
-        folder = os.path.join(self._artifact_root, pointer.session_id)
-        if checks.realpath(folder) != session_dir and checks.lexists(folder):
-            raise _Outcome("denied", "the session folder is a link")
-        return session_dir, os.path.join(session_dir, pointer.filename)
+    @staticmethod
+    def _artifact_path(pointer: ArtifactPointer) -> str:
+        """The artifact's path beneath the artifact root. Containment is per session: the
+        session folder is no link (none is followed) and the file has no other hard link."""
+        return f"{pointer.session_id}/{pointer.filename}"
 
-    def _resolve_artifact(self, pointer: ArtifactPointer, checks: _FileChecks) -> str:
-        session_dir, path = self._artifact_path(pointer, checks)
+    def _resolve_artifact(self, pointer: ArtifactPointer, checks: FileChecks) -> str:
 
         def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
@@ -348,10 +294,11 @@ class SourcePointerResolver:
                 hasher.update(chunk)
             digest = hasher.hexdigest()
             if not digest.startswith(pointer.sha256):
-                raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
+                raise Outcome("corrupt", "artifact content does not match the pointer's sha256")
             return digest
 
-        return self._lookup(session_dir, path, str(pointer), verify, checks)
+        return self._lookup(self._artifact_root, self._artifact_path(pointer), str(pointer),
+                            verify, checks)
 
     # --- excerpts (for an operator, never for a prompt) -------------------------------------
 
@@ -377,19 +324,18 @@ class SourcePointerResolver:
                 digest, text = self._transcript_excerpt(parsed, max_chars)
             else:
                 digest, text = self._artifact_excerpt(parsed, max_chars)
-        except (_Outcome, OSError):
+        except (Outcome, OSError):
             return SourceExcerpt(resolution, None)
         if digest != resolution.evidence_sha256:  # changed since it was verified
             return SourceExcerpt(resolution, None)
         return SourceExcerpt(resolution, text)
 
     def _transcript_excerpt(self, pointer: TranscriptPointer, max_chars: int) -> tuple[str, str]:
-        checks = _FileChecks()
-        with _ContainedFile(self._transcript_root, self._transcript_path(pointer, checks),
-                            checks) as (handle, real, before):
-            reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
+        with FileChecks() as checks, ContainedFile(
+                self._transcript_root, self._transcript_path(pointer), checks) as opened:
+            reader = io.BufferedReader(opened.handle, buffer_size=self._chunk_size)
             line = self._target_line(reader, pointer)
-            _check_unchanged(real, before)
+            opened.check_unchanged()
         event = json.loads(line)  # checked by _target_line: a JSON object
         text = event.get("text")
         if not isinstance(text, str):
@@ -399,48 +345,48 @@ class SourcePointerResolver:
         return hashlib.sha256(line).hexdigest(), text[:max_chars]
 
     def _artifact_excerpt(self, pointer: ArtifactPointer, max_chars: int) -> tuple[str, str]:
-        checks = _FileChecks()
-        session_dir, path = self._artifact_path(pointer, checks)
         wanted = max_chars * 4  # the most bytes max_chars characters take in UTF-8
         head = bytearray()
         hasher = hashlib.sha256()
-        with _ContainedFile(session_dir, path, checks) as (handle, real, before):
-            for chunk in self._read_chunks(handle):
+        with FileChecks() as checks, ContainedFile(
+                self._artifact_root, self._artifact_path(pointer), checks) as opened:
+            for chunk in self._read_chunks(opened.handle):
                 hasher.update(chunk)
                 if len(head) < wanted:
                     head += chunk[: wanted - len(head)]
-            _check_unchanged(real, before)
+            opened.check_unchanged()
+            size = opened.info.st_size
         # A character cut in two at the end of the head is left out, not replaced.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = decoder.decode(bytes(head), final=before.st_size <= wanted)
+        text = decoder.decode(bytes(head), final=size <= wanted)
         return hasher.hexdigest(), text[:max_chars]
 
     # --- shared ---------------------------------------------------------------------------
 
-    def _lookup(self, root: str, path: str, pointer: str,
-                verify: Callable[[io.FileIO], str], checks: _FileChecks) -> str:
-        """Check the contained file (once per batch, :meth:`_FileChecks.contained`) and reuse
+    def _lookup(self, root: str, relative: str, pointer: str,
+                verify: Callable[[io.FileIO], str], checks: FileChecks) -> str:
+        """Check the contained file (once per batch, :meth:`FileChecks.contained`) and reuse
         its cached outcome, or open it and run ``verify`` on it.
 
         A change to the file while it was being read takes precedence over what ``verify``
         concluded, and such an outcome is not cached.
         """
         if self._cache is not None:
-            cached = self._cache_get(_cache_key(pointer, checks.contained(root, path)[1]))
+            cached = self._cache_get(_cache_key(pointer, checks.contained(root, relative)))
             if cached is not None:
                 status, digest, detail = cached
                 if digest is None:
-                    raise _Outcome(status, detail)
+                    raise Outcome(status, detail)
                 return digest
-        with _ContainedFile(root, path, checks) as (handle, real, before):
-            key = _cache_key(pointer, before)
+        with ContainedFile(root, relative, checks) as opened:
+            key = _cache_key(pointer, opened.info)
             try:
-                digest = verify(handle)
-            except _Outcome as outcome:
-                _check_unchanged(real, before)
+                digest = verify(opened.handle)
+            except Outcome as outcome:
+                opened.check_unchanged()
                 self._cache_put(key, (outcome.status, None, outcome.detail))
                 raise
-            _check_unchanged(real, before)
+            opened.check_unchanged()
             self._cache_put(key, ("available", digest, "verified"))
             return digest
 
@@ -477,106 +423,6 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
 
 
-class _FileChecks:
-    """The disk checks of one batch of pointers (:meth:`SourcePointerResolver.resolve_all`:
-    one request's state), each made once: the real path of each root and path, whether a path
-    exists, and each file's containment check, open and ``fstat``
-    (:class:`_ContainedFile`, the handle closed again). The pointers that name one file (a
-    session's transcript) share its checks; a pointer whose outcome is cached for the file as
-    it is then reads nothing, as before. A read opens the file again (:class:`_ContainedFile`).
-    Local to one batch (one thread)."""
-
-    __slots__ = ("_contained", "_exists", "_real")
-
-    def __init__(self) -> None:
-        self._real: dict[str, str] = {}
-        self._exists: dict[str, bool] = {}
-        self._contained: dict[tuple[str, str], tuple[str, os.stat_result] | Exception] = {}
-
-    def realpath(self, path: str) -> str:
-        """``os.path.realpath(path)``, once per batch."""
-        found = self._real.get(path)
-        if found is None:
-            found = self._real[path] = _realpath(path)
-        return found
-
-    def lexists(self, path: str) -> bool:
-        """``os.path.lexists(path)``, once per batch."""
-        found = self._exists.get(path)
-        if found is None:
-            found = self._exists[path] = os.path.lexists(path)
-        return found
-
-    def contained(self, root: str, path: str) -> tuple[str, os.stat_result]:
-        """The real path and ``fstat`` of the regular file at ``path`` inside ``root``
-        (:class:`_ContainedFile`'s checks), once per batch; what they raised, again."""
-        found = self._contained.get((root, path))
-        if found is None:
-            try:
-                with _ContainedFile(root, path, self) as (_handle, real, info):
-                    found = (real, info)
-            except (_Outcome, OSError) as exc:
-                found = exc
-            self._contained[root, path] = found
-        if isinstance(found, Exception):
-            raise found
-        return found
-
-
-class _ContainedFile:
-    """Context manager: the regular file at ``path``, provided its real path stays inside
-    ``root``'s real path; yields ``(unbuffered handle, real path, its fstat)``. The real
-    paths come from ``checks`` (made once per batch)."""
-
-    def __init__(self, root: str, path: str, checks: _FileChecks) -> None:
-        self._root = root
-        self._path = path
-        self._checks = checks
-        self._handle: io.FileIO | None = None
-
-    def __enter__(self) -> tuple[io.FileIO, str, os.stat_result]:
-        real_root = self._checks.realpath(self._root)
-        real = self._checks.realpath(self._path)
-        if os.path.commonpath([real_root, real]) != real_root or real == real_root:
-            raise _Outcome("denied", "path leads outside the source root")
-        try:
-            fd = os.open(real, _OPEN_FLAGS)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _Outcome(
-                    "denied", "the path is a symlink (a loop, or swapped in after the check)"
-                ) from None
-            raise
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise _Outcome("corrupt", "not a regular file")
-            if info.st_nlink > 1:
-                # A hard link cannot be told apart from the file it shares: it may be another
-                # session's or lie outside the root.
-                raise _Outcome("denied", "the file has more than one hard link")
-            handle = io.FileIO(fd, "rb", closefd=True)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._handle = handle
-        return handle, real, info
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._handle is not None:
-            self._handle.close()
-
-
-def _check_unchanged(real: str, before: os.stat_result) -> None:
-    """After reading: the path must still name the file that was read."""
-    try:
-        now = os.stat(real, follow_symlinks=False)
-    except FileNotFoundError:
-        raise _Outcome("missing", "file was removed while being read") from None
-    if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
-        raise _Outcome("corrupt", "file was replaced while being read")
-
-
 def _strip_line_ending(raw: bytes) -> bytes:
     # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
     if raw.endswith(b"\n"):
@@ -592,17 +438,17 @@ def _check_event(line: bytes, expected: int, session_id: str) -> None:
     try:
         event = json.loads(line)
     except (ValueError, RecursionError):
-        raise _Outcome("corrupt", f"{where}: not valid JSON") from None
+        raise Outcome("corrupt", f"{where}: not valid JSON") from None
     if not isinstance(event, dict):
-        raise _Outcome("corrupt", f"{where}: not a JSON object")
+        raise Outcome("corrupt", f"{where}: not a JSON object")
     sequence = event.get("sequence")
     if isinstance(sequence, bool) or sequence != expected or not isinstance(sequence, int):
-        raise _Outcome("corrupt", f"{where}: sequence is not {expected}")
+        raise Outcome("corrupt", f"{where}: sequence is not {expected}")
     if event.get("session_id") != session_id:
-        raise _Outcome("corrupt", f"{where}: session_id does not match the pointer")
+        raise Outcome("corrupt", f"{where}: session_id does not match the pointer")
     event_id = event.get("event_id")
     if not isinstance(event_id, str) or not event_id:
-        raise _Outcome("corrupt", f"{where}: event_id missing or empty")
+        raise Outcome("corrupt", f"{where}: event_id missing or empty")
 
 
 def _os_error_outcome(exc: OSError) -> tuple[ResolutionStatus, str]:

@@ -1,14 +1,15 @@
 """The fake upstream as an aiohttp service: a strict, offline, deterministic stand-in for the
 Anthropic Messages API.
 
-Routes: ``POST /v1/messages`` (JSON, or SSE with ``"stream": true``; any query string),
-``POST /v1/messages/count_tokens``, ``GET /v1/models`` and ``GET /v1/models/{id}``; anything
-else is ``404 not_found_error``. Every request needs ``x-api-key`` or ``Authorization: Bearer``
-(any value); a Claude Code subscription login (``Bearer sk-ant-oat…``) on the message and count
-routes also needs the OAuth beta and Claude Code's system identity (:mod:`.rules`, reference
-§2.3). Every response carries ``request-id`` and the ``anthropic-ratelimit-requests-*``
-headers; every error has the Anthropic shape with a top-level ``request_id``, except the 413 of a
-body over 32 MiB, which is the edge's own ``{"error": {"type": "request_too_large", …}}``.
+Routes: ``POST /v1/messages`` (JSON, or SSE with ``"stream": true``; any query string), ``POST
+/v1/messages/count_tokens``, ``GET /v1/models`` and ``GET /v1/models/{id}``; anything else is
+``404 not_found_error``. Every request needs ``x-api-key`` or ``Authorization: Bearer`` (any
+value, unless :attr:`FakeUpstream.accepted_keys` names the known ones); a Claude Code
+subscription login (``Bearer sk-ant-oat…``) on the message and count routes also needs the OAuth
+beta and Claude Code's system identity (:mod:`.rules`, reference §2.3). Every response carries
+``request-id`` and the ``anthropic-ratelimit-requests-*`` headers; every error has the Anthropic
+shape with a top-level ``request_id``, except the 413 of a body over 32 MiB, which is the edge's
+own ``{"error": {"type": "request_too_large", …}}``.
 
 The body is read as the raw wire bytes: the app must be served with aiohttp's request
 decompression off (``auto_decompress=False``, as :func:`start_fake_upstream` does) so that
@@ -103,6 +104,9 @@ class FakeUpstream:
         token_rule: the provider's own input-token count (``token_ratio``, ``token_noise``;
             the defaults keep characters / 4), used for usage, count_tokens and the window.
         prompt_cache: the simulated prompt cache behind the ``cache_*`` usage counts.
+        accepted_keys: the credentials the provider knows (``x-api-key`` or the bearer
+            token); any other is refused with 401 ``invalid x-api-key`` on every route.
+            ``None`` (the default): any non-empty credential is accepted.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class FakeUpstream:
         self.context_window = context_window
         self.models: tuple[Mapping[str, Any], ...] = tuple(models)
         self.prompt_cache = PromptCache()
+        self.accepted_keys: frozenset[str] | None = None
         self._request_counter = 0
         self._message_counter = 0
 
@@ -266,6 +271,8 @@ async def _error_middleware(
             upstream.requests.append(record)
         if not api_key:
             raise ProviderRuleError("x-api-key header is required", 401, "authentication_error")
+        if upstream.accepted_keys is not None and api_key not in upstream.accepted_keys:
+            raise ProviderRuleError("invalid x-api-key", 401, "authentication_error")
         return await handler(request)
     except ProviderRuleError as exc:
         if exc.status == 413:

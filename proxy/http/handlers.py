@@ -396,6 +396,9 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     if not learnt:  # the answer failed or the client went away: learn what there is
         _learn(app, record, session, *sent[:2])
         await _succeeded(app, record, session, parsed, *sent)
+    if (summarizer := app.get(SUMMARIZER)) is not None:  # (does the provider know the caller?)
+        summarizer.caller_answered(CallerCredentials.from_headers(request.headers),
+                                   record.upstream_status)
     return response
 
 

@@ -88,10 +88,10 @@ from compactor._resolver import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_LINE_BYTES,
-    ResolutionStatus,
     _check_event,
-    _Outcome,
 )
+from compactor._source_files import Outcome as _Outcome
+from compactor._source_files import ResolutionStatus
 from proxy.state.s3_roots import S3Root, S3Settings
 
 if TYPE_CHECKING:

@@ -11,8 +11,9 @@ the client's own request — its headers, query string, ``system``, ``tools`` an
 the summary asked for in a last user turn, so a credential that only serves the client's own
 requests (a Claude Code subscription login) works and the provider reads the prompt from its
 cache; ``separate`` sends the proxy's own prompt with the caller's credentials (or the key
-named by ``summary.api_key_env``). Either is made in pieces, then merged, when it would not
-fit the model's window. ``count_tokens`` uses the cache only, so it never makes a call.
+named by ``summary.api_key_env``: then only for a caller whose credential the provider has
+accepted, :mod:`proxy.state.caller_checks`). Either is made in pieces, then merged, when it
+would not fit the model's window. ``count_tokens`` uses the cache only, so it never makes a call.
 Any failure gives ``None``: the compactor then keeps the history as it is.
 """
 
@@ -31,6 +32,7 @@ import structlog
 import compactor
 from proxy.config import SummaryConfig
 from proxy.metrics import ProxyMetrics
+from proxy.state.caller_checks import AcceptedCallers
 from proxy.state.flights import SingleFlight, fleet_single_flight
 from proxy.state.store import ReplicaConsistency, StoreError, SummaryCache
 from proxy.state.summary_calls import (
@@ -211,11 +213,28 @@ class ProviderSummarizer:
         self._sdk_headers = frozenset(
             {name.lower() for name in self._client.default_headers} | set(_SDK_REQUEST_HEADERS)
         ) - _SDK_HEADERS_KEPT
+        # The operator's key pays for separate calls: only for callers the provider accepted.
+        self._callers = (AcceptedCallers(self._client)
+                         if api_key is not None and config.mode == "separate" else None)
 
     async def close(self) -> None:
         """Cancel the summary calls still running, and close the SDK client's connections."""
         await self.flights.close()
+        if self._callers is not None:
+            await self._callers.close()
         await self._client.close()
+
+    async def may_call_for(self, caller: CallerCredentials) -> bool:
+        """Whether a summary call may be made for ``caller``: always when it is paid by the
+        caller's own credential; on the operator's key (``summary.api_key_env``, separate
+        mode) only once the provider has accepted the caller's credential."""
+        return self._callers is None or await self._callers.accepted(caller)
+
+    def caller_answered(self, caller: CallerCredentials, status: int | None) -> None:
+        """The provider answered the caller's forwarded request with ``status``: what that
+        says of its credential (:meth:`AcceptedCallers.answered`)."""
+        if self._callers is not None:
+            self._callers.answered(caller, status)
 
     def _separate_headers(self, caller: CallerCredentials
                           ) -> dict[str, str | anthropic.Omit] | None:
@@ -435,6 +454,11 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
             text = await cached(key)
             if text is not None or provider is None:
                 return text
+            if not await provider.may_call_for(caller):
+                count("failed")
+                _log.warning("summary_failed", error_class="CallerNotAccepted",
+                             mode="separate")
+                return None
             flight = provider.flights.running(key)
             if flight is None:
                 # Shielded: a client that goes away stops waiting, the call goes on.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from compactor import _source_files
 from compactor._pointers import ArtifactPointer, SourcePointer, TranscriptPointer
 from compactor._resolver import SourcePointerResolver, SourceResolution, resolve_durable_sources
 from compactor._state import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
@@ -320,23 +321,24 @@ def test_a_batch_resolves_as_each_pointer_alone(roots: tuple[Path, Path]) -> Non
 
 def test_a_batch_checks_each_file_once(roots: tuple[Path, Path],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Warm, the pointers that name one file share its open (and its real-path walk): one
-    open per file per batch, however many pointers name it; nothing is read."""
+    """Warm, the pointers that name one file share its open: one open per file per batch,
+    however many pointers name it; nothing is read."""
     resolver = _CountingReads(roots[0], roots[1], allow_all)
     pointers = [f"transcript:s1:{n}" for n in range(1, 6)] + [
         f"artifact:s1:report.txt:{REPORT_SHA}"]
     first = resolver.resolve_all(pointers)
-    opened: list[str] = []
-    real_open = os.open
+    opened: list[tuple[str, int]] = []
+    real_open = _source_files.open_beneath
 
-    def counting_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if not flags & getattr(os, "O_PATH", 0):  # (not a real-path resolution: no access)
-            opened.append(os.path.basename(path))
-        return real_open(path, flags, *args, **kwargs)
+    def counting_open(dir_fd: int, relative: str, flags: int = _source_files.FILE_FLAGS,
+                      **kwargs: Any) -> int:
+        opened.append((relative, flags))
+        return real_open(dir_fd, relative, flags, **kwargs)
 
-    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(_source_files, "open_beneath", counting_open)
     assert resolver.resolve_all(pointers) == first
-    assert sorted(opened) == ["report.txt", "s1.jsonl"]
+    assert sorted(opened) == [("s1.jsonl", _source_files.FILE_FLAGS),
+                              ("s1/report.txt", _source_files.FILE_FLAGS)]
     assert resolver.reads == len(pointers)  # the first batch's, one per pointer
 
 
@@ -410,7 +412,7 @@ def test_artifact_symlink_out_of_root_is_denied(roots: tuple[Path, Path], tmp_pa
     outside.write_bytes(b"quarterly numbers\n")
     (roots[1] / SESSION / "link.txt").symlink_to(outside)
     result = resolver_for(roots).resolve(f"artifact:s1:link.txt:{REPORT_SHA}")
-    assert result.status == "denied" and "outside the source root" in result.detail
+    assert result.status == "denied" and "symbolic link" in result.detail
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
@@ -433,10 +435,28 @@ def test_transcript_symlink_out_of_root_is_denied(roots: tuple[Path, Path],
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
-def test_symlink_inside_root_is_followed(roots: tuple[Path, Path]) -> None:
-    """A symlink that stays inside the root is fine: containment is about the real path."""
+def test_symlink_inside_root_is_denied_too(roots: tuple[Path, Path]) -> None:
+    """No link beneath the root is followed, even one that stays inside it: what a link
+    names can change between any check and the open."""
     (roots[1] / SESSION / "alias.txt").symlink_to(roots[1] / SESSION / "report.txt")
-    assert resolver_for(roots).resolve(f"artifact:s1:alias.txt:{REPORT_SHA}").status == "available"
+    (roots[0] / "s9.jsonl").symlink_to(f"{SESSION}.jsonl")
+    resolver = resolver_for(roots)
+    for pointer in (f"artifact:s1:alias.txt:{REPORT_SHA}", "transcript:s9:1"):
+        result = resolver.resolve(pointer)
+        assert (result.status, result.evidence_sha256) == ("denied", None), pointer
+        assert "symbolic link" in result.detail
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
+def test_roots_that_are_symlinks_still_resolve(roots: tuple[Path, Path],
+                                               tmp_path: Path) -> None:
+    """The roots themselves may be links (the operator's setting, followed when opened):
+    only what lies beneath them must not be."""
+    (tmp_path / "t-link").symlink_to(roots[0], target_is_directory=True)
+    (tmp_path / "a-link").symlink_to(roots[1], target_is_directory=True)
+    resolver = SourcePointerResolver(tmp_path / "t-link", tmp_path / "a-link", allow_all)
+    assert [r.status for r in resolver.resolve_all(
+        ["transcript:s1:1", f"artifact:s1:report.txt:{REPORT_SHA}"])] == ["available"] * 2
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
@@ -774,54 +794,3 @@ def test_excerpts_are_never_rendered(roots: tuple[Path, Path]) -> None:
     assert resolver.excerpt("transcript:s1:3").text == "event number 3"
     text = render_durable_context(state, resolve_durable_sources(state, resolver))
     assert "event number" not in text
-
-
-# -- real paths --------------------------------------------------------------------------------
-
-
-def test_real_paths_are_os_path_realpaths_whatever_the_links(tmp_path: Path) -> None:
-    """The resolver's real path (the kernel's, on Linux, for a path that exists) is
-    ``os.path.realpath``'s for files, folders, links, chains of links, ``..`` after a link,
-    missing paths, dangling links, link loops and a path through a file."""
-    from compactor._resolver import _realpath
-
-    (tmp_path / "a" / "b").mkdir(parents=True)
-    (tmp_path / "a" / "b" / "f.txt").write_text("x")
-    (tmp_path / "c").mkdir()
-    (tmp_path / "link-dir").symlink_to(tmp_path / "a" / "b")
-    (tmp_path / "c" / "link-file").symlink_to(tmp_path / "a" / "b" / "f.txt")
-    (tmp_path / "chain").symlink_to(tmp_path / "c" / "link-file")
-    (tmp_path / "relative").symlink_to("a/b")
-    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
-    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
-    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
-    for path in ["a/b/f.txt", "a/b", "link-dir", "link-dir/f.txt", "link-dir/..",
-                 "link-dir/../b/f.txt", "c/link-file", "chain", "relative/f.txt", "missing",
-                 "missing/deeper", "link-dir/missing", "dangling", "loop1", "a/b/f.txt/x",
-                 "a/./b//f.txt"]:
-        full = str(tmp_path) + "/" + path
-        assert _realpath(full) == os.path.realpath(full), path
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's path: Linux")
-def test_an_existing_paths_real_path_is_the_kernels(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """On Linux an existing path's real path takes no Python walk (os.path.realpath is not
-    called); a missing one still does."""
-    from compactor import _resolver
-
-    walked: list[str] = []
-    real_walk = os.path.realpath
-
-    def walk(path: Any, *args: Any, **kwargs: Any) -> Any:
-        walked.append(os.path.basename(path))
-        return real_walk(path, *args, **kwargs)
-
-    (tmp_path / "f.txt").write_text("x")
-    (tmp_path / "link").symlink_to(tmp_path / "f.txt")
-    expected = real_walk(tmp_path / "f.txt"), real_walk(tmp_path / "missing")
-    monkeypatch.setattr(os.path, "realpath", walk)
-    assert _resolver._realpath(str(tmp_path / "link")) == expected[0]
-    assert walked == []
-    assert _resolver._realpath(str(tmp_path / "missing")) == expected[1]
-    assert walked == ["missing"]

@@ -139,6 +139,25 @@ async def test_requests_without_credentials_get_401(http: aiohttp.ClientSession)
     assert error["request_id"] == response.headers["request-id"]
 
 
+async def test_only_the_accepted_keys_pass_when_the_provider_knows_its_keys(
+        upstream: FakeUpstream, base_url: str) -> None:
+    """With ``accepted_keys`` set, any other credential gets 401 ``invalid x-api-key`` on
+    every route (as the provider refuses a made-up key); a known one is served."""
+    upstream.accepted_keys = frozenset({"known"})
+    async with anthropic.AsyncAnthropic(base_url=base_url, api_key="made-up",
+                                        max_retries=0) as stranger:
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            await stranger.messages.create(model=MODEL, max_tokens=8, messages=HELLO)
+        assert caught.value.body["error"] == {"type": "authentication_error",
+                                              "message": "invalid x-api-key"}
+        with pytest.raises(anthropic.AuthenticationError):
+            await stranger.models.list(limit=1)
+    async with anthropic.AsyncAnthropic(base_url=base_url, auth_token="known",
+                                        max_retries=0) as known:
+        message = await known.messages.create(model=MODEL, max_tokens=8, messages=HELLO)
+    assert message.content[0].type == "text"
+
+
 async def test_bearer_token_is_accepted(base_url: str) -> None:
     """Authorization: Bearer (the SDK's auth_token) authenticates as well as x-api-key."""
     async with anthropic.AsyncAnthropic(base_url=base_url, auth_token="tok",

@@ -8,9 +8,13 @@ yields ``available`` evidence for s2's (or an outside) file.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import aiohttp
 import pytest
 
 import compactor
+from compactor import _source_files
 from policies import SourceAccessPolicy
 from tests.conftest import ProxyFactory, UpstreamServer, user_text
 from tests.reliability.conftest import RELIABILITY_ADMIN_TOKEN
@@ -185,3 +190,77 @@ async def test_cross_session_sources_resolve_only_when_the_policy_allows(
         block, "f-cross-artifact")
     assert "source_status=available" in item_line(block, "f-cross-transcript")
     assert "source_status=missing" in item_line(block, "f-missing")
+
+
+# -- a folder swapped while a pointer resolves ------------------------------------------------
+
+_SWAPPER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, seconds = os.fsencode(sys.argv[1]), os.fsencode(sys.argv[2]), float(sys.argv[3])
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+print("ready", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(1000):
+        if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0:
+            sys.exit("renameat2: " + os.strerror(ctypes.get_errno()))
+"""
+
+#: How long the race runs (the swap is won well within it by a check-then-open resolver).
+RACE_SECONDS = 4.0
+
+
+def _has_rename_exchange(folder: Path) -> bool:
+    """Whether this libc and filesystem can exchange two names (renameat2 RENAME_EXCHANGE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    (folder / "x1").mkdir()
+    (folder / "x2").symlink_to("x1")
+    done = libc.renameat2(-100, os.fsencode(folder / "x1"), -100, os.fsencode(folder / "x2"),
+                          2) == 0
+    return done and (folder / "x1").is_symlink()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="renameat2 is Linux's")
+@pytest.mark.parametrize("way", ["openat2", "walk"])
+def test_a_session_folder_swapped_for_a_link_never_yields_the_outside_file(
+    roots: tuple[Path, Path], tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session folder exchanged, as fast as the kernel allows, with a link to a folder
+    outside the root (``renameat2(RENAME_EXCHANGE)`` from another process) while its
+    artifact is resolved over and over: the outside file's digest is never ``available``,
+    whether the kernel checks the path (``openat2``) or the resolver walks it. A resolver
+    that checks the real path and then opens the path again loses this race in a second."""
+    if not _has_rename_exchange(tmp_path):
+        pytest.skip("no renameat2(RENAME_EXCHANGE) here")
+    if way == "walk":
+        monkeypatch.setattr(_source_files._openat2, "_usable", False)
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    (outside / "report.txt").write_bytes(OUTSIDE)
+    (roots[1] / "s1" / "report.txt").write_bytes(b"s1's own report\n")
+    (roots[1] / "swap").symlink_to(outside, target_is_directory=True)
+    resolver = compactor.SourcePointerResolver(roots[0], roots[1], lambda p: True,
+                                               cache_entries=0)
+    pointer = f"artifact:s1:report.txt:{OUTSIDE_SHA}"
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", _SWAPPER, str(roots[1] / "s1"), str(roots[1] / "swap"),
+         str(RACE_SECONDS)], stdout=subprocess.PIPE, text=True)
+    leaks, tries, seen = 0, 0, set()
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline() == "ready\n"
+        end = time.monotonic() + RACE_SECONDS
+        while time.monotonic() < end and not leaks:
+            tries += 1
+            result = resolver.resolve(pointer)
+            seen.add(result.status)
+            leaks += result.status == "available" or result.evidence_sha256 is not None
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert leaks == 0, f"the outside file was read through the swapped folder ({tries} tries)"
+    # The race was run: the folder was seen as the link (denied) and as itself (corrupt: s1's
+    # own report has another digest).
+    assert tries > 100 and {"denied", "corrupt"} <= seen, (tries, seen)
