@@ -84,6 +84,7 @@ from proxy.state.audit_log import (
     SessionSummary,
     StateChange,
 )
+from proxy.state.private_files import private_companions, private_file
 from proxy.state.usage import UsageEntry, UsageRow
 
 from . import _sqlite_state as state_writes
@@ -254,9 +255,10 @@ _USAGE_ROWS = (
 class SQLiteStateStore:
     """The :class:`~proxy.state.store.base.StoreBackend` backed by one SQLite file.
 
-    Construction does no I/O; the file (and its parent directories) is created and the schema
-    checked on first use, or up front by :meth:`open`, which is what the service calls at
-    startup so a bad path fails before anything is served.
+    Construction does no I/O; the file (``0600``, and its missing parent directories,
+    ``0700``: :mod:`proxy.state.private_files`) is created and the schema checked on first
+    use, or up front by :meth:`open`, which is what the service calls at startup so a bad
+    path fails before anything is served.
 
     Args:
         path: the database file.
@@ -512,7 +514,9 @@ class SQLiteStateStore:
         if self._conn is not None:
             return self._conn
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Private whatever the umask: 0600, in directories made 0700 (SQLite gives the
+            # -wal and -shm the database's mode).
+            private_file(self.path)
             # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
@@ -525,6 +529,7 @@ class SQLiteStateStore:
                     f"state database {self.path} cannot use WAL journal mode (got {mode!r})"
                 )
             conn.execute("PRAGMA synchronous = NORMAL")
+            private_companions(self.path)
             with self._immediate(conn):
                 for statement in _SCHEMA:
                     conn.execute(statement)
