@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 import yaml
 
 from .config import CONFIG_ENV_VAR, Config, ConfigError, load_config
+from .masking import mask_config
 
 if TYPE_CHECKING:
     from .state.audit_log import RequestEntry, SessionSummary, StateChange
@@ -182,7 +183,9 @@ def _check_config(path: str | None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    sys.stdout.write(yaml.safe_dump(config.as_dict(), sort_keys=False, default_flow_style=False))
+    # Secrets a URL carries (store.url's Redis password) are shown as ***.
+    sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
+                                    default_flow_style=False))
     return EXIT_OK
 
 
