@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from tests.conftest import ProxyFactory, RunningProxy
+from tests.proxy.test_console_http import UI, Browserless
 
 TOKEN = "integrity-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -190,3 +191,28 @@ async def test_a_replace_whose_change_cannot_be_recorded_keeps_the_old_state(
     assert status == 200
     assert [(c["action"], c["version"]) for c in await admin.changes()] == [
         ("put", 2), ("put", 1)]
+
+
+async def test_a_console_edit_whose_change_cannot_be_recorded_writes_nothing(
+        admin: Admin) -> None:
+    """The console's edit form with the change records refused: the edit fails (500), the
+    state is as it was; with them possible again, the edit is saved with its record."""
+    console = Browserless(admin.proxy.base_url)
+    try:
+        assert (await console.login(TOKEN))[0] == 303
+        session = f"{UI}/tenants/none/sessions/{admin.sid}"
+        fact = {"fact_id": "f1", "content": "kept", "version": "",
+                "source_pointer": f"transcript:{admin.sid}:1",
+                "last_confirmed_at": "2026-12-01T09:00:00+00:00"}
+        _, csrf = await console.page_csrf(session)
+        with refusing_changes(admin):
+            status, _, _ = await console.request("POST", f"{session}/fact/add",
+                                                 data={**fact, "csrf": csrf})
+            assert status == 500
+            assert (await admin.call("GET"))[0] == 404
+        status, _, _ = await console.request("POST", f"{session}/fact/add",
+                                             data={**fact, "csrf": csrf})
+        assert status == 303
+    finally:
+        await console.close()
+    assert [(c["actor"], c["version"]) for c in await admin.changes()] == [("console", 1)]
