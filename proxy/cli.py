@@ -256,15 +256,15 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     from .state.migrate import MoveRefused, move_session
     from .state.store import StoreError, store_for
 
-    async def run() -> None:
+    async def run() -> int:
         store = await store_for(config).open()
         try:
-            await move_session(store, session_id, from_tenant, to_tenant)
+            return (await move_session(store, session_id, from_tenant, to_tenant)).version
         finally:
             await store.close()
 
     try:
-        asyncio.run(run())
+        version = asyncio.run(run())
     except (ConfigError, MoveRefused) as exc:
         print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
         return EXIT_CONFIG
@@ -272,7 +272,7 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
         print(f"move-session: store failed: {exc}", file=sys.stderr)
         return 1
     print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
-          f"tenant {to_tenant} (now version 1); its checkpoints were not moved and are "
+          f"tenant {to_tenant} (now version {version}); its checkpoints were not moved and are "
           "rebuilt on its next request")
     return EXIT_OK
 
