@@ -751,11 +751,13 @@ class Config(_Section):
         return env.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
-        """The effective values as plain YAML-safe data (what ``check-config`` prints).
+        """The effective values as plain YAML-safe data (what ``check-config`` prints, masked
+        by :func:`proxy.masking.mask_config`).
 
-        Secrets appear only as the names of their environment variables. ``policies.roles``
-        shows every role's effective thresholds; feeding the result back to
-        :meth:`from_mapping` gives the same effective configuration.
+        Secrets appear only as the names of their environment variables, but for a URL's own
+        password, kept as written here. ``policies.roles`` shows every role's effective
+        thresholds; feeding the result back to :meth:`from_mapping` gives the same effective
+        configuration.
         """
         out: dict[str, Any] = _plain(self)
         roles = self._role_policies
