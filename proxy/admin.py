@@ -42,7 +42,10 @@ Preconditions (optimistic concurrency on the store's version):
 Every ``PUT`` and ``DELETE`` that changes a state is recorded in the audit log as a
 :class:`~proxy.state.audit_log.StateChange` by ``admin-api`` (``admin-api:<name>`` when the
 caller sends ``X-Compact-Actor: <name>``), its detail the ids and statuses that changed
-(:func:`~proxy.state.audit_log.state_change_detail`). Excerpts are for the operator: they
+(:func:`~proxy.state.audit_log.state_change_detail`). The store keeps the change with the
+write, atomically: a change it cannot record fails the write (500), nothing changed.
+Versions are never reused: a state created again after a ``DELETE`` continues the numbering,
+so an ``If-Match`` read before the delete gets 409. Excerpts are for the operator: they
 are read through the session's resolver (its authorization, its strict names) and never reach
 a prompt.
 
@@ -59,7 +62,7 @@ from __future__ import annotations
 import hmac
 import re
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 from aiohttp import web
@@ -122,7 +125,8 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
         app: the application (not yet frozen).
         store: where durable state lives.
         token: the admin bearer token; ``None`` or ``""`` disables the API.
-        log: the audit log: its read routes are served (and changes recorded) when given.
+        log: the audit log: its read routes are served (and changes recorded) when given;
+            the store's own (changes are recorded by the store, with each write).
         resolvers: the source resolvers ``GET .../state?resolve=true`` reads through; without
             them that parameter is refused.
         record_changes: whether each ``PUT`` and ``DELETE`` is recorded in ``log``
@@ -313,18 +317,14 @@ async def _current(store: StateStore, key: str) -> StoredState | None:
         return None
 
 
-async def _record_change(request: web.Request, sid: str, tenant: str, actor: str,
-                         change: StateChange) -> None:
-    """Keep ``change`` in the audit log (when it is recorded); a failure is logged, never
-    undoes the write that happened."""
-    log = request.app.get(_CHANGES_KEY)
-    if log is None:
-        return
-    try:
-        await log.add_state_change(change)
-    except StoreError as exc:
-        structlog.get_logger().warning("state_change_not_recorded", session_id=sid,
-                                       tenant=tenant, error_class=type(exc).__name__)
+def _change(request: web.Request, sid: str, tenant: str, actor: str,
+            action: Literal["put", "delete"], detail: tuple[str, ...]) -> StateChange | None:
+    """The change a write records, in its own transaction (``None`` when changes are not
+    recorded); a put's version is the one the store writes."""
+    if _CHANGES_KEY not in request.app:
+        return None
+    return StateChange(at=datetime.now(UTC), session_id=sid, tenant=tenant, actor=actor,
+                       action=action, version=None, detail=detail)
 
 
 async def _put_state(request: web.Request) -> web.Response:
@@ -338,11 +338,16 @@ async def _put_state(request: web.Request) -> web.Response:
     # Compare-and-swap: when the write succeeds, the version it replaced is if_match, so a
     # state read at that version is the one replaced.
     old = await _current(store, key) if if_match is not None else None
+    replaced = old.state if old is not None and old.version == if_match else None
+    detail = (state_change_detail(replaced, state) if replaced is not None or if_match is None
+              else ("state replaced",))
+    change = _change(request, sid, tenant or NO_TENANT, actor, "put", detail)
     try:
-        stored = await store.put_state(key, state, if_match)
+        stored = await store.put_state(key, state, if_match, change)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
-    created = stored.version == 1
+    # (Versions are never reused: a state created again after a delete is not version 1.)
+    created = if_match is None
     # Counts only: the state's text and the token never reach the log.
     structlog.get_logger().info(
         "admin_state_written", session_id=sid, tenant=tenant or NO_TENANT,
@@ -350,12 +355,6 @@ async def _put_state(request: web.Request) -> web.Response:
         facts=len(state.facts), pending_items=len(state.pending_items),
         retrieval_evidence=len(state.retrieval_evidence),
     )
-    replaced = old.state if old is not None and old.version == if_match else None
-    detail = (state_change_detail(replaced, state) if replaced is not None or if_match is None
-              else ("state replaced",))
-    await _record_change(request, sid, tenant or NO_TENANT, actor, StateChange(
-        at=datetime.now(UTC), session_id=sid, tenant=tenant or NO_TENANT, actor=actor,
-        action="put", version=stored.version, detail=detail))
     response = _state_response(sid, tenant, stored, status=201 if created else 200)
     if created:
         response.headers["Location"] = request.path
@@ -370,16 +369,14 @@ async def _delete_state(request: web.Request) -> web.Response:
     store = request.app[ADMIN_STORE_KEY]
     key = scoped_key(tenant or NO_TENANT, sid)
     old = await _current(store, key)
+    detail = ("state deleted",) if old is None else state_change_detail(old.state, None)
+    change = _change(request, sid, tenant or NO_TENANT, actor, "delete", detail)
     try:
-        deleted = await store.delete_state(key, if_match)
+        deleted = await store.delete_state(key, if_match, change)
     except VersionConflict as exc:
         raise _conflict(sid, if_match, exc) from None
     if not deleted:
         raise checks.not_found(f"no durable state for session {sid}", "no_state")
     structlog.get_logger().info("admin_state_deleted", session_id=sid,
                                 tenant=tenant or NO_TENANT, expected_version=if_match)
-    detail = ("state deleted",) if old is None else state_change_detail(old.state, None)
-    await _record_change(request, sid, tenant or NO_TENANT, actor, StateChange(
-        at=datetime.now(UTC), session_id=sid, tenant=tenant or NO_TENANT, actor=actor,
-        action="delete", version=None, detail=detail))
     return web.Response(status=204)

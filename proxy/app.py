@@ -63,6 +63,7 @@ from proxy.keys import (
     USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
+from proxy.masking import config_secrets
 from proxy.metrics import ProxyMetrics
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import Calibration
@@ -368,6 +369,5 @@ def run_server(config: Config) -> int:
         from proxy.workers import supervise
 
         return supervise(config)
-    secrets = [value for value in (config.admin_token(), config.summary_api_key()) if value]
-    configure_logging(config.logging, secrets=secrets, final=True)
+    configure_logging(config.logging, secrets=config_secrets(config), final=True)
     return run_loop(serve(config), config.listen.event_loop)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 import yaml
 
 from .config import CONFIG_ENV_VAR, Config, ConfigError, load_config
+from .masking import mask_config
 
 if TYPE_CHECKING:
     from .state.audit_log import RequestEntry, SessionSummary, StateChange
@@ -182,7 +183,9 @@ def _check_config(path: str | None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    sys.stdout.write(yaml.safe_dump(config.as_dict(), sort_keys=False, default_flow_style=False))
+    # Secrets a URL carries (store.url's Redis password) are shown as ***.
+    sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
+                                    default_flow_style=False))
     return EXIT_OK
 
 
@@ -253,15 +256,15 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     from .state.migrate import MoveRefused, move_session
     from .state.store import StoreError, store_for
 
-    async def run() -> None:
+    async def run() -> int:
         store = await store_for(config).open()
         try:
-            await move_session(store, session_id, from_tenant, to_tenant)
+            return (await move_session(store, session_id, from_tenant, to_tenant)).version
         finally:
             await store.close()
 
     try:
-        asyncio.run(run())
+        version = asyncio.run(run())
     except (ConfigError, MoveRefused) as exc:
         print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
         return EXIT_CONFIG
@@ -269,7 +272,7 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
         print(f"move-session: store failed: {exc}", file=sys.stderr)
         return 1
     print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
-          f"tenant {to_tenant} (now version 1); its checkpoints were not moved and are "
+          f"tenant {to_tenant} (now version {version}); its checkpoints were not moved and are "
           "rebuilt on its next request")
     return EXIT_OK
 

@@ -73,6 +73,7 @@ from policies._compaction import (
 from policies._roles import DEFAULT_ROLE_RULES, ROLE_NAMES, HeaderName, Role, RolePolicies, RoleRule
 from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from policies._source_access import SourceAccessPolicy
+from proxy.masking import mask_url
 from proxy.state.s3_roots import S3Settings, is_s3_url, parse_s3_root
 
 __all__ = [
@@ -178,11 +179,12 @@ def _url(*schemes: str) -> Callable[[str, ValidationInfo], str]:
     def check(value: str, info: ValidationInfo) -> str:
         try:
             parts = urlsplit(value)
-        except ValueError as exc:
-            raise invalid(info.field_name, f"is not a valid URL ({exc}): {value!r}") from None
+        except ValueError as exc:  # (the URL is shown without its password)
+            raise invalid(info.field_name,
+                          f"is not a valid URL ({exc}): {mask_url(value)!r}") from None
         if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "unix"):
             wanted = " or ".join(f"{scheme}://" for scheme in schemes)
-            raise invalid(info.field_name, f"must be a {wanted} URL, got {value!r}")
+            raise invalid(info.field_name, f"must be a {wanted} URL, got {mask_url(value)!r}")
         return value
 
     return check
@@ -753,11 +755,13 @@ class Config(_Section):
         return env.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
-        """The effective values as plain YAML-safe data (what ``check-config`` prints).
+        """The effective values as plain YAML-safe data (what ``check-config`` prints, masked
+        by :func:`proxy.masking.mask_config`).
 
-        Secrets appear only as the names of their environment variables. ``policies.roles``
-        shows every role's effective thresholds; feeding the result back to
-        :meth:`from_mapping` gives the same effective configuration.
+        Secrets appear only as the names of their environment variables, but for a URL's own
+        password, kept as written here. ``policies.roles`` shows every role's effective
+        thresholds; feeding the result back to :meth:`from_mapping` gives the same effective
+        configuration.
         """
         out: dict[str, Any] = _plain(self)
         roles = self._role_policies

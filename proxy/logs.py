@@ -92,6 +92,7 @@ _CREDENTIAL: Final = re.compile(
     r"|\b(?:[Bb]earer|[Bb]asic)\s+[A-Za-z0-9._~+/=\-]{8,}"
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"
     r"|(?i:api[_-]?key|auth[_-]?token|secret|password|x-api-key)\s*[=:]\s*\S+"
+    r"|://[^/\s@:]*:[^\s@]+@"  # a URL's password (redis://:secret@host)
 )
 
 

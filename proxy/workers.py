@@ -96,6 +96,7 @@ from proxy.config import Config, ConfigError
 from proxy.event_loop import loop_factory
 from proxy.event_loop import run as run_loop
 from proxy.logs import configure_logging
+from proxy.masking import config_secrets
 from proxy.metrics import MULTIPROCESS_ENV
 
 __all__ = [
@@ -133,7 +134,7 @@ def backoff_s(deaths_in_a_row: int) -> float:
 
 
 def _secrets(config: Config) -> list[str]:
-    return [value for value in (config.admin_token(), config.summary_api_key()) if value]
+    return config_secrets(config)
 
 
 # -- the supervisor ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Final
 import structlog
 from aiohttp import web
 
-from compactor import PENDING_STATUSES, session_id_problem
+from compactor import PENDING_STATUSES, DurableContextState, session_id_problem
 from proxy.console._chart import token_chart
 from proxy.console._context import CONSOLE, render, see_other, session_path
 from proxy.console._edits import FormError, apply_edit, parse_version
@@ -33,7 +33,7 @@ from proxy.state.audit_log import (
     StateChange,
     state_change_detail,
 )
-from proxy.state.store import StoredState, StoreError, VersionConflict
+from proxy.state.store import StoredState, VersionConflict
 
 __all__ = ["edit_handler", "session_page", "sessions_page"]
 
@@ -174,23 +174,18 @@ async def session_page(request: web.Request) -> web.StreamResponse:
 # --- edits ----------------------------------------------------------------------------------
 
 
-async def _record(request: web.Request, tenant: str, sid: str, old: StoredState | None,
-                  stored: StoredState) -> None:
-    """Keep the change in the audit log, in the admin API's words
-    (:func:`~proxy.state.audit_log.state_change_detail`); a failure there is logged (the
-    change is made)."""
+def _change(request: web.Request, tenant: str, sid: str, old: StoredState | None,
+            state: DurableContextState) -> StateChange | None:
+    """The change an edit records, in the admin API's words
+    (:func:`~proxy.state.audit_log.state_change_detail`), kept by the store in the write's
+    own transaction (``None`` when changes are not recorded); its version is the one
+    written."""
     console = request.app[CONSOLE]
-    log = console.log
-    if log is None or not console.record_changes:
-        return
-    detail = state_change_detail(None if old is None else old.state, stored.state)
-    change = StateChange(at=datetime.now(UTC), session_id=sid, tenant=tenant, actor=ACTOR,
-                         action="put", version=stored.version, detail=detail)
-    try:
-        await log.add_state_change(change)
-    except StoreError as exc:
-        _log.error("console_change_not_recorded", session_id=sid, tenant=tenant,
-                   version=stored.version, error=type(exc).__name__)
+    if console.log is None or not console.record_changes:
+        return None
+    detail = state_change_detail(None if old is None else old.state, state)
+    return StateChange(at=datetime.now(UTC), session_id=sid, tenant=tenant, actor=ACTOR,
+                       action="put", version=None, detail=detail)
 
 
 def _conflict_message(loaded: int | None, current: int | None) -> str:
@@ -225,7 +220,8 @@ def edit_handler(kind: str, operation: str) -> EditHandler:
                 raise VersionConflict(key, version, current_version)
             state = apply_edit(None if current is None else current.state, kind, operation,
                                form)
-            stored = await store.put_state(key, state, version)
+            stored = await store.put_state(key, state, version,
+                                           _change(request, tenant, sid, current, state))
         except FormError as exc:
             problem = Problem(kind, operation, item_id, exc.field, exc.message, draft=form,
                               version=form.get("version", ""))
@@ -236,7 +232,6 @@ def edit_handler(kind: str, operation: str) -> EditHandler:
             _log.info("console_state_conflict", session_id=sid, tenant=tenant,
                       expected_version=version, current_version=exc.current_version)
             return await _session_response(request, tenant, sid, problem=problem, status=409)
-        await _record(request, tenant, sid, current, stored)
         # Ids and counts only: the state's text never reaches the log.
         _log.info("console_state_written", session_id=sid, tenant=tenant,
                   version=stored.version, edit=f"{kind}-{operation}")

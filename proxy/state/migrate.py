@@ -48,7 +48,8 @@ async def move_session(store: StoreBackend, session_id: str, from_tenant: str,
                        to_tenant: str) -> StoredState:
     """Move the durable state of ``session_id`` from one tenant to another.
 
-    The target gets the state as version 1; the source's is deleted only if it is still
+    The target gets the state as a new state (version 1, or the one after a state deleted
+    there before: versions are never reused); the source's is deleted only if it is still
     the version copied (otherwise the copy is undone).
 
     Returns:

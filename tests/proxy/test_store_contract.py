@@ -217,14 +217,15 @@ async def test_delete_with_stale_version_keeps_state(store: StoreBackend) -> Non
     assert await store.get_state("s1") is None
 
 
-async def test_recreated_state_starts_again_at_version_one(store: StoreBackend) -> None:
-    """After a delete, a new state is version 1 and get returns the new content."""
+async def test_recreated_state_continues_after_the_deleted_version(store: StoreBackend) -> None:
+    """After a delete, a new state is the deleted one's version plus 1 (versions are never
+    reused) and get returns the new content."""
     await store.put_state("s1", make_state("old"), None)
     assert (await store.get_state("s1")) is not None  # warm the decode cache
     await store.delete_state("s1")
     await store.put_state("s1", make_state("new"), None)
     read = await store.get_state("s1")
-    assert read is not None and (read.version, read.state) == (1, make_state("new"))
+    assert read is not None and (read.version, read.state) == (2, make_state("new"))
 
 
 async def test_sessions_are_independent(store: StoreBackend) -> None:
@@ -561,7 +562,7 @@ async def test_data_from_before_the_usage_ledger_opens_and_gets_usage(
         try:
             conn.execute("DROP TABLE session_usage")
             for table in ("audit_request", "audit_session", "audit_change", "record_version",
-                          "store_lock"):
+                          "store_lock", "state_tombstone"):
                 conn.execute(f"DROP TABLE {table}")
             conn.commit()
             tables = {name for (name,) in conn.execute(

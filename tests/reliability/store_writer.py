@@ -1,6 +1,7 @@
 """A writer process for the crash test (``python -m tests.reliability.store_writer DB SID``):
-hammers ``SQLiteStateStore.put_state`` on one session, version after version, and prints
-``committed <version>`` after each write returns. Meant to be killed with SIGKILL.
+hammers ``SQLiteStateStore.put_state`` on one session, version after version, each write with
+its change record (as the admin API writes), and prints ``committed <version>`` after each
+write returns. Meant to be killed with SIGKILL.
 
 Version ``v`` holds ``facts_for(v)`` facts, each naming ``v``: a reader can tell a whole
 version from a torn one.
@@ -13,6 +14,7 @@ import sys
 from datetime import UTC, datetime
 
 from compactor import DurableContextState, DurableFact
+from proxy.state.audit_log import StateChange
 from proxy.state.store import SQLiteStateStore
 
 
@@ -36,8 +38,11 @@ async def hammer(path: str, session_id: str) -> None:
     current = await store.get_state(session_id)
     version = current.version if current is not None else 0
     while True:
+        change = StateChange(at=datetime.now(UTC), session_id=session_id, tenant="none",
+                             actor="admin-api:crash", action="put", version=None,
+                             detail=(f"version {version + 1}",))
         stored = await store.put_state(session_id, state_for(version + 1),
-                                       version if version else None)
+                                       version if version else None, change)
         version = stored.version
         sys.stdout.write(f"committed {version}\n")
         sys.stdout.flush()

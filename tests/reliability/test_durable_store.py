@@ -1,16 +1,19 @@
 """The durable store under contention and crashes: racing versioned writes through the admin
 HTTP API (one winner per version, 409 for the rest), a writer process SIGKILLed mid-write
-(the file opens, passes ``PRAGMA integrity_check`` and holds only whole versions), and a proxy
-restarted on the same file serving exactly the last committed state."""
+(the file opens, passes ``PRAGMA integrity_check`` and holds only whole versions, each with
+its change record), and a proxy restarted on the same file serving exactly the last committed
+state."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +72,10 @@ async def test_racing_admin_writes_have_exactly_one_winner_per_version(
             assert current["version"] == version + 1
 
 
-def run_writer_until(db: Path, session_id: str, commits: int) -> int:
+def run_writer_until(db: Path, session_id: str, commits: int, delay_s: float = 0.0) -> int:
     """Start a writer process, let it commit ``commits`` more versions, SIGKILL it in the
-    middle of its next writes; the last version it reported committed."""
+    middle of its next writes (``delay_s`` later: a moment anywhere in a write); the last
+    version it reported committed."""
     process = subprocess.Popen([PYTHON, "-m", "tests.reliability.store_writer", str(db),
                                 session_id], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL)
@@ -86,6 +90,7 @@ def run_writer_until(db: Path, session_id: str, commits: int) -> int:
             seen += 1
             if seen >= commits:
                 break
+        time.sleep(delay_s)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
         # The writer runs ahead of this reader: what it printed before dying is still in the
@@ -103,19 +108,22 @@ def run_writer_until(db: Path, session_id: str, commits: int) -> int:
 
 def assert_whole_version(db: Path, session_id: str, reported: int) -> dict[str, Any]:
     """The file passes integrity_check and holds one whole version at or just after the
-    last one reported; returns that state as a dict."""
+    last one reported, and the change record of every version up to it (each written in
+    the transaction of its version); returns that state as a dict."""
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
     async def read() -> Any:
         store = await SQLiteStateStore(db).open()
         try:
-            return await store.get_state(session_id)
+            return (await store.get_state(session_id),
+                    await store.state_changes("none", session_id, limit=1000))
         finally:
             await store.close()
 
-    stored = asyncio.run(read())
+    stored, changes = asyncio.run(read())
     assert stored is not None
+    assert [change.version for change in changes] == list(range(stored.version, 0, -1))
     # The kill may land after a commit but before its "committed" line was printed.
     assert reported <= stored.version <= reported + 1
     facts = stored.state.facts
@@ -129,7 +137,8 @@ def test_writer_killed_mid_write_leaves_whole_versions_and_a_restart_serves_the_
     tmp_path: Path, proxy_factory: ProxyFactory
 ) -> None:
     """Three writer processes SIGKILLed after 5, 40 and 120 commits: each time the store
-    opens, is intact and holds a whole version; a proxy on that file serves it via GET."""
+    opens, is intact and holds a whole version with the change record of every version; a
+    proxy on that file serves it via GET."""
     db = tmp_path / "crash" / "state.db"
     expected: dict[str, Any] = {}
     for commits in (5, 40, 120):
@@ -147,3 +156,17 @@ def test_writer_killed_mid_write_leaves_whole_versions_and_a_restart_serves_the_
     assert status == 200
     assert etag == f'"{expected["version"]}"'
     assert served == {"session_id": "crash", **expected}
+
+
+def test_writer_killed_at_any_moment_never_leaves_a_version_without_its_change_record(
+    tmp_path: Path
+) -> None:
+    """Twelve writer processes SIGKILLed a few milliseconds (a few writes) after their third
+    commit, so the kill lands anywhere in a write: every time, each version up to the one
+    stored has its change record (a state and its record were two commits: about one kill
+    in two left the newest version without its record)."""
+    db = tmp_path / "crash" / "state.db"
+    delays = random.Random(31)
+    for _ in range(12):
+        reported = run_writer_until(db, "crash", 3, delay_s=delays.uniform(0.0, 0.01))
+        assert_whole_version(db, "crash", reported)

@@ -37,6 +37,7 @@ from .base import CorruptStateError, StoredState
 __all__ = [
     "audit_stamp",
     "check_bounds",
+    "check_change",
     "decode_change",
     "decode_entry",
     "decode_state",
@@ -85,6 +86,28 @@ def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
             f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
     if retention_days < 1:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+
+
+def check_change(session_id: str, change: StateChange | None, action: str) -> None:
+    """Refuse a change a state write cannot record with it: not a :class:`StateChange` of
+    ``action``, or of another session than the one written (its tenant and session id make
+    the store key ``session_id``, so its records live with the state: one transaction, one
+    Redis hash slot).
+
+    Raises:
+        TypeError: ``change`` is not a :class:`StateChange` (nor ``None``).
+        ValueError: another action, or another session.
+    """
+    if change is None:
+        return
+    if not isinstance(change, StateChange):
+        raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+    if change.action != action:
+        raise ValueError(f"change: a {action} records a {action!r} change, got "
+                         f"{change.action!r}")
+    key = change.session_id if change.tenant == "none" else f"{change.tenant}/{change.session_id}"
+    if key != session_id:
+        raise ValueError("change: names another session than the one written")
 
 
 def retention_cutoff(now: datetime, retention_days: int) -> datetime:

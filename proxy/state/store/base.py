@@ -22,7 +22,11 @@ Each session has at most one durable state, stored with an integer ``version``. 
 creates version 1; every later write must name the version it replaces (compare-and-swap) and
 produces ``version + 1``. A writer that names a version other than the current one gets
 :class:`VersionConflict` and nothing is written, so of several writers racing from the same
-version exactly one wins. This is what backs the admin API's ``ETag``/``If-Match``.
+version exactly one wins. This is what backs the admin API's ``ETag``/``If-Match``. A session's
+versions are never reused: a state deleted and created again continues after the deleted
+one's version (the backend keeps a tombstone of it), so an ``If-Match`` read before the delete
+can never match the new state. A write may carry the audit log's record of it (a
+:class:`~proxy.state.audit_log.StateChange`): both are kept in one atomic step, or neither.
 
 Besides the durable state, the store keeps two caches for the compaction layer. Neither is
 durable context; losing them only costs a recomputation:
@@ -50,7 +54,7 @@ from datetime import datetime
 from typing import Protocol, Self, runtime_checkable
 
 from compactor import DurableContextState
-from proxy.state.audit_log import RequestLog
+from proxy.state.audit_log import RequestLog, StateChange
 from proxy.state.usage import UsageEntry, UsageRow
 
 __all__ = [
@@ -146,21 +150,27 @@ class StateStore(Protocol):
         ...
 
     async def put_state(self, session_id: str, state: DurableContextState,
-                        expected_version: int | None) -> StoredState:
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
         """Write ``state`` atomically if the stored version is ``expected_version``.
 
         ``None`` creates the state and conflicts if one exists; an int must equal the current
-        version. The new version is the old one plus 1 (1 on creation).
+        version. The new version is the old one plus 1; on creation, 1 plus the version of
+        the session's last deleted state (1 when it never had one). ``change`` (a ``put`` of
+        this session) is recorded in the audit log with the version written, in the same
+        atomic step.
 
         Raises:
             VersionConflict: the precondition did not hold; nothing was written.
         """
         ...
 
-    async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
         """Delete the session's state; ``True`` if one was deleted, ``False`` if none existed.
 
         When ``expected_version`` is given, an existing state at another version is kept.
+        ``change`` (a ``delete`` of this session) is recorded with the delete, atomically.
 
         Raises:
             VersionConflict: a state exists at a version other than ``expected_version``.
@@ -223,9 +233,9 @@ class SessionVersions:
 
     Attributes:
         state: the durable state's version, ``None`` when the session has none.
-        state_updated_at: when that version was written (ISO text, as stored): a state
-            deleted and created again starts at version 1 anew, so the version alone does
-            not tell two states apart.
+        state_updated_at: when that version was written (ISO text, as stored); a state
+            written before versions outlived a delete may share its version with an older
+            one, and the time tells them apart.
         records: the version of each versioned record (``put_versioned_record``) by kind; a
             kind absent here has no such record. A version only grows (1 for the first write).
         fetched: the records a :class:`RecordFetch` asked for, read with the versions (the

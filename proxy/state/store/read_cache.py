@@ -30,6 +30,7 @@ from typing import Final
 from lru import LRU
 
 from compactor import DurableContextState
+from proxy.state.audit_log import StateChange
 
 from .base import RecordFetch, ReplicaConsistency, SessionVersions, StateStore, StoredState
 
@@ -109,17 +110,19 @@ class CachedStateReads:
         return stored
 
     async def put_state(self, session_id: str, state: DurableContextState,
-                        expected_version: int | None) -> StoredState:
-        """Write through, keeping what was written."""
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Write through (with the change it records), keeping what was written."""
         self._states.pop(session_id, None)
-        stored = await self.inner.put_state(session_id, state, expected_version)
+        stored = await self.inner.put_state(session_id, state, expected_version, change)
         self._states[session_id] = stored
         return stored
 
-    async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
-        """Delete through, forgetting the cached read."""
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete through (with the change it records), forgetting the cached read."""
         self._states.pop(session_id, None)
         try:
-            return await self.inner.delete_state(session_id, expected_version)
+            return await self.inner.delete_state(session_id, expected_version, change)
         finally:
             self._states.pop(session_id, None)

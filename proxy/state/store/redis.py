@@ -10,6 +10,8 @@ so every key of one session lives in the same hash slot, on the same cluster nod
 
 - ``<prefix>{<session key>}:state``: a hash ``{version, state, updated_at}``; ``state`` is the
   canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
+  ``<prefix>{<session key>}:tombstone``: the last version of a deleted state, which a state
+  created again continues after (:mod:`._redis_state`: versions are never reused);
 - ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``, and
   ``<prefix>{<session key>}:record-versions``: ``kind -> version`` of the versioned ones;
 - ``<prefix>{<session key>}:usage:<"model">``: a hash of one usage row, each counter of
@@ -53,7 +55,9 @@ refuses anything else):
 - the state's compare-and-swap: the write script reads the current version, compares it
   with the caller's and writes the new hash, so of several writers racing from the same
   version (in this process or another) exactly one wins; the others get the new version
-  back and raise :class:`~proxy.state.store.base.VersionConflict`; the delete likewise;
+  back and raise :class:`~proxy.state.store.base.VersionConflict`; the delete likewise. The
+  change the admin API or the console records is written (and its session's changes
+  trimmed) by the same script (:mod:`._redis_state`);
 - the summary cache's insert-if-absent and eviction of the oldest beyond the bound (its
   three keys share the ``{summary}`` tag);
 - a usage row's ``HINCRBY`` of every counter and its ``last_seen``;
@@ -119,6 +123,7 @@ from typing import Any, Final, Literal, Self, cast, get_args
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -147,9 +152,16 @@ from proxy.state.audit_log import (
 )
 from proxy.state.usage import UsageEntry, UsageRow
 
+from ._redis_state import (
+    DELETE_STATE_LUA,
+    PUT_STATE_LUA,
+    delete_change_args,
+    put_change_args,
+)
 from ._rows import (
     audit_stamp,
     check_bounds,
+    check_change,
     decode_change,
     decode_entry,
     decode_state,
@@ -193,41 +205,6 @@ _Failure = RedisError | RedisClusterException
 # turned replica, a cluster resharding or down): retrying later may succeed.
 _OUTAGES: Final = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError,
                    ReadOnlyError)
-
-# KEYS[1] = state hash; ARGV = expected version ("" = must not exist), state JSON, updated_at.
-# Returns {1, new_version} on success, {0, current_version} on a conflict (-1: no state),
-# {-1, 0} when the key holds something that is not a state with a positive integer version.
-_PUT_STATE_LUA: Final = """
-local current = redis.call('HGET', KEYS[1], 'version')
-local new = 1
-if current then
-    local cur = tonumber(current)
-    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
-    if ARGV[1] == '' or tonumber(ARGV[1]) ~= cur then return {0, cur} end
-    new = cur + 1
-else
-    if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-    if ARGV[1] ~= '' then return {0, -1} end
-end
-redis.call('HSET', KEYS[1], 'version', new, 'state', ARGV[2], 'updated_at', ARGV[3])
-return {1, new}
-"""
-
-# KEYS[1] = state hash; ARGV[1] = expected version ("" = any).
-# Returns {1, 0} when deleted, {0, 0} when no state existed, {2, current} on a conflict,
-# {-1, 0} when a version is expected but the stored one is not a positive integer. Without an
-# expected version anything under the key goes, so a DELETE can always clear a broken state.
-_DELETE_STATE_LUA: Final = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
-if ARGV[1] ~= '' then
-    if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return {-1, 0} end
-    local cur = tonumber(redis.call('HGET', KEYS[1], 'version'))
-    if cur == nil or cur < 1 or cur ~= math.floor(cur) then return {-1, 0} end
-    if cur ~= tonumber(ARGV[1]) then return {2, cur} end
-end
-redis.call('DEL', KEYS[1])
-return {1, 0}
-"""
 
 # KEYS = text hash, order zset, sequence counter; ARGV = key, text, max entries.
 # Content-addressed: a key already cached keeps its text and its age. Then everything but the
@@ -544,8 +521,8 @@ class RedisStateStore:
         # whose client routes each key to its node: see proxy.state.store.redis_lane).
         self._lane = (Lane(self._redis.connection_pool)
                       if isinstance(self._redis, aioredis.Redis) else None)
-        self._put_state_script = self._redis.register_script(_PUT_STATE_LUA)
-        self._delete_state_script = self._redis.register_script(_DELETE_STATE_LUA)
+        self._put_state_script = self._redis.register_script(PUT_STATE_LUA)
+        self._delete_state_script = self._redis.register_script(DELETE_STATE_LUA)
         self._put_summary_script = self._redis.register_script(_PUT_SUMMARY_LUA)
         self._add_usage_script = self._redis.register_script(_ADD_USAGE_LUA)
         self._add_requests_script = self._redis.register_script(_ADD_REQUESTS_LUA)
@@ -683,43 +660,85 @@ class RedisStateStore:
         return self._decode(session_id, version, state_json, updated_at)
 
     async def put_state(self, session_id: str, state: DurableContextState,
-                        expected_version: int | None) -> StoredState:
-        """Compare-and-swap write; see :meth:`proxy.state.store.base.StateStore.put_state`."""
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Compare-and-swap write, with ``change`` in the same script; see
+        :meth:`proxy.state.store.base.StateStore.put_state`."""
         if not isinstance(state, DurableContextState):
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_change(session_id, change, "put")
         self._check_open()
         state_json = encode_state(state)
         when = utc_now()
-        when_text = when.isoformat()
         expected = "" if expected_version is None else str(int(expected_version))
+        args = put_change_args(change, *self._change_bounds(change))
         try:
-            outcome, version = await self._put_state_script(
-                keys=[self.state_key(session_id)], args=[expected, state_json, when_text]
-            )
+            outcome, version, *newest = await self._put_state_script(
+                keys=self._state_keys(session_id),
+                args=[expected, state_json, when.isoformat(), *args])
         except _FAILURES as exc:
             raise self._write_error(session_id, "write state", exc) from exc
-        if outcome == -1:
-            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        self._check_outcome(session_id, outcome)
         if outcome == 0:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
+        await self._index_change(session_id, change, newest)
         return StoredState(session_id=session_id, version=int(version), state=state,
                            updated_at=when)
 
-    async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
-        """Delete the state; see :meth:`proxy.state.store.base.StateStore.delete_state`."""
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete the state, with ``change`` in the same script; see
+        :meth:`proxy.state.store.base.StateStore.delete_state`."""
+        check_change(session_id, change, "delete")
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))
+        args = delete_change_args(change, *self._change_bounds(change))
         try:
-            outcome, current = await self._delete_state_script(
-                keys=[self.state_key(session_id)], args=[expected]
-            )
+            outcome, current, *newest = await self._delete_state_script(
+                keys=self._state_keys(session_id), args=[expected, *args])
         except _FAILURES as exc:
             raise self._write_error(session_id, "delete state", exc) from exc
-        if outcome == -1:
-            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        self._check_outcome(session_id, outcome)
         if outcome == 2:
             raise VersionConflict(session_id, expected_version, int(current))
+        if outcome == 1:
+            await self._index_change(session_id, change, newest)
         return bool(outcome == 1)
+
+    def _state_keys(self, session_id: str) -> list[str]:
+        """The keys a state write touches: the state, its tombstone, its changes (one slot)."""
+        return [self.state_key(session_id), self._key(session_id, "tombstone"),
+                self._key(session_id, "audit:changes")]
+
+    def _change_bounds(self, change: StateChange | None) -> tuple[str, int, str]:
+        """A change's score, how many a session keeps and the oldest score one may have."""
+        cutoff = retention_cutoff(utc_now(), self.retention_days)
+        return ("" if change is None else _score(change.at), self.max_requests_per_session,
+                _score(cutoff))
+
+    @staticmethod
+    def _check_outcome(session_id: str, outcome: int) -> None:
+        if outcome == -1:
+            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        if outcome == -2:
+            raise CorruptStateError("<audit log>", "cannot record the state change: a key "
+                                    "does not hold what the audit log keeps there")
+
+    async def _index_change(self, session_id: str, change: StateChange | None,
+                            newest: list[Any]) -> None:
+        """List the session in the index of changed sessions, after a write recorded
+        ``change``. The write and its record are kept already: a failure here is logged,
+        and the next change or ``trim`` lists it again."""
+        if change is None or not newest or not newest[0]:
+            return
+        key = self._key(session_id, "audit:changes")
+        try:
+            await self._index(self.audit_changed_key,
+                              _pair_member(change.tenant, change.session_id),
+                              _as_text(newest[0]), partial(self._newest_change, key))
+        except _FAILURES as exc:
+            structlog.get_logger().warning("state_change_not_indexed",
+                                           error_class=type(exc).__name__)
 
     async def get_summary(self, key: str) -> str | None:
         """Return the cached summary stored under ``key``, or ``None``."""

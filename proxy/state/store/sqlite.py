@@ -22,6 +22,9 @@ single write lock up front (waiting up to the busy timeout for another writer, i
 or another), then reads the current version, checks it against the caller's and writes, then
 commits. Nobody can write between the check and the write, so of several writers racing from
 the same version exactly one wins; the others see the new version and get ``VersionConflict``.
+A deleted state leaves a tombstone with its last version, and the change the admin API or the
+console records goes in the write's own transaction (:mod:`._sqlite_state`): versions are never
+reused, and a write is never kept without its change record.
 
 *Durability.* The file runs in WAL mode (readers never block the writer and vice versa) with
 ``synchronous=NORMAL``. In WAL mode NORMAL never corrupts the database and loses nothing when
@@ -81,11 +84,14 @@ from proxy.state.audit_log import (
     SessionSummary,
     StateChange,
 )
+from proxy.state.private_files import private_companions, private_file
 from proxy.state.usage import UsageEntry, UsageRow
 
+from . import _sqlite_state as state_writes
 from ._rows import (
     audit_stamp,
     check_bounds,
+    check_change,
     decode_change,
     decode_entry,
     decode_state,
@@ -103,7 +109,6 @@ from .base import (
     SessionVersions,
     StoredState,
     StoreError,
-    VersionConflict,
 )
 
 __all__ = ["SQLiteStateStore"]
@@ -201,6 +206,7 @@ _SCHEMA = (
         version INTEGER NOT NULL,
         PRIMARY KEY (session_id, kind)
     ) WITHOUT ROWID""",
+    state_writes.TOMBSTONE_SCHEMA,
     """CREATE TABLE IF NOT EXISTS store_lock (
         name TEXT PRIMARY KEY,
         token TEXT NOT NULL,
@@ -249,9 +255,10 @@ _USAGE_ROWS = (
 class SQLiteStateStore:
     """The :class:`~proxy.state.store.base.StoreBackend` backed by one SQLite file.
 
-    Construction does no I/O; the file (and its parent directories) is created and the schema
-    checked on first use, or up front by :meth:`open`, which is what the service calls at
-    startup so a bad path fails before anything is served.
+    Construction does no I/O; the file (``0600``, and its missing parent directories,
+    ``0700``: :mod:`proxy.state.private_files`) is created and the schema checked on first
+    use, or up front by :meth:`open`, which is what the service calls at startup so a bad
+    path fails before anything is served.
 
     Args:
         path: the database file.
@@ -313,18 +320,24 @@ class SQLiteStateStore:
         return await self._call(self._get_state, session_id)
 
     async def put_state(self, session_id: str, state: DurableContextState,
-                        expected_version: int | None) -> StoredState:
-        """Compare-and-swap write; see :meth:`proxy.state.store.base.StateStore.put_state`."""
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Compare-and-swap write, with ``change`` in the same transaction; see
+        :meth:`proxy.state.store.base.StateStore.put_state`."""
         if not isinstance(state, DurableContextState):
             raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_change(session_id, change, "put")
         # Encode on the loop thread: it is CPU work on the caller's object, and a state that
         # cannot be encoded fails here, before any lock is taken.
         return await self._call(self._put_state, session_id, state, encode_state(state),
-                                expected_version)
+                                expected_version, change)
 
-    async def delete_state(self, session_id: str, expected_version: int | None = None) -> bool:
-        """Delete the state; see :meth:`proxy.state.store.base.StateStore.delete_state`."""
-        return await self._call(self._delete_state, session_id, expected_version)
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete the state, with ``change`` in the same transaction; see
+        :meth:`proxy.state.store.base.StateStore.delete_state`."""
+        check_change(session_id, change, "delete")
+        return await self._call(self._delete_state, session_id, expected_version, change)
 
     async def get_summary(self, key: str) -> str | None:
         """Return the cached summary stored under ``key``, or ``None``."""
@@ -385,7 +398,7 @@ class SQLiteStateStore:
         """Keep ``change``, then trim the session's changes and the retention."""
         if not isinstance(change, StateChange):
             raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
-        await self._call(self._add_state_change, change, encode_audit(change))
+        await self._call(self._add_state_change, change)
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
@@ -501,7 +514,9 @@ class SQLiteStateStore:
         if self._conn is not None:
             return self._conn
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Private whatever the umask: 0600, in directories made 0700 (SQLite gives the
+            # -wal and -shm the database's mode).
+            private_file(self.path)
             # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
@@ -514,6 +529,7 @@ class SQLiteStateStore:
                     f"state database {self.path} cannot use WAL journal mode (got {mode!r})"
                 )
             conn.execute("PRAGMA synchronous = NORMAL")
+            private_companions(self.path)
             with self._immediate(conn):
                 for statement in _SCHEMA:
                     conn.execute(statement)
@@ -542,7 +558,7 @@ class SQLiteStateStore:
 
     def _immediate(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
         """One write transaction holding the write lock from its first statement."""
-        return _write_transaction(conn)
+        return state_writes.write_transaction(conn)
 
     @contextlib.contextmanager
     def _sqlite_errors(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -568,39 +584,25 @@ class SQLiteStateStore:
         return decode_state(session_id, version, state_json, str(updated_at))
 
     def _put_state(self, session_id: str, state: DurableContextState, state_json: str,
-                   expected_version: int | None) -> StoredState:
+                   expected_version: int | None, change: StateChange | None) -> StoredState:
         when = utc_now()
-        with self._sqlite_errors("write state") as conn, self._immediate(conn):
-            row = conn.execute(
-                "SELECT version FROM session_state WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            current = None if row is None else int(row[0])
-            if current != expected_version:
-                raise VersionConflict(session_id, expected_version, current)
-            new_version = 1 if current is None else current + 1
-            conn.execute(
-                "INSERT INTO session_state (session_id, version, state_json, updated_at)"
-                " VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,"
-                " state_json = excluded.state_json, updated_at = excluded.updated_at",
-                (session_id, new_version, state_json, when.isoformat()),
-            )
+        with self._sqlite_errors("write state") as conn:
+            new_version = state_writes.put_state(conn, session_id, state_json, when.isoformat(),
+                                                 expected_version, change,
+                                                 *self._change_bounds())
         return StoredState(session_id=session_id, version=new_version, state=state,
                            updated_at=when)
 
-    def _delete_state(self, session_id: str, expected_version: int | None) -> bool:
-        with self._sqlite_errors("delete state") as conn, self._immediate(conn):
-            row = conn.execute(
-                "SELECT version FROM session_state WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            if row is None:
-                deleted = False
-            elif expected_version is not None and int(row[0]) != expected_version:
-                raise VersionConflict(session_id, expected_version, int(row[0]))
-            else:
-                conn.execute("DELETE FROM session_state WHERE session_id = ?", (session_id,))
-                deleted = True
-        return deleted
+    def _delete_state(self, session_id: str, expected_version: int | None,
+                      change: StateChange | None) -> bool:
+        with self._sqlite_errors("delete state") as conn:
+            return state_writes.delete_state(conn, session_id, expected_version, change,
+                                             *self._change_bounds())
+
+    def _change_bounds(self) -> tuple[int, str]:
+        """How many changes a session keeps, and the oldest time one may have now."""
+        return (self.max_requests_per_session,
+                audit_stamp(retention_cutoff(utc_now(), self.retention_days)))
 
     def _get_summary(self, key: str) -> str | None:
         with self._sqlite_errors("read summary") as conn:
@@ -705,19 +707,9 @@ class SQLiteStateStore:
             sum(row[3] for row in excess), tenant, session_id))
         conn.executemany("DELETE FROM audit_request WHERE seq = ?", [(row[0],) for row in excess])
 
-    def _add_state_change(self, change: StateChange, text: str) -> None:
-        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+    def _add_state_change(self, change: StateChange) -> None:
         with self._sqlite_errors("add state change") as conn, self._immediate(conn):
-            conn.execute("INSERT INTO audit_change (tenant, session_id, at, change)"
-                         " VALUES (?, ?, ?, ?)",
-                         (change.tenant, change.session_id, audit_stamp(change.at), text))
-            conn.execute(
-                "DELETE FROM audit_change WHERE seq IN (SELECT seq FROM audit_change"
-                " WHERE tenant = ? AND session_id = ? ORDER BY at DESC, seq DESC"
-                " LIMIT -1 OFFSET ?)",
-                (change.tenant, change.session_id, self.max_requests_per_session))
-            conn.execute("DELETE FROM audit_change WHERE tenant = ? AND session_id = ?"
-                         " AND at < ?", (change.tenant, change.session_id, cutoff))
+            state_writes.add_change(conn, change, *self._change_bounds())
 
     def _trim_older(self, conn: sqlite3.Connection, cutoff: str,
                     tenant: str | None = None, session_id: str | None = None) -> int:
@@ -952,26 +944,11 @@ def _versions_on(conn: sqlite3.Connection, session_id: str,
                            None if row is None else str(row[1]), records, fetched)
 
 
-@contextlib.contextmanager
-def _write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction holding the write lock from its first statement."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        # SQLite may already have rolled back by itself (e.g. disk full); a second
-        # ROLLBACK would raise and hide the original error.
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
 def _put_versioned_on(conn: sqlite3.Connection, session_id: str, kind: str, data: bytes,
                       updated_at: str) -> int:
     """:meth:`SQLiteStateStore.put_versioned_record` on ``conn``: the record and its bumped
     version in one write transaction; returns the new version."""
-    with _write_transaction(conn):
+    with state_writes.write_transaction(conn):
         conn.execute(
             "INSERT INTO session_record (session_id, kind, data, updated_at)"
             " VALUES (?, ?, ?, ?)"
