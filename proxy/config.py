@@ -331,6 +331,9 @@ class CompactionConfig(Thresholds, _Section):
     #: Compare thresholds with the counted tokens times the factor learnt from the
     #: provider's own counts (``usage``) per session and model (proxy.state.calibration).
     calibration: Bool = True
+    #: How long a context window learnt from ``prompt is too long`` (per tenant and model)
+    #: clamps the thresholds before it is forgotten.
+    learnt_window_ttl_s: Seconds = 600.0
 
 
 #: The model of a ``separate`` summary call when ``summary.model`` is not set (SPEC §3).

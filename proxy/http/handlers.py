@@ -3,7 +3,7 @@
 One visible sequence (SPEC section 1), each step its own function::
 
     read (size limit) -> parse -> resolve session -> load + resolve durable state
-    -> pick role policy (below the model's learnt window) and calibration factor
+    -> pick role policy (below the tenant's learnt window of the model) and calibration factor
     -> compact (validates the tool protocol first; sticky: from the session's checkpoint;
        thresholds against counted tokens x factor) -> keep the new checkpoint
     -> append durable block to system -> thinking-binding opt-out -> forward -> relay
@@ -161,7 +161,7 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
-    """How one request is compacted: its role and policy (below the model's learnt window),
+    """How one request is compacted: its role and policy (below the tenant's learnt window),
     its conversation lane, its model and the calibration factors (of the messages, and of the
     fixed part: system, tools, durable block)."""
 
@@ -196,7 +196,7 @@ def _plan(app: web.Application, request: web.Request, session: SessionRef, parse
     known = None
     if model is not None:
         calibration = app[CALIBRATION]
-        policy = clamp_to_window(policy, calibration.window(model))
+        policy = clamp_to_window(policy, calibration.window(session.key, model))
         if app[CONFIG].compaction.calibration:
             reserved_scale, scale = calibration.factors(session.key, model)
             known = calibration.known(session.key, model)
@@ -309,7 +309,7 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         nonlocal sent
         if plan.model is None:
             return None
-        app[CALIBRATION].learn_window(plan.model, refusal.maximum)
+        app[CALIBRATION].learn_window(session.key, plan.model, refusal.maximum)
         shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),
