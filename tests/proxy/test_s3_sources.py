@@ -626,15 +626,23 @@ async def test_pool_excerpts_and_statuses_for_s3_roots(
     try:
         assert pool.is_remote
         with pytest.raises(RuntimeError):
-            pool.for_session(SID)
-        statuses = await pool.resolve(SID, state)
+            pool.for_session(SID, tenant="none")
+        statuses = await pool.resolve(SID, state, tenant="none")
         assert [(r.status, r.evidence_sha256) for r in statuses] == [
             ("available", sha(lines[0])), ("denied", None), ("available", REPORT_SHA)]
-        excerpts = await pool.excerpts(SID, state, max_chars=10)
+        excerpts = await pool.excerpts(SID, state, tenant="none", max_chars=10)
         assert [e.text for e in excerpts] == ["deploy on ", None, "all tests "]
         assert [e.resolution for e in excerpts] == list(statuses)
         text = compactor.render_durable_context(state, source_resolutions=statuses)
         assert f"source_status=available evidence_sha256={REPORT_SHA}" in text
+        # A tenant reads its own prefix only: the shared prefix's objects are not its own.
+        tenant = "t0123456789abcdef"
+        assert [r.status for r in await pool.resolve(SID, state, tenant=tenant)] == [
+            "missing", "denied", "missing"]
+        await put_transcript(s3, bucket, lines, session=f"{tenant}/{SID}")
+        mine = await pool.excerpts(SID, state, tenant=tenant, max_chars=10)
+        assert [(e.resolution.status, e.text) for e in mine] == [
+            ("available", "deploy on "), ("denied", None), ("missing", None)]
     finally:
         await pool.close()
 
