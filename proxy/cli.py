@@ -3,8 +3,8 @@
 ``sessions`` (every session's totals), ``session`` (one session's requests, durable state and
 changes) and ``blocked`` (the refused requests since a time), and for ``session.scope``:
 ``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
-files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the Redis store's
-durable states to the hash-tagged key layout (once, after upgrading).
+files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
+Redis store's durable states to the hash-tagged key layout (once, after upgrading).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
