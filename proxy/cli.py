@@ -256,12 +256,19 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     roots = config.sources.transcript_root, config.sources.artifact_root
 
     async def run() -> SessionMoved:
+        objects = None
+        if any(root.startswith("s3://") for root in roots):
+            from .state.s3_sources import S3ObjectStore
+
+            objects = S3ObjectStore(config.sources.s3_settings())
         store = await store_for(config).open()
         try:
             return await move_session_and_sources(store, roots, session_id, from_tenant,
-                                                  to_tenant)
+                                                  to_tenant, objects=objects)
         finally:
             await store.close()
+            if objects is not None:
+                await objects.close()
 
     try:
         moved = asyncio.run(run())
@@ -275,9 +282,8 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
         print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
               f"tenant {to_tenant} (now version 1); its checkpoints were not moved and are "
               "rebuilt on its next request")
-    for source, target in moved.files + moved.remote:
-        done = "moved" if (source, target) in moved.files else "move yourself (s3://)"
-        print(f"{done}: {source} -> {target}")
+    for source, target in moved.sources:
+        print(f"moved {source} -> {target}")
     return EXIT_OK
 
 

@@ -7,8 +7,8 @@ kept as ``sess-1`` under scope ``none`` is ``t…/sess-1`` under ``credential``;
 sources resolve (:func:`proxy.state.resolvers.tenant_root`): ``<root>/sess-1.jsonl`` becomes
 ``<root>/t…/sess-1.jsonl``, ``<root>/sess-1/`` becomes ``<root>/t…/sess-1/``. This moves the
 durable state from one key to the other and the files (local roots: one rename each, the
-artifact folder whole) from one directory to the other; ``s3://`` roots' objects are moved by
-the operator's own tools (the command says from where to where). The sticky-compaction
+artifact folder whole; ``s3://`` roots: each object copied, then the originals deleted) from
+one directory to the other. The sticky-compaction
 checkpoints are a cache whose record kinds the store cannot list, and they are rebuilt on the
 session's next request (one compaction from scratch); the summary cache is per tenant too and
 refills the same way. Run it while the proxy is stopped (the scope change needs a restart
@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 from compactor import session_id_problem
 from proxy.http.tenants import is_tenant, scoped_key
 from proxy.state.resolvers import tenant_root
-from proxy.state.s3_roots import is_s3_url
+from proxy.state.s3_roots import S3_SCHEME, is_s3_url
 from proxy.state.store import StoreBackend, StoredState, StoreError, VersionConflict
 
 if TYPE_CHECKING:
+    from proxy.state.s3_moves import ObjectMove
+    from proxy.state.s3_sources import S3ObjectStore
     from proxy.state.store import RedisStateStore
 
 __all__ = ["LayoutMigration", "MoveRefused", "SessionMoved", "migrate_redis_layout",
@@ -94,13 +96,11 @@ class SessionMoved:
 
     Attributes:
         state: the durable state as now stored under the target (``None``: it had none).
-        files: each source moved, as ``(from, to)`` paths.
-        remote: each ``s3://`` prefix the operator has to move, as ``(from, to)``.
+        sources: each file or object moved, as ``(from, to)`` (paths, ``s3://`` URLs).
     """
 
     state: StoredState | None
-    files: tuple[tuple[str, str], ...]
-    remote: tuple[tuple[str, str], ...]
+    sources: tuple[tuple[str, str], ...]
 
 
 def _source_moves(roots: tuple[str, str], session_id: str, from_tenant: str, to_tenant: str
@@ -142,30 +142,50 @@ def _rename_all(moves: list[tuple[str, str]]) -> None:
 
 
 async def move_session_and_sources(store: StoreBackend, roots: tuple[str, str],
-                                   session_id: str, from_tenant: str, to_tenant: str
-                                   ) -> SessionMoved:
+                                   session_id: str, from_tenant: str, to_tenant: str, *,
+                                   objects: S3ObjectStore | None = None) -> SessionMoved:
     """Move ``session_id`` from one tenant to another: its durable state
-    (:func:`move_session`) and its files in the local ``roots`` (transcript root, artifact
-    root): ``<root>[/<from>]/<sid>.jsonl`` and ``<root>[/<from>]/<sid>/`` into the target
-    tenant's directory. Nothing moves when anything is refused.
+    (:func:`move_session`) and its sources under ``roots`` (transcript root, artifact root):
+    ``<root>[/<from>]/<sid>.jsonl`` and ``<root>[/<from>]/<sid>/`` into the target tenant's
+    directory (local roots: renamed; ``s3://`` roots: copied then deleted through
+    ``objects``, :mod:`proxy.state.s3_moves`). Nothing moves when anything is refused.
 
     Raises:
         MoveRefused: as :func:`move_session` (no durable state is refused only when the
-            session has no local source file either), a target file exists, a rename failed.
+            session has no source either), a target exists, a rename or copy failed.
         StoreError: the store failed.
     """
     _check(session_id, from_tenant, to_tenant)
     files, remote = _source_moves(roots, session_id, from_tenant, to_tenant)
+    planned: list[ObjectMove] = []
+    if remote:
+        from proxy.state.s3_moves import plan_object_moves
+
+        if objects is None:
+            raise MoveRefused("s3:// roots: no object store to move the session's objects")
+        planned = await plan_object_moves(objects, remote)
     state = None
-    if not files or await store.get_state(scoped_key(from_tenant, session_id)) is not None:
+    if (not files and not planned
+            or await store.get_state(scoped_key(from_tenant, session_id)) is not None):
         state = await move_session(store, session_id, from_tenant, to_tenant)
     try:
         _rename_all(files)
+        try:
+            if planned:
+                from proxy.state.s3_moves import move_objects
+
+                assert objects is not None
+                await move_objects(objects, planned)
+        except MoveRefused:
+            _rename_all([(target, source) for source, target in reversed(files)])
+            raise
     except MoveRefused:
         if state is not None:
             await move_session(store, session_id, to_tenant, from_tenant)
         raise
-    return SessionMoved(state, tuple(files), tuple(remote))
+    moved = [*files, *((f"{S3_SCHEME}{bucket}/{source}", f"{S3_SCHEME}{bucket}/{target}")
+                       for bucket, source, target in planned)]
+    return SessionMoved(state, tuple(moved))
 
 
 # KEYS = the old state hash, the new one. Copies the old hash to the new key unless that
