@@ -3,7 +3,7 @@
 One visible sequence (SPEC section 1), each step its own function::
 
     read (size limit) -> parse -> resolve session -> load + resolve durable state
-    -> pick role policy (below the tenant's learnt window of the model) and calibration factor
+    -> pick role policy (below the model's learnt window) and calibration factor
     -> compact (validates the tool protocol first; sticky: from the session's checkpoint;
        thresholds against counted tokens x factor) -> keep the new checkpoint
     -> append durable block to system -> thinking-binding opt-out -> forward -> relay
@@ -161,7 +161,7 @@ def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: st
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
-    """How one request is compacted: its role and policy (below the tenant's learnt window),
+    """How one request is compacted: its role and policy (below the model's learnt window),
     its conversation lane, its model and the calibration factors (of the messages, and of the
     fixed part: system, tools, durable block)."""
 
