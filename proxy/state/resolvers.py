@@ -11,7 +11,8 @@ sources of tenant ``t…`` are ``<root>/t…/<session>.jsonl`` and ``<root>/t…
 session id finds nothing of it; tenant ``none`` (no scope) reads the roots themselves, as
 before tenants. ``compact-proxy move-session`` moves a session's files into its tenant's
 directory (:mod:`proxy.state.migrate`). The session-access policy then applies within a
-tenant (``shared_sessions`` are shared by the sessions of one tenant).
+tenant, except that the sources of ``shared_sessions`` (published by the operator for every
+caller) are read from the roots themselves, whatever the tenant.
 
 The roots' scheme chooses the kind: local paths get :class:`compactor.SourcePointerResolver`
 (run in a worker thread: it reads files), ``s3://`` roots get
@@ -98,6 +99,7 @@ class ResolverPool:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self._roots = transcript_root, artifact_root
         self._access = access
+        self._shared = frozenset(access.shared_sessions)
         # Which kind of source (transcripts, artifacts) is on the object store.
         self._remote = is_s3_url(transcript_root), is_s3_url(artifact_root)
         self._s3: _S3Sources | None = None
@@ -151,27 +153,34 @@ class ResolverPool:
                     remote: Callable[[S3SourceResolver, list[str]],
                                      Awaitable[tuple[_T, ...]]]) -> tuple[_T, ...]:
         """``local`` over the pointers whose kind is on a local root (in a worker thread: it
-        reads files) and ``remote`` over the others (on the loop), in the pointers' order."""
-        on_store = [self._on_store(pointer) for pointer in pointers]
-        mine = [p for p, away in zip(pointers, on_store, strict=True) if not away]
-        theirs = [p for p, away in zip(pointers, on_store, strict=True) if away]
-        near: tuple[_T, ...] = ()
-        far: tuple[_T, ...] = ()
-        if mine and theirs:
-            near, far = await asyncio.gather(
-                asyncio.to_thread(local, self._resolvers(tenant, session_id), mine),
-                remote(self._s3_resolvers(tenant, session_id), theirs))
-        elif mine:
-            near = await asyncio.to_thread(local, self._resolvers(tenant, session_id), mine)
-        elif theirs:
-            far = await remote(self._s3_resolvers(tenant, session_id), theirs)
-        near_it, far_it = iter(near), iter(far)
-        return tuple(next(far_it) if away else next(near_it) for away in on_store)
+        reads files) and ``remote`` over the others (on the loop), each group with the
+        resolver of its roots (:meth:`_route`), in the pointers' order."""
+        routes = [self._route(pointer, tenant) for pointer in pointers]
+        groups: dict[tuple[str, bool], list[str]] = {}
+        for pointer, route in zip(pointers, routes, strict=True):
+            groups.setdefault(route, []).append(pointer)
 
-    def _on_store(self, pointer: str) -> bool:
-        # A pointer names its kind first; anything else (refused by either resolver before
-        # any lookup) goes with the transcripts.
-        return self._remote[1] if pointer.startswith("artifact:") else self._remote[0]
+        async def run(route: tuple[str, bool], group: list[str]) -> tuple[_T, ...]:
+            where, on_store = route
+            if on_store:
+                return await remote(self._s3_resolvers(where, session_id), group)
+            return await asyncio.to_thread(local, self._resolvers(where, session_id), group)
+
+        if len(groups) == 1:  # (the usual case: one kind of root, no shared session)
+            [(route, group)] = groups.items()
+            return await run(route, group)
+        done = await asyncio.gather(*(run(route, group) for route, group in groups.items()))
+        results = {route: iter(found) for route, found in zip(groups, done, strict=True)}
+        return tuple(next(results[route]) for route in routes)
+
+    def _route(self, pointer: str, tenant: str) -> tuple[str, bool]:
+        """Whose roots resolve ``pointer`` (the tenant's; the roots themselves for a session of
+        ``shared_sessions``, which every tenant may read) and whether its kind's root is on
+        the object store. A pointer names its kind first; anything else (refused by any
+        resolver before a lookup) goes with the transcripts."""
+        parts = pointer.split(":", 2)
+        where = _NO_TENANT if len(parts) == 3 and parts[1] in self._shared else tenant
+        return where, self._remote[1] if parts[0] == "artifact" else self._remote[0]
 
     async def close(self) -> None:
         """Close the object store's client, if there is one."""
