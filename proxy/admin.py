@@ -304,7 +304,8 @@ async def _get_state(request: web.Request) -> web.Response:
     if resolve:
         # The client's own session authorizes, as on the request path; files are read in a
         # worker thread, objects (s3:// roots) on the loop.
-        sources = await request.app[ADMIN_RESOLVERS_KEY].excerpts(sid, stored.state)
+        sources = await request.app[ADMIN_RESOLVERS_KEY].excerpts(
+            sid, stored.state, tenant=tenant or NO_TENANT)
     return _state_response(sid, tenant, stored, sources=sources)
 
 

@@ -234,7 +234,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     backend = store if store is not None else store_for(config)
     # Per-session calibration: shared through the store when other processes serve from it
     # (refreshed with each request's state read), else this process's own.
-    calibration = SharedCalibration(backend) if backend.shared else Calibration()
+    ttl = config.compaction.learnt_window_ttl_s
+    calibration = (SharedCalibration(backend, window_ttl_s=ttl) if backend.shared
+                   else Calibration(window_ttl_s=ttl))
     if isinstance(calibration, SharedCalibration):
         # The calibration another process wrote comes with the versions: one round trip.
         app[STORE] = CachedStateReads(backend, listeners=[calibration.refresh],

@@ -2,9 +2,9 @@
 ``report`` (what each session cost, and would have cost without the proxy), the audit log's
 ``sessions`` (every session's totals), ``session`` (one session's requests, durable state and
 changes) and ``blocked`` (the refused requests since a time), and for ``session.scope``:
-``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state from one
-tenant to another, when switching scope); ``migrate-redis-keys`` moves the Redis store's
-durable states to the hash-tagged key layout (once, after upgrading).
+``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
+files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
+Redis store's durable states to the hash-tagged key layout (once, after upgrading).
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     tenant.add_argument("--config", metavar="PATH", help=config_help)
 
     move = commands.add_parser(
-        "move-session", help="move a session's durable state to another tenant"
+        "move-session", help="move a session's durable state and sources to another tenant"
     )
     move.add_argument("--config", metavar="PATH", help=config_help)
     move.add_argument("--session", required=True, metavar="SID", help="the session id")
@@ -253,27 +253,40 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
-    from .state.migrate import MoveRefused, move_session
+    from .state.migrate import MoveRefused, SessionMoved, move_session_and_sources
     from .state.store import StoreError, store_for
 
-    async def run() -> int:
+    roots = config.sources.transcript_root, config.sources.artifact_root
+
+    async def run() -> SessionMoved:
+        objects = None
+        if any(root.startswith("s3://") for root in roots):
+            from .state.s3_sources import S3ObjectStore
+
+            objects = S3ObjectStore(config.sources.s3_settings())
         store = await store_for(config).open()
         try:
-            return (await move_session(store, session_id, from_tenant, to_tenant)).version
+            return await move_session_and_sources(store, roots, session_id, from_tenant,
+                                                  to_tenant, objects=objects)
         finally:
             await store.close()
+            if objects is not None:
+                await objects.close()
 
     try:
-        version = asyncio.run(run())
+        moved = asyncio.run(run())
     except (ConfigError, MoveRefused) as exc:
         print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
         return EXIT_CONFIG
     except StoreError as exc:
         print(f"move-session: store failed: {exc}", file=sys.stderr)
         return 1
-    print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
-          f"tenant {to_tenant} (now version {version}); its checkpoints were not moved and are "
-          "rebuilt on its next request")
+    if moved.state is not None:
+        print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
+              f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were not moved and are "
+              "rebuilt on its next request")
+    for source, target in moved.sources:
+        print(f"moved {source} -> {target}")
     return EXIT_OK
 
 
@@ -421,7 +434,7 @@ def _session(path: str | None, args: argparse.Namespace) -> int:
 
         async def resolve() -> tuple[SourceResolution, ...]:
             try:
-                return await resolvers.resolve(sid, state)
+                return await resolvers.resolve(sid, state, tenant=tenant)
             finally:
                 await resolvers.close()
 

@@ -337,6 +337,9 @@ class CompactionConfig(Thresholds, _Section):
     #: Compare thresholds with the counted tokens times the factor learnt from the
     #: provider's own counts (``usage``) per session and model (proxy.state.calibration).
     calibration: Bool = True
+    #: How long a context window learnt from ``prompt is too long`` (per tenant and model)
+    #: clamps the thresholds before it is forgotten.
+    learnt_window_ttl_s: Seconds = 600.0
 
 
 #: The model of a ``separate`` summary call when ``summary.model`` is not set (SPEC §3).
@@ -436,16 +439,17 @@ class S3SourcesConfig(_Section):
 
 @_section("sources")
 class SourcesConfig(_Section):
-    """The roots the source-pointer resolver reads transcripts and artifacts from: two paths,
-    or two ``s3://<bucket>/<prefix>`` URLs (replicas on several hosts share no disk) reached
-    as ``s3`` says, which needs the ``s3`` extra (aiobotocore)."""
+    """The roots the source-pointer resolver reads transcripts and artifacts from: each a path
+    or an ``s3://<bucket>/<prefix>`` URL (replicas on several hosts share no disk; the two may
+    differ, e.g. local transcripts and artifacts in a bucket) reached as ``s3`` says, which
+    needs the ``s3`` extra (aiobotocore)."""
 
     transcript_root: Text = "./compact-proxy-state/transcripts"
     artifact_root: Text = "./compact-proxy-state/artifacts"
     s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
 
     @model_validator(mode="after")
-    def _roots_of_one_kind(self) -> SourcesConfig:
+    def _roots_valid(self) -> SourcesConfig:
         roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
         for name, root in roots.items():
             if is_s3_url(root):
@@ -453,13 +457,10 @@ class SourcesConfig(_Section):
                     parse_s3_root(root)
                 except ValueError as exc:
                     raise invalid(name, f"is not a valid s3:// root: {exc}") from None
-        remote = is_s3_url(self.transcript_root)
-        if is_s3_url(self.artifact_root) != remote:
-            raise invalid("artifact_root", "must be an s3:// URL when transcript_root is one, "
-                                           "and a path when it is a path")
+        remote = [name for name, root in roots.items() if is_s3_url(root)]
         if remote and importlib.util.find_spec("aiobotocore") is None:
-            raise invalid("transcript_root", "s3:// roots need the s3 extra (aiobotocore): "
-                                             "pip install 'compact-proxy[s3]'")
+            raise invalid(remote[0], "s3:// roots need the s3 extra (aiobotocore): "
+                                     "pip install 'compact-proxy[s3]'")
         return self
 
     def s3_settings(self) -> S3Settings:

@@ -148,7 +148,7 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         role, policy = "main", console.policies.policy_for("main")
     chart = token_chart(list(reversed(entries)), soft=policy.soft_threshold_tokens,
                         hard=policy.hard_limit_tokens)
-    sources = (await source_views(console.resolvers, sid, stored.state)
+    sources = (await source_views(console.resolvers, sid, stored.state, tenant)
                if stored is not None else {})
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
     return render(request, "session.html", {

@@ -29,8 +29,9 @@ class SourceView:
 
 
 async def source_views(resolvers: ResolverPool, session_id: str,
-                       state: compactor.DurableContextState) -> dict[str, SourceView]:
-    """Every distinct pointer of ``state`` resolved for ``session_id``."""
-    excerpts = await resolvers.excerpts(session_id, state)
+                       state: compactor.DurableContextState, tenant: str
+                       ) -> dict[str, SourceView]:
+    """Every distinct pointer of ``state`` resolved for ``tenant``'s ``session_id``."""
+    excerpts = await resolvers.excerpts(session_id, state, tenant=tenant)
     return {e.resolution.pointer: SourceView(e.resolution.pointer, e.resolution.status,
                                              e.resolution.detail, e.text) for e in excerpts}

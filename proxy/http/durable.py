@@ -83,7 +83,8 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
 
     The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
     (``s3://`` roots: awaited on the loop); it is the session's long-lived one, so unchanged
-    sources are not read again. Pointers are authorized against the client's own session id.
+    sources are not read again. Pointers are authorized against the client's own session id
+    and resolve in its tenant's own roots.
     """
     session_id = session.session_id
     try:
@@ -95,6 +96,6 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
         return DurableContext(None, "", store_available=False)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolutions = await app[RESOLVERS].resolve(session_id, stored.state)
+    resolutions = await app[RESOLVERS].resolve(session_id, stored.state, tenant=session.tenant)
     return DurableContext(stored.state,
                           app[DURABLE_BLOCKS].text(session.key, stored.state, resolutions))

@@ -229,7 +229,7 @@ def _plan(app: web.Application, request: web.Request, session: SessionRef, parse
     known = None
     if model is not None:
         calibration = app[CALIBRATION]
-        policy = clamp_to_window(policy, calibration.window(model))
+        policy = clamp_to_window(policy, calibration.window(session.key, model))
         if app[CONFIG].compaction.calibration:
             reserved_scale, scale = calibration.factors(session.key, model)
             known = calibration.known(session.key, model)
@@ -365,7 +365,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         nonlocal sent
         if plan.model is None:
             return None
-        app[CALIBRATION].learn_window(plan.model, refusal.maximum)
+        app[CALIBRATION].learn_window(session.key, plan.model, refusal.maximum)
         shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),

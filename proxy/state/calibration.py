@@ -13,12 +13,18 @@ one best: the factor is the session's latest ratio that lies within :data:`OUTLI
 the median of its last :data:`SESSION_WINDOW` ratios (one odd answer is not followed; a shift
 that persists moves the median and is followed after a few answers). A ratio outside
 [:data:`MIN_FACTOR`, :data:`MAX_FACTOR`] is ignored (a broken count is never followed). What a
-session has not taught yet comes from its model's fleet: the medians of the last
-:data:`FLEET_WINDOW` ratios (whole view, fixed part, messages) of every session of that model.
+session has not taught yet comes from its tenant's fleet for that model: the medians of the
+last :data:`FLEET_WINDOW` ratios (whole view, fixed part, messages) of every session of that
+tenant and model. Per tenant, so that one caller's traffic (text the provider counts far above
+the estimate, or a made-up count) never moves where another caller's new session starts;
+without a scope every session is tenant ``none``'s, one fleet per model as before.
 
 A refusal ``prompt is too long: N tokens > M maximum`` teaches two things: the ratio of that
-view (N over its estimate) and the model's context window M. :func:`clamp_to_window` keeps
-later thresholds of that model below the window it learnt.
+view (N over its estimate) and the context window M of that tenant and model (a window
+depends on the caller's account and beta headers, not on the model alone).
+:func:`clamp_to_window` keeps later thresholds below it. A learnt window is forgotten after
+``window_ttl_s`` (the next refusal teaches it again, at the cost of one refused call), and at
+once when the provider accepts a view larger than it: a clamp never outlives the evidence.
 
 All of this lives in the process's memory, bounded (least recently used sessions go): it is
 relearnt from the first answer after a restart.
@@ -37,7 +43,7 @@ a snapshot carries :data:`compactor._fingerprint.PROCESS_SALT`, and a process wi
 salt restores the ratios only. Replicas that must forward byte-identical views therefore run
 with one ``PYTHONHASHSEED`` (any fixed value, the same on every replica).
 
-What stays per process: the fleet's medians (a session's starting point before it taught
+What stays per process: the fleets' medians (a session's starting point before it taught
 anything of its own) and the learnt context windows (from refusals).
 """
 
@@ -48,9 +54,10 @@ import operator
 import statistics
 import struct
 import threading
+import time
 from array import array
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Final
@@ -97,6 +104,10 @@ MAX_SESSIONS_WITH_MESSAGES: Final = 1_024
 PRUNE_SLACK: Final = 256
 #: Sessions remembered.
 MAX_SESSIONS: Final = 50_000
+#: (tenant, model) pairs whose fleet and learnt window are remembered.
+MAX_FLEETS: Final = 4_096
+#: Seconds a learnt context window is kept (``compaction.learnt_window_ttl_s``).
+WINDOW_TTL_S: Final = 600.0
 # A snapshot: its format, the size of its JSON head and how many message counts follow
 # (each an int64 fingerprint, then each a float64 count).
 _SNAPSHOT_HEAD: Final = struct.Struct("<BII")
@@ -145,8 +156,16 @@ def _fleet_factors(fleet: _Fleet | None) -> tuple[float, float]:
     return reserved, messages
 
 
+def _tenant(session_key: str) -> str:
+    """The tenant of a store key (:func:`proxy.http.tenants.scoped_key`): what precedes its
+    ``/`` (a session id never holds one), else ``none``."""
+    tenant, slash, _ = session_key.partition("/")
+    return tenant if slash else "none"
+
+
 class Calibration:
-    """Correction factors per (session, model) and per model, and learnt context windows.
+    """Correction factors per (session, model) and per (tenant, model), and learnt context
+    windows per (tenant, model).
 
     A view is its fixed part (``system``, ``tools``, the durable block: the same from request
     to request, often prose) and its messages (growing, often code and tool output); the two
@@ -160,24 +179,34 @@ class Calibration:
     little new text — the estimate stays right.
 
     Thread-safe (one lock); every method is O(window).
+
+    Args:
+        max_sessions: how many (session, model) pairs to remember.
+        window_ttl_s: how long a learnt window is kept.
+        clock: the monotonic clock windows age by (tests pass their own).
     """
 
-    def __init__(self, *, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, *, max_sessions: int = MAX_SESSIONS, window_ttl_s: float = WINDOW_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._sessions: LRU[tuple[str, str], _Session] = LRU(max_sessions)
-        self._fleet: dict[str, _Fleet] = {}
+        # (tenant, model) -> what its sessions taught; least recently used go.
+        self._fleet: LRU[tuple[str, str], _Fleet] = LRU(MAX_FLEETS)
         # A session's messages' counts by fingerprint: a count, once set, never changes (new
         # messages are added; the mapping is replaced when pruned).
         self._known: LRU[tuple[str, str], dict[int, float]] = LRU(
             min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
-        self._windows: dict[str, int] = {}
+        # (tenant, model) -> (the window, when it was learnt).
+        self._windows: LRU[tuple[str, str], tuple[int, float]] = LRU(MAX_FLEETS)
+        self._window_ttl_s = window_ttl_s
+        self._clock = clock
         self._lock = threading.Lock()
 
     def factors(self, session_key: str, model: str) -> tuple[float, float]:
         """The provider's tokens per counted token of the fixed part and of the messages, for
-        this session and model. What the session has not taught yet comes from the model's
-        fleet (the medians over every session's recent ratios), else 1."""
+        this session and model. What the session has not taught yet comes from its tenant's
+        fleet of that model (the medians over those sessions' recent ratios), else 1."""
         with self._lock:
-            fleet = self._fleet.get(model)
+            fleet = self._fleet.get((_tenant(session_key), model))
             session = self._sessions.get((session_key, model))
             if session is None or not session.ratios:
                 return _fleet_factors(fleet)
@@ -206,7 +235,12 @@ class Calibration:
         The provider's count less the fixed part and the messages whose count is known
         already is the count of the rest: usually the messages new since the last view (all
         of them, the first time). That gives the messages' ratio, and each of those messages
-        its own count, remembered while it stays in the session's views (:meth:`known`)."""
+        its own count, remembered while it stays in the session's views (:meth:`known`).
+
+        A view the provider counted above the tenant's learnt window was accepted: that
+        window is forgotten."""
+        if provider > 0:
+            self._widen_window(session_key, model, provider)
         if counted < MIN_COUNTED_TOKENS or provider <= 0:
             return None
         ratio = provider / counted
@@ -219,9 +253,10 @@ class Calibration:
             if session is None:
                 session = _Session()
                 self._sessions[key] = session
-            fleet = self._fleet.get(model)
+            fleets = (_tenant(session_key), model)
+            fleet = self._fleet.get(fleets)
             if fleet is None:
-                fleet = self._fleet[model] = _Fleet()
+                fleet = self._fleet[fleets] = _Fleet()
             session.ratios.append(ratio)
             fleet.ratios.append(ratio)
             if reserved >= FIXED_SHARE * counted:
@@ -345,19 +380,35 @@ class Calibration:
                 self._known.pop(key, None)
         return True
 
-    def window(self, model: str) -> int | None:
-        """The context window the provider said ``model`` has, once it said so."""
+    def window(self, session_key: str, model: str) -> int | None:
+        """The context window the provider said ``model`` has for the session's tenant, while
+        that is recent (``window_ttl_s``)."""
+        key = (_tenant(session_key), model)
         with self._lock:
-            return self._windows.get(model)
+            found = self._windows.get(key)
+            if found is None:
+                return None
+            if self._clock() - found[1] >= self._window_ttl_s:
+                del self._windows[key]
+                return None
+            return found[0]
 
-    def learn_window(self, model: str, maximum: int) -> None:
-        """Remember ``maximum`` (from ``prompt is too long: N tokens > M maximum``); the
-        smallest one heard wins."""
+    def learn_window(self, session_key: str, model: str, maximum: int) -> None:
+        """Remember ``maximum`` (from ``prompt is too long: N tokens > M maximum``) for the
+        session's tenant and ``model``; the smallest one heard while it is kept wins."""
         if maximum < 1:
             return
+        known = self.window(session_key, model)
         with self._lock:
-            known = self._windows.get(model)
-            self._windows[model] = maximum if known is None else min(known, maximum)
+            if known is None or maximum <= known:
+                self._windows[(_tenant(session_key), model)] = (maximum, self._clock())
+
+    def _widen_window(self, session_key: str, model: str, provider: int) -> None:
+        key = (_tenant(session_key), model)
+        with self._lock:
+            found = self._windows.get(key)
+            if found is not None and provider > found[0]:
+                del self._windows[key]
 
 
 def clamp_to_window(policy: CompactionPolicy, window: int | None) -> CompactionPolicy:

@@ -1,10 +1,14 @@
-"""Moving a session's durable state between tenants (``compact-proxy move-session``), and the
-Redis store's durable states from the key layout before hash tags to the one now
-(``compact-proxy migrate-redis-keys``).
+"""Moving a session between tenants (``compact-proxy move-session``): its durable state and
+its source files; and the Redis store's durable states from the key layout before hash tags to
+the one now (``compact-proxy migrate-redis-keys``).
 
 Switching ``session.scope`` changes every session's store key (:func:`scoped_key`): a session
-kept as ``sess-1`` under scope ``none`` is ``t…/sess-1`` under ``credential``. This moves the
-durable state from one key to the other. Only the durable state moves: the sticky-compaction
+kept as ``sess-1`` under scope ``none`` is ``t…/sess-1`` under ``credential``; and where its
+sources resolve (:func:`proxy.state.resolvers.tenant_root`): ``<root>/sess-1.jsonl`` becomes
+``<root>/t…/sess-1.jsonl``, ``<root>/sess-1/`` becomes ``<root>/t…/sess-1/``. This moves the
+durable state from one key to the other and the files (local roots: one rename each, the
+artifact folder whole; ``s3://`` roots: each object copied, then the originals deleted) from
+one directory to the other. The sticky-compaction
 checkpoints are a cache whose record kinds the store cannot list, and they are rebuilt on the
 session's next request (one compaction from scratch); the summary cache is per tenant too and
 refills the same way. Run it while the proxy is stopped (the scope change needs a restart
@@ -13,18 +17,24 @@ anyway), so no request writes the session meanwhile.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compactor import session_id_problem
 from proxy.http.tenants import is_tenant, scoped_key
+from proxy.state.resolvers import tenant_root
+from proxy.state.s3_roots import S3_SCHEME, is_s3_url
 from proxy.state.store import StoreBackend, StoredState, StoreError, VersionConflict
 
 if TYPE_CHECKING:
+    from proxy.state.s3_moves import ObjectMove
+    from proxy.state.s3_sources import S3ObjectStore
     from proxy.state.store import RedisStateStore
 
-__all__ = ["LayoutMigration", "MoveRefused", "migrate_redis_layout", "move_session"]
+__all__ = ["LayoutMigration", "MoveRefused", "SessionMoved", "migrate_redis_layout",
+           "move_session", "move_session_and_sources"]
 
 
 class MoveRefused(Exception):
@@ -79,6 +89,104 @@ async def move_session(store: StoreBackend, session_id: str, from_tenant: str,
         raise MoveRefused(f"session {session_id} changed under tenant {from_tenant} during "
                           "the move; nothing moved (stop the proxy and retry)") from None
     return moved
+
+
+@dataclass(frozen=True)
+class SessionMoved:
+    """What :func:`move_session_and_sources` did.
+
+    Attributes:
+        state: the durable state as now stored under the target (``None``: it had none).
+        sources: each file or object moved, as ``(from, to)`` (paths, ``s3://`` URLs).
+    """
+
+    state: StoredState | None
+    sources: tuple[tuple[str, str], ...]
+
+
+def _source_moves(roots: tuple[str, str], session_id: str, from_tenant: str, to_tenant: str
+                  ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The session's files to rename (those that exist), and the ``s3://`` prefixes to move.
+
+    Raises:
+        MoveRefused: a target file or folder exists already.
+    """
+    files, remote = [], []
+    for root, name in zip(roots, (f"{session_id}.jsonl", session_id), strict=True):
+        source = os.path.join(tenant_root(root, from_tenant), name)
+        target = os.path.join(tenant_root(root, to_tenant), name)
+        if is_s3_url(root):  # (os.path.join of an s3:// URL is its key with "/")
+            folder = "" if name.endswith(".jsonl") else "/"
+            remote.append((source + folder, target + folder))
+        elif os.path.lexists(source):
+            if os.path.lexists(target):
+                raise MoveRefused(f"session {session_id} already has sources under tenant "
+                                  f"{to_tenant} ({target}); remove them first")
+            files.append((source, target))
+    return files, remote
+
+
+def _rename_all(moves: list[tuple[str, str]]) -> None:
+    """Rename each ``(source, target)``, creating the target's tenant directory; on a failure,
+    the renames done are undone and :class:`MoveRefused` says which failed."""
+    done: list[tuple[str, str]] = []
+    try:
+        for source, target in moves:
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            os.rename(source, target)
+            done.append((source, target))
+    except OSError as exc:
+        for source, target in reversed(done):
+            os.rename(target, source)
+        raise MoveRefused(f"cannot move {source} to {target}: {exc.strerror or exc}; "
+                          "nothing moved") from None
+
+
+async def move_session_and_sources(store: StoreBackend, roots: tuple[str, str],
+                                   session_id: str, from_tenant: str, to_tenant: str, *,
+                                   objects: S3ObjectStore | None = None) -> SessionMoved:
+    """Move ``session_id`` from one tenant to another: its durable state
+    (:func:`move_session`) and its sources under ``roots`` (transcript root, artifact root):
+    ``<root>[/<from>]/<sid>.jsonl`` and ``<root>[/<from>]/<sid>/`` into the target tenant's
+    directory (local roots: renamed; ``s3://`` roots: copied then deleted through
+    ``objects``, :mod:`proxy.state.s3_moves`). Nothing moves when anything is refused.
+
+    Raises:
+        MoveRefused: as :func:`move_session` (no durable state is refused only when the
+            session has no source either), a target exists, a rename or copy failed.
+        StoreError: the store failed.
+    """
+    _check(session_id, from_tenant, to_tenant)
+    files, remote = _source_moves(roots, session_id, from_tenant, to_tenant)
+    planned: list[ObjectMove] = []
+    if remote:
+        from proxy.state.s3_moves import plan_object_moves
+
+        if objects is None:
+            raise MoveRefused("s3:// roots: no object store to move the session's objects")
+        planned = await plan_object_moves(objects, remote)
+    state = None
+    if (not files and not planned
+            or await store.get_state(scoped_key(from_tenant, session_id)) is not None):
+        state = await move_session(store, session_id, from_tenant, to_tenant)
+    try:
+        _rename_all(files)
+        try:
+            if planned:
+                from proxy.state.s3_moves import move_objects
+
+                assert objects is not None
+                await move_objects(objects, planned)
+        except MoveRefused:
+            _rename_all([(target, source) for source, target in reversed(files)])
+            raise
+    except MoveRefused:
+        if state is not None:
+            await move_session(store, session_id, to_tenant, from_tenant)
+        raise
+    moved = [*files, *((f"{S3_SCHEME}{bucket}/{source}", f"{S3_SCHEME}{bucket}/{target}")
+                       for bucket, source, target in planned)]
+    return SessionMoved(state, tuple(moved))
 
 
 # KEYS = the old state hash, the new one. Copies the old hash to the new key unless that

@@ -297,11 +297,15 @@ class S3SourceResolver:
     async def resolve_all(self, state: compactor.DurableContextState
                           ) -> tuple[SourceResolution, ...]:
         """Every distinct pointer of ``state``, first-seen order (as
-        :func:`compactor.resolve_durable_sources`), :data:`CONCURRENCY` at a time. The
-        pointers that name one object (a session's facts in its one transcript) share its
-        HEAD: one per object per request, not one per pointer."""
+        :func:`compactor.resolve_durable_sources`): :meth:`resolve_pointers`."""
+        return await self.resolve_pointers(state.source_pointers())
+
+    async def resolve_pointers(self, pointers: Iterable[str]) -> tuple[SourceResolution, ...]:
+        """:meth:`resolve` each pointer, :data:`CONCURRENCY` at a time. The pointers that name
+        one object (a session's facts in its one transcript) share its HEAD: one per object
+        per request, not one per pointer."""
         heads: _Heads = {}
-        return await _bounded(self._resolve(p, heads) for p in state.source_pointers())
+        return await _bounded(self._resolve(p, heads) for p in pointers)
 
     def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
         try:
@@ -487,8 +491,13 @@ class S3SourceResolver:
     async def excerpts(self, state: compactor.DurableContextState, *,
                        max_chars: int = DEFAULT_EXCERPT_CHARS) -> tuple[SourceExcerpt, ...]:
         """:meth:`excerpt` of each distinct pointer of ``state``, first-seen order."""
-        return await _bounded(self.excerpt(p, max_chars=max_chars)
-                              for p in state.source_pointers())
+        return await self.excerpt_pointers(state.source_pointers(), max_chars=max_chars)
+
+    async def excerpt_pointers(self, pointers: Iterable[str], *,
+                               max_chars: int = DEFAULT_EXCERPT_CHARS
+                               ) -> tuple[SourceExcerpt, ...]:
+        """:meth:`excerpt` of each pointer, :data:`CONCURRENCY` at a time."""
+        return await _bounded(self.excerpt(p, max_chars=max_chars) for p in pointers)
 
     async def _transcript_excerpt(self, pointer: TranscriptPointer,
                                   max_chars: int) -> tuple[str, str]:

@@ -15,8 +15,8 @@ per-(session, model) part lives in the store as well, as the versioned record
   versions this process holds); only one the store could not hand over so is read again.
 
 So a replica plans each request with the factors and per-message counts the session's last
-answer taught, whichever replica forwarded it. The fleet's medians and the learnt windows stay
-per process (see :mod:`proxy.state.calibration`).
+answer taught, whichever replica forwarded it. The fleets' medians and the learnt windows
+(both per tenant and model) stay per process (see :mod:`proxy.state.calibration`).
 
 The write follows the answer. For the client's next request to find it on every replica,
 the request path learns from the answer and awaits :meth:`~SharedCalibration.saved` before the
@@ -35,7 +35,7 @@ from typing import Final
 import structlog
 from lru import LRU
 
-from proxy.state.calibration import MAX_SESSIONS, Calibration
+from proxy.state.calibration import MAX_SESSIONS, WINDOW_TTL_S, Calibration
 from proxy.state.store import RecordFetch, ReplicaConsistency, SessionVersions, StoreError
 
 __all__ = ["CALIBRATION_RECORD_PREFIX", "SharedCalibration"]
@@ -55,11 +55,12 @@ class SharedCalibration(Calibration):
 
     Args:
         store: the shared store (versioned records).
-        max_sessions: as :class:`~proxy.state.calibration.Calibration`.
+        max_sessions, window_ttl_s: as :class:`~proxy.state.calibration.Calibration`.
     """
 
-    def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS) -> None:
-        super().__init__(max_sessions=max_sessions)
+    def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS,
+                 window_ttl_s: float = WINDOW_TTL_S) -> None:
+        super().__init__(max_sessions=max_sessions, window_ttl_s=window_ttl_s)
         self._store = store
         # session -> model -> the store's version of what this process holds.
         self._versions: LRU[str, dict[str, int]] = LRU(max_sessions)

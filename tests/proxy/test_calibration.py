@@ -71,11 +71,12 @@ def test_the_fixed_part_and_the_messages_get_their_own_factors() -> None:
 
 def test_the_window_is_learnt_and_clamps_the_thresholds() -> None:
     calibration = Calibration()
-    assert calibration.window(MODEL) is None
-    calibration.learn_window(MODEL, 200_000)
-    calibration.learn_window(MODEL, 150_000)
-    calibration.learn_window(MODEL, 180_000)
-    assert calibration.window(MODEL) == 150_000
+    assert calibration.window("s", MODEL) is None
+    calibration.learn_window("s", MODEL, 200_000)
+    calibration.learn_window("s", MODEL, 150_000)
+    calibration.learn_window("other", MODEL, 180_000)
+    assert calibration.window("s", MODEL) == 150_000
+    assert calibration.window("new", MODEL) == 150_000  # one tenant (none): every session
     policy = CompactionPolicy(soft_threshold_tokens=160_000, hard_limit_tokens=190_000)
     clamped = clamp_to_window(policy, 150_000)
     assert (clamped.soft_threshold_tokens, clamped.hard_limit_tokens) == (135_000, 150_000)
@@ -140,3 +141,37 @@ def test_a_view_whose_counts_do_not_match_its_messages_is_refused() -> None:
     with pytest.raises(ValueError, match="2 fingerprints for 1 counts"):
         calibration.observe("s", MODEL, 16_000, 18_000, reserved=10_000,
                             fingerprints=[1, 2], tokens=[3_000])
+
+
+def test_a_new_session_starts_from_its_own_tenants_fleet() -> None:
+    """Sessions of tenant ``tB`` teach ratio 3.5; a new session of tenant ``tA`` still starts
+    from what ``tA``'s sessions taught (or 1 when they taught nothing)."""
+    calibration = Calibration()
+    calibration.observe("tA/one", MODEL, 10_000, 11_000)
+    assert calibration.factors("tA/new", MODEL) == (pytest.approx(1.1), pytest.approx(1.1))
+    for index in range(60):
+        calibration.observe(f"tB/s{index}", MODEL, 10_000, 35_000)
+    assert calibration.factors("tA/new", MODEL) == (pytest.approx(1.1), pytest.approx(1.1))
+    assert calibration.factors("tC/new", MODEL) == (1.0, 1.0)
+    assert calibration.factor("tB/new", MODEL) == pytest.approx(3.5)
+    assert calibration.factor("new", MODEL) == 1.0  # tenant none taught nothing
+
+
+def test_a_window_is_per_tenant_and_grows_back() -> None:
+    """A window learnt for tenant ``tB`` clamps ``tB``'s sessions only; it is forgotten after
+    ``window_ttl_s``, or at once when the provider accepts a view larger than it."""
+    now = [1000.0]
+    calibration = Calibration(window_ttl_s=60, clock=lambda: now[0])
+    calibration.learn_window("tB/s1", MODEL, 300)
+    assert calibration.window("tB/s2", MODEL) == 300
+    assert calibration.window("tA/s1", MODEL) is None
+    assert calibration.window("s1", MODEL) is None
+    now[0] += 59
+    assert calibration.window("tB/s2", MODEL) == 300
+    now[0] += 1
+    assert calibration.window("tB/s2", MODEL) is None
+    calibration.learn_window("tB/s1", MODEL, 300)
+    calibration.observe("tB/s3", MODEL, 200, 280)  # within the window: kept
+    assert calibration.window("tB/s2", MODEL) == 300
+    calibration.observe("tB/s3", MODEL, 2_000, 2_400)  # accepted above it: forgotten
+    assert calibration.window("tB/s2", MODEL) is None

@@ -858,3 +858,34 @@ def test_audit_commands_read_a_redis_store(
     assert [s["session_id"] for s in data["sessions"]] == ["sess-c", "sess-b", "sess-a"]
     assert main(["blocked", "--since", "1d", "--config", str(path), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["blocked"]) == 2
+
+
+def test_move_session_moves_its_source_files_into_the_tenants_directory(tmp_path: Path) -> None:
+    """The transcript and the artifact folder go to ``<root>/<tenant>/`` with the state; a
+    second move onto files that exist is refused (exit 2, one line) and nothing moves."""
+    path = scoped_config(tmp_path, None)
+    db = tmp_path / "state" / "state.db"
+    transcripts = tmp_path / "compact-proxy-state" / "transcripts"
+    artifacts = tmp_path / "compact-proxy-state" / "artifacts"
+    (artifacts / "sess-1").mkdir(parents=True)
+    transcripts.mkdir(parents=True)
+    (transcripts / "sess-1.jsonl").write_text("{}\n", encoding="utf-8")
+    (artifacts / "sess-1" / "notes.md").write_text("notes", encoding="utf-8")
+    _put(db, "sess-1", "kept fact")
+    result = run(["move-session", "--config", str(path), "--session", "sess-1",
+                  "--to-tenant", TENANT], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (transcripts / TENANT / "sess-1.jsonl").read_text(encoding="utf-8") == "{}\n"
+    assert (artifacts / TENANT / "sess-1" / "notes.md").read_text(encoding="utf-8") == "notes"
+    assert not (transcripts / "sess-1.jsonl").exists() and not (artifacts / "sess-1").exists()
+    assert _read(db, f"{TENANT}/sess-1")[0] == "kept fact"
+
+    (transcripts / "sess-1.jsonl").write_text("new\n", encoding="utf-8")  # files only, again
+    _put(db, "sess-1", "second")
+    result = run(["move-session", "--config", str(path), "--session", "sess-1",
+                  "--to-tenant", TENANT], tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "already has sources" in result.stderr
+    assert (transcripts / "sess-1.jsonl").read_text(encoding="utf-8") == "new\n"
+    assert _read(db, "sess-1")[0] == "second"
+    assert _read(db, f"{TENANT}/sess-1")[0] == "kept fact"

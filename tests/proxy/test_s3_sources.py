@@ -626,15 +626,23 @@ async def test_pool_excerpts_and_statuses_for_s3_roots(
     try:
         assert pool.is_remote
         with pytest.raises(RuntimeError):
-            pool.for_session(SID)
-        statuses = await pool.resolve(SID, state)
+            pool.for_session(SID, tenant="none")
+        statuses = await pool.resolve(SID, state, tenant="none")
         assert [(r.status, r.evidence_sha256) for r in statuses] == [
             ("available", sha(lines[0])), ("denied", None), ("available", REPORT_SHA)]
-        excerpts = await pool.excerpts(SID, state, max_chars=10)
+        excerpts = await pool.excerpts(SID, state, tenant="none", max_chars=10)
         assert [e.text for e in excerpts] == ["deploy on ", None, "all tests "]
         assert [e.resolution for e in excerpts] == list(statuses)
         text = compactor.render_durable_context(state, source_resolutions=statuses)
         assert f"source_status=available evidence_sha256={REPORT_SHA}" in text
+        # A tenant reads its own prefix only: the shared prefix's objects are not its own.
+        tenant = "t0123456789abcdef"
+        assert [r.status for r in await pool.resolve(SID, state, tenant=tenant)] == [
+            "missing", "denied", "missing"]
+        await put_transcript(s3, bucket, lines, session=f"{tenant}/{SID}")
+        mine = await pool.excerpts(SID, state, tenant=tenant, max_chars=10)
+        assert [(e.resolution.status, e.text) for e in mine] == [
+            ("available", "deploy on "), ("denied", None), ("missing", None)]
     finally:
         await pool.close()
 
@@ -718,10 +726,6 @@ def test_config_accepts_s3_roots_and_settings() -> None:
 
 
 @pytest.mark.parametrize("sources, key, words", [
-    ({"transcript_root": "s3://team-sources/t", "artifact_root": "./artifacts"},
-     "sources.artifact_root", "must be an s3:// URL when transcript_root is one"),
-    ({"transcript_root": "./t", "artifact_root": "s3://team-sources/a"},
-     "sources.artifact_root", "a path when it is a path"),
     ({"transcript_root": "s3://Team_Sources/t", "artifact_root": "s3://team-sources/a"},
      "sources.transcript_root", "not a bucket name"),
     ({"transcript_root": "s3://team-sources/t/../u", "artifact_root": "s3://team-sources/a"},
@@ -741,9 +745,44 @@ def test_config_refuses_bad_s3_roots(sources: dict[str, Any], key: str, words: s
     assert words in info.value.problem, str(info.value)
 
 
-def test_the_pool_refuses_roots_of_two_kinds() -> None:
-    with pytest.raises(ValueError, match="both be s3:// URLs or both be paths"):
-        ResolverPool("s3://team-sources/t", "./artifacts", SourceAccessPolicy())
+def test_config_accepts_roots_of_two_kinds() -> None:
+    config = Config.from_mapping({"upstream": {"base_url": "https://api.anthropic.com"},
+                                  "sources": {"transcript_root": "./transcripts",
+                                              "artifact_root": "s3://team-sources/a"}})
+    assert config.sources.artifact_root == "s3://team-sources/a"
+
+
+async def test_local_transcripts_and_artifacts_in_a_bucket_per_tenant(
+        s3: S3Client, bucket: str, moto: MotoServer, tmp_path: Path) -> None:
+    """Mixed roots: each pointer resolves on its kind's root, in the pointers' order, and in
+    the tenant's own directory (prefix) of each; excerpts likewise."""
+    tenant = "t0123456789abcdef"
+    lines = [event(1, text="deploy on fridays")]
+    (tmp_path / tenant).mkdir()
+    (tmp_path / tenant / f"{SID}.jsonl").write_text(lines[0] + "\n", encoding="utf-8")
+    await put_artifact(s3, bucket, "report.txt", REPORT, session=f"{tenant}/{SID}")
+    state = DurableContextState(
+        facts=(DurableFact("f1", "report", f"artifact:{SID}:report.txt:{REPORT_SHA}",
+                           "2025-03-01T12:30:00Z"),
+               DurableFact("f2", "deploys", f"transcript:{SID}:1", "2025-03-01T12:30:00Z"),
+               DurableFact("f3", "gone", f"artifact:{SID}:gone.txt:{REPORT_SHA}",
+                           "2025-03-01T12:30:00Z")))
+    pool = ResolverPool(str(tmp_path), f"s3://{bucket}/team/artifacts", SourceAccessPolicy(),
+                        s3=S3Settings(endpoint_url=moto.url))
+    try:
+        assert pool.is_remote
+        statuses = await pool.resolve(SID, state, tenant=tenant)
+        assert [(r.pointer, r.status, r.evidence_sha256) for r in statuses] == [
+            (f"artifact:{SID}:report.txt:{REPORT_SHA}", "available", REPORT_SHA),
+            (f"transcript:{SID}:1", "available", sha(lines[0])),
+            (f"artifact:{SID}:gone.txt:{REPORT_SHA}", "missing", None)]
+        excerpts = await pool.excerpts(SID, state, tenant=tenant, max_chars=10)
+        assert [e.text for e in excerpts] == ["all tests ", "deploy on ", None]
+        # Tenant none reads the roots themselves, where neither source is.
+        assert [r.status for r in await pool.resolve(SID, state, tenant="none")] == [
+            "missing", "missing", "missing"]
+    finally:
+        await pool.close()
 
 
 def test_session_command_resolves_against_the_object_store(
