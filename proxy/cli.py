@@ -151,9 +151,19 @@ def _load(path: str | None) -> Config | None:
         return None
 
 
+def _admin_token_ok(config: Config) -> bool:
+    """Whether the admin token (if set) is usable; else the one-line error is printed."""
+    try:
+        config.admin_token()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return False
+    return True
+
+
 def _serve(path: str | None, workers: int | None = None) -> int:
     config = _load(path)
-    if config is None:
+    if config is None or not _admin_token_ok(config):
         return EXIT_CONFIG
     if workers is not None:  # --workers overrides listen.workers
         try:
@@ -180,7 +190,7 @@ def _serve(path: str | None, workers: int | None = None) -> int:
 
 def _check_config(path: str | None) -> int:
     config = _load(path)
-    if config is None:
+    if config is None or not _admin_token_ok(config):
         return EXIT_CONFIG
     sys.stdout.write(yaml.safe_dump(config.as_dict(), sort_keys=False, default_flow_style=False))
     return EXIT_OK

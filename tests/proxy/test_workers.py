@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = shutil.which("compact-proxy")
 COMMAND = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "proxy.cli"]
 ADMIN_ENV = "COMPACT_PROXY_WORKERS_TEST_ADMIN_TOKEN"
-ADMIN_TOKEN = "workers-admin-token-3d9e7a51c2"
+ADMIN_TOKEN = "workers-admin-token-3d9e7a51c2b4f6e8a0"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 API_KEY = "sk-ant-api03-workers-test-key-00112233445566"
 #: The stamped fake provider's header: milliseconds between two SSE events of the reply.
