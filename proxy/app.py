@@ -27,12 +27,14 @@ from proxy.allocator import tune_allocator
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
+from proxy.http.admin_gate import ADMIN_GATE, AdminGate, admin_gate_middleware
 from proxy.http.audit import request_context_middleware
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews, RecentBodies
 from proxy.http.tenants import TenantScope
+from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
@@ -194,9 +196,12 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
     # count_tokens decode (under the size limit) in proxy.http.body.read_body.
-    app = web.Application(middlewares=[request_context_middleware, error_middleware],
+    app = web.Application(middlewares=[request_context_middleware, error_middleware,
+                                       admin_gate_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config
+    app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
+    app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
@@ -281,7 +286,33 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
             f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
         ) from None
     host, port = runner.addresses[0][:2]
+    await _start_admin_listener(runner, config, reuse_port)
     return runner, f"http://{host}:{port}"
+
+
+async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
+    """Bind ``admin.listen`` (when set) on the same app; its ports go to the app's
+    :class:`~proxy.http.admin_gate.AdminGate`, which serves only the admin there.
+
+    Raises:
+        ConfigError: the address cannot be bound (``admin.listen.port``).
+    """
+    listen = config.admin.listen
+    if listen is None:
+        return
+    before = len(runner.addresses)
+    site = web.TCPSite(runner, listen.host, listen.port, reuse_port=True if reuse_port else None)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
+                                               f"{exc.strerror or exc}") from None
+    gate = runner.app[ADMIN_GATE]
+    addresses = runner.addresses[before:]
+    gate.ports.update(address[1] for address in addresses)
+    host, port = addresses[0][:2]
+    gate.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event | None = None,

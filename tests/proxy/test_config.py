@@ -528,7 +528,8 @@ def test_admin_token_comes_from_the_named_env_var(
 def test_admin_token_env_name_is_configurable() -> None:
     """admin.token_env chooses which variable holds the token."""
     config = Config.from_mapping({**UPSTREAM, "admin": {"token_env": "MY_TOKEN"}})
-    assert config.admin_token({"MY_TOKEN": "abc" * 11, "COMPACT_PROXY_ADMIN_TOKEN": "x"}) == "abc" * 11
+    token = "abc" * 11
+    assert config.admin_token({"MY_TOKEN": token, "COMPACT_PROXY_ADMIN_TOKEN": "x"}) == token
 
 
 @pytest.mark.parametrize(("mapping", "token", "problem"), [
