@@ -24,6 +24,7 @@ from aiohttp import web
 
 import compactor
 from proxy.allocator import tune_allocator
+from proxy.auth_throttle import AUTH_THROTTLE, AuthThrottle
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
@@ -70,6 +71,7 @@ from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
 from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
+from proxy.state.store.revocations import LoginRevocations
 from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
@@ -202,6 +204,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[CONFIG] = config
     app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
     app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
+    admin = config.admin
+    app[AUTH_THROTTLE] = AuthThrottle(admin.failed_auth_limit, admin.lockout_s,
+                                      admin.max_lockout_s)
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes)
@@ -248,7 +253,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
     setup_console(app, token=config.admin_token(), store=app[STORE], log=app[AUDIT_LOG],
                   resolvers=app[RESOLVERS], policies=app[ROLE_POLICIES],
-                  record_changes=config.audit.enabled)
+                  record_changes=config.audit.enabled, throttle=app[AUTH_THROTTLE],
+                  revocations=backend if isinstance(backend, LoginRevocations) else None,
+                  cookie_secure=config.admin.cookie_secure)
     return app
 
 

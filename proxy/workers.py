@@ -48,9 +48,8 @@ What the workers share, and what each keeps for itself
   worker also runs the hourly retention trim, which is idempotent.
 - *The console's cookies* are signed with a key derived from the admin token (never a random
   key per process), so a login on one worker is valid on every other. A logout revokes the
-  cookie's nonce in the worker that served it only (the browser forgets the cookie either
-  way; a copy of the cookie kept elsewhere stays valid on the other workers until it
-  expires, as it does on another replica).
+  cookie's nonce in the store (:mod:`proxy.state.store.revocations`), which every worker
+  reads: a copy of the cookie kept elsewhere is refused everywhere, after a restart too.
 - *``/metrics``* is the sum over every worker, including workers that died: see
   :mod:`proxy.metrics` (prometheus_client's multi-process mode, in a directory the supervisor
   creates and removes; a supervisor killed with SIGKILL leaves it in the temporary directory).
@@ -61,7 +60,8 @@ What the workers share, and what each keeps for itself
   (:mod:`proxy.state.shared_calibration`); a summary is made once per crossing across the
   processes (a lease of the store, :mod:`proxy.state.flights`).
 - *Per worker, in memory only:* caches that are exact whoever fills them (token counts,
-  decoded messages), the fleet-wide medians of the calibration, console logouts (above), and
+  decoded messages), the fleet-wide medians of the calibration, the admin failed-auth
+  lockouts (:mod:`proxy.auth_throttle`), and
   the accounting's previous request per conversation (:mod:`proxy.state.accounting`). That
   last one is an estimate that workers make worse: the ledger's "without the proxy"
   counterfactual lets a request read from the provider's cache what the conversation's

@@ -105,6 +105,7 @@ from .base import (
     StoreError,
     VersionConflict,
 )
+from .revocations import SQLiteLoginRevocations
 
 __all__ = ["SQLiteStateStore"]
 
@@ -246,7 +247,7 @@ _USAGE_ROWS = (
 )
 
 
-class SQLiteStateStore:
+class SQLiteStateStore(SQLiteLoginRevocations):
     """The :class:`~proxy.state.store.base.StoreBackend` backed by one SQLite file.
 
     Construction does no I/O; the file (and its parent directories) is created and the schema
