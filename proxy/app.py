@@ -341,6 +341,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         token_counter=config.compaction.token_counter,
         summary_enabled=config.summary.enabled,
         admin_enabled=config.admin_token() is not None,
+        admin_port=min(runner.app[ADMIN_GATE].ports, default=None),
         log_format=config.logging.format,
         allocator=allocator,
         event_loop=_loop_kind(),
