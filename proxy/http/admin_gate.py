@@ -35,10 +35,13 @@ _DECODE_ROUNDS: Final = 4
 _PASSTHROUGH: Final = "passthrough"
 
 
-@functools.lru_cache(maxsize=512)
 def is_admin_like(raw_path: str) -> bool:
     """Whether a request target's path is ``/admin`` or below it, however spelt."""
-    path = raw_path.partition("?")[0]
+    return _is_admin_path(raw_path.partition("?")[0])
+
+
+@functools.lru_cache(maxsize=512)
+def _is_admin_path(path: str) -> bool:
     for _ in range(_DECODE_ROUNDS):
         decoded = unquote(path)
         if decoded == path:

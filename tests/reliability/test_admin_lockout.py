@@ -12,8 +12,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import make_mocked_request
 
-from proxy.auth_throttle import AuthThrottle
+from proxy.auth_throttle import AuthThrottle, client_of
 from tests.conftest import ProxyFactory, UpstreamServer
 from tests.reliability.conftest import RELIABILITY_ADMIN_TOKEN
 
@@ -138,3 +139,23 @@ def test_lockouts_are_capped(limit: int) -> None:
         lockouts.append(throttle.failed("c"))
         now[0] += 10
     assert lockouts == [1, 2, 4, 8, 8, 8]
+
+
+@pytest.mark.parametrize(("peer", "client"), [
+    ("203.0.113.7", "203.0.113.7"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+    ("::ffff:203.0.113.7", "203.0.113.7"),
+])
+def test_a_client_is_its_address_an_ipv6_one_by_its_64(peer: str, client: str) -> None:
+    """One host holds a whole IPv6 /64: it is one client, not 2^64."""
+
+    class Transport:
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return (peer, 1234) if name == "peername" else default
+
+        def is_closing(self) -> bool:
+            return False
+
+    request = make_mocked_request("GET", "/admin/sessions", transport=Transport())
+    assert client_of(request) == client
