@@ -31,6 +31,7 @@ from proxy.console._context import (
     see_other,
 )
 from proxy.console._middleware import forbidden
+from proxy.state.store import StoreError
 
 __all__ = ["login_form", "login_submit", "logout"]
 
@@ -66,7 +67,11 @@ def _form_page(request: web.Request, *, error: str | None = None,
 
 async def login_form(request: web.Request) -> web.StreamResponse:
     """``GET /login``: the form (or the sessions page, when already logged in)."""
-    if await request.app[CONSOLE].login(request) is not None:
+    try:
+        login = await request.app[CONSOLE].login(request)
+    except StoreError:  # the revocations cannot be read: the form, as when logged out
+        login = None
+    if login is not None:
         raise web.HTTPSeeOther(_next_path(request.query.get("next")))
     return _form_page(request)
 
