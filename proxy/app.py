@@ -267,10 +267,12 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
     log is off, the proxy writes its own ``request_completed`` line. ``runner.cleanup()``
     stops accepting, then waits up to ``listen.drain_timeout_s`` for the requests in flight.
     ``reuse_port`` binds with ``SO_REUSEPORT`` (a worker sharing the port with others).
+    With ``admin.listen`` a second site of the same app serves the admin API and the console
+    (:mod:`proxy.http.admin_gate`); its URL is the app's ``AdminGate.url``.
 
     Raises:
         ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
-            the address cannot be bound (``listen.port``).
+            an address cannot be bound (``listen.port``, ``admin.listen.port``).
     """
     app = create_app(config, store=store)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
