@@ -25,10 +25,10 @@ here to reveal; a tenant never seen yet may be written. Its bodies carry ``"tena
 Every call needs ``Authorization: Bearer <token>``; anything else gets one and the same 401,
 from the sub-app's middleware, before any route (known or not) is looked at. A client address
 that presented too many wrong tokens gets 429 ``rate_limit_error`` with ``Retry-After`` until
-its lockout ends (:mod:`proxy.auth_throttle`). Without a token
-the sub-app has no routes and answers 404 to ``/admin`` and everything under it. Either way
-the sub-app owns the whole ``/admin`` prefix, so the proxy's catch-all forwarder never sends
-an admin call upstream.
+its lockout ends (:mod:`proxy.auth_throttle`). Without a token the sub-app has no routes and
+answers 404 to ``/admin`` and everything under it. Either way the sub-app owns the whole
+``/admin`` prefix, so the proxy's catch-all forwarder never sends an admin call upstream (nor
+a path that only looks like it: :mod:`proxy.http.admin_gate`).
 
 Preconditions (optimistic concurrency on the store's version):
 

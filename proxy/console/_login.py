@@ -7,9 +7,8 @@ again (401) and no cookie; a client address locked out by too many wrong tokens
 (:mod:`proxy.auth_throttle`, shared with the admin API) gets the form with 429 and
 ``Retry-After``, its token unchecked. ``POST /admin/ui/logout`` ends the login in every
 process, through the state store. Cookies are ``Secure`` over HTTPS, or always with
-``admin.cookie_secure``. The token is only ever
-in the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets
-re-exported.
+``admin.cookie_secure``. The token is only ever in the POST body: never in a URL, a page or
+a log line. Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
