@@ -105,3 +105,39 @@ async def test_cookies_are_secure_when_tls_ends_in_front(
             if morsel.value:  # (a deletion carries no value)
                 assert bool(morsel["secure"]) is expected, value
     assert any("compact_console=" in value for value in session_cookies)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_revocations_expire_with_their_cookie(
+    tmp_path: Any, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A revocation is kept until the cookie's own expiry and no longer: Redis keys carry that
+    TTL, SQLite drops expired rows with the next logout (the table stays bounded)."""
+    import time
+
+    from proxy.state.store import RedisStateStore, SQLiteStateStore
+
+    now = int(time.time())
+    if backend == "redis":
+        store: Any = RedisStateStore(request.getfixturevalue("redis_url"),
+                                     key_prefix=f"revocation-{now}:")
+    else:
+        store = SQLiteStateStore(tmp_path / "revoked.db")
+    await store.open()
+    try:
+        assert await store.login_revoked("nonce-a") is False  # nothing yet (no table)
+        await store.revoke_login("nonce-a", now + 100)
+        await store.revoke_login("nonce-old", now - 1)  # already expired: nothing to keep
+        assert await store.login_revoked("nonce-a") is True
+        assert await store.login_revoked("nonce-old") is False
+        assert await store.login_revoked("nonce-b") is False
+        if backend == "redis":
+            ttl = await store.client.ttl(store.revoked_login_key("nonce-a"))
+            assert 95 <= ttl <= 100
+        else:
+            await store.revoke_login("nonce-b", now + 100)
+            rows = await store._call(lambda: store._connection().execute(
+                "SELECT nonce FROM console_revoked ORDER BY nonce").fetchall())
+            assert [row[0] for row in rows] == ["nonce-a", "nonce-b"]
+    finally:
+        await store.close()
