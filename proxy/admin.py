@@ -23,10 +23,12 @@ here to reveal; a tenant never seen yet may be written. Its bodies carry ``"tena
 ``"session_id"``; the legacy route's bodies keep their shape.
 
 Every call needs ``Authorization: Bearer <token>``; anything else gets one and the same 401,
-from the sub-app's middleware, before any route (known or not) is looked at. Without a token
-the sub-app has no routes and answers 404 to ``/admin`` and everything under it. Either way
-the sub-app owns the whole ``/admin`` prefix, so the proxy's catch-all forwarder never sends
-an admin call upstream.
+from the sub-app's middleware, before any route (known or not) is looked at. A client address
+that presented too many wrong tokens gets 429 ``rate_limit_error`` with ``Retry-After`` until
+its lockout ends (:mod:`proxy.auth_throttle`). Without a token the sub-app has no routes and
+answers 404 to ``/admin`` and everything under it. Either way the sub-app owns the whole
+``/admin`` prefix, so the proxy's catch-all forwarder never sends an admin call upstream (nor
+a path that only looks like it: :mod:`proxy.http.admin_gate`).
 
 Preconditions (optimistic concurrency on the store's version):
 
@@ -70,6 +72,7 @@ from aiohttp import web
 from compactor import DurableContextState, SourceExcerpt
 from proxy import admin_checks as checks
 from proxy.admin_audit import add_audit_routes
+from proxy.auth_throttle import AUTH_THROTTLE, AuthThrottle, client_of
 from proxy.http.body import parse_json_object, read_body
 from proxy.http.errors import Handler, RequestRejected, error_middleware, error_response
 from proxy.http.tenants import NO_TENANT, scoped_key
@@ -118,7 +121,7 @@ _STORE_ACTIONS: Final = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE"
 
 def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
                 log: RequestLog | None = None, resolvers: ResolverPool | None = None,
-                record_changes: bool = True) -> None:
+                record_changes: bool = True, throttle: AuthThrottle | None = None) -> None:
     """Mount the admin API on ``app`` at ``/admin``, or a 404 for all of ``/admin`` when off.
 
     Args:
@@ -131,6 +134,8 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
             them that parameter is refused.
         record_changes: whether each ``PUT`` and ``DELETE`` is recorded in ``log``
             (``audit.enabled``).
+        throttle: the failed-auth lockouts (shared with the console); a default one of its
+            own when not given.
 
     Raises:
         ValueError: the token has leading or trailing whitespace, which no ``Authorization``
@@ -144,6 +149,7 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
     admin = web.Application(middlewares=[error_middleware, _bearer_auth])
     admin[ADMIN_STORE_KEY] = store
     admin[ADMIN_TOKEN_KEY] = token.encode("utf-8")
+    admin[AUTH_THROTTLE] = throttle if throttle is not None else AuthThrottle()
     if resolvers is not None:
         admin[ADMIN_RESOLVERS_KEY] = resolvers
     for path in (_STATE_PATH, _TENANT_STATE_PATH):
@@ -169,10 +175,19 @@ async def _disabled(request: web.Request, handler: Handler) -> web.StreamRespons
 async def _bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The token check for every path and method under ``/admin``; then the router's own
     404 / 405 in the Anthropic shape, and store failures as a 500 that names no path."""
+    throttle, client = request.app[AUTH_THROTTLE], client_of(request)
+    wait = throttle.retry_after(client)
+    if wait is not None:  # locked out: the token is not even looked at
+        raise RequestRejected(429, "rate_limit_error",
+                              f"too many failed admin authentications from this address; "
+                              f"retry after {wait} s", reason="admin_locked_out",
+                              headers={"Retry-After": str(wait)})
     if not _authorized(request):
+        throttle.failed(client)
         # One answer for a missing, malformed, empty or wrong token: nothing to tell them apart.
         raise RequestRejected(401, "authentication_error", "invalid or missing admin bearer token",
                               reason="admin_unauthorized", headers={"WWW-Authenticate": "Bearer"})
+    throttle.succeeded(client)
     try:
         return await handler(request)
     except web.HTTPMethodNotAllowed as exc:

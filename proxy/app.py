@@ -25,9 +25,11 @@ from aiohttp import web
 
 import compactor
 from proxy.allocator import tune_allocator
+from proxy.auth_throttle import AUTH_THROTTLE, AuthThrottle
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
+from proxy.http.admin_gate import ADMIN_GATE, AdminGate, admin_gate_middleware
 from proxy.http.audit import request_context_middleware
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
@@ -35,6 +37,7 @@ from proxy.http.recent import RecentBodies
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
+from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
@@ -72,6 +75,7 @@ from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.resolvers import ResolverPool
 from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
+from proxy.state.store.revocations import LoginRevocations
 from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
 
@@ -205,9 +209,15 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
     # count_tokens decode (under the size limit) in proxy.http.body.read_body.
-    app = web.Application(middlewares=[request_context_middleware, error_middleware],
+    app = web.Application(middlewares=[request_context_middleware, error_middleware,
+                                       admin_gate_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config
+    app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
+    app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
+    admin = config.admin
+    app[AUTH_THROTTLE] = AuthThrottle(admin.failed_auth_limit, admin.lockout_s,
+                                      admin.max_lockout_s)
     app[TENANTS] = TenantScope.from_config(config.session)
     app[COUNTER] = _token_counter(config)
     # The decoded objects kept in all: half for spans by their bytes, half for the last body
@@ -263,7 +273,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
     setup_console(app, token=config.admin_token(), store=app[STORE], log=app[AUDIT_LOG],
                   resolvers=app[RESOLVERS], policies=app[ROLE_POLICIES],
-                  record_changes=config.audit.enabled)
+                  record_changes=config.audit.enabled, throttle=app[AUTH_THROTTLE],
+                  revocations=backend if isinstance(backend, LoginRevocations) else None,
+                  cookie_secure=config.admin.cookie_secure)
     return app
 
 
@@ -275,10 +287,12 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
     log is off, the proxy writes its own ``request_completed`` line. ``runner.cleanup()``
     stops accepting, then waits up to ``listen.drain_timeout_s`` for the requests in flight.
     ``reuse_port`` binds with ``SO_REUSEPORT`` (a worker sharing the port with others).
+    With ``admin.listen`` a second site of the same app serves the admin API and the console
+    (:mod:`proxy.http.admin_gate`); its URL is the app's ``AdminGate.url``.
 
     Raises:
         ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
-            the address cannot be bound (``listen.port``).
+            an address cannot be bound (``listen.port``, ``admin.listen.port``).
     """
     app = create_app(config, store=store)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
@@ -301,7 +315,33 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
             f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
         ) from None
     host, port = runner.addresses[0][:2]
+    await _start_admin_listener(runner, config, reuse_port)
     return runner, f"http://{host}:{port}"
+
+
+async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
+    """Bind ``admin.listen`` (when set) on the same app; its ports go to the app's
+    :class:`~proxy.http.admin_gate.AdminGate`, which serves only the admin there.
+
+    Raises:
+        ConfigError: the address cannot be bound (``admin.listen.port``).
+    """
+    listen = config.admin.listen
+    if listen is None:
+        return
+    before = len(runner.addresses)
+    site = web.TCPSite(runner, listen.host, listen.port, reuse_port=True if reuse_port else None)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
+                                               f"{exc.strerror or exc}") from None
+    gate = runner.app[ADMIN_GATE]
+    addresses = runner.addresses[before:]
+    gate.ports.update(address[1] for address in addresses)
+    host, port = addresses[0][:2]
+    gate.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event | None = None,
@@ -323,6 +363,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         token_counter=config.compaction.token_counter,
         summary_enabled=config.summary.enabled,
         admin_enabled=config.admin_token() is not None,
+        admin_port=min(runner.app[ADMIN_GATE].ports, default=None),
         log_format=config.logging.format,
         allocator=allocator,
         event_loop=_loop_kind(),

@@ -152,9 +152,19 @@ def _load(path: str | None) -> Config | None:
         return None
 
 
+def _admin_token_ok(config: Config) -> bool:
+    """Whether the admin token (if set) is usable; else the one-line error is printed."""
+    try:
+        config.admin_token()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return False
+    return True
+
+
 def _serve(path: str | None, workers: int | None = None) -> int:
     config = _load(path)
-    if config is None:
+    if config is None or not _admin_token_ok(config):
         return EXIT_CONFIG
     if workers is not None:  # --workers overrides listen.workers
         try:
@@ -181,7 +191,7 @@ def _serve(path: str | None, workers: int | None = None) -> int:
 
 def _check_config(path: str | None) -> int:
     config = _load(path)
-    if config is None:
+    if config is None or not _admin_token_ok(config):
         return EXIT_CONFIG
     # Secrets a URL carries (store.url's Redis password) are shown as ***.
     sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
@@ -283,7 +293,8 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
         return 1
     if moved.state is not None:
         print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
-              f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were not moved and are "
+              f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were "
+              "not moved and are "
               "rebuilt on its next request")
     for source, target in moved.sources:
         print(f"moved {source} -> {target}")

@@ -78,6 +78,7 @@ from proxy.state.s3_roots import S3Settings, is_s3_url, parse_s3_root
 
 __all__ = [
     "AdminConfig",
+    "AdminListenConfig",
     "AuditConfig",
     "CompactionConfig",
     "Config",
@@ -490,11 +491,42 @@ class SessionConfig(_Section):
         return self.scope or "none"
 
 
+#: The shortest admin token accepted (``admin.min_token_length``'s default): 32 characters
+#: hold 128 bits even as hex (``openssl rand -hex 16``), beyond any online guessing.
+MIN_ADMIN_TOKEN_LENGTH: Final = 32
+
+
+@_section("admin.listen")
+class AdminListenConfig(_Section):
+    """``admin.listen``: an address of its own for ``/admin`` and the console (``port`` 0
+    picks a free one); the main listener then answers them 404."""
+
+    port: Port
+    host: Text = "127.0.0.1"
+
+
 @_section("admin")
 class AdminConfig(_Section):
-    """The admin API's token, by the name of the environment variable that holds it."""
+    """The admin API and console: the token, by the name of the environment variable that
+    holds it (``min_token_length`` characters at least); ``failed_auth_limit`` wrong tokens
+    from one client address lock it out for ``lockout_s``, doubled at each lockout in a row
+    up to ``max_lockout_s``; ``cookie_secure`` marks the console's cookies ``Secure`` (TLS
+    ends in front of the proxy); ``listen`` serves them on an address of their own."""
 
     token_env: EnvName = "COMPACT_PROXY_ADMIN_TOKEN"
+    min_token_length: Annotated[int, Strict(), Ge(16)] = MIN_ADMIN_TOKEN_LENGTH
+    failed_auth_limit: Positive = 5
+    lockout_s: Seconds = 1.0
+    max_lockout_s: Seconds = 300.0
+    cookie_secure: Bool = False
+    listen: AdminListenConfig | None = None
+
+    @model_validator(mode="after")
+    def _lockouts_in_order(self) -> AdminConfig:
+        if self.max_lockout_s < self.lockout_s:
+            raise invalid("max_lockout_s", f"must be at least admin.lockout_s "
+                                           f"({self.max_lockout_s:g} < {self.lockout_s:g})")
+        return self
 
 
 @_section("audit")
@@ -687,6 +719,11 @@ class Config(_Section):
             raise ConfigError("session.scope", (
                 f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
                 "credential, header:<name> or none"))
+        admin_listen = self.admin.listen
+        if admin_listen is not None and admin_listen.port and admin_listen.port == self.listen.port:
+            raise ConfigError("admin.listen.port", (
+                f"must differ from listen.port ({admin_listen.port}): the admin listener is a "
+                "port of its own"))
         roles = RolePolicies(
             {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
         )
@@ -743,9 +780,27 @@ class Config(_Section):
 
     def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API
-        off) when it is unset or empty."""
+        off) when it is unset or empty.
+
+        Raises:
+            ConfigError: the token is shorter than ``admin.min_token_length`` or padded with
+                whitespace (named by its variable, never shown).
+        """
         env = os.environ if environ is None else environ
-        return env.get(self.admin.token_env) or None
+        token = env.get(self.admin.token_env) or None
+        if token is None:
+            return None
+        name, shortest = self.admin.token_env, self.admin.min_token_length
+        if token != token.strip():
+            raise ConfigError("admin.token_env", (
+                f"the environment variable {name} has leading or trailing whitespace, which "
+                "no Authorization header can carry"))
+        if len(token) < shortest:
+            raise ConfigError("admin.token_env", (
+                f"the environment variable {name} holds a token of {len(token)} characters; "
+                f"at least {shortest} are required (admin.min_token_length), e.g. "
+                "`openssl rand -hex 32`"))
+        return token
 
     def summary_api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The API key for summary calls from ``summary.api_key_env``; ``None`` when that is not

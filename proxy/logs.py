@@ -63,6 +63,8 @@ SAFE_KEYS: Final = frozenset({
     # startup
     "host", "port", "upstream_host", "store_backend", "token_counter", "summary_enabled",
     "admin_enabled", "log_format", "allocator", "event_loop",
+    # the admin listener (admin.listen) and a locked-out client's wait
+    "admin_port", "retry_after_s",
     # worker processes (``listen.workers``): which one logged, and the supervisor's events
     "worker", "pid", "workers", "worker_pid", "exit_code", "signal", "restart_in_s",
     "uptime_s", "drain_timeout_s",

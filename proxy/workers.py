@@ -48,9 +48,8 @@ What the workers share, and what each keeps for itself
   worker also runs the hourly retention trim, which is idempotent.
 - *The console's cookies* are signed with a key derived from the admin token (never a random
   key per process), so a login on one worker is valid on every other. A logout revokes the
-  cookie's nonce in the worker that served it only (the browser forgets the cookie either
-  way; a copy of the cookie kept elsewhere stays valid on the other workers until it
-  expires, as it does on another replica).
+  cookie's nonce in the store (:mod:`proxy.state.store.revocations`), which every worker
+  reads: a copy of the cookie kept elsewhere is refused everywhere, after a restart too.
 - *``/metrics``* is the sum over every worker, including workers that died: see
   :mod:`proxy.metrics` (prometheus_client's multi-process mode, in a directory the supervisor
   creates and removes; a supervisor killed with SIGKILL leaves it in the temporary directory).
@@ -61,7 +60,8 @@ What the workers share, and what each keeps for itself
   (:mod:`proxy.state.shared_calibration`); a summary is made once per crossing across the
   processes (a lease of the store, :mod:`proxy.state.flights`).
 - *Per worker, in memory only:* caches that are exact whoever fills them (token counts,
-  decoded messages), the fleet-wide medians of the calibration, console logouts (above), and
+  decoded messages), the fleet-wide medians of the calibration, the admin failed-auth
+  lockouts (:mod:`proxy.auth_throttle`), and
   the accounting's previous request per conversation (:mod:`proxy.state.accounting`). That
   last one is an estimate that workers make worse: the ledger's "without the proxy"
   counterfactual lets a request read from the provider's cache what the conversation's
@@ -140,9 +140,10 @@ def _secrets(config: Config) -> list[str]:
 # -- the supervisor ----------------------------------------------------------------------------
 
 
-def _reserve(host: str, port: int) -> tuple[list[socket.socket], int]:
+def _reserve(host: str, port: int, section: str = "listen") -> tuple[list[socket.socket], int]:
     """Bind (without listening) every address of ``host`` with ``SO_REUSEPORT``; returns the
-    sockets and the port (the kernel's pick when ``port`` is 0).
+    sockets and the port (the kernel's pick when ``port`` is 0). Errors name ``section``'s
+    keys (``listen``, or ``admin.listen``).
 
     Raises:
         ConfigError: no ``SO_REUSEPORT`` here, ``host`` does not resolve, or the port is taken.
@@ -153,7 +154,8 @@ def _reserve(host: str, port: int) -> tuple[list[socket.socket], int]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ConfigError("listen.host", f"cannot resolve {host!r}: {exc.strerror}") from None
+        raise ConfigError(f"{section}.host", f"cannot resolve {host!r}: {exc.strerror}"
+                          ) from None
     sockets: list[socket.socket] = []
     chosen = port
     try:
@@ -170,9 +172,20 @@ def _reserve(host: str, port: int) -> tuple[list[socket.socket], int]:
     except OSError as exc:
         for sock in sockets:
             sock.close()
-        raise ConfigError("listen.port",
+        raise ConfigError(f"{section}.port",
                           f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sockets, chosen
+
+
+def _reserve_admin(config: Config) -> tuple[Config, list[socket.socket]]:
+    """Reserve ``admin.listen`` as the main port is (when set): the config naming the port
+    every worker binds, and the sockets holding it."""
+    listen = config.admin.listen
+    if listen is None:
+        return config, []
+    sockets, port = _reserve(listen.host, listen.port, "admin.listen")
+    admin = dataclasses.replace(config.admin, listen=dataclasses.replace(listen, port=port))
+    return dataclasses.replace(config, admin=admin), sockets
 
 
 def _check_store(config: Config) -> None:
@@ -276,9 +289,11 @@ class _Supervisor:
     def on_ready(self) -> None:
         if not self.all_started and all(w.ready for w in self.workers):
             self.all_started = True
+            admin = self.config.admin.listen
             _log.info("workers_started", workers=len(self.workers), host=self.config.listen.host,
                       port=self.config.listen.port, store_backend=self.config.store.backend,
-                      drain_timeout_s=self.config.listen.drain_timeout_s)
+                      drain_timeout_s=self.config.listen.drain_timeout_s,
+                      admin_port=None if admin is None else admin.port)
 
     def on_exit(self, worker: _Worker, returncode: int) -> None:
         pid, worker.pid = worker.pid, None
@@ -384,6 +399,13 @@ def supervise(config: Config) -> int:
     """
     configure_logging(config.logging, secrets=_secrets(config), fields={"pid": os.getpid()})
     sockets, port = _reserve(config.listen.host, config.listen.port)
+    try:
+        config, admin_sockets = _reserve_admin(config)
+    except ConfigError:
+        for sock in sockets:
+            sock.close()
+        raise
+    sockets += admin_sockets
     metrics_dir: str | None = None
     read_end, write_end = os.pipe()
     previous: dict[int, Any] = {}

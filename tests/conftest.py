@@ -25,6 +25,7 @@ from aiohttp import web
 from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
+from proxy.http.admin_gate import ADMIN_GATE
 from proxy.logs import configure_logging, reset_logging
 from tests.paths import CORPUS
 
@@ -198,7 +199,10 @@ def proxy_factory(
                           secrets=[admin_token] if admin_token else [])
         runner, url = servers.run(start_proxy(config))
         runners.append(runner)
+        gate = runner.app.get(ADMIN_GATE)
+        admin_url = gate.url if gate is not None else None  # admin.listen's, when set
         return RunningProxy(url, config, state_dir, transcripts, artifacts, admin_token,
+                            extras={"admin_url": admin_url} if admin_url else {},
                             app=runner.app)
 
     try:

@@ -31,6 +31,7 @@ import jinja2
 from aiohttp import web
 
 from policies import RolePolicies
+from proxy.auth_throttle import AuthThrottle
 from proxy.console._auth import Signer
 from proxy.console._context import CONSOLE, PREFIX, Console
 from proxy.console._edits import EDITS
@@ -40,6 +41,7 @@ from proxy.console._pages import edit_handler, session_page, sessions_page
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore
+from proxy.state.store.revocations import LoginRevocations
 
 __all__ = ["PREFIX", "setup_console"]
 
@@ -67,7 +69,9 @@ _FILTERS: Final[dict[str, Callable[..., str]]] = {
 
 def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                   log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
-                  record_changes: bool = True) -> None:
+                  record_changes: bool = True, throttle: AuthThrottle | None = None,
+                  revocations: LoginRevocations | None = None,
+                  cookie_secure: bool = False) -> None:
     """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
 
     Args:
@@ -80,12 +84,19 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
         policies: the roles' thresholds.
         record_changes: whether each change is recorded in ``log`` (``audit.enabled``, as
             for the admin API).
+        throttle: the failed-auth lockouts shared with the admin API (its own otherwise).
+        revocations: where logouts are kept so that every process refuses the cookie, after
+            a restart too (the state store); ``None``: in this process only.
+        cookie_secure: mark the cookies ``Secure`` even over plain HTTP (``admin.cookie_secure``:
+            TLS ends in front of the proxy).
     """
     if not token:
         return
     console = web.Application(middlewares=console_middlewares())
     console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
-                               signer=Signer(token), record_changes=record_changes)
+                               signer=Signer(token), record_changes=record_changes,
+                               throttle=throttle if throttle is not None else AuthThrottle(),
+                               revocations=revocations, cookie_secure=cookie_secure)
     aiohttp_jinja2.setup(
         console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,

@@ -6,14 +6,17 @@ ends every console session. From that key:
 
 - the session cookie is ``<expires>.<nonce>.<signature>``: a Unix expiry, 16 random bytes
   (URL-safe base64) and the HMAC of both. It is ``HttpOnly``, ``SameSite=Strict``, scoped to
-  the console's path, and ``Secure`` when the request came over HTTPS;
+  the console's path, and ``Secure`` when the request came over HTTPS (always with
+  ``admin.cookie_secure``);
 - a form's CSRF token is the HMAC of the session's nonce: bound to that one login, it is
   worthless with any other cookie, and a cross-site page can neither read it nor the cookie;
 - the login form, served before there is a session, gets its own nonce cookie and a CSRF
   token bound to it, so a cross-site page cannot log the browser in either.
 
-Logging out forgets the cookie in the browser and revokes its nonce in this process until
-the cookie would have expired anyway. Everything in ``__all__`` gets re-exported.
+Logging out forgets the cookie in the browser and revokes its nonce until the cookie would
+have expired anyway: here (:meth:`Signer.revoke`) and in the state store, so every process
+refuses it, after a restart too (:meth:`proxy.console._context.Console.logout`). Everything
+in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ re-exported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
@@ -14,10 +14,12 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from policies import RolePolicies
+from proxy.auth_throttle import AuthThrottle
 from proxy.console._auth import LoginSession, Signer
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore
+from proxy.state.store.revocations import LoginRevocations
 
 __all__ = [
     "CONSOLE",
@@ -50,6 +52,9 @@ class Console:
         policies: the roles' thresholds, for the chart.
         signer: cookies and CSRF tokens.
         record_changes: whether each change is kept in ``log`` (``audit.enabled``).
+        throttle: the failed-auth lockouts, shared with the admin API.
+        revocations: where logouts are kept for every process (``None``: this one only).
+        cookie_secure: mark the cookies ``Secure`` whatever the scheme seen here.
     """
 
     store: StateStore
@@ -58,6 +63,24 @@ class Console:
     policies: RolePolicies
     signer: Signer
     record_changes: bool = True
+    throttle: AuthThrottle = field(default_factory=AuthThrottle)
+    revocations: LoginRevocations | None = None
+    cookie_secure: bool = False
+
+    async def login(self, request: web.Request) -> LoginSession | None:
+        """The login the request's cookie proves: signed, unexpired and not revoked here or
+        in the store (which may raise :class:`~proxy.state.store.StoreError`)."""
+        login = self.signer.session(request.cookies.get(SESSION_COOKIE))
+        if login is not None and self.revocations is not None and (
+                await self.revocations.login_revoked(login.nonce)):
+            return None
+        return login
+
+    async def logout(self, login: LoginSession) -> None:
+        """End ``login`` here and, through the store, in every process."""
+        self.signer.revoke(login)
+        if self.revocations is not None:
+            await self.revocations.revoke_login(login.nonce, login.expires)
 
 
 #: The console's dependencies (held by its sub-app).

@@ -3,9 +3,12 @@
 ``GET /admin/ui/login`` serves a form with one field, ``token`` (the admin token), and a CSRF
 token bound to a fresh nonce cookie. ``POST /admin/ui/login`` checks both: the right token
 gets the session cookie (:mod:`proxy.console._auth`) and a redirect; a wrong one gets the form
-again (401) and no cookie. ``POST /admin/ui/logout`` ends the login. The token is only ever
-in the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets
-re-exported.
+again (401) and no cookie; a client address locked out by too many wrong tokens
+(:mod:`proxy.auth_throttle`, shared with the admin API) gets the form with 429 and
+``Retry-After``, its token unchecked. ``POST /admin/ui/logout`` ends the login in every
+process, through the state store. Cookies are ``Secure`` over HTTPS, or always with
+``admin.cookie_secure``. The token is only ever in the POST body: never in a URL, a page or
+a log line. Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Final
 import structlog
 from aiohttp import web
 
+from proxy.auth_throttle import client_of
 from proxy.console._auth import LOGIN_FORM_TTL_S, SESSION_TTL_S
 from proxy.console._context import (
     CONSOLE,
@@ -26,6 +30,7 @@ from proxy.console._context import (
     see_other,
 )
 from proxy.console._middleware import forbidden
+from proxy.state.store import StoreError
 
 __all__ = ["login_form", "login_submit", "logout"]
 
@@ -44,8 +49,9 @@ def _next_path(raw: object) -> str:
 
 def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str,
                 max_age: int) -> None:
+    secure = request.secure or request.app[CONSOLE].cookie_secure
     response.set_cookie(name, value, max_age=max_age, path=PREFIX, httponly=True,
-                        samesite="Strict", secure=request.secure)
+                        samesite="Strict", secure=secure)
 
 
 def _form_page(request: web.Request, *, error: str | None = None,
@@ -60,14 +66,19 @@ def _form_page(request: web.Request, *, error: str | None = None,
 
 async def login_form(request: web.Request) -> web.StreamResponse:
     """``GET /login``: the form (or the sessions page, when already logged in)."""
-    if request.app[CONSOLE].signer.session(request.cookies.get(SESSION_COOKIE)) is not None:
+    try:
+        login = await request.app[CONSOLE].login(request)
+    except StoreError:  # the revocations cannot be read: the form, as when logged out
+        login = None
+    if login is not None:
         raise web.HTTPSeeOther(_next_path(request.query.get("next")))
     return _form_page(request)
 
 
 async def login_submit(request: web.Request) -> web.StreamResponse:
     """``POST /login``: a session cookie for the admin token, a 401 form otherwise."""
-    signer = request.app[CONSOLE].signer
+    console = request.app[CONSOLE]
+    signer, throttle, client = console.signer, console.throttle, client_of(request)
     form = await request.post()
     csrf, token, next_path = form.get("csrf"), form.get("token"), form.get("next")
     if not signer.login_form_matches(request.cookies.get(LOGIN_COOKIE),
@@ -75,9 +86,18 @@ async def login_submit(request: web.Request) -> web.StreamResponse:
         _log.warning("console_csrf_refused", path=request.path)
         return forbidden(request, "The login form expired or did not come from this console: "
                                   "reload it and try again.")
+    wait = throttle.retry_after(client)
+    if wait is not None:  # locked out: the token is not even looked at
+        _log.warning("console_login_locked_out", retry_after_s=wait)
+        response = _form_page(request, error=f"Too many wrong tokens from your address: try "
+                                              f"again in {wait} s.", status=429)
+        response.headers["Retry-After"] = str(wait)
+        return response
     if not isinstance(token, str) or not token or not signer.token_matches(token):
+        throttle.failed(client)
         _log.warning("console_login_refused")
         return _form_page(request, error="Wrong admin token.", status=401)
+    throttle.succeeded(client)
     response = see_other(_next_path(next_path))
     _set_cookie(request, response, SESSION_COOKIE, signer.new_session(), SESSION_TTL_S)
     response.del_cookie(LOGIN_COOKIE, path=PREFIX)
@@ -87,7 +107,7 @@ async def login_submit(request: web.Request) -> web.StreamResponse:
 
 async def logout(request: web.Request) -> web.StreamResponse:
     """``POST /logout``: forget the login (the middleware checked its CSRF token)."""
-    request.app[CONSOLE].signer.revoke(request[LOGIN])
+    await request.app[CONSOLE].logout(request[LOGIN])
     response = see_other(f"{PREFIX}/login")
     response.del_cookie(SESSION_COOKIE, path=PREFIX)
     _log.info("console_logout")

@@ -21,7 +21,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from proxy.console._context import CONSOLE, LOGIN, PREFIX, SESSION_COOKIE, render
+from proxy.console._context import CONSOLE, LOGIN, PREFIX, render
 from proxy.state.store import StoreError
 
 __all__ = ["console_middlewares", "forbidden"]
@@ -66,7 +66,10 @@ async def _login_required(request: web.Request, handler: Handler) -> web.StreamR
         raise web.HTTPMovedPermanently(f"{PREFIX}/")
     if request.path in _PUBLIC_PATHS or request.path.startswith(_PUBLIC_PREFIX):
         return await handler(request)
-    login = request.app[CONSOLE].signer.session(request.cookies.get(SESSION_COOKIE))
+    try:
+        login = await request.app[CONSOLE].login(request)
+    except StoreError as exc:
+        return _store_failed(request, exc)
     if login is None:
         if request.method in _SAFE_METHODS:
             raise web.HTTPSeeOther(f"{PREFIX}/login?{urlencode({'next': request.path_qs})}")
@@ -83,12 +86,16 @@ async def _login_required(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except StoreError as exc:
-        # The store's message may name file paths; it goes to the log only.
-        structlog.get_logger().error("console_store_failed", path=request.path,
-                                     error=type(exc).__name__, detail=str(exc))
-        return render(request, "error.html", {"title": "State store failed",
-                                              "message": "The state store failed; try again."},
-                      status=500)
+        return _store_failed(request, exc)
+
+
+def _store_failed(request: web.Request, exc: StoreError) -> web.Response:
+    # The store's message may name file paths; it goes to the log only.
+    structlog.get_logger().error("console_store_failed", path=request.path,
+                                 error=type(exc).__name__, detail=str(exc))
+    return render(request, "error.html", {"title": "State store failed",
+                                          "message": "The state store failed; try again."},
+                  status=500)
 
 
 def console_middlewares() -> list[Middleware]:

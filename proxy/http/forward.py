@@ -34,6 +34,7 @@ from yarl import URL
 from proxy.http.audit import Outcome, RequestRecord
 from proxy.http.body import decoded
 from proxy.http.errors import UpstreamFailure
+from proxy.http.upstream_headers import ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits, read_some
 from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
 from proxy.state.usage import ProviderUsage
@@ -151,9 +152,14 @@ def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMult
     return out
 
 
-def upstream_request_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """The headers to send upstream: all of ``headers`` but hop-by-hop, Host, Content-Length."""
-    return _filtered(headers, _NOT_FORWARDED)
+def upstream_request_headers(headers: CIMultiDictProxy[str],
+                             policy: ForwardPolicy | None = None) -> CIMultiDict[str]:
+    """The headers to send upstream: all of ``headers`` but hop-by-hop, Host, Content-Length,
+    and what ``policy`` drops (:mod:`proxy.http.upstream_headers`)."""
+    out = _filtered(headers, _NOT_FORWARDED)
+    if policy is not None:
+        policy.apply(out)
+    return out
 
 
 def _downstream_headers(headers: CIMultiDictProxy[str], *, framed: bool) -> CIMultiDict[str]:

@@ -48,6 +48,7 @@ from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import RequestBody, parse_request, remembered
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+from proxy.http.upstream_headers import FORWARD_POLICY
 from proxy.keys import (
     ACCOUNTING,
     CALIBRATION,
@@ -108,7 +109,7 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
-    headers = upstream_request_headers(request.headers)
+    headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
     body = None
     if request.body_exists:
         body = request_body_stream(request)
@@ -144,7 +145,7 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
 
     def fork() -> ForkSource:
         # Made only when a summary call is (a cached summary needs none).
-        headers = upstream_request_headers(request.headers)
+        headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
@@ -160,7 +161,8 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
     return summary_source(
-        app[SUMMARIES], provider, CallerCredentials.from_headers(request.headers),
+        app[SUMMARIES], provider, CallerCredentials.from_headers(
+            upstream_request_headers(request.headers, app[FORWARD_POLICY])),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
 
@@ -342,7 +344,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                  may_call_model, measured, executor)
 
-    headers = upstream_request_headers(request.headers)
+    headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
     if not result.changed and not durable.text and not mended:
         # Nothing to rewrite: the client's bytes go out as they came.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.admin import setup_admin
+from proxy.auth_throttle import AUTH_THROTTLE
 from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
 from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.metrics import CONTENT_TYPE
@@ -42,5 +43,6 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/metrics", metrics_handler, name="metrics")
     config = app[CONFIG]
     setup_admin(app, app[STORE], config.admin_token(), log=app[AUDIT_LOG],  # mounts /admin
-                resolvers=app[RESOLVERS], record_changes=config.audit.enabled)
+                resolvers=app[RESOLVERS], record_changes=config.audit.enabled,
+                throttle=app[AUTH_THROTTLE])
     router.add_route("*", "/{tail:.*}", passthrough_handler, name="passthrough")

@@ -22,7 +22,7 @@ from proxy.admin import MAX_ADMIN_BODY_BYTES, setup_admin
 from proxy.state.store import SQLiteStateStore
 from tests.conftest import ProxyFactory, log_lines_for
 
-TOKEN = "tok-7f3a9c1e5b2d4e6f8a0b"
+TOKEN = "tok-7f3a9c1e5b2d4e6f8a0b1c3d5e7f9a2b"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SECRET_FACT = "the deploy key lives in vault path kv/prod/deploy"
 STATE_PATH = "/admin/sessions/sess-1/state"

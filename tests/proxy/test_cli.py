@@ -148,12 +148,36 @@ def test_check_config_shows_secrets_only_by_env_var_name(tmp_path: Path) -> None
     result = run(
         ["check-config", "--config", str(path)],
         tmp_path,
-        COMPACT_PROXY_ADMIN_TOKEN="admin-s3cret",
+        COMPACT_PROXY_ADMIN_TOKEN="admin-s3cret-0123456789abcdef0123456789",
         SUMMARY_KEY="sk-s3cret",
     )
     assert result.returncode == 0, result.stderr
     assert "s3cret" not in result.stdout
     assert "COMPACT_PROXY_ADMIN_TOKEN" in result.stdout and "SUMMARY_KEY" in result.stdout
+
+
+SHORT_TOKEN_LINE = (
+    "config error: admin.token_env: the environment variable COMPACT_PROXY_ADMIN_TOKEN holds a "
+    "token of 1 characters; at least 32 are required (admin.min_token_length), e.g. "
+    "`openssl rand -hex 32`"
+)
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_short_admin_token_is_a_config_error(tmp_path: Path, command: str) -> None:
+    """``COMPACT_PROXY_ADMIN_TOKEN=x``: one line naming the variable and the minimum, exit 2,
+    nothing served; 32 characters are accepted."""
+    path = tmp_path / "c.yaml"
+    path.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\nlisten: {port: 0}\n"
+                    f"store: {{path: '{tmp_path / 'state.db'}'}}\n")
+    result = run([command, "--config", str(path)], tmp_path, timeout=30,
+                 COMPACT_PROXY_ADMIN_TOKEN="x")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [SHORT_TOKEN_LINE]
+    assert not (tmp_path / "state.db").exists()
+    ok = run(["check-config", "--config", str(path)], tmp_path,
+             COMPACT_PROXY_ADMIN_TOKEN="k" * 32)
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:

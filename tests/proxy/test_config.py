@@ -515,7 +515,7 @@ def test_source_access_policy_reflects_the_config() -> None:
     [
         ({}, None),
         ({"COMPACT_PROXY_ADMIN_TOKEN": ""}, None),
-        ({"COMPACT_PROXY_ADMIN_TOKEN": "t0k"}, "t0k"),
+        ({"COMPACT_PROXY_ADMIN_TOKEN": "t0k" * 11}, "t0k" * 11),
     ],
 )
 def test_admin_token_comes_from_the_named_env_var(
@@ -528,7 +528,41 @@ def test_admin_token_comes_from_the_named_env_var(
 def test_admin_token_env_name_is_configurable() -> None:
     """admin.token_env chooses which variable holds the token."""
     config = Config.from_mapping({**UPSTREAM, "admin": {"token_env": "MY_TOKEN"}})
-    assert config.admin_token({"MY_TOKEN": "abc", "COMPACT_PROXY_ADMIN_TOKEN": "x"}) == "abc"
+    token = "abc" * 11
+    assert config.admin_token({"MY_TOKEN": token, "COMPACT_PROXY_ADMIN_TOKEN": "x"}) == token
+
+
+@pytest.mark.parametrize(("mapping", "token", "problem"), [
+    ({}, "x", "holds a token of 1 characters; at least 32 are required"),
+    ({}, "k" * 31, "holds a token of 31 characters; at least 32 are required"),
+    ({"min_token_length": 40}, "k" * 39, "of 39 characters; at least 40 are required"),
+    ({}, " " + "k" * 40, "has leading or trailing whitespace"),
+])
+def test_a_short_or_padded_admin_token_is_a_config_error(
+    mapping: dict[str, Any], token: str, problem: str
+) -> None:
+    """admin_token() refuses a token below admin.min_token_length, naming the variable and
+    the minimum but never the token."""
+    config = Config.from_mapping({**UPSTREAM, "admin": mapping})
+    with pytest.raises(ConfigError) as caught:
+        config.admin_token({"COMPACT_PROXY_ADMIN_TOKEN": token})
+    assert caught.value.key == "admin.token_env"
+    assert "COMPACT_PROXY_ADMIN_TOKEN" in str(caught.value) and problem in str(caught.value)
+    assert len(token) == 1 or token.strip() not in str(caught.value)
+    assert config.admin_token({"COMPACT_PROXY_ADMIN_TOKEN": "k" * 40}) == "k" * 40
+
+
+@pytest.mark.parametrize(("admin", "key", "problem"), [
+    ({"min_token_length": 8}, "admin.min_token_length", "at least 16"),
+    ({"lockout_s": 10, "max_lockout_s": 5}, "admin.max_lockout_s", "must be at least"),
+    ({"listen": {"port": 8787}}, "admin.listen.port", "must differ from listen.port"),
+    ({"listen": {}}, "admin.listen.port", "required"),
+])
+def test_admin_settings_are_checked(admin: dict[str, Any], key: str, problem: str) -> None:
+    """The admin section's limits, named by key."""
+    with pytest.raises(ConfigError) as caught:
+        Config.from_mapping({**UPSTREAM, "admin": admin})
+    assert caught.value.key == key and problem in caught.value.problem
 
 
 def test_summary_api_key_comes_from_the_named_env_var() -> None:
@@ -581,7 +615,7 @@ def test_as_dict_round_trips_and_holds_no_secret() -> None:
         "subagent"
     )
     assert data["summary"]["api_key_env"] == "SUMMARY_KEY"
-    assert data["admin"] == {"token_env": "COMPACT_PROXY_ADMIN_TOKEN"}
+    assert data["admin"]["token_env"] == "COMPACT_PROXY_ADMIN_TOKEN"
 
 
 # ------------------------------------------------------------------------------ the example

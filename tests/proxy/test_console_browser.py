@@ -47,7 +47,7 @@ pytestmark = [
                        reason="the browser tests need /usr/bin/chromium: apt-get install chromium"),
 ]
 
-TOKEN = "console-e2e-token-8c2f4a9d"
+TOKEN = "console-e2e-token-8c2f4a9d1e3b5c7f9a0d"
 SID = "console-demo"
 OTHER_SID = "review-bot"
 MODEL = "claude-sonnet-4-5"

@@ -20,7 +20,7 @@ from proxy.console._login import _next_path
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from tests.conftest import ProxyFactory
 
-TOKEN = "console-token-5d1e9a7c3b"
+TOKEN = "console-token-5d1e9a7c3b2f4e6a8c0d1b3f"
 UI = "/admin/ui"
 SESSION = f"{UI}/tenants/none/sessions/sess-1"
 ADMIN_STATE = "/admin/sessions/sess-1/state"

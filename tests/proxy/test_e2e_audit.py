@@ -33,7 +33,7 @@ from tests.conftest import (
 from tests.proxy.test_e2e_compaction import LOW_THRESHOLDS, read_turns
 
 MODEL = "claude-sonnet-4-5"
-TOKEN = "admin-audit-e2e-token-3f9a"
+TOKEN = "admin-audit-e2e-token-3f9a1c5e7b2d4f6a"
 SESSION = "audit-e2e"
 
 

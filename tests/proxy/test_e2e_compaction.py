@@ -186,7 +186,7 @@ def test_durable_block_is_appended_last_to_system_with_verified_statuses(
 ) -> None:
     """After an admin PUT the state is the last system block; each item shows its verified
     status; the block is byte-identical on the next request (prompt cache)."""
-    proxy = proxy_factory(admin_token="admin-e2e-token-5b2d4e6f")
+    proxy = proxy_factory(admin_token="admin-e2e-token-5b2d4e6f8a0c1e3b5d7f")
     digests = durable_setup(proxy, "sess-d")
     admin_put(proxy, "sess-d", {
         "facts": [{"fact_id": "f1", "content": f"{PROMPT_MARKER} deploys happen on fridays",
@@ -231,7 +231,7 @@ def test_each_request_shows_its_sources_as_they_are_then(
     removed between two requests is missing in the second; a transcript line rewritten is
     corrupt for the pointers into it; both put back, the block is the first one again, byte
     for byte."""
-    proxy = proxy_factory(admin_token="admin-e2e-token-5b2d4e6f")
+    proxy = proxy_factory(admin_token="admin-e2e-token-5b2d4e6f8a0c1e3b5d7f")
     digests = durable_setup(proxy, "sess-r")
     admin_put(proxy, "sess-r", {
         "facts": [{"fact_id": f"f{n}", "content": f"fact {n}",
@@ -470,7 +470,7 @@ def test_durable_state_never_enters_a_summary_or_a_summary_merge(
     forwarded request does. A separate call never carries them at all; a forked one has them
     only in ``system``, exactly as the request it forks was forwarded."""
     proxy = proxy_factory({"compaction": SUMMARY_POLICY, "summary": {"mode": mode}},
-                          admin_token="admin-e2e-token-merge-9c1d")
+                          admin_token="admin-e2e-token-merge-9c1d3f5a7b9e2c4d")
     marker = "DURABLE-FACT-ONLY-IN-SYSTEM-41b7"
     admin_put(proxy, "merge-1", {"facts": [{
         "fact_id": "f1", "content": f"{marker}: the release branch is frozen",

@@ -34,7 +34,7 @@ from tests.conftest import (
 from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, admin_put, read_turns
 
 MODEL = "claude-sonnet-4-5"
-ADMIN_TOKEN = "admin-hygiene-token-9c1e5b2d"
+ADMIN_TOKEN = "admin-hygiene-token-9c1e5b2d7f3a8e4c"
 
 
 def run_workload(client: anthropic.Anthropic, upstream_server: UpstreamServer) -> None:

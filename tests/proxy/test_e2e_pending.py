@@ -58,7 +58,8 @@ def test_a_summary_or_a_reply_saying_done_leaves_the_item_open(
     """L4 runs with a summary claiming the item is done and the model answers that it is:
     the stored state and the rendered block still say open; an admin PUT then marks it done
     and the next request's block says so."""
-    proxy = proxy_factory({"compaction": SUMMARY_POLICY}, admin_token="admin-pending-9e2c")
+    proxy = proxy_factory({"compaction": SUMMARY_POLICY},
+                          admin_token="admin-pending-9e2c4a6b8d0f1e3c5a7b9d2f")
     admin_put(proxy, SESSION, {"pending_items": [{
         "item_id": "changelog", "description": "Add a changelog entry.",
         "source_pointer": f"transcript:{SESSION}:1", "last_confirmed_at": "2026-12-01T09:05:00Z"}]})

@@ -132,9 +132,10 @@ def turn_messages(tag: str, turns: int) -> list[dict[str, Any]]:
 
 
 def client_bodies(upstream: FakeUpstream, session: str) -> list[str]:
-    """The forwarded bodies of one session's own requests (not summary calls), as JSON."""
+    """The forwarded bodies of one session's own requests (not summary calls), as JSON (told
+    by the test's own ``x-test-session``: the proxy keeps its session header to itself)."""
     return [json.dumps(r.body) for r in upstream.message_requests
-            if r.headers.get("x-compact-session-id") == session
+            if r.headers.get("x-test-session") == session
             and not is_summarizer_request(r.body)]
 
 
@@ -153,7 +154,7 @@ def run_session(urls: list[str], session: str, tag: str, turns: int) -> list[str
             client = clients[turn % len(clients)]
             raw = client.messages.with_raw_response.create(
                 model=MODEL, max_tokens=256, messages=turn_messages(tag, turn),
-                extra_headers={"x-compact-session-id": session})
+                extra_headers={"x-compact-session-id": session, "x-test-session": session})
             layers.append(raw.headers["x-compact-layers"])
     finally:
         for client in clients:
@@ -211,7 +212,7 @@ async def _put_fact(http: aiohttp.ClientSession, url: str, session: str, text: s
 async def _ask(http: aiohttp.ClientSession, url: str, session: str) -> None:
     async with http.post(f"{url}/v1/messages", headers={
             "x-api-key": TEST_API_KEY, "anthropic-version": "2023-06-01",
-            "x-compact-session-id": session}, json={
+            "x-compact-session-id": session, "x-test-session": session}, json={
             "model": MODEL, "max_tokens": 64,
             "messages": [{"role": "user", "content": user_text("hello")}]}) as resp:
         assert resp.status == 200, await resp.text()
@@ -270,7 +271,7 @@ def test_ten_concurrent_crossings_over_three_replicas_make_one_summary_call(
         async with client:
             raw = await client.messages.with_raw_response.create(
                 model=MODEL, max_tokens=64, messages=history,
-                extra_headers={"x-compact-session-id": session})
+                extra_headers={"x-compact-session-id": session, "x-test-session": session})
             return raw.headers["x-compact-layers"]
 
     async def burst() -> list[str]:
@@ -294,7 +295,7 @@ def test_a_replica_killed_mid_stream_then_the_retry_on_another_gets_the_same_vie
     body = {"model": MODEL, "max_tokens": 64, "stream": True,
             "messages": turn_messages(tag, 30)}
     headers = {"x-api-key": TEST_API_KEY, "anthropic-version": "2023-06-01",
-               "x-compact-session-id": session}
+               "x-compact-session-id": session, "x-test-session": session}
 
     async def scenario() -> bytes:
         async with aiohttp.ClientSession() as http:

@@ -100,9 +100,11 @@ def test_the_summary_call_is_the_clients_own_request_and_reads_its_cached_prefix
     (call,) = summary_calls(upstream_server)
     forwarded = client_requests(upstream_server)[-1]
     assert call.api_key == forwarded.api_key == TEST_API_KEY
-    for name in ("anthropic-beta", "anthropic-version", "user-agent", "x-app",
-                 "x-compact-session-id"):
+    for name in ("anthropic-beta", "anthropic-version", "user-agent", "x-app"):
         assert call.headers[name] == forwarded.headers[name], name
+    # The proxy's own session header stays with the proxy (issue #31).
+    assert "x-compact-session-id" not in call.headers
+    assert "x-compact-session-id" not in forwarded.headers
     # Nothing of the summariser's own SDK: the client's headers, no more and no fewer.
     assert set(call.headers) - set(forwarded.headers) <= TRANSPORT_HEADERS
     assert set(forwarded.headers) - set(call.headers) <= {"x-stainless-raw-response"}

@@ -839,7 +839,7 @@ def test_proxy_with_s3_roots_puts_verified_statuses_into_system(
             await put_artifact(client, bucket, "report.txt", REPORT)
 
     asyncio.run(seed())
-    token = "admin-e2e-token-s3-4c1e"
+    token = "admin-e2e-token-s3-4c1e9a7b3d5f2e8c6a0b"
     proxy = proxy_factory({"sources": {
         "transcript_root": f"s3://{bucket}/team/transcripts",
         "artifact_root": f"s3://{bucket}/team/artifacts",

@@ -28,7 +28,7 @@ from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamSer
 
 HEADER = "x-compact-session-id"
 HEX12 = "0123456789ab"
-ADMIN_TOKEN = "tok-session-ids-0123456789"
+ADMIN_TOKEN = "tok-session-ids-0123456789abcdef0123"
 
 VALID = [
     "132b2f66-ee5f-4690-8904-32d9dc4d36c3",

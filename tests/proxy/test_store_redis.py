@@ -251,7 +251,7 @@ def test_proxy_on_redis_injects_state_put_through_the_admin_api(
     """With store.backend redis, an admin PUT lands in Redis and the next /v1/messages is
     forwarded with the durable block last in ``system``; no SQLite file is created."""
     session_id = f"redis-e2e-{uuid.uuid4().hex[:8]}"
-    token = "admin-redis-e2e-token-9c1e"
+    token = "admin-redis-e2e-token-9c1e3a5b7d2f4e6c"
     proxy = proxy_factory({"store": {"backend": "redis", "url": redis_url}}, admin_token=token)
     fact = {"fact_id": "f-redis", "content": "the cache lives in redis",
             "source_pointer": f"transcript:{session_id}:1",

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = shutil.which("compact-proxy")
 COMMAND = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "proxy.cli"]
 ADMIN_ENV = "COMPACT_PROXY_WORKERS_TEST_ADMIN_TOKEN"
-ADMIN_TOKEN = "workers-admin-token-3d9e7a51c2"
+ADMIN_TOKEN = "workers-admin-token-3d9e7a51c2b4f6e8a0"
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 API_KEY = "sk-ant-api03-workers-test-key-00112233445566"
 #: The stamped fake provider's header: milliseconds between two SSE events of the reply.
@@ -346,6 +346,60 @@ async def test_a_console_login_on_one_worker_is_valid_on_every_worker(
                 statuses.append(response.status)
     assert statuses == [200] * 20
     assert {worker for worker, _ in shared_fleet.served_by(since, 22)} == {0, 1}
+
+
+async def test_a_console_logout_on_one_worker_is_refused_by_every_worker(
+        shared_fleet: Fleet) -> None:
+    """Issue #31: log in, log out, then 20 pages with the logged-out cookie, each on a new
+    connection: every worker sends it back to the login form (the logout is in the store)."""
+    ui = f"{shared_fleet.url}/admin/ui"
+    async with fresh_client() as client:
+        async with client.get(f"{ui}/login") as response:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await response.text())
+        assert csrf is not None
+        async with client.post(f"{ui}/login", allow_redirects=False,
+                               data={"csrf": csrf.group(1), "token": ADMIN_TOKEN}) as response:
+            assert response.status == 303
+        cookie = next(c.value for c in client.cookie_jar if c.key == "compact_console")
+        async with client.get(f"{ui}/") as response:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await response.text())
+        assert csrf is not None
+        async with client.post(f"{ui}/logout", allow_redirects=False,
+                               data={"csrf": csrf.group(1)}) as response:
+            assert response.status == 303
+    since = len(shared_fleet.log.events("request_completed"))
+    statuses = []
+    async with fresh_client() as client:
+        for _ in range(20):
+            async with client.get(f"{ui}/", allow_redirects=False,
+                                  headers={"Cookie": f"compact_console={cookie}"}) as response:
+                statuses.append(response.status)
+    assert statuses == [303] * 20
+    assert {worker for worker, _ in shared_fleet.served_by(since, 20)} == {0, 1}
+
+
+async def test_the_admin_listener_is_shared_by_the_workers(
+        upstream: str, tmp_path: Path) -> None:
+    """``admin.listen`` with port 0 under ``--workers 2``: one port, reserved by the
+    supervisor (``workers_started`` names it), served by both workers; the main port answers
+    /admin with 404."""
+    config = write_config(tmp_path, upstream, backend="sqlite")
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["admin"]["listen"] = {"port": 0}
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with fleet(config, "--workers", "2") as running:
+        started = running.log.events("workers_started")[0]
+        admin_url = f"http://127.0.0.1:{started['admin_port']}"
+        assert started["admin_port"] != running.port
+        async with fresh_client() as client:
+            statuses = []
+            for _ in range(20):
+                async with client.get(f"{admin_url}/admin/sessions", headers=AUTH) as response:
+                    statuses.append(response.status)
+            async with client.get(f"{running.url}/admin/sessions", headers=AUTH) as response:
+                assert response.status == 404
+        assert statuses == [200] * 20
+        assert {worker for worker, _ in running.served_by(0, 21)} == {0, 1}
 
 
 async def test_every_line_says_who_wrote_it_and_none_holds_a_credential(

@@ -39,7 +39,7 @@ OUTAGE_S = 5.0
 RECOVERY_S = 4.0
 #: Concurrent clients.
 CLIENTS = 4
-ADMIN_TOKEN = "outage-admin-token-31d7c0a9"
+ADMIN_TOKEN = "outage-admin-token-31d7c0a9e5b24f6a8c1d"
 FACT = "the outage test pinned this fact before redis went away"
 
 

@@ -183,6 +183,7 @@ from .base import (
     VersionConflict,
 )
 from .redis_lane import Lane
+from .redis_revocations import RedisLoginRevocations
 
 __all__ = ["PROBE_INTERVAL_S", "REDIS_MODES", "RedisMode", "RedisStateStore"]
 
@@ -461,7 +462,7 @@ def _client(url: str, mode: str, service: str | None,
     return aioredis.Redis.from_url(url, **options)
 
 
-class RedisStateStore:
+class RedisStateStore(RedisLoginRevocations):
     """The :class:`~proxy.state.store.base.StoreBackend` backed by a Redis server.
 
     Construction does no I/O (the connection pool connects lazily); :meth:`open` PINGs the

@@ -110,6 +110,7 @@ from .base import (
     StoredState,
     StoreError,
 )
+from .revocations import SQLiteLoginRevocations
 
 __all__ = ["SQLiteStateStore"]
 
@@ -252,7 +253,7 @@ _USAGE_ROWS = (
 )
 
 
-class SQLiteStateStore:
+class SQLiteStateStore(SQLiteLoginRevocations):
     """The :class:`~proxy.state.store.base.StoreBackend` backed by one SQLite file.
 
     Construction does no I/O; the file (``0600``, and its missing parent directories,
