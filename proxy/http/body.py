@@ -24,8 +24,9 @@ from aiohttp import web
 
 from proxy.http.errors import RequestRejected
 
-__all__ = ["SUPPORTED_ENCODINGS", "check_body", "check_objects", "decoded", "dump_body", "may_hold_lone_surrogates",
-           "parse_body", "parse_json_object", "read_body", "replace_lone_surrogates"]
+__all__ = ["SUPPORTED_ENCODINGS", "check_body", "check_objects", "decoded", "dump_body",
+           "may_hold_lone_surrogates", "parse_body", "parse_json_object", "read_body",
+           "replace_lone_surrogates"]
 
 
 def _too_large(limit: int) -> RequestRejected:

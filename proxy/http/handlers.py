@@ -44,8 +44,8 @@ from proxy.http.forward import (
     request_body_stream,
     upstream_request_headers,
 )
-from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.recent import RecentBodies
+from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.spans import RequestBody, parse_request, remembered
 from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
 from proxy.http.upstream_headers import FORWARD_POLICY

@@ -49,7 +49,7 @@ def _post(proxy: RunningProxy, body: bytes, *, session: str | None = None,
 
 
 def _tiny_blocks(count: int, salt: str) -> bytes:
-    blocks = ",".join('{"type":"text","text":"%s%d"}' % (salt, i % 10) for i in range(count))
+    blocks = ",".join(f'{{"type":"text","text":"{salt}{i % 10}"}}' for i in range(count))
     return (f'{{"model":"{MODEL}","max_tokens":16,"messages":'
             f'[{{"role":"user","content":[{blocks}]}}]}}').encode()
 
@@ -62,13 +62,13 @@ def _small_body(text: str) -> bytes:
 # -- the estimate is never under what the objects occupy ---------------------------------------
 
 SHAPES = {
-    "tiny text blocks": '[' + ",".join('{"type":"text","text":"a%d"}' % (i % 10)
-                                       for i in range(3000)) + ']',
+    "tiny text blocks": "[" + ",".join(f'{{"type":"text","text":"a{i % 10}"}}'
+                                       for i in range(3000)) + "]",
     "empty objects": "[" + ",".join(["{}"] * 5000) + "]",
     "empty arrays": "[" + ",".join(["[]"] * 5000) + "]",
     "big integers": "[" + ",".join(str(10**15 + i) for i in range(5000)) + "]",
     "floats": "[" + ",".join(["1e5"] * 5000) + "]",
-    "short strings": "[" + ",".join('"%d"' % i for i in range(5000)) + "]",
+    "short strings": "[" + ",".join(f'"{i}"' for i in range(5000)) + "]",
     "ascii text": json.dumps({"type": "text", "text": "x" * 200_000}),
     "one emoji in ascii": json.dumps({"type": "text", "text": "😀" + "x" * 200_000},
                                      ensure_ascii=False),
