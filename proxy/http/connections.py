@@ -19,7 +19,7 @@ import asyncio
 import json
 import resource
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, cast
 
 import structlog
 from aiohttp import StreamReader, web
@@ -98,7 +98,8 @@ class _Refused(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        transport = cast(asyncio.Transport, transport)
         transport.write(FULL_RESPONSE)
         transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.abort)

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,6 +22,7 @@ from multidict import CIMultiDict
 
 from proxy.fake_upstream import Fault, Reply
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
+from tests.reliability.conftest import ProxyProcessFactory, ServiceProcess
 from tests.reliability.test_provider_faults import HEADERS, SLACK_S, body, post
 
 HANG_S = 20.0
@@ -229,3 +234,62 @@ async def test_connections_over_the_cap_get_503_at_once_and_healthz_recovers(
     assert time.monotonic() - started < SLACK_S
     await _reader_ends(conns, 1.5 + 2 * SLACK_S)
     assert await _healthz(proxy) == 200
+
+
+# -- open files, in a real `serve` process (uvloop) --------------------------------------------
+
+
+@contextmanager
+def _soft_open_files_limit(soft: int) -> Iterator[None]:
+    """This process's soft limit on open files lowered to ``soft`` (a child inherits it)."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def _serve_with_few_files(proxy_process: ProxyProcessFactory, upstream: UpstreamServer,
+                          overrides: Mapping[str, Any] | None = None) -> ServiceProcess:
+    with _soft_open_files_limit(FEW_FILES):
+        return proxy_process(upstream.base_url, overrides)
+
+
+FEW_FILES = 256
+
+
+async def test_slow_connections_past_the_soft_open_files_limit_do_not_break_healthz(
+    proxy_process: ProxyProcessFactory, upstream_server: UpstreamServer,
+) -> None:
+    """``serve`` started with a soft limit of 256 open files (the hard one higher), 300 slow
+    connections: ``/healthz`` is still served (the soft limit is raised at startup;
+    accepting no longer fails for want of descriptors)."""
+    service = _serve_with_few_files(proxy_process, upstream_server)
+    proxy = RunningProxy(service.base_url, None, *(Path(),) * 3)  # type: ignore[arg-type]
+    conns = await _open(proxy, FEW_FILES + 44, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+    try:
+        await asyncio.sleep(0.3)
+        assert await _healthz(proxy) == 200
+    finally:
+        for _, writer in conns:
+            writer.close()
+
+
+async def test_the_connection_cap_answers_503_on_uvloop_too(
+    proxy_process: ProxyProcessFactory, upstream_server: UpstreamServer,
+) -> None:
+    """``serve`` (uvloop) with ``listen.max_connections`` 50 held by slow callers: the next
+    connections get the 503 ``overloaded_error`` at once."""
+    service = proxy_process(upstream_server.base_url, {"listen": {"max_connections": 50}})
+    proxy = RunningProxy(service.base_url, None, *(Path(),) * 3)  # type: ignore[arg-type]
+    conns = await _open(proxy, 50, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
+    try:
+        await asyncio.sleep(0.3)
+        for reader, writer in await _open(proxy, 5, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"):
+            answer = await asyncio.wait_for(reader.read(), SLACK_S)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            writer.close()
+    finally:
+        for _, writer in conns:
+            writer.close()
