@@ -35,14 +35,15 @@ import yaml
 
 from bench.proxy import _ROOT, ManagedProcess, _wait_until_up, free_port
 
+#: ``upstream.read_timeout_s`` of the proxies (bounds the old wait).
 READ_TIMEOUT_S = 30
 TENANTS = 4
 
 
-def _config(workdir: Path, upstream_url: str) -> tuple[Path, str]:
+def _config(workdir: Path, upstream_url: str, read_timeout_s: float) -> tuple[Path, str]:
     port = free_port()
     config = {"listen": {"host": "127.0.0.1", "port": port},
-              "upstream": {"base_url": upstream_url, "read_timeout_s": READ_TIMEOUT_S},
+              "upstream": {"base_url": upstream_url, "read_timeout_s": read_timeout_s},
               "store": {"path": str(workdir / "state.db")},
               "sources": {"transcript_root": str(workdir / "t"),
                           "artifact_root": str(workdir / "a")},
@@ -55,9 +56,10 @@ def _config(workdir: Path, upstream_url: str) -> tuple[Path, str]:
 
 
 async def _start(workdir: Path, name: str, source: Path, upstream_url: str,
-                 nofile: int | None = None) -> tuple[ManagedProcess, str]:
+                 nofile: int | None = None,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> tuple[ManagedProcess, str]:
     workdir.mkdir(parents=True)
-    path, url = _config(workdir, upstream_url)
+    path, url = _config(workdir, upstream_url, read_timeout_s)
     argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(path)]
     if nofile is not None:
         argv = ["sh", "-c", f'ulimit -Sn {nofile} && exec "$@"', "sh", *argv]
@@ -77,7 +79,8 @@ HEADERS = {"x-api-key": "sk-ant-bench", "content-type": "application/json",
            "anthropic-version": "2023-06-01"}
 
 
-async def pool_phase(workdir: Path, source: Path, streams: int) -> dict[str, Any]:
+async def pool_phase(workdir: Path, source: Path, streams: int,
+                     read_timeout_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
     """Hold ``streams`` streams on a silent provider; time the next caller."""
     held: list[asyncio.StreamWriter] = []
 
@@ -88,7 +91,8 @@ async def pool_phase(workdir: Path, source: Path, streams: int) -> dict[str, Any
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0, backlog=4096)
     upstream = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    process, url = await _start(workdir / "pool", "proxy-pool", source, upstream)
+    process, url = await _start(workdir / "pool", "proxy-pool", source, upstream,
+                                read_timeout_s=read_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     try:
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -181,7 +185,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both phases; the figures."""
     source = Path(args.source).resolve() if args.source else _ROOT
     with tempfile.TemporaryDirectory(prefix="hostile-conns-") as tmp:
-        pool = await pool_phase(Path(tmp), source, args.streams)
+        pool = await pool_phase(Path(tmp), source, args.streams, args.read_timeout_s)
         slow = await slow_phase(Path(tmp), source, args.slow, args.nofile, args.hold_s)
     return {"source": str(source), "pool": pool, "slowloris": slow}
 
@@ -193,6 +197,7 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=1100)
     parser.add_argument("--nofile", type=int, default=1024)
     parser.add_argument("--hold-s", type=float, default=40.0)
+    parser.add_argument("--read-timeout-s", type=float, default=READ_TIMEOUT_S)
     parser.add_argument("--source", help="another source tree to run (e.g. an older commit)")
     parser.add_argument("--json")
     args = parser.parse_args()
