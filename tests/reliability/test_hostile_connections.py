@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -81,6 +82,39 @@ async def test_a_full_upstream_pool_answers_529_within_pool_wait_not_the_read_ti
     await _wait_for(lambda: upstream_server.upstream.cancelled >= 2)
     status, _, payload = await _send(proxy, body(False, "after"))
     assert status == 200, payload
+
+
+@contextmanager
+def _provider_not_accepting() -> Iterator[str]:
+    """A provider whose accept queue is full (listen backlog 0, one connection never
+    accepted): a new TCP connect to it hangs. Its base URL."""
+    with socket.socket() as server, socket.socket() as first:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        first.connect(server.getsockname())
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(("connect_timeout_s", "pool_wait_s", "status", "waited_s"), [
+    (0.3, 3.0, 504, 0.3),  # the TCP connect's own timeout first: as before, 504
+    (5.0, 0.5, 529, 0.5),  # pool_wait_s bounds opening a connection too
+])
+async def test_a_provider_slow_to_accept_is_bounded_by_the_shorter_of_both_timeouts(
+    proxy_factory: ProxyFactory, connect_timeout_s: float, pool_wait_s: float, status: int,
+    waited_s: float,
+) -> None:
+    """A connect that hangs ends at ``upstream.connect_timeout_s`` (504 ``api_error``) or at
+    ``upstream.pool_wait_s`` when that is shorter (529 ``overloaded_error``)."""
+    with _provider_not_accepting() as url:
+        proxy = proxy_factory({"upstream": {"connect_timeout_s": connect_timeout_s,
+                                            "pool_wait_s": pool_wait_s}}, upstream_url=url)
+        started = time.monotonic()
+        got, _, payload = await _send(proxy, body(False))
+        took = time.monotonic() - started
+    assert got == status, payload
+    assert json.loads(payload)["error"]["type"] == (
+        "api_error" if status == 504 else "overloaded_error")
+    assert waited_s * 0.9 <= took < waited_s + SLACK_S
 
 
 # -- per-tenant concurrency ----------------------------------------------------------------
