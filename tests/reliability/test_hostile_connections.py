@@ -241,7 +241,8 @@ async def test_a_slow_body_gets_408_after_body_timeout_and_the_connection_closes
     assert all(end is not None for end in got), f"{got.count(None)} still open"
     assert took < 1.0 + 2 * SLACK_S
     for answer in got:
-        assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert answer is not None
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
         error = json.loads(answer.split(b"\r\n\r\n", 1)[1])
         assert error["type"] == "error" and "body_timeout_s" in error["error"]["message"]
     if path == "/v1/messages":
