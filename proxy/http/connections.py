@@ -45,6 +45,9 @@ OPEN_FILES_SPARE: Final = 64
 #: Seconds a refused connection is kept for its client to read the 503 and close.
 REFUSED_LINGER_S: Final = 1.0
 
+#: Seconds between two ``connections_refused`` lines (each counts those since the last).
+REFUSED_LOG_INTERVAL_S: Final = 10.0
+
 _FULL_BODY: Final = json.dumps({"type": "error", "error": {
     "type": "overloaded_error",
     "message": "compact-proxy has too many open connections (listen.max_connections); "
@@ -129,13 +132,19 @@ class CappedTCPSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         cap = self._max_connections
+        loop = asyncio.get_running_loop()
+        refused, logged_at = 0, -REFUSED_LOG_INTERVAL_S
 
         def protocol() -> asyncio.Protocol:
-            if len(server.connections) >= cap:
-                return _Refused()
-            return server()
+            nonlocal refused, logged_at
+            if len(server.connections) < cap:
+                return server()
+            refused += 1
+            if loop.time() - logged_at >= REFUSED_LOG_INTERVAL_S:  # (one line, not a flood)
+                _log.warning("connections_refused", refused=refused, max_connections=cap)
+                refused, logged_at = 0, loop.time()
+            return _Refused()
 
-        loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             protocol, self._host, self._port, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port)

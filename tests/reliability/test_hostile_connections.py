@@ -22,7 +22,13 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.fake_upstream import Fault, Reply
-from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
+from tests.conftest import (
+    TEST_API_KEY,
+    ProxyFactory,
+    RunningProxy,
+    UpstreamServer,
+    read_log,
+)
 from tests.reliability.conftest import ProxyProcessFactory, ServiceProcess
 from tests.reliability.test_provider_faults import HEADERS, SLACK_S, body, post
 
@@ -251,7 +257,7 @@ async def test_a_slow_body_gets_408_after_body_timeout_and_the_connection_closes
 
 
 async def test_connections_over_the_cap_get_503_at_once_and_healthz_recovers(
-    proxy_factory: ProxyFactory,
+    proxy_factory: ProxyFactory, proxy_log: Path,
 ) -> None:
     """With ``listen.max_connections`` held by slow callers, a new connection is answered
     503 ``overloaded_error`` at once (not left hanging, no descriptor kept); once the slow
@@ -267,6 +273,8 @@ async def test_connections_over_the_cap_get_503_at_once_and_healthz_recovers(
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "overloaded_error"
         writer.close()
     assert time.monotonic() - started < SLACK_S
+    refused = [line for line in read_log(proxy_log) if line["event"] == "connections_refused"]
+    assert refused and refused[0]["max_connections"] == 40  # one line, not one per connection
     await _reader_ends(conns, 1.5 + 2 * SLACK_S)
     assert await _healthz(proxy) == 200
 
@@ -301,6 +309,12 @@ async def test_slow_connections_past_the_soft_open_files_limit_do_not_break_heal
     connections: ``/healthz`` is still served (the soft limit is raised at startup;
     accepting no longer fails for want of descriptors)."""
     service = _serve_with_few_files(proxy_process, upstream_server)
+    started = next(json.loads(line) for line in service.stderr_lines
+                   if '"proxy_started"' in line)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert started["open_files_limit"] == (
+        hard if hard != resource.RLIM_INFINITY else started["open_files_limit"])
+    assert started["open_files_limit"] > FEW_FILES + 44  # raised at startup
     proxy = RunningProxy(service.base_url, None, *(Path(),) * 3)  # type: ignore[arg-type]
     conns = await _open(proxy, FEW_FILES + 44, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n")
     try:
