@@ -12,7 +12,7 @@ import json
 import resource
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from tests.conftest import (
     ProxyFactory,
     RunningProxy,
     UpstreamServer,
+    log_lines_for,
     read_log,
 )
 from tests.reliability.conftest import ProxyProcessFactory, ServiceProcess
@@ -42,9 +43,9 @@ async def _send(proxy: RunningProxy, data: bytes, headers: Mapping[str, str] = H
         return resp.status, CIMultiDict(resp.headers), await resp.read()
 
 
-async def _wait_for(predicate: object, timeout_s: float = 10.0) -> None:
+async def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         assert time.monotonic() < deadline, "timed out waiting"
         await asyncio.sleep(0.02)
 
@@ -65,7 +66,7 @@ async def _healthz(proxy: RunningProxy) -> int:
 
 
 async def test_a_full_upstream_pool_answers_529_within_pool_wait_not_the_read_timeout(
-    proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path,
 ) -> None:
     """Every upstream connection held by streams on a stalling provider: the next caller gets
     529 ``overloaded_error`` with ``retry-after`` after ``pool_wait_s``, not after
@@ -82,6 +83,9 @@ async def test_a_full_upstream_pool_answers_529_within_pool_wait_not_the_read_ti
     assert json.loads(payload)["error"]["type"] == "overloaded_error"
     assert headers["retry-after"] == "1"
     assert 0.4 <= took < 0.5 + SLACK_S
+    completed = [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
+                 if line["event"] == "request_completed"]
+    assert [line["outcome"] for line in completed] == ["upstream_busy"]
     for task in holders:
         task.cancel()
     await asyncio.gather(*holders, return_exceptions=True)
