@@ -283,6 +283,12 @@ class ListenConfig(_Section):
     On SIGTERM / SIGINT a process stops accepting and lets the requests and streams in
     flight finish for up to ``drain_timeout_s``, then cancels what is left. ``event_loop``
     is what runs each serving process's event loop (:mod:`proxy.event_loop`).
+
+    Against callers that hold connections (:mod:`proxy.http.connections`): a request's
+    headers must arrive whole within ``header_timeout_s`` of the connection's opening or of its
+    previous answer (also how long an idle keep-alive connection stays open), its body within
+    ``body_timeout_s`` of its headers (else 408); above ``max_connections`` open connections
+    (per process) a new one gets a 503 at once and is closed.
     """
 
     host: Text = "127.0.0.1"
@@ -290,16 +296,24 @@ class ListenConfig(_Section):
     workers: Annotated[int, Strict(), Ge(1), Le(MAX_WORKERS)] = 1
     drain_timeout_s: Seconds = 60.0
     event_loop: EventLoopName = "uvloop"
+    header_timeout_s: Seconds = 30.0
+    body_timeout_s: Seconds = 120.0
+    max_connections: Positive = 4096
 
 
 @_section("limits")
 class LimitsConfig(_Section):
     """Request limits; a body larger than ``max_body_bytes``, or holding more than
-    ``max_json_objects`` JSON objects, gets 413 ``request_too_large``."""
+    ``max_json_objects`` JSON objects, gets 413 ``request_too_large``.
+
+    A tenant with ``max_concurrent_per_tenant`` requests in flight (per process) gets 429
+    ``rate_limit_error`` with ``retry-after`` for the next one, before its body is read
+    (:mod:`proxy.http.limits`)."""
 
     max_body_bytes: Positive = 32 * 1024 * 1024
     #: JSON objects a body may hold (real agent bodies: ~3.5 per KB, so ~110k at 32 MB).
     max_json_objects: Positive = 200_000
+    max_concurrent_per_tenant: Positive = 256
     #: Bytes of memory the decoded messages kept across requests may occupy, over-estimated
     #: from their JSON (a warm request decodes only what is new in it); 0 decodes every
     #: message of every request. Only requests the provider accepted leave anything here.
@@ -313,6 +327,11 @@ class UpstreamConfig(_Section):
     base_url: HttpUrl | None = None
     connect_timeout_s: Seconds = 10.0
     read_timeout_s: Seconds = 600.0
+    #: Connections to the provider open at once (each streaming answer holds one).
+    max_connections: Positive = 1000
+    #: Seconds a request may take to get a connection (a free one of ``max_connections``, or
+    #: a new one opened): past it, 529 ``overloaded_error`` with ``retry-after``.
+    pool_wait_s: Seconds = 5.0
 
     def require_base_url(self) -> str:
         """``base_url``, which serving needs; the one check that it is set.
