@@ -13,7 +13,6 @@ import asyncio
 import gc
 import signal
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Final
@@ -31,6 +30,7 @@ from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
 from proxy.http.admin_gate import ADMIN_GATE, AdminGate, admin_gate_middleware
 from proxy.http.audit import request_context_middleware
+from proxy.http.compute import ComputeThreads
 from proxy.http.connections import (
     CappedTCPSite,
     body_deadline_middleware,
@@ -102,11 +102,9 @@ AUDIT_TRIM_INTERVAL_S: Final = 3600.0
 #: body anyway. Against aiohttp's default of 64 KiB, a 2.6 MB body took 1.4-1.5 ms of CPU
 #: instead of 1.7-2.1 (allocator fixed in both, see :mod:`proxy.allocator`).
 READ_BUFSIZE: Final = 4 * 1024 * 1024
-#: Threads that parse and compact large bodies (see create_app).
-COMPUTE_THREADS: Final = 2
 
 
-async def _shutdown(compute: ThreadPoolExecutor) -> None:
+async def _shutdown(compute: ComputeThreads) -> None:
     """Stop the compute threads (a step still running finishes first, off the loop)."""
     await asyncio.get_running_loop().run_in_executor(None, compute.shutdown)
 
@@ -236,10 +234,8 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[DURABLE_BLOCKS] = DurableBlocks()
     app[ENCODED_VIEWS] = EncodedViews()
     app[RECENT_BODIES] = RecentBodies(max_bytes=config.limits.decoded_cache_bytes // 2)
-    # Large bodies are parsed and compacted here, so the loop serves others meanwhile; two
-    # threads, as many as the cores the GIL lets them share with the loop.
-    compute = app[COMPUTE] = ThreadPoolExecutor(max_workers=COMPUTE_THREADS,
-                                                thread_name_prefix="compact")
+    # Large bodies are parsed and compacted there, so the loop serves others meanwhile.
+    compute = app[COMPUTE] = ComputeThreads()
     app.on_cleanup.append(lambda _app: _shutdown(compute))
     app[PROTOCOL_MEMO] = compactor.ProtocolMemo()
     app[ROLE_POLICIES] = config.role_policies()

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Executor
-from typing import Any, Final, TypeVar
+from typing import Any
 
 import msgspec
 import structlog
@@ -36,6 +36,7 @@ from policies import CompactionPolicy
 from proxy.allocator import give_back_memory
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
+from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
@@ -81,20 +82,6 @@ from proxy.state.usage import ProviderUsage
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
 _log = structlog.get_logger("proxy.http.handlers")
-
-#: A body at least this large is parsed, counted, compacted and encoded on the compute
-#: threads (``app[COMPUTE]``), so the event loop serves other requests meanwhile; a smaller
-#: one costs less than the hop (bench/README.md, "hostile callers").
-OFFLOAD_FROM_BYTES: Final = 256 * 1024
-
-T = TypeVar("T")
-
-
-async def _run(executor: Executor | None, work: Callable[[], T]) -> T:
-    """``work()`` on ``executor``'s threads, or here with none."""
-    if executor is None:
-        return work()
-    return await asyncio.get_running_loop().run_in_executor(executor, work)
 
 
 async def messages_handler(request: web.Request) -> web.StreamResponse:
@@ -325,7 +312,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     tenant = app[TENANTS].tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
-    parsed = await _run(executor, functools.partial(
+    parsed = await run_on(executor, functools.partial(
         parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
         RecentBodies.key_of(tenant, named, raw), tenant=tenant))
     body = parsed.doc
@@ -339,7 +326,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     record.session_id, record.tenant = session_id, tenant
     bind_request_fields(session_id=session_id, tenant=tenant)
     durable = await load_durable_context(app, session)
-    measured = await _run(executor, functools.partial(_measure, app, parsed, durable.text))
+    measured = await run_on(executor, functools.partial(_measure, app, parsed, durable.text))
     plan = _plan(app, request, session, parsed, measured)
     result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                  may_call_model, measured, executor)
@@ -350,7 +337,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         # Nothing to rewrite: the client's bytes go out as they came.
         outgoing = raw
     else:
-        outgoing = await _run(executor, functools.partial(
+        outgoing = await run_on(executor, functools.partial(
             _outgoing, app, request, parsed, result, durable, headers))
     if not may_call_model:
         response = await forward(request, record, body=outgoing, headers=headers)
@@ -379,7 +366,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
                   provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
-        return await _run(executor, functools.partial(
+        return await run_on(executor, functools.partial(
             _outgoing, app, request, parsed, again, durable, headers))
 
     learnt = False

@@ -5,6 +5,7 @@ event loop; a body of absurdly many JSON objects is refused before it is decoded
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import threading
@@ -206,3 +207,26 @@ def test_the_loop_answers_while_a_large_cold_body_is_compacted(
     assert len(waits) >= 10, (waits, took)
     # On the loop, one /healthz waited for most of the compaction; off it, none waits long.
     assert max(waits) < 0.25 * took[0], (max(waits), took[0])
+
+
+def test_the_compute_threads_pause_the_collector_only_while_they_work() -> None:
+    from proxy.http.compute import ComputeThreads
+
+    threads = ComputeThreads()
+    inside = threading.Barrier(3)
+    try:
+        assert gc.isenabled()
+        # Two works at once: the collector stays off until the last one ends.
+        first = threads.submit(lambda: (inside.wait(), gc.isenabled())[1])
+        second = threads.submit(lambda: (inside.wait(), gc.isenabled())[1])
+        inside.wait()
+        assert first.result(10) is False and second.result(10) is False
+        assert threads.submit(gc.isenabled).result(10) is False
+        assert gc.isenabled()
+        # A work that fails still gives the collector back.
+        failing = threads.submit(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(10)
+        assert gc.isenabled()
+    finally:
+        threads.shutdown()
