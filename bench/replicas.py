@@ -2,7 +2,7 @@
 
 One run starts the stamped fake provider, a ``redis-server`` on a free loopback port, one
 proxy on its own SQLite file, one proxy on the Redis server and three more on it
-(``compact-proxy serve`` processes, one ``PYTHONHASHSEED``), then plays the same deterministic
+(``compact-proxy serve`` processes), then plays the same deterministic
 agent session (:class:`bench.proxy.AgentSession`) against each setup, turn by turn
 interleaved so all see the same machine: the single replica on SQLite, the single replica on
 Redis, and round-robin over the three. Each turn's request latency (client side, start to
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -45,9 +44,6 @@ from bench.proxy import (
 )
 from tests.redis_server import RedisServer
 
-#: One hash seed for every replica (see proxy.state.calibration: per-message counts).
-HASH_SEED = "4242"
-
 
 def _proxy(workdir: Path, name: str, upstream_url: str, store: dict[str, Any]) -> tuple[
         ManagedProcess, str]:
@@ -65,7 +61,6 @@ def _proxy(workdir: Path, name: str, upstream_url: str, store: dict[str, Any]) -
 
 async def run(turns: int, workdir: Path) -> dict[str, Any]:
     """Play ``turns`` turns against every setup; the figures."""
-    os.environ["PYTHONHASHSEED"] = HASH_SEED
     redis = RedisServer()
     redis.start()
     on_redis = {"backend": "redis", "url": redis.url}

@@ -1,38 +1,68 @@
-"""Content fingerprints: fast ones for this process, stable ones for the store.
+"""Content fingerprints: the same for the same content in every process.
 
-Both ignore ``cache_control`` fields: clients move their cache breakpoints to the newest
-messages on every turn, and a marker is neither content nor tokens.
+A fingerprint is the 64-bit xxh3 hash of the value's canonical JSON (``msgspec``, keys
+sorted), with every ``cache_control`` field left out: clients move their cache breakpoints to
+the newest messages on every turn, and a marker is neither content nor tokens. It depends on
+the content alone — not on the interpreter's salted string hashes — so replicas on other
+hosts, or a restarted process, agree on it: it keys token counts, the calibration's
+per-message counts shared through the store, and the checkpoints' prefix match.
+
+Keys are sorted because a JSON object is unordered: two messages that are equal as values
+are one message, whatever order their keys came in. The same bytes from a client always
+decode to the same order, so matching would hold without sorting; sorted, the fingerprint is
+also that of a message rebuilt in another key order (a checkpoint read back, a block a layer
+rewrote), and costs about the same.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections import OrderedDict
-from typing import Any
+from typing import Any, Final
+
+import msgspec
+import xxhash
 
 __all__: list[str] = []
 
-# Python's string hashes are salted per process: a fingerprint is only comparable within the
-# process that made it. This value differs between two processes exactly when the salt does.
-PROCESS_SALT = hash("compact-proxy-fingerprint-salt")
+_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+_MARKER: Final = b'"cache_control"'
+# Leads the bytes of a value msgspec cannot write (a lone surrogate, a non-JSON object): no
+# JSON text starts with it, so such a value never shares its bytes with one that is JSON.
+_OTHER: Final = b"\x00"
 
 
 def fingerprint(value: object) -> int:
-    """A 64-bit fingerprint of a JSON value, from Python's own per-process hashes.
+    """A 64-bit fingerprint of a JSON value, ``cache_control`` fields ignored at any depth.
 
-    Hashing a large string this way costs no copy and no serialisation — and a string's hash
-    is computed once per object — which is what makes a warm request cheap. Collisions are
-    possible in principle (2^-64 per pair); this fingerprint keys token counts and, within
-    one process, the sticky-prefix match.
+    Unsigned (0 to 2**64 - 1). Collisions are possible in principle (2^-64 per pair).
     """
-    if isinstance(value, str):
-        return hash(value)
-    if isinstance(value, dict):
-        return hash(tuple((k, fingerprint(v)) for k, v in value.items() if k != "cache_control"))
-    if isinstance(value, list):
-        return hash((len(value), *map(fingerprint, value)))
-    return hash((type(value).__name__, value))
+    try:
+        data = _ENCODER.encode(value)
+    except (TypeError, ValueError):  # (UnicodeEncodeError is a ValueError)
+        data = _MARKER  # (perhaps only a marker is not JSON: see without them)
+    if _MARKER in data:  # (only a marked value, or a text quoting the key, is copied)
+        data = _canonical(strip_cache_control(value))
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def _canonical(value: object) -> bytes:
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError):
+        return _OTHER + _fallback(value)
+
+
+def _fallback(value: object) -> bytes:
+    """Canonical bytes of what msgspec refuses: ASCII JSON (lone surrogates escaped), other
+    objects by their type and ``repr``."""
+    def other(found: object) -> str:
+        return f"{type(found).__qualname__}:{found!r}"
+
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=other)
+    except TypeError:  # (keys of several types cannot be sorted)
+        text = json.dumps(value, separators=(",", ":"), default=other)
+    return text.encode("ascii")
 
 
 def strip_cache_control(value: Any) -> Any:
@@ -42,43 +72,3 @@ def strip_cache_control(value: Any) -> Any:
     if isinstance(value, list):
         return [strip_cache_control(v) for v in value]
     return value
-
-
-def stable_digest(value: object) -> str:
-    """A digest of a JSON value that is the same in every process."""
-    canonical = json.dumps(strip_cache_control(value), sort_keys=True, ensure_ascii=False,
-                           separators=(",", ":"), default=str)
-    return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
-#: How many messages' stable digests :func:`stable_digest_of` keeps (~150 bytes each).
-DIGEST_CACHE_ENTRIES = 65536
-# fingerprint -> stable digest, least recently used first.
-_DIGESTS: OrderedDict[int, str] = OrderedDict()
-
-
-def stable_digest_of(message: object, print_: int) -> str:
-    """:func:`stable_digest` of ``message``, whose :func:`fingerprint` in this process is
-    ``print_``: kept by that fingerprint, so a message is digested once while it is kept.
-
-    A checkpoint holds the digest of every message it covers, and a session's next
-    checkpoint covers the same messages and a few more: digested anew, each compaction
-    event serialised the whole history again (2.8 ms for the 120 messages, 350 KB, of a
-    real session; 4.6 ms at 600 KB). The digest is a function of the content alone, which
-    the fingerprint stands for within the process (as it does for token counts and the
-    prefix match); the newest :data:`DIGEST_CACHE_ENTRIES` are kept.
-    """
-    found = _DIGESTS.get(print_)
-    if found is not None:
-        try:
-            _DIGESTS.move_to_end(print_)
-        except KeyError:  # (evicted meanwhile by another thread)
-            pass
-        return found
-    digest = _DIGESTS[print_] = stable_digest(message)
-    while len(_DIGESTS) > DIGEST_CACHE_ENTRIES:
-        try:
-            _DIGESTS.popitem(last=False)
-        except KeyError:
-            break
-    return digest

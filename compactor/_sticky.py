@@ -21,20 +21,14 @@ import hashlib
 import json
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from policies import CompactionPolicy
 
 from ._blocks import Message
 from ._errors import ToolProtocolError
-from ._fingerprint import (
-    PROCESS_SALT,
-    fingerprint,
-    stable_digest,
-    stable_digest_of,
-    strip_cache_control,
-)
+from ._fingerprint import fingerprint, strip_cache_control
 from ._l1_truncate import truncate_tool_results
 from ._markers import reapply_markers
 from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
@@ -43,7 +37,10 @@ from ._view import View
 
 __all__ = ["CompactionCheckpoint"]  # reuse_checkpoint and policy_key are the pipeline's
 
-CHECKPOINT_FORMAT = 1
+#: The version of the stored form; bump it when that changes, so older records are ignored
+#: (read back as None: compaction starts afresh). 2: the messages' fingerprints, the same in
+#: every process, replaced version 1's digests and process-salted fingerprints.
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -53,36 +50,32 @@ class CompactionCheckpoint:
     Attributes:
         covered: how many raw messages the view stands for.
         view: the compacted view of those messages, without ``cache_control`` markers.
-        digests: a stable digest per covered raw message (survives a restart).
+        fingerprints: the covered raw messages' fingerprints (the same in every process, so
+            a checkpoint read back from the store by another replica matches by them).
         policy_key: :func:`policy_key` of the policy it was made with; any other policy
             starts afresh.
         layers: the layers whose effect the view carries.
-        fingerprints: fast per-process fingerprints of the covered messages.
-        salt: the process salt the fingerprints were made under.
     """
 
     covered: int
     view: list[Message]
-    digests: tuple[str, ...]
+    fingerprints: tuple[int, ...]
     policy_key: str
     layers: tuple[str, ...]
-    fingerprints: tuple[int, ...] = field(default=(), compare=False)
-    salt: int = field(default=0, compare=False)
 
     @classmethod
     def build(cls, raw: list[Message], view: list[Message], policy_key: str,
               layers: tuple[str, ...], fingerprints: list[int] | None = None,
               ) -> CompactionCheckpoint:
-        """A checkpoint covering all of ``raw``."""
+        """A checkpoint covering all of ``raw`` (``fingerprints``: theirs, when known)."""
         prints = tuple(fingerprints) if fingerprints is not None else tuple(
             fingerprint(m) for m in raw)
-        return cls(len(raw), [strip_cache_control(m) for m in view],
-                   tuple(map(stable_digest_of, raw, prints)), policy_key, tuple(layers),
-                   prints, PROCESS_SALT)
+        return cls(len(raw), [strip_cache_control(m) for m in view], prints, policy_key,
+                   tuple(layers))
 
     @functools.cached_property
     def view_fingerprints(self) -> list[int]:
-        """This process's fingerprints of :attr:`view` (made once per checkpoint object)."""
+        """The fingerprints of :attr:`view` (made once per checkpoint object)."""
         return [fingerprint(m) for m in self.view]
 
     @functools.cached_property
@@ -107,22 +100,12 @@ class CompactionCheckpoint:
                 for m, p in zip(self.view, self.view_fingerprints, strict=True)])
         return found[1]
 
-    def with_fingerprints(self, fingerprints: list[int]) -> CompactionCheckpoint:
-        """This checkpoint, carrying this process's fingerprints of its covered messages
-        (itself when it already does)."""
-        if self.salt == PROCESS_SALT and len(self.fingerprints) == self.covered:
-            return self
-        return replace(self, fingerprints=tuple(fingerprints), salt=PROCESS_SALT)
-
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
-        """True when ``raw`` starts with exactly the messages this checkpoint covers."""
+        """True when ``raw`` (whose fingerprints are ``fingerprints``) starts with exactly the
+        messages this checkpoint covers."""
         if len(raw) < self.covered or self.covered == 0:
             return False
-        if self.salt == PROCESS_SALT and len(self.fingerprints) == self.covered:
-            return tuple(fingerprints[: self.covered]) == self.fingerprints
-        # Made by another process (a restart): compare the stable digests instead.
-        return all(stable_digest_of(raw[i], fingerprints[i]) == d
-                   for i, d in enumerate(self.digests))
+        return tuple(fingerprints[: self.covered]) == self.fingerprints
 
     @staticmethod
     def conversation_key(messages: object) -> str:
@@ -132,13 +115,13 @@ class CompactionCheckpoint:
         if isinstance(messages, list):
             for message in messages:
                 if isinstance(message, dict) and message.get("role") == "user":
-                    return stable_digest(message)[:16]
+                    return f"{fingerprint(message):016x}"
         return "none"
 
     def to_bytes(self) -> bytes:
-        """Serialised for the session store (fingerprints are process-local: not kept)."""
+        """Serialised for the session store."""
         return json.dumps({"format": CHECKPOINT_FORMAT, "covered": self.covered,
-                           "view": self.view, "digests": list(self.digests),
+                           "view": self.view, "fingerprints": list(self.fingerprints),
                            "policy_key": self.policy_key, "layers": list(self.layers)},
                           ensure_ascii=False, separators=(",", ":"),
                           ).encode("utf-8", "surrogatepass")
@@ -150,12 +133,14 @@ class CompactionCheckpoint:
             raw = json.loads(data.decode("utf-8", "surrogatepass"))
             if raw.get("format") != CHECKPOINT_FORMAT:
                 return None
-            checkpoint = cls(int(raw["covered"]), list(raw["view"]), tuple(raw["digests"]),
-                             str(raw["policy_key"]), tuple(raw["layers"]))
+            checkpoint = cls(int(raw["covered"]), list(raw["view"]),
+                             tuple(raw["fingerprints"]), str(raw["policy_key"]),
+                             tuple(raw["layers"]))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
-        if checkpoint.covered != len(checkpoint.digests) or not all(
-                isinstance(m, dict) for m in checkpoint.view):
+        if (checkpoint.covered != len(checkpoint.fingerprints)
+                or not all(type(p) is int for p in checkpoint.fingerprints)
+                or not all(isinstance(m, dict) for m in checkpoint.view)):
             return None
         return checkpoint
 
@@ -226,8 +211,8 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
                      key: str, memo: ProtocolMemo | None = None,
                      ) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
     """The view of ``raw`` that starts with ``checkpoint``'s compacted prefix, its interaction
-    map and the checkpoint (with this process's fingerprints); None when the checkpoint was
-    made under another policy or ``raw`` does not extend the history it covers.
+    map and the checkpoint; None when the checkpoint was made under another policy or ``raw``
+    does not extend the history it covers.
 
     The new messages follow the prefix with their oversized tool results cut, as L1 always
     would; the client's cache markers go back on the prefix (see ``_markers``). The covered
@@ -237,9 +222,6 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
     messages, prints = raw.messages, raw.fingerprints
     if checkpoint.policy_key != key or not checkpoint.matches(messages, prints):
         return None
-    # Read back from the store (a restart), it matched by its stable digests: give it this
-    # process's fingerprints, so later requests match by those alone.
-    checkpoint = checkpoint.with_fingerprints(prints[: checkpoint.covered])
     covered = checkpoint.covered
     # Fingerprints and counts are known already: the new messages' from ``raw``, the prefix's
     # from the checkpoint (markers put back change no fingerprint), so a warm request does

@@ -165,6 +165,9 @@ class CachingCounter:
     One instance lives as long as the proxy: counts survive across requests, bounded to
     ``max_entries`` (least recently used evicted). Safe to share between threads: each
     cache operation is one call on a C ``OrderedDict``, and a race only costs a count.
+
+    Messages and values are keyed by their fingerprint; long texts by Python's ``hash()``,
+    which a string computes once and keeps: these keys never leave the process.
     """
 
     def __init__(self, base: TokenCounter | None = None, *, max_entries: int = 200_000) -> None:

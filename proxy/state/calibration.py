@@ -37,11 +37,8 @@ ones to cross the soft threshold on the same turn. :meth:`Calibration.snapshot` 
 part's ratio and its messages' own counts — into bytes and back, exactly (floats bit for bit);
 :class:`proxy.state.shared_calibration.SharedCalibration` saves them in the store after every
 answer and loads them, when their version changed, with the request's state read. The
-messages' counts are keyed by the process's fingerprints (:func:`compactor.content_fingerprint`,
-Python's string hashes), which are comparable only between processes with the same hash seed:
-a snapshot carries :data:`compactor._fingerprint.PROCESS_SALT`, and a process with another
-salt restores the ratios only. Replicas that must forward byte-identical views therefore run
-with one ``PYTHONHASHSEED`` (any fixed value, the same on every replica).
+messages' counts are keyed by their fingerprints (:func:`compactor._fingerprint.fingerprint`),
+which are the same in every process: replicas need no common ``PYTHONHASHSEED``.
 
 What stays per process: the fleets' medians (a session's starting point before it taught
 anything of its own) and the learnt context windows (from refusals).
@@ -65,7 +62,6 @@ from typing import Final
 import msgspec
 from lru import LRU
 
-from compactor._fingerprint import PROCESS_SALT
 from policies import CompactionPolicy
 
 __all__ = [
@@ -109,9 +105,10 @@ MAX_FLEETS: Final = 4_096
 #: Seconds a learnt context window is kept (``compaction.learnt_window_ttl_s``).
 WINDOW_TTL_S: Final = 600.0
 # A snapshot: its format, the size of its JSON head and how many message counts follow
-# (each an int64 fingerprint, then each a float64 count).
+# (each a uint64 fingerprint, then each a float64 count). Format 1 held process-salted
+# fingerprints and is not read.
 _SNAPSHOT_HEAD: Final = struct.Struct("<BII")
-_SNAPSHOT_FORMAT: Final = 1
+_SNAPSHOT_FORMAT: Final = 2
 
 
 @dataclass
@@ -341,23 +338,22 @@ class Calibration:
             # with json.loads, as this one reads theirs)
             head = msgspec.json.encode({"ratios": list(session.ratios),
                                         "reserved": session.reserved,
-                                        "messages": list(session.messages),
-                                        "salt": PROCESS_SALT})
-            prints = array("q", known.keys())
+                                        "messages": list(session.messages)})
+            prints = array("Q", known.keys())
             counts = array("d", known.values())
         return b"".join((_SNAPSHOT_HEAD.pack(_SNAPSHOT_FORMAT, len(head), len(prints)), head,
                          prints.tobytes(), counts.tobytes()))
 
     def restore(self, session_key: str, model: str, data: bytes) -> bool:
         """Replace what ``(session_key, model)`` taught by a :meth:`snapshot` (made by any
-        process); ``False`` (nothing changed) when ``data`` is not one. The messages' counts
-        come along only from a process with this one's hash salt."""
+        process); ``False`` (nothing changed) when ``data`` is not one (or is one of an
+        older format)."""
         try:
             form, head_size, count = _SNAPSHOT_HEAD.unpack_from(data)
             start = _SNAPSHOT_HEAD.size
             head = msgspec.json.decode(data[start:start + head_size])
             start += head_size
-            prints = array("q")
+            prints = array("Q")
             prints.frombytes(data[start:start + 8 * count])
             counts = array("d")
             counts.frombytes(data[start + 8 * count:start + 16 * count])
@@ -368,16 +364,12 @@ class Calibration:
             session.messages.extend(float(r) for r in head["messages"])
             reserved = head["reserved"]
             session.reserved = None if reserved is None else float(reserved)
-            same_salt = head["salt"] == PROCESS_SALT
         except (struct.error, msgspec.DecodeError, ValueError, KeyError, TypeError):
             return False
         key = (session_key, model)
         with self._lock:
             self._sessions[key] = session
-            if same_salt:
-                self._known[key] = dict(zip(prints, counts, strict=True))
-            else:
-                self._known.pop(key, None)
+            self._known[key] = dict(zip(prints, counts, strict=True))
         return True
 
     def window(self, session_key: str, model: str) -> int | None:

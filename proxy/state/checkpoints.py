@@ -6,9 +6,9 @@ parallel — sharing its parent's session id keeps a checkpoint of its own.
 
 A checkpoint (:class:`compactor.CompactionCheckpoint`) holds the compacted view of a session's
 history so far; while the history only grows, the next request reuses that exact prefix (so
-the provider's prompt cache keeps hitting) instead of compacting afresh. The in-memory copy
-keeps the checkpoint's fast per-process fingerprints; the store's copy survives a restart and
-is what every replica sharing the store reuses.
+the provider's prompt cache keeps hitting) instead of compacting afresh. The store's copy
+survives a restart and is what every replica sharing the store reuses: it holds the covered
+messages' fingerprints, which are the same in every process (any ``PYTHONHASHSEED``).
 Checkpoints are an optimisation only: a store failure is logged and compaction starts afresh.
 
 Any replica, the same view
@@ -32,16 +32,12 @@ this process writes every checkpoint and its memory stays authoritative.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-from array import array
 from typing import Final, Protocol
 
 import structlog
 from lru import LRU
 
 import compactor
-from compactor._fingerprint import PROCESS_SALT
 from proxy.state.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
 from proxy.state.store.read_cache import request_versions
 
@@ -52,43 +48,6 @@ _log = structlog.get_logger("proxy.state.checkpoints")
 #: Record kind in the store: ``checkpoint:<lane>``.
 CHECKPOINT_RECORD_PREFIX: Final = "checkpoint:"
 DEFAULT_MAX_ENTRIES: Final = 1024
-# The member a record's fingerprints are appended as (see _encode).
-_MEMBER: Final = b',"compact_proxy_fingerprints":"'
-
-
-def _encode(checkpoint: compactor.CompactionCheckpoint) -> bytes:
-    """The record: :meth:`~compactor.CompactionCheckpoint.to_bytes` with one more member, the
-    checkpoint's fingerprints of its covered messages and the hash salt they were made with
-    (``"compact_proxy_fingerprints": "<salt>:<base64 of int64s>"``, last), so another process
-    with the same salt (replicas run with one ``PYTHONHASHSEED``) matches the next request by
-    them instead of digesting every covered message again. The record stays what
-    :meth:`~compactor.CompactionCheckpoint.from_bytes` reads (it ignores the member)."""
-    data = checkpoint.to_bytes()
-    prints = checkpoint.fingerprints
-    if (checkpoint.salt != PROCESS_SALT or len(prints) != checkpoint.covered
-            or not data.endswith(b"}")):
-        return data
-    packed = base64.b64encode(array("q", prints).tobytes())
-    return b"".join((data[:-1], _MEMBER, str(PROCESS_SALT).encode(), b":", packed, b'"}'))
-
-
-def _decode(data: bytes) -> compactor.CompactionCheckpoint | None:
-    """A record back, with its fingerprints when they were made with this process's salt."""
-    checkpoint = compactor.CompactionCheckpoint.from_bytes(data)
-    at = data.rfind(_MEMBER)
-    if checkpoint is None or at < 0 or not data.endswith(b'"}'):
-        return checkpoint
-    # Appended last by _encode: nothing after it but its own value (base64 holds no quote).
-    salt, _, packed = data[at + len(_MEMBER):-2].partition(b":")
-    try:
-        same = int(salt) == PROCESS_SALT
-        prints = array("q")
-        prints.frombytes(base64.b64decode(packed, validate=True))
-    except ValueError:
-        return checkpoint
-    if not same or len(prints) != checkpoint.covered:
-        return checkpoint
-    return dataclasses.replace(checkpoint, fingerprints=tuple(prints), salt=PROCESS_SALT)
 
 
 class CheckpointStore(RecordStore, ReplicaConsistency, Protocol):
@@ -139,7 +98,7 @@ class SessionCheckpoints:
             self._memory[key] = (0, None)
             return None
         version, data = found
-        checkpoint = _decode(data)
+        checkpoint = compactor.CompactionCheckpoint.from_bytes(data)
         self._memory[key] = (version, checkpoint)
         return checkpoint
 
@@ -149,7 +108,7 @@ class SessionCheckpoints:
         key = (session_id, lane)
         try:
             version = await self._store.put_versioned_record(
-                session_id, CHECKPOINT_RECORD_PREFIX + lane, _encode(checkpoint))
+                session_id, CHECKPOINT_RECORD_PREFIX + lane, checkpoint.to_bytes())
         except StoreError as exc:
             if not isinstance(exc, StoreUnavailable):  # that is logged once a second
                 _log.warning("checkpoint_save_failed", error_class=type(exc).__name__)

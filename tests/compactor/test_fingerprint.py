@@ -1,23 +1,19 @@
 """Content fingerprints (:func:`compactor._fingerprint.fingerprint`): equal for the same
-content with its ``cache_control`` markers moved or gone, different for different content
-(types and key order included), for any JSON value, lone surrogates included."""
+content with its ``cache_control`` markers moved or gone (whatever its keys' order),
+different for different content (types included), for any JSON value, lone surrogates
+included; derived from the canonical JSON bytes alone (the same in every process: see
+``tests/proxy/test_fingerprints_across_processes.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import compactor._fingerprint as fingerprints
 from compactor import CompactionCheckpoint
-from compactor._fingerprint import (
-    fingerprint,
-    stable_digest,
-    stable_digest_of,
-    strip_cache_control,
-)
+from compactor._fingerprint import fingerprint, strip_cache_control
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1.0, 0.5]),
                      st.text(max_size=4), st.sampled_from(["x\ud800", '"cache_control"']))
@@ -40,12 +36,12 @@ def _marked(value: Any, data: st.DataObject) -> Any:
 
 
 def _same_content(a: Any, b: Any) -> bool:
-    """The same value once markers are gone: equal types (True is not 1), equal key order."""
+    """The same value once markers are gone: equal types (True is not 1), any key order."""
     a, b = strip_cache_control(a), strip_cache_control(b)
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
-        return list(a) == list(b) and all(_same_content(a[k], b[k]) for k in a)
+        return set(a) == set(b) and all(_same_content(a[k], b[k]) for k in a)
     if isinstance(a, list):
         return len(a) == len(b) and all(map(_same_content, a, b))
     return bool(a == b)
@@ -72,45 +68,33 @@ def test_lone_surrogates_and_values_that_are_not_json_have_fingerprints() -> Non
     assert fingerprint(broken) != fingerprint({"type": "text", "text": "half \ud801"})
     assert fingerprint({"n": 1j}) == fingerprint({"n": 1j, "cache_control": _MARKER})
     assert fingerprint({"n": 1j}) != fingerprint({"n": 2j})
+    assert fingerprint({"n": 1j}) != fingerprint({"n": "complex:1j"})
 
 
-# -- stable digests kept by fingerprint ------------------------------------------------------
+def test_the_fingerprint_is_xxh3_of_the_canonical_json() -> None:
+    """Pinned: checkpoints and calibration snapshots in the store hold fingerprints, so a
+    change of derivation must bump their formats (``CHECKPOINT_FORMAT``, ``_SNAPSHOT_FORMAT``)."""
+    message = {"role": "user", "content": [
+        {"type": "text", "text": "h\u00e9", "cache_control": {"type": "ephemeral"}}]}
+    canonical = '{"content":[{"text":"h\u00e9","type":"text"}],"role":"user"}'.encode()
+    assert fingerprint(message) == xxhash.xxh3_64_intdigest(canonical)
+    assert fingerprint({"role": "user", "content": "x"}) == fingerprint(
+        {"content": "x", "role": "user"})
+    assert 0 <= fingerprint(message) < 2**64
 
 
-def test_a_stable_digest_is_made_once_per_fingerprint_while_kept(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """stable_digest_of gives stable_digest's value, serialising a message once while its
-    fingerprint is kept (a spy counts the real function's calls); the cache is bounded."""
-    made: list[object] = []
-
-    def spy(value: object) -> str:
-        made.append(value)
-        return stable_digest(value)
-
-    monkeypatch.setattr(fingerprints, "stable_digest", spy)
-    monkeypatch.setattr(fingerprints, "_DIGESTS", type(fingerprints._DIGESTS)())
-    monkeypatch.setattr(fingerprints, "DIGEST_CACHE_ENTRIES", 3)
-    messages = [{"role": "user", "content": [{"type": "text", "text": f"message {n}"}]}
-                for n in range(5)]
-    for message in messages:
-        assert stable_digest_of(message, fingerprint(message)) == stable_digest(message)
-    assert len(made) == 5 and len(fingerprints._DIGESTS) == 3  # the newest three kept
-    # the same content with a cache marker: the same fingerprint, the digest kept
-    marked = {"role": "user", "content": [{"type": "text", "text": "message 4",
-                                           "cache_control": {"type": "ephemeral"}}]}
-    assert stable_digest_of(marked, fingerprint(marked)) == stable_digest(marked)
-    assert stable_digest(marked) == stable_digest(messages[4])
-    assert len(made) == 5  # not serialised again
-    assert stable_digest_of(messages[0], fingerprint(messages[0])) == stable_digest(messages[0])
-    assert len(made) == 6  # evicted: made anew
-
-
-def test_a_checkpoint_holds_the_stable_digest_of_every_message_it_covers() -> None:
+def test_a_checkpoint_holds_the_fingerprint_of_every_message_it_covers() -> None:
     raw = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
            {"role": "user", "content": [{"type": "text", "text": "c",
                                          "cache_control": {"type": "ephemeral"}}]}]
     checkpoint = CompactionCheckpoint.build(raw, raw, "key", ())
-    assert checkpoint.digests == tuple(stable_digest(m) for m in raw)
-    # read back by another process (no fingerprints of its own): matched by the digests
+    assert checkpoint.fingerprints == tuple(fingerprint(m) for m in raw)
+    # read back (another process): matched by the same fingerprints, markers moved
     restored = CompactionCheckpoint.from_bytes(checkpoint.to_bytes())
-    assert restored is not None and restored.matches(raw, [fingerprint(m) for m in raw])
+    assert restored == checkpoint
+    # the client moved its marker to a new message: still the same history
+    grown = [*strip_cache_control(raw), {"role": "assistant", "content": [
+        {"type": "text", "text": "d", "cache_control": {"type": "ephemeral"}}]}]
+    assert restored.matches(grown, [fingerprint(m) for m in grown])
+    edited = [{"role": "user", "content": "A"}, *grown[1:]]
+    assert not restored.matches(edited, [fingerprint(m) for m in edited])

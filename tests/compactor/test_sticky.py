@@ -129,7 +129,7 @@ def test_moved_cache_markers_do_not_break_the_match() -> None:
 
 
 def test_a_checkpoint_survives_a_restart_through_the_store_format() -> None:
-    """A checkpoint read back from bytes (no fingerprints) still matches by digest."""
+    """A checkpoint read back from bytes (another process) matches by its fingerprints."""
     session = Session()
     messages, first, n = _grow_until_compacted(session, [user("Original intent")])
     assert session.checkpoint is not None
@@ -143,9 +143,13 @@ def test_unreadable_checkpoint_bytes_give_none() -> None:
     """A corrupt or outdated stored checkpoint is ignored, never trusted."""
     assert CompactionCheckpoint.from_bytes(b"not json") is None
     assert CompactionCheckpoint.from_bytes(b'{"format": 999}') is None
-    broken = (b'{"format": 1, "covered": 2, "view": [], '
-              b'"digests": ["a"], "policy_key": "", "layers": []}')
+    broken = (b'{"format": 2, "covered": 2, "view": [], '
+              b'"fingerprints": [1], "policy_key": "", "layers": []}')
     assert CompactionCheckpoint.from_bytes(broken) is None
+    not_ints = broken.replace(b"[1]", b'[1, "2"]')
+    assert CompactionCheckpoint.from_bytes(not_ints) is None
+    fine = broken.replace(b"[1]", b"[1, 18446744073709551615]")
+    assert CompactionCheckpoint.from_bytes(fine) is not None
 
 
 def test_other_thresholds_do_not_reuse_the_checkpoint() -> None:

@@ -1,7 +1,7 @@
 """SessionCheckpoints on a shared store: a copy in memory is used only at the store's version
 of its (session, lane); a miss never hides a checkpoint written since; the record carries the
-fingerprints for a process with the same hash salt; an unshared store's memory is
-authoritative."""
+covered messages' fingerprints; a record of an older format is ignored; an unshared store's
+memory is authoritative."""
 
 from __future__ import annotations
 
@@ -31,13 +31,10 @@ async def test_a_checkpoint_written_elsewhere_replaces_the_one_in_memory_and_a_m
         await b.save("s", "lane", checkpoint(6))
         again = await a.load("s", "lane")  # a's own (older) copy is not the store's
         assert again is not None and again.covered == 6
-        # Carried fingerprints: same salt here, so the fast match is used.
-        assert again.fingerprints == checkpoint(6).fingerprints and again.salt != 0
-        # The record is still what CompactionCheckpoint.from_bytes reads.
+        # The record is the checkpoint's own bytes, fingerprints included.
+        assert again == checkpoint(6)
         found_record = await a_store.get_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane")
-        assert found_record is not None and b"compact_proxy_fingerprints" in found_record[1]
-        plain = compactor.CompactionCheckpoint.from_bytes(found_record[1])
-        assert plain is not None and plain.covered == 6 and plain.fingerprints == ()
+        assert found_record is not None and found_record[1] == checkpoint(6).to_bytes()
     finally:
         await a_store.close()
         await b_store.close()
@@ -66,13 +63,20 @@ async def test_the_requests_versions_spare_a_round_trip(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_bare_record_from_before_reads_back(tmp_path: Path) -> None:
+async def test_a_record_of_the_format_before_is_ignored(tmp_path: Path) -> None:
+    """A checkpoint stored by a version whose fingerprints were salted per process (format 1:
+    digests, and fingerprints under that process's salt) is never used: compaction starts
+    afresh, and the next checkpoint replaces it."""
     store = await SQLiteStateStore(tmp_path / "s.db", shared=True).open()
+    old = (b'{"format":1,"covered":1,"view":[{"role":"user","content":"turn 0"}],'
+           b'"digests":["0123456789abcdef0123456789abcdef"],"policy_key":"policy",'
+           b'"layers":["L4"],"compact_proxy_fingerprints":"-42:AAAAAAAAAAA="}')
     try:
-        await store.put_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane",
-                                         checkpoint(5).to_bytes())
-        found = await SessionCheckpoints(store).load("s", "lane")
-        assert found is not None and found.covered == 5 and found.fingerprints == ()
+        await store.put_versioned_record("s", CHECKPOINT_RECORD_PREFIX + "lane", old)
+        checkpoints = SessionCheckpoints(store)
+        assert await checkpoints.load("s", "lane") is None
+        await checkpoints.save("s", "lane", checkpoint(5))
+        assert await SessionCheckpoints(store).load("s", "lane") == checkpoint(5)
     finally:
         await store.close()
 

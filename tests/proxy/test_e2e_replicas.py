@@ -2,8 +2,8 @@
 Cluster) give the same answers as one.
 
 The provider is the strict fake upstream (in this process, recording what it received); the
-proxies are real subprocesses with calibration on and one ``PYTHONHASHSEED`` (the rule of
-:mod:`proxy.state.checkpoints`); the client is the anthropic SDK or aiohttp.
+proxies are real subprocesses with calibration on, each with a ``PYTHONHASHSEED`` of its own
+(message fingerprints do not depend on it); the client is the anthropic SDK or aiohttp.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ MODEL = "claude-sonnet-4-5"
 AUTH = {"Authorization": f"Bearer {RELIABILITY_ADMIN_TOKEN}"}
 POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
           "max_tool_result_tokens": 2000, "keep_recent_messages": 40, "summary_keep_recent": 4}
-HASH_SEED = "20261203"
 MODES = ["standalone", "cluster"]
+#: A soft threshold crossed again a turn or two after each compaction.
+TIGHT = {**POLICY, "soft_threshold_tokens": 1200}
 
 Start = Callable[..., ServiceProcess]
 
@@ -61,19 +62,20 @@ def redis_store(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 @pytest.fixture
-def start_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Start]:
-    """``start(upstream_url, store_section)``: a ``compact-proxy serve`` subprocess."""
-    monkeypatch.setenv("PYTHONHASHSEED", HASH_SEED)
+def start_proxy(tmp_path: Path) -> Iterator[Start]:
+    """``start(upstream_url, store_section)``: a ``compact-proxy serve`` subprocess, each with
+    another ``PYTHONHASHSEED`` (as on other hosts, or after a restart)."""
     started: list[ServiceProcess] = []
 
-    def start(upstream_url: str, store: dict[str, Any]) -> ServiceProcess:
+    def start(upstream_url: str, store: dict[str, Any],
+              policy: dict[str, Any] = POLICY) -> ServiceProcess:
         state_dir = tmp_path / f"replica{len(started)}"
         for name in ("transcripts", "artifacts"):
             (state_dir / name).mkdir(parents=True, exist_ok=True)
         mapping = deep_merge({
             "listen": {"host": "127.0.0.1", "port": 0},
             "upstream": {"base_url": upstream_url, "connect_timeout_s": 5, "read_timeout_s": 30},
-            "compaction": {"token_counter": "chars4", "calibration": True, **POLICY},
+            "compaction": {"token_counter": "chars4", "calibration": True, **policy},
             "summary": {"max_retries": 0, "timeout_s": 20},
             "store": {"path": str(state_dir / "state.db")},
             "sources": {"transcript_root": str(state_dir / "transcripts"),
@@ -84,7 +86,8 @@ def start_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sta
         config_path = state_dir / "config.yaml"
         config_path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
         service = _spawn([PYTHON, "-m", "proxy.cli", "serve", "--config", str(config_path)],
-                         env={"COMPACT_PROXY_REPLICA_ADMIN_TOKEN": RELIABILITY_ADMIN_TOKEN},
+                         env={"COMPACT_PROXY_REPLICA_ADMIN_TOKEN": RELIABILITY_ADMIN_TOKEN,
+                              "PYTHONHASHSEED": str(20261203 + len(started))},
                          find_url=_proxy_url, tap_stream="stderr")
         started.append(service)
         return service
@@ -144,22 +147,28 @@ def summary_count(upstream: FakeUpstream, tag: str) -> int:
                if is_summarizer_request(r.body) and tag in json.dumps(r.body))
 
 
-def run_session(urls: list[str], session: str, tag: str, turns: int) -> list[str]:
-    """Send the session's turns round-robin over ``urls``; each answer's layers."""
-    layers: list[str] = []
+#: What the proxy says of each answer's compaction (the same from every replica).
+SAID = ("x-compact-layers", "x-compact-tokens-before", "x-compact-tokens-after")
+
+
+def run_session(urls: list[str], session: str, tag: str, turns: int,
+                first: int = 1) -> list[dict[str, str]]:
+    """Send the session's turns ``first`` to ``turns`` round-robin over ``urls``; what each
+    answer's headers said of its compaction (:data:`SAID`)."""
+    said: list[dict[str, str]] = []
     clients = [anthropic.Anthropic(base_url=url, api_key=TEST_API_KEY, max_retries=0)
                for url in urls]
     try:
-        for turn in range(1, turns + 1):
+        for turn in range(first, turns + 1):
             client = clients[turn % len(clients)]
             raw = client.messages.with_raw_response.create(
                 model=MODEL, max_tokens=256, messages=turn_messages(tag, turn),
                 extra_headers={"x-compact-session-id": session, "x-test-session": session})
-            layers.append(raw.headers["x-compact-layers"])
+            said.append({name: raw.headers[name] for name in SAID})
     finally:
         for client in clients:
             client.close()
-    return layers
+    return said
 
 
 def test_a_session_round_robin_over_three_replicas_gets_a_single_replicas_views(
@@ -184,7 +193,7 @@ def test_a_session_round_robin_over_three_replicas_gets_a_single_replicas_views(
     fleet = client_bodies(upstream_server.upstream, f"fleet-{tag}")
 
     assert len(alone) == len(fleet) == turns
-    assert sum("L4" in layers.split(",") for layers in alone_layers) >= 2
+    assert sum("L4" in said["x-compact-layers"].split(",") for said in alone_layers) >= 2
     # The session id header differs; everything else is the same, turn by turn.
     for number, (one, many) in enumerate(zip(alone, fleet, strict=True), start=1):
         assert one == many, f"turn {number}: the fleet forwarded another view"
@@ -192,6 +201,41 @@ def test_a_session_round_robin_over_three_replicas_gets_a_single_replicas_views(
     # The fleet found the single replica's summaries in no cache of its own: it made the same
     # number of summary calls (one per crossing), never more.
     assert summary_count(upstream_server.upstream, tag) == 2 * alone_summaries
+
+
+def test_two_replicas_with_other_hash_seeds_and_a_restart_forward_one_replicas_views(
+        start_proxy: Start, upstream_server: UpstreamServer, redis_url: str,
+        tmp_path: Path) -> None:
+    """Two replicas on one Redis, each with another ``PYTHONHASHSEED``, serve a session in
+    turn, and one is restarted (another seed again) halfway: every forwarded body is the one
+    a single replica forwards for that turn. Message fingerprints key the calibration's
+    per-message counts and the checkpoints in the store, so they must not depend on the
+    interpreter's string hashes."""
+    tag = uuid.uuid4().hex[:12]
+    turns = 40
+    # Blocks the provider counts far from the estimate (+-90 %): each message's own count,
+    # learnt from the answers and kept by its fingerprint, is what sets the totals.
+    upstream_server.upstream.token_rule = TokenRule(1.3, 0.9)
+    single = start_proxy(upstream_server.base_url, {"path": str(tmp_path / "single.db")}, TIGHT)
+    alone_layers = run_session([single.base_url], f"alone-{tag}", tag, turns)
+    single.stop()
+    alone = client_bodies(upstream_server.upstream, f"alone-{tag}")
+
+    store = {"backend": "redis", "url": redis_url}
+    a, b = (start_proxy(upstream_server.base_url, store, TIGHT) for _ in range(2))
+    half = turns // 2
+    fleet_layers = run_session([a.base_url, b.base_url], f"fleet-{tag}", tag, half)
+    b.stop()
+    restarted = start_proxy(upstream_server.base_url, store, TIGHT)
+    fleet_layers += run_session([a.base_url, restarted.base_url], f"fleet-{tag}", tag, turns,
+                                first=half + 1)
+    fleet = client_bodies(upstream_server.upstream, f"fleet-{tag}")
+
+    assert len(alone) == len(fleet) == turns
+    assert sum("L4" in said["x-compact-layers"].split(",") for said in alone_layers) >= 1
+    for number, (one, many) in enumerate(zip(alone, fleet, strict=True), start=1):
+        assert one == many, f"turn {number}: the replicas forwarded another view"
+    assert fleet_layers == alone_layers
 
 
 async def _put_fact(http: aiohttp.ClientSession, url: str, session: str, text: str,
