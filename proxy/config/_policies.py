@@ -84,9 +84,7 @@ class PoliciesConfig(Section):
         "The tools L2 counts as file reads; replaces the default list (Claude Code's Read, the "
         "text-editor tool's view, read_file)."
     )] = DEFAULT_READ_TOOLS
-    source_access: Annotated[SourceAccessConfig, doc(
-        "Whose source pointers a session may resolve."
-    )] = field(default_factory=SourceAccessConfig)
+    source_access: SourceAccessConfig = field(default_factory=SourceAccessConfig)
 
     @model_validator(mode="before")
     @classmethod

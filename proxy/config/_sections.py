@@ -95,8 +95,8 @@ class UpstreamConfig(Section):
 
     base_url: Annotated[HttpUrl | None, doc(
         "The provider's base URL, e.g. https://api.anthropic.com. Required by `serve` and "
-        "`check-config` (only the demo runs without it)."
-    )] = None
+        "`check-config` (only the demo runs without it).",
+        example="https://api.anthropic.com")] = None
     connect_timeout_s: Annotated[Seconds, doc(
         "Time allowed to open the connection to the provider; exceeding it answers 504 "
         "api_error."
@@ -286,9 +286,7 @@ class SourcesConfig(Section):
     artifact_root: Annotated[Text, doc(
         "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
         example="s3://team-sources/artifacts")] = "./compact-proxy-state/artifacts"
-    s3: Annotated[S3SourcesConfig, doc(
-        "The object store of s3:// roots."
-    )] = field(default_factory=S3SourcesConfig)
+    s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
 
     @model_validator(mode="after")
     def _roots_valid(self) -> SourcesConfig:
