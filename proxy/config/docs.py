@@ -58,7 +58,8 @@ class Key:
         if get_origin(kind) is tuple:
             held, prefix = bare(get_args(kind)[0])[0], f"{self.name}[]"
         elif get_origin(kind) is Mapping:
-            held, prefix = bare(get_args(kind)[1])[0], f"{self.name}.{_PLACEHOLDERS[self.field]}"
+            placeholder = _PLACEHOLDERS.get(self.field, "<name>")
+            held, prefix = bare(get_args(kind)[1])[0], f"{self.name}.{placeholder}"
         return (held, prefix) if isinstance(held, type) and dataclasses.is_dataclass(held) else None
 
 
