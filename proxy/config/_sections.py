@@ -15,12 +15,7 @@ from typing import Annotated, Final, Literal
 from annotated_types import Ge, Le
 from pydantic import Strict, model_validator
 
-from policies._compaction import (
-    Ratio,
-    Text,
-    Thresholds,
-    invalid,
-)
+from policies._compaction import Ratio, Text, Thresholds, invalid
 from policies._roles import HeaderName
 from proxy.config._base import (
     MAX_WORKERS,
@@ -144,7 +139,8 @@ class CompactionConfig(Thresholds, Section):
         "Compare the thresholds with the proxy's own count times a factor learnt per session "
         "and model from the provider's usage figures (a new session starts from its tenant's "
         "factors). A refusal 'prompt is too long: N tokens > M maximum' is never shown to the "
-        "client: the request is compacted below M and retried once."
+        "client: the request is compacted below M and retried once, and M is remembered as "
+        "that tenant's window for the model (learnt_window_ttl_s)."
     )] = True
     learnt_window_ttl_s: Annotated[Seconds, doc(
         "How long a context window learnt from 'prompt is too long' clamps that tenant's "
@@ -168,9 +164,10 @@ class SummaryConfig(Section):
     mode: Annotated[Literal["fork", "separate"], doc(
         "fork: the summary call is the client's own request (its headers, query, system, tools "
         "and model, the conversation up to the kept recent turns as its messages, the summary "
-        "asked for in a last user turn), so credentials that only serve the client's own "
-        "requests work and the prompt is read from the provider's cache. separate: the proxy's "
-        "own request, with its own system prompt and the old messages as a JSON transcript."
+        "asked for in a last user turn; no thinking, not streamed), so credentials that only "
+        "serve the client's own requests work and the prompt is read from the provider's "
+        "cache. separate: the proxy's own request, with its own system prompt and the old "
+        "messages as a JSON transcript."
     )] = "fork"
     model: Annotated[Text | None, doc(
         "Model of the summary call; null: the client's model (fork), claude-haiku-4-5 "
@@ -244,8 +241,8 @@ class StoreConfig(Section):
     on_unavailable: Annotated[Literal["reject", "forward"], doc(
         "While the store cannot be reached: reject (503 api_error, nothing forwarded: "
         "forwarding without the durable state would drop the facts pinned for the session) or "
-        "forward (without the durable block and without sticky compaction). /healthz answers "
-        "503 meanwhile."
+        "forward (without the durable block and without sticky compaction). Either way "
+        "store_unavailable is logged at most once a second and /healthz answers 503."
     )] = "reject"
 
     @model_validator(mode="after")
@@ -319,8 +316,10 @@ class SessionConfig(Section):
         "other value is a 400 invalid_request_error, never another session."
     )] = "x-compact-session-id"
     scope: Annotated[Scope | None, doc(
-        "Whose sessions are separate: credential (a keyed hash of the caller's x-api-key, else "
-        "its Authorization value; a rotating credential starts a new tenant), header:<name> "
+        "Whose sessions are separate: credential (an HMAC-SHA256 of the caller's x-api-key, else "
+        "its Authorization value, under the secret named by secret_env; the credential itself "
+        "is never stored or logged, and one that rotates, as Claude Code's OAuth tokens do, "
+        "starts a new tenant), header:<name> "
         "(the value of a header an authenticating front proxy sets, e.g. "
         "header:x-forwarded-user; without it: 401) or none (one tenant). Unset: none while "
         "listen.host is a loopback address, else `serve` refuses to start, so a shared gateway "
