@@ -31,8 +31,15 @@ from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
 from proxy.http.admin_gate import ADMIN_GATE, AdminGate, admin_gate_middleware
 from proxy.http.audit import request_context_middleware
+from proxy.http.connections import (
+    CappedTCPSite,
+    body_deadline_middleware,
+    connection_cap,
+    raise_open_files_limit,
+)
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
+from proxy.http.limits import TENANT_LIMITER, TenantLimiter, tenant_limit_middleware
 from proxy.http.recent import RecentBodies
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews
@@ -87,8 +94,6 @@ _log = structlog.get_logger("proxy.app")
 COUNTER_CACHE_ENTRIES: Final = 200_000
 #: Seconds shutdown waits for bookkeeping still running.
 BACKGROUND_DRAIN_S: Final = 5.0
-#: Concurrent upstream connections (each streaming answer holds one).
-UPSTREAM_CONNECTION_LIMIT: Final = 1000
 #: Seconds between two trims of the audit log to its retention (also one at startup): each
 #: write trims too, but a session nobody writes to any more only goes this way.
 AUDIT_TRIM_INTERVAL_S: Final = 3600.0
@@ -164,14 +169,17 @@ async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
     session = aiohttp.ClientSession(
-        # The read timeout is UpstreamWaits' (one sweep, no timer per read).
+        # The read timeout is UpstreamWaits' (one sweep, no timer per read). ``connect``
+        # bounds getting a connection: waiting for one of the pool's to be free, and opening
+        # a new one (the TCP connect itself also within ``sock_connect``).
         timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=upstream.connect_timeout_s, sock_read=None),
+            total=None, connect=upstream.pool_wait_s, sock_connect=upstream.connect_timeout_s,
+            sock_read=None),
         # Bodies are relayed as the bytes they are, Content-Encoding included.
         auto_decompress=False,
         # Cookies set by the provider belong to the client, never to the next caller.
         cookie_jar=aiohttp.DummyCookieJar(),
-        connector=aiohttp.TCPConnector(limit=UPSTREAM_CONNECTION_LIMIT, limit_per_host=0),
+        connector=aiohttp.TCPConnector(limit=upstream.max_connections, limit_per_host=0),
     )
     app[UPSTREAM] = session
     waits = app[UPSTREAM_WAITS] = UpstreamWaits(upstream.read_timeout_s)
@@ -210,11 +218,13 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
     # count_tokens decode (under the size limit) in proxy.http.body.read_body.
     app = web.Application(middlewares=[request_context_middleware, error_middleware,
-                                       admin_gate_middleware],
+                                       admin_gate_middleware, body_deadline_middleware,
+                                       tenant_limit_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config
     app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
     app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
+    app[TENANT_LIMITER] = TenantLimiter(config.limits.max_concurrent_per_tenant)
     admin = config.admin
     app[AUTH_THROTTLE] = AuthThrottle(admin.failed_auth_limit, admin.lockout_s,
                                       admin.max_lockout_s)
@@ -295,17 +305,21 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
             an address cannot be bound (``listen.port``, ``admin.listen.port``).
     """
     app = create_app(config, store=store)
+    # keepalive_timeout: a request's headers must come whole within it of the connection's
+    # opening or of its previous answer (proxy.http.connections).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=config.listen.drain_timeout_s,
-                           read_bufsize=READ_BUFSIZE)
+                           read_bufsize=READ_BUFSIZE,
+                           keepalive_timeout=config.listen.header_timeout_s)
     try:
         await runner.setup()
     except StoreError as exc:
         await runner.cleanup()
         key = "store.url" if config.store.backend == "redis" else "store.path"
         raise ConfigError(key, f"cannot open the state store: {exc}") from None
-    site = web.TCPSite(runner, config.listen.host, config.listen.port,
-                       reuse_port=True if reuse_port else None)
+    site = CappedTCPSite(runner, config.listen.host, config.listen.port,
+                         max_connections=connection_cap(config.listen.max_connections),
+                         reuse_port=True if reuse_port else None)
     try:
         await site.start()
     except OSError as exc:
@@ -351,6 +365,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
     ``started`` is called once the site accepts connections (a worker tells its supervisor).
     """
     allocator = tune_allocator()
+    open_files = raise_open_files_limit()
     runner, base_url = await start_proxy(config, reuse_port=reuse_port)
     _freeze_startup_objects()
     upstream = urlsplit(config.upstream.require_base_url())
@@ -367,7 +382,12 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         log_format=config.logging.format,
         allocator=allocator,
         event_loop=_loop_kind(),
+        open_files_limit=open_files,
     )
+    cap = connection_cap(config.listen.max_connections)
+    if cap < config.listen.max_connections:
+        _log.warning("connection_cap_lowered", max_connections=cap,
+                     configured=config.listen.max_connections, open_files_limit=open_files)
     stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

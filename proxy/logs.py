@@ -71,6 +71,8 @@ SAFE_KEYS: Final = frozenset({
     # the store's outages (store_unavailable): the policy, what went without the store and
     # how many times since the previous such line
     "on_unavailable", "what", "events",
+    # connections held without finishing a request (proxy.http.connections): limits, counts
+    "open_files_limit", "max_connections", "configured", "refused", "timeout_s",
     # the redaction report itself
     "redacted",
 })

@@ -41,7 +41,8 @@ EventLoopName = Literal["uvloop", "asyncio"]
 
 @section("listen")
 class ListenConfig(Section):
-    """Where the proxy listens, in how many processes, and how it stops."""
+    """Where the proxy listens, in how many processes, how long it waits for callers that hold
+    connections, and how it stops."""
 
     host: Annotated[Text, doc(
         "Address to bind: 127.0.0.1 is loopback only, 0.0.0.0 listens on every interface."
@@ -63,11 +64,25 @@ class ListenConfig(Section):
         "standard library's, where uvloop is not supported); the startup log line's "
         "event_loop field says which one runs."
     )] = "uvloop"
+    header_timeout_s: Annotated[Seconds, doc(
+        "How long a request's headers may take to arrive whole, from the connection's opening "
+        "or from its previous answer; also how long an idle keep-alive connection stays open. "
+        "A slower connection is closed (proxy.http.connections)."
+    )] = 30.0
+    body_timeout_s: Annotated[Seconds, doc(
+        "How long a request body may take to arrive whole after its headers; past it, 408 "
+        "invalid_request_error and the connection is closed."
+    )] = 120.0
+    max_connections: Annotated[Positive, doc(
+        "Client connections open at once, per serving process; one more gets an immediate 503 "
+        "overloaded_error (retry-after: 1) and is closed. Lowered at startup to half the "
+        "open-files limit (the soft limit is raised to the hard one)."
+    )] = 4096
 
 
 @section("limits")
 class LimitsConfig(Section):
-    """Request limits and the memory kept across requests."""
+    """Request limits, per tenant and in all, and the memory kept across requests."""
 
     max_body_bytes: Annotated[Positive, doc(
         "Largest request body accepted, in bytes; a larger one gets 413 request_too_large."
@@ -76,6 +91,11 @@ class LimitsConfig(Section):
         "JSON objects a request body may hold (real agent bodies: about 3.5 per KB); more get "
         "413 request_too_large."
     )] = 200_000
+    max_concurrent_per_tenant: Annotated[Positive, doc(
+        "Requests of one tenant (session.scope) in flight at once, per serving process; the "
+        "next gets 429 rate_limit_error with retry-after: 1, before its body is read. Forwarded "
+        "routes only (not /healthz, /metrics, /admin; proxy.http.limits)."
+    )] = 256
     decoded_cache_bytes: Annotated[NonNegative, doc(
         "Bytes of messages kept decoded across requests, over-estimated from their JSON: an "
         "agent's request is its previous one plus a message or two, so a warm request decodes "
@@ -102,6 +122,14 @@ class UpstreamConfig(Section):
         "mid-stream. A wait fails within a second after it (a quarter of it when shorter); time "
         "spent on a slow client or a body still uploading does not count."
     )] = 600.0
+    max_connections: Annotated[Positive, doc(
+        "Connections to the provider open at once; each streamed answer holds one."
+    )] = 1000
+    pool_wait_s: Annotated[Seconds, doc(
+        "How long a request may take to get a connection to the provider: a free one when all "
+        "max_connections are busy, or a new one opened (the TCP connect is also bounded by "
+        "connect_timeout_s). Past it, 529 overloaded_error with retry-after: 1."
+    )] = 5.0
 
     def require_base_url(self) -> str:
         """``base_url``, which serving needs; the one check that it is set.

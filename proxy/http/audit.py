@@ -54,6 +54,7 @@ class Outcome(StrEnum):
     STREAM_FAILED = "stream_failed"  # the provider's stream broke or ended early
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # 502
+    UPSTREAM_BUSY = "upstream_busy"  # 529: no upstream connection free within pool_wait_s
     BLOCKED = "blocked"  # refused by the proxy (request_blocked says why)
     STORE_ERROR = "store_error"
     INTERNAL_ERROR = "internal_error"  # a bug: 500

@@ -82,10 +82,13 @@ class RequestRejected(ProxyError):
 
 
 class UpstreamFailure(ProxyError):
-    """The provider could not be reached or did not answer in time (502 / 504)."""
+    """The provider could not be reached or did not answer in time (502 / 504), or no
+    connection to it was free in time (529)."""
 
     @property
     def outcome(self) -> Outcome:
+        if self.status == 529:
+            return Outcome.UPSTREAM_BUSY
         return Outcome.UPSTREAM_TIMEOUT if self.status == 504 else Outcome.UPSTREAM_UNREACHABLE
 
 

@@ -33,6 +33,7 @@ from yarl import URL
 
 from proxy.http.audit import Outcome, RequestRecord
 from proxy.http.body import decoded
+from proxy.http.connections import BodyTimeout
 from proxy.http.errors import UpstreamFailure
 from proxy.http.upstream_headers import ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits, read_some
@@ -338,9 +339,18 @@ def sse_error_event(error_type: str, message: str) -> bytes:
     return f"event: error\ndata: {data}\n\n".encode()
 
 
-def _upstream_error(exc: BaseException, timeout_s: float,
-                    connect_timeout_s: float) -> UpstreamFailure:
+def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float,
+                    pool_wait_s: float, waited_s: float) -> UpstreamFailure:
     name = type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * pool_wait_s:
+        # ClientTimeout.connect, not the TCP connect's own (sock_connect, shorter): no
+        # connection of the pool became free, nor was a new one opened, in time.
+        return UpstreamFailure(
+            529, "overloaded_error",
+            f"no connection to the upstream provider within {pool_wait_s:g}s "
+            "(upstream.pool_wait_s: every connection busy, or the provider not accepting); "
+            "retry shortly", reason="upstream_pool_wait", headers={"retry-after": "1"},
+        )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamFailure(
             504, "api_error",
@@ -445,10 +455,14 @@ async def _send(app: web.Application, request: web.Request, record: RequestRecor
             allow_redirects=False,
         ))
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        stalled = request.content.exception()
+        if isinstance(stalled, BodyTimeout):
+            raise stalled from None  # the client's body, not the provider (answered 408)
         timed_out = isinstance(exc, asyncio.TimeoutError)
         record.outcome = Outcome.UPSTREAM_TIMEOUT if timed_out else Outcome.UPSTREAM_UNREACHABLE
         raise _upstream_error(exc, upstream_config.read_timeout_s,
-                              upstream_config.connect_timeout_s) from None
+                              upstream_config.connect_timeout_s, upstream_config.pool_wait_s,
+                              time.perf_counter() - started) from None
     app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
     return upstream

@@ -199,7 +199,8 @@ ERRORS: list[tuple[str, str, str]] = [
     ("compaction: {soft_treshold_tokens: 1}", "compaction.soft_treshold_tokens",
      "did you mean 'soft_threshold_tokens'?"),
     ("listen: {zzz: 1}", "listen.zzz",
-     "unknown key (known keys: host, port, workers, drain_timeout_s, event_loop)"),
+     "unknown key (known keys: host, port, workers, drain_timeout_s, event_loop, "
+     "header_timeout_s, body_timeout_s, max_connections)"),
     ("compaction: {1: 2}", "compaction.1", "unknown key"),
     ("policies: {rols: {}}", "policies.rols", "did you mean 'roles'?"),
     ("policies: {roles: {main: {keep_recent: 3}}}", "policies.roles.main.keep_recent",

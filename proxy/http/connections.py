@@ -1,0 +1,176 @@
+"""Connections a caller holds without finishing a request: bounded in time and in number.
+
+- Headers: aiohttp's ``keepalive_timeout`` (the runner's argument) closes a connection whose
+  next request has not arrived whole within that time of the connection's opening or of its
+  previous answer; set to ``listen.header_timeout_s``, it is the header timeout too.
+- Body: aiohttp has no body timeout. :func:`body_deadline_middleware` gives a body that has
+  not all arrived when its handler starts ``listen.body_timeout_s`` more (one timer, only for
+  such a body); past it, the reader gets :class:`BodyTimeout`, the client 408 and the
+  connection is closed.
+- Number: :class:`CappedTCPSite` answers a connection above ``listen.max_connections`` open
+  ones with a 503 ``overloaded_error`` and closes it at once, so file descriptors are not
+  exhausted (:func:`raise_open_files_limit` lifts the soft limit to the hard one at startup;
+  :func:`connection_cap` lowers the cap to what that limit allows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import Awaitable, Callable
+from typing import Final, cast
+
+import structlog
+from aiohttp import StreamReader, web
+
+from proxy.http.errors import RequestRejected
+from proxy.keys import CONFIG
+
+__all__ = [
+    "BodyTimeout",
+    "CappedTCPSite",
+    "body_deadline_middleware",
+    "connection_cap",
+    "raise_open_files_limit",
+]
+
+_log = structlog.get_logger("proxy.http.connections")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Open files kept for what is not a connection (the store, logs, sources).
+OPEN_FILES_SPARE: Final = 64
+
+#: Seconds a refused connection is kept for its client to read the 503 and close.
+REFUSED_LINGER_S: Final = 1.0
+
+#: Seconds between two ``connections_refused`` lines (each counts those since the last).
+REFUSED_LOG_INTERVAL_S: Final = 10.0
+
+_FULL_BODY: Final = json.dumps({"type": "error", "error": {
+    "type": "overloaded_error",
+    "message": "compact-proxy has too many open connections (listen.max_connections); "
+               "retry shortly"}}).encode()
+#: What a connection over the cap gets before it is closed (no request read).
+FULL_RESPONSE: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+    + str(len(_FULL_BODY)).encode() + b"\r\n\r\n" + _FULL_BODY)
+
+
+class BodyTimeout(TimeoutError):
+    """The request body did not arrive whole within ``listen.body_timeout_s``."""
+
+
+def _overdue(content: StreamReader, timeout_s: float) -> None:
+    if not content.is_eof():
+        content.set_exception(BodyTimeout(f"request body not received within {timeout_s:g}s"))
+
+
+@web.middleware
+async def body_deadline_middleware(request: web.Request,
+                                   handler: Handler) -> web.StreamResponse:
+    """A body still arriving when its handler starts has ``listen.body_timeout_s`` to end;
+    then 408 and the connection closed. (Inside the error middleware, which answers it.)"""
+    content = request.content
+    if content.is_eof():  # no body, or all of it came with the headers: nothing to wait for
+        return await handler(request)
+    timeout_s = request.app[CONFIG].listen.body_timeout_s
+    timer = asyncio.get_running_loop().call_later(timeout_s, _overdue, content, timeout_s)
+    try:
+        return await handler(request)
+    except BodyTimeout:
+        _log.warning("request_body_timeout", timeout_s=timeout_s)
+        # (aiohttp then reads what follows for a moment and closes the connection: the rest
+        # of the body raises the same timeout.)
+        raise RequestRejected(
+            408, "invalid_request_error",
+            f"request body not received within {timeout_s:g}s (listen.body_timeout_s)",
+            reason="body_timeout", headers={"Connection": "close"}) from None
+    finally:
+        timer.cancel()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: the 503 and our end shut; what the client sends is
+    dropped until it closes (closing on unread bytes would reset the connection, and the
+    503 with it), for :data:`REFUSED_LINGER_S` at most."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        transport = cast(asyncio.Transport, transport)
+        transport.write(FULL_RESPONSE)
+        transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class CappedTCPSite(web.TCPSite):
+    """aiohttp's TCP site, but a connection accepted while ``max_connections`` are open gets
+    :data:`FULL_RESPONSE` and is closed instead of being served."""
+
+    __slots__ = ("_max_connections",)
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
+                 max_connections: int, reuse_port: bool | None = None) -> None:
+        super().__init__(runner, host, port, reuse_port=reuse_port)
+        self._max_connections = max_connections
+
+    async def start(self) -> None:
+        """Listen (as :meth:`web.TCPSite.start`, with the capped protocol factory)."""
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        cap = self._max_connections
+        loop = asyncio.get_running_loop()
+        refused, logged_at = 0, -REFUSED_LOG_INTERVAL_S
+
+        def protocol() -> asyncio.Protocol:
+            nonlocal refused, logged_at
+            if len(server.connections) < cap:
+                return server()
+            refused += 1
+            if loop.time() - logged_at >= REFUSED_LOG_INTERVAL_S:  # (one line, not a flood)
+                _log.warning("connections_refused", refused=refused, max_connections=cap)
+                refused, logged_at = 0, loop.time()
+            return _Refused()
+
+        self._server = await loop.create_server(
+            protocol, self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+def raise_open_files_limit() -> int:
+    """Lift this process's soft limit on open files to its hard limit (each connection, to
+    a client or to the provider, is one); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # (a hard limit of "unlimited" above the kernel's)
+            return soft
+        return target
+    return soft
+
+
+def connection_cap(max_connections: int) -> int:
+    """``max_connections`` (``listen.max_connections``), lowered to what the open-files limit
+    allows: every client connection may need one to the provider too, and a few files are
+    kept for the rest; above the limit, accepting would fail before the cap could answer."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, (soft - OPEN_FILES_SPARE) // 2))

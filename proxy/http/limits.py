@@ -1,0 +1,96 @@
+"""Per-tenant concurrency: no tenant holds more than ``limits.max_concurrent_per_tenant``
+requests in flight in one process.
+
+A request over its tenant's limit gets 429 ``rate_limit_error`` with ``retry-after`` at once,
+before its body is read, so one tenant's burst of long streams cannot take every upstream
+connection (``upstream.max_connections``) or all of the process's memory from the others.
+Only forwarded routes count (``/v1/messages``, ``count_tokens``, every passthrough path); the
+proxy's own routes (``/healthz``, ``/metrics``, ``/admin``) do not. A request whose tenant
+cannot be told (no credential under ``session.scope: credential``) counts in one shared
+bucket; its handler answers the 401 as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from aiohttp import web
+
+from proxy.http.errors import RequestRejected
+from proxy.keys import TENANTS
+
+__all__ = ["LIMITED_ROUTES", "TENANT_LIMITER", "TenantLimiter", "tenant_limit_middleware"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The routes that are forwarded to the provider (the names in :mod:`proxy.http.routes`).
+LIMITED_ROUTES: Final = frozenset({"messages", "count_tokens", "passthrough"})
+#: Where requests whose tenant cannot be told are counted.
+UNKNOWN_TENANT: Final = ""
+#: Seconds a refused caller is told to wait (``retry-after``).
+RETRY_AFTER_S: Final = 1
+
+
+class TenantLimiter:
+    """How many requests each tenant has in flight, up to ``limit`` each."""
+
+    __slots__ = ("_in_flight", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit!r}")
+        self.limit = limit
+        self._in_flight: dict[str, int] = {}
+
+    def in_flight(self, tenant: str) -> int:
+        """The tenant's requests now in flight."""
+        return self._in_flight.get(tenant, 0)
+
+    def enter(self, tenant: str) -> bool:
+        """Count one more request of ``tenant``; ``False`` (nothing counted) when it already
+        has ``limit`` in flight."""
+        held = self._in_flight.get(tenant, 0)
+        if held >= self.limit:
+            return False
+        self._in_flight[tenant] = held + 1
+        return True
+
+    def leave(self, tenant: str) -> None:
+        """One request of ``tenant`` is over (a tenant with none left is forgotten)."""
+        held = self._in_flight[tenant] - 1
+        if held:
+            self._in_flight[tenant] = held
+        else:
+            del self._in_flight[tenant]
+
+
+TENANT_LIMITER: Final = web.AppKey("tenant_limiter", TenantLimiter)
+
+
+def _tenant(request: web.Request) -> str:
+    try:
+        return request.app[TENANTS].tenant_of(request.headers)
+    except RequestRejected:
+        return UNKNOWN_TENANT
+
+
+@web.middleware
+async def tenant_limit_middleware(request: web.Request,
+                                  handler: Handler) -> web.StreamResponse:
+    """Hold a slot of the request's tenant while a forwarded request runs; 429 when none is
+    free. (Inside :func:`~proxy.http.errors.error_middleware`, which answers the 429.)"""
+    if request.match_info.route.name not in LIMITED_ROUTES:
+        return await handler(request)
+    limiter = request.app[TENANT_LIMITER]
+    tenant = _tenant(request)
+    if not limiter.enter(tenant):
+        raise RequestRejected(
+            429, "rate_limit_error",
+            f"too many concurrent requests for this tenant (at most {limiter.limit} at once, "
+            "limits.max_concurrent_per_tenant); retry when one has finished",
+            reason="tenant_concurrency", headers={"retry-after": str(RETRY_AFTER_S)})
+    try:
+        return await handler(request)
+    finally:
+        limiter.leave(tenant)
