@@ -7,25 +7,22 @@ Any problem is one :class:`ConfigError` naming the dotted key
 exits 2 before anything starts (SPEC §2). The reference (``docs/configuration.md``) and
 ``config.example.yaml`` are generated from the fields: ``python -m proxy.config.docs --write``.
 
-The modules: ``_base`` (value types, the section decorator), ``_sections`` and ``_policies``
-(the sections), ``prices`` (the price table), ``_root`` (:class:`Config`), ``_errors``
-(pydantic's errors in words), ``_load`` (the YAML file), ``docs`` (the generator).
+The modules: ``_base`` (value types, the section decorator), ``_sections``, ``_operations``
+and ``_policies`` (the sections), ``prices`` (the price table), ``_root`` (:class:`Config`),
+``_errors`` (pydantic's errors in words), ``_load`` (the YAML file), ``docs`` (the generator).
 """
 
 from proxy.config._errors import ConfigError
 from proxy.config._load import CONFIG_ENV_VAR, load_config
+from proxy.config._operations import AdminConfig, AdminListenConfig, AuditConfig, LoggingConfig
 from proxy.config._policies import PoliciesConfig, RoleOverride, SourceAccessConfig
 from proxy.config._root import Config
 from proxy.config._sections import (
     SEPARATE_SUMMARY_MODEL,
-    AdminConfig,
-    AdminListenConfig,
-    AuditConfig,
     CompactionConfig,
     EventLoopName,
     LimitsConfig,
     ListenConfig,
-    LoggingConfig,
     S3SourcesConfig,
     SessionConfig,
     SourcesConfig,

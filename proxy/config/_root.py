@@ -17,14 +17,12 @@ from policies._roles import ROLE_NAMES, Role, RolePolicies
 from policies._source_access import SourceAccessPolicy
 from proxy.config._base import Section, doc, is_loopback, section
 from proxy.config._errors import ConfigError, config_error, shown, soft_not_below_hard
+from proxy.config._operations import AdminConfig, AuditConfig, LoggingConfig
 from proxy.config._policies import PoliciesConfig
 from proxy.config._sections import (
-    AdminConfig,
-    AuditConfig,
     CompactionConfig,
     LimitsConfig,
     ListenConfig,
-    LoggingConfig,
     SessionConfig,
     SourcesConfig,
     StoreConfig,
