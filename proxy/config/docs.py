@@ -177,8 +177,10 @@ def _comment(text: str, indent: str) -> list[str]:
 
 
 def _key_lines(key: Key, indent: str) -> list[str]:
-    """A key of the example config: its description, its default, its examples commented."""
-    out = _comment(key.description, indent)
+    """A key of the example config: its description and type, its default, its examples
+    commented out."""
+    kind = "" if dataclasses.is_dataclass(key.default) else f" [{type_words(key.annotation)}]"
+    out = _comment(key.description + kind, indent)
     value = key.examples[0] if key.name in _EXAMPLE_IS_VALUE else key.default
     section = key.children[0] if key.children else None
     if dataclasses.is_dataclass(value) and section is not None:  # a section inside a section
