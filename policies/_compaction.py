@@ -14,7 +14,7 @@ import dataclasses
 from typing import Annotated
 
 from annotated_types import Ge, Gt, Le
-from pydantic import AfterValidator, ConfigDict, Strict, ValidationInfo, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, Strict, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
@@ -61,10 +61,13 @@ class ReadToolSpec:
     read: two reads supersede each other only when path and range are equal.
     """
 
-    name: Text
-    path_field: Text
-    range_fields: tuple[Text, ...] = ()
-    command: Text | None = None
+    name: Annotated[Text, Field(description="The tool_use name.")]
+    path_field: Annotated[Text, Field(description="The input field holding the path.")]
+    range_fields: Annotated[tuple[Text, ...], Field(
+        description="Input fields of the range read: reads with a different range are "
+                    "different reads.")] = ()
+    command: Annotated[Text | None, Field(
+        description="Only when input.command equals this.")] = None
 
 
 DEFAULT_READ_TOOLS: tuple[ReadToolSpec, ...] = (
@@ -91,11 +94,19 @@ class Thresholds:
         summary_keep_recent: L4 keeps this many most recent messages verbatim.
     """
 
-    soft_threshold_tokens: TokenCount = 80_000
-    hard_limit_tokens: TokenCount = 120_000
-    max_tool_result_tokens: TokenCount = 5_000
-    keep_recent_messages: MessageCount = 6
-    summary_keep_recent: MessageCount = 4
+    soft_threshold_tokens: Annotated[TokenCount, Field(
+        description="Compaction starts when the view is at or above this many tokens, and "
+                    "stops as soon as it is below it; below hard_limit_tokens.")] = 80_000
+    hard_limit_tokens: Annotated[TokenCount, Field(
+        description="A view still at or above this after L4 is rejected "
+                    "(MessageViewLimitExceeded).")] = 120_000
+    max_tool_result_tokens: Annotated[TokenCount, Field(
+        description="L1 truncates tool results larger than this.")] = 5_000
+    keep_recent_messages: Annotated[MessageCount, Field(
+        description="L3 never prunes this many most recent messages.")] = 6
+    summary_keep_recent: Annotated[MessageCount, Field(
+        description="L4 keeps this many most recent messages verbatim after the "
+                    "summary.")] = 4
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> Thresholds:

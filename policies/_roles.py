@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import AfterValidator, Strict, ValidationInfo, model_validator
+from pydantic import AfterValidator, Field, Strict, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from ._compaction import STRICT, CompactionPolicy, invalid
@@ -86,10 +86,13 @@ class RoleRule:
             a header name that is not an HTTP token, or a bad regex (the message names the field).
     """
 
-    role: RoleName
-    header: HeaderName | None = None
-    header_pattern: Regex | None = None
-    model_pattern: Regex | None = None
+    role: Annotated[RoleName, Field(description="The role a matching request gets.")]
+    header: Annotated[HeaderName | None, Field(
+        description="The request must carry this header (any case).")] = None
+    header_pattern: Annotated[Regex | None, Field(
+        description="And the header's value must fully match this regex.")] = None
+    model_pattern: Annotated[Regex | None, Field(
+        description="The body's model must fully match this regex.")] = None
     _header_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     _model_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 

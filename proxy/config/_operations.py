@@ -1,0 +1,91 @@
+"""The sections an operator reads and guards with: the admin API and console, the audit log,
+the logs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from annotated_types import Ge
+from pydantic import Strict, model_validator
+
+from policies._compaction import Text, invalid
+from proxy.config._base import Bool, EnvName, Port, Positive, Seconds, Section, doc, section
+
+#: The shortest admin token accepted (``admin.min_token_length``'s default): 32 characters
+#: hold 128 bits even as hex (``openssl rand -hex 16``), beyond any online guessing.
+MIN_ADMIN_TOKEN_LENGTH: Final = 32
+
+
+@section("admin.listen")
+class AdminListenConfig(Section):
+    """An address of its own for the admin API and the console."""
+
+    port: Annotated[Port, doc("Its port; 0 picks a free one.")]
+    host: Annotated[Text, doc("Its address.")] = "127.0.0.1"
+
+
+@section("admin")
+class AdminConfig(Section):
+    """The admin API (``/admin/...``) and the audit console."""
+
+    token_env: Annotated[EnvName, doc(
+        "The environment variable holding the admin bearer token; unset or empty: the admin "
+        "API is off (404)."
+    )] = "COMPACT_PROXY_ADMIN_TOKEN"
+    min_token_length: Annotated[int, Strict(), Ge(16), doc(
+        "The shortest token accepted: a shorter one is a config error at startup "
+        "(`check-config`, `serve`: exit 2). 32 characters hold 128 bits even as hex "
+        "(openssl rand -hex 16)."
+    )] = MIN_ADMIN_TOKEN_LENGTH
+    failed_auth_limit: Annotated[Positive, doc(
+        "Wrong tokens (admin API or console login) one client address may present before it "
+        "is locked out: 429 rate_limit_error with retry-after."
+    )] = 5
+    lockout_s: Annotated[Seconds, doc(
+        "The first lockout; each lockout in a row doubles it, up to max_lockout_s."
+    )] = 1.0
+    max_lockout_s: Annotated[Seconds, doc("The longest lockout.")] = 300.0
+    cookie_secure: Annotated[Bool, doc(
+        "Mark the console's cookies Secure whatever scheme the proxy sees: set it when TLS "
+        "ends in front of the proxy."
+    )] = False
+    listen: Annotated[AdminListenConfig | None, doc(
+        "An address of its own for /admin and the console, {host, port}: the main listener "
+        "then answers them 404. null: served on the main listener.",
+        example={"host": "127.0.0.1", "port": 8788})] = None
+
+    @model_validator(mode="after")
+    def _lockouts_in_order(self) -> AdminConfig:
+        if self.max_lockout_s < self.lockout_s:
+            raise invalid("max_lockout_s", f"must be at least admin.lockout_s "
+                                           f"({self.max_lockout_s:g} < {self.lockout_s:g})")
+        return self
+
+
+@section("audit")
+class AuditConfig(Section):
+    """The audit log the store keeps, read by the admin API and the sessions, session and
+    blocked commands."""
+
+    enabled: Annotated[Bool, doc(
+        "Keep the audit log: one record per /v1/messages and count_tokens request (its session, "
+        "tenant, model, token counts, the layers that ran and what each saved, why it was "
+        "refused, statuses, the provider's usage; never message text) and one per change of a "
+        "durable state. Written after the response: a request never waits for its record."
+    )] = True
+    max_requests_per_session: Annotated[Positive, doc(
+        "Request records a session keeps; the oldest go first."
+    )] = 1000
+    retention_days: Annotated[Positive, doc("Records older than this many days are dropped.")] = 14
+
+
+@section("logging")
+class LoggingConfig(Section):
+    """structlog's output."""
+
+    format: Annotated[Literal["json", "console"], doc(
+        "json (one object per line) or console (human-readable)."
+    )] = "json"
+    level: Annotated[Literal["debug", "info", "warning", "error"], doc(
+        "The lowest level logged."
+    )] = "info"

@@ -1,0 +1,95 @@
+"""The ``policies`` section: per-role thresholds, the rules that pick a role, the file-read
+tools and source access; the values themselves are :mod:`policies`' own types."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Annotated, Any, ClassVar, Union
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from policies._compaction import DEFAULT_READ_TOOLS, ReadToolSpec, Thresholds
+from policies._roles import DEFAULT_ROLE_RULES, Role, RoleRule
+from proxy.config._base import Bool, Section, SessionId, doc, section
+
+
+def _each_optional(base: type[Any]) -> type[Any]:
+    """A frozen dataclass with every field of the pydantic dataclass ``base``, each optional
+    (default ``None``) and otherwise held to the same limits and described the same."""
+    specs = [
+        (name, Annotated[Union[info.rebuild_annotation(), None],  # noqa: UP007
+                         Field(description=info.description)], field(default=None))
+        for name, info in base.__pydantic_fields__.items()
+    ]
+    return dataclasses.make_dataclass(f"Optional{base.__name__}", specs, frozen=True)
+
+
+@section("policies.roles")
+class RoleOverride(_each_optional(Thresholds), Section):  # type: ignore[misc]
+    """``policies.roles.<role>``: the thresholds one role changes, and ``summary_enabled``;
+    a key left out (``None``) is inherited from the ``compaction`` and ``summary`` sections."""
+
+    summary_enabled: Annotated[Bool | None, doc(
+        "L4 for this role; true is refused while summary.enabled is false. Inherited: "
+        "summary.enabled, false for summary_recovery."
+    )] = None
+
+    #: Keys that belong elsewhere, and where.
+    MISPLACED: ClassVar[Mapping[str, str]] = {
+        "token_counter": "is global; set compaction.token_counter instead",
+    }
+
+
+@section("policies.source_access")
+class SourceAccessConfig(Section):
+    """Whose source pointers a session may resolve (by default only its own)."""
+
+    allow_cross_session: Annotated[Bool, doc(
+        "true: any session may resolve any session's pointers."
+    )] = False
+    shared_sessions: Annotated[tuple[SessionId, ...], doc(
+        "Sessions whose pointers every session may resolve."
+    )] = ()
+
+
+def _drop_nulls(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {key: value for key, value in data.items() if value is not None}
+    return data
+
+
+# A key given as null (`rules:`, `range_fields:` with nothing after) has its default.
+_NULLS_ARE_DEFAULTS = BeforeValidator(_drop_nulls)
+
+
+@section("policies")
+class PoliciesConfig(Section):
+    """Per-deployment decisions: the thresholds of each role (main, subagent,
+    summary_recovery), the rules that pick a request's role, the tools L2 treats as file reads
+    and whose source pointers a session may resolve."""
+
+    roles: Annotated[Mapping[Role, RoleOverride], doc(
+        "Role -> the compaction keys it changes (any but token_counter) and summary_enabled; "
+        "a role not listed inherits everything (summary_recovery: with L4 off)."
+    )] = field(default_factory=dict)
+    rules: Annotated[tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...], doc(
+        "Tried in order, the first match decides a request's role; a request no rule matches "
+        "is main. Replaces the default rule (a request with x-claude-code-agent-id, a Claude "
+        "Code subagent, is subagent)."
+    )] = DEFAULT_ROLE_RULES
+    read_tools: Annotated[tuple[Annotated[ReadToolSpec, _NULLS_ARE_DEFAULTS], ...], doc(
+        "The tools L2 counts as file reads; replaces the default list (Claude Code's Read, the "
+        "text-editor tool's view, read_file)."
+    )] = DEFAULT_READ_TOOLS
+    source_access: SourceAccessConfig = field(default_factory=SourceAccessConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return _drop_nulls(data)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", types.MappingProxyType(dict(self.roles)))

@@ -1,0 +1,238 @@
+"""The whole configuration: the sections together, the checks across them, and what is
+derived from them once at load time (the role policies, the source-access policy)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from policies._compaction import THRESHOLD_NAMES, CompactionPolicy
+from policies._roles import ROLE_NAMES, Role, RolePolicies
+from policies._source_access import SourceAccessPolicy
+from proxy.config._base import Section, doc, is_loopback, section
+from proxy.config._errors import ConfigError, config_error, shown, soft_not_below_hard
+from proxy.config._operations import AdminConfig, AuditConfig, LoggingConfig
+from proxy.config._policies import PoliciesConfig
+from proxy.config._sections import (
+    CompactionConfig,
+    LimitsConfig,
+    ListenConfig,
+    SessionConfig,
+    SourcesConfig,
+    StoreConfig,
+    SummaryConfig,
+    UpstreamConfig,
+)
+from proxy.config.prices import DEFAULT_PRICES, ModelPrice, Prices, price_for
+
+
+@section("")
+class Config(Section):
+    """The whole validated configuration; build it with :func:`load_config` or
+    :meth:`from_mapping`.
+
+    The role policies and the source-access policy are derived once, here, so the request
+    path only looks them up (:meth:`role_policies`, :meth:`source_access`).
+    """
+
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    summary: SummaryConfig = field(default_factory=SummaryConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    prices: Annotated[Prices, doc(
+        "What the provider charges, for `compact-proxy report`: model family -> USD per "
+        "million tokens. A model is priced by the family it is or a snapshot of "
+        "(claude-opus-4-5-20251101 -> claude-opus-4-5); a model no family matches shows its "
+        "tokens and n/a for its cost. Families listed replace the built-in entry of the same "
+        "name or add one; the others keep the built-in prices (Anthropic's list prices)."
+    )] = field(default_factory=lambda: DEFAULT_PRICES)
+    policies: PoliciesConfig = field(default_factory=PoliciesConfig)
+    _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
+    _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prices", types.MappingProxyType(dict(self.prices)))
+        if self.session.scope is None and not is_loopback(self.listen.host):
+            raise ConfigError("session.scope", (
+                f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
+                "credential, header:<name> or none"))
+        admin_listen = self.admin.listen
+        if admin_listen is not None and admin_listen.port and admin_listen.port == self.listen.port:
+            raise ConfigError("admin.listen.port", (
+                f"must differ from listen.port ({admin_listen.port}): the admin listener is a "
+                "port of its own"))
+        roles = RolePolicies(
+            {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
+        )
+        object.__setattr__(self, "_role_policies", roles)
+        access = self.policies.source_access
+        try:
+            policy = SourceAccessPolicy(
+                allow_cross_session=access.allow_cross_session,
+                shared_sessions=access.shared_sessions,
+            )
+        except ValueError as exc:
+            raise ConfigError("policies.source_access", str(exc)) from None
+        object.__setattr__(self, "_source_access", policy)
+
+    @classmethod
+    def from_mapping(cls, data: object, *, require_upstream: bool = True) -> Config:
+        """Validate already-parsed YAML (a mapping of sections) into a :class:`Config`.
+
+        Raises:
+            ConfigError: the first problem found, naming its dotted key.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                "", f"the top level must be a mapping of sections, got {shown(data)}"
+            )
+        try:
+            config = _VALIDATOR.validate_python(data)
+        except ValidationError as exc:
+            raise config_error(exc, cls, "") from None
+        if require_upstream:
+            config.upstream.require_base_url()
+        return config
+
+    def role_policies(self) -> RolePolicies:
+        """The per-role compaction policies and role rules, built once at load time."""
+        return self._role_policies
+
+    def source_access(self) -> SourceAccessPolicy:
+        """The source-access policy, built once at load time."""
+        return self._source_access
+
+    def price_for(self, model: str) -> ModelPrice | None:
+        """The price of ``model`` (:func:`proxy.config.prices.price_for`)."""
+        return price_for(self.prices, model)
+
+    def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API
+        off) when it is unset or empty.
+
+        Raises:
+            ConfigError: the token is shorter than ``admin.min_token_length`` or padded with
+                whitespace (named by its variable, never shown).
+        """
+        env = os.environ if environ is None else environ
+        token = env.get(self.admin.token_env) or None
+        if token is None:
+            return None
+        name, shortest = self.admin.token_env, self.admin.min_token_length
+        if token != token.strip():
+            raise ConfigError("admin.token_env", (
+                f"the environment variable {name} has leading or trailing whitespace, which "
+                "no Authorization header can carry"))
+        if len(token) < shortest:
+            raise ConfigError("admin.token_env", (
+                f"the environment variable {name} holds a token of {len(token)} characters; "
+                f"at least {shortest} are required (admin.min_token_length), e.g. "
+                "`openssl rand -hex 32`"))
+        return token
+
+    def summary_api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The API key for summary calls from ``summary.api_key_env``; ``None`` when that is not
+        configured or the variable is unset or empty."""
+        if self.summary.api_key_env is None:
+            return None
+        env = os.environ if environ is None else environ
+        return env.get(self.summary.api_key_env) or None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The effective values as plain YAML-safe data (what ``check-config`` prints, masked
+        by :func:`proxy.masking.mask_config`).
+
+        Secrets appear only as the names of their environment variables, but for a URL's own
+        password, kept as written here. ``policies.roles`` shows every role's effective
+        thresholds; feeding the result back to :meth:`from_mapping` gives the same effective
+        configuration.
+        """
+        out: dict[str, Any] = plain(self)
+        roles = self._role_policies
+        out["policies"] = {
+            "roles": {
+                role: {
+                    **{name: getattr(policy, name) for name in THRESHOLD_NAMES},
+                    "summary_enabled": policy.summary_enabled,
+                }
+                for role in ROLE_NAMES
+                for policy in (roles.policy_for(role),)
+            },
+            "rules": [plain(rule, omit_none=True) for rule in roles.rules],
+            "read_tools": [plain(tool, omit_none=True) for tool in self.policies.read_tools],
+            "source_access": plain(self.policies.source_access),
+        }
+        return out
+
+
+_VALIDATOR: TypeAdapter[Config] = TypeAdapter(Config)
+
+
+def _role_policy(config: Config, role: Role) -> CompactionPolicy:
+    """The role's CompactionPolicy: the compaction section, then the role's overrides."""
+    compaction, summary = config.compaction, config.summary
+    override = config.policies.roles.get(role)
+    own = {} if override is None else {
+        name: value for name in THRESHOLD_NAMES
+        if (value := getattr(override, name)) is not None
+    }
+    # A summary_recovery request must never set off another summary call, so that role
+    # starts with L4 off. The other roles follow summary.enabled.
+    summary_enabled = summary.enabled and role != "summary_recovery"
+    prefix = f"policies.roles.{role}"
+    if override is not None and override.summary_enabled is not None:
+        if override.summary_enabled and not summary.enabled:
+            raise ConfigError(
+                f"{prefix}.summary_enabled", "cannot be true while summary.enabled is false"
+            )
+        summary_enabled = override.summary_enabled
+    try:
+        return CompactionPolicy(
+            **{name: getattr(compaction, name) for name in THRESHOLD_NAMES} | own,
+            read_tools=config.policies.read_tools, summary_enabled=summary_enabled,
+            compact_to_ratio=compaction.compact_to_ratio,
+        )
+    except ValidationError as exc:
+        # Each value is valid on its own; soft < hard may fail across compaction and role.
+        error = exc.errors()[0]
+        if error["type"] != "soft_not_below_hard":
+            raise config_error(exc, CompactionPolicy, prefix) from None
+        ctx = error["ctx"]
+
+        def key(name: str) -> str:
+            return f"{prefix if name in own else 'compaction'}.{name}"
+
+        raise soft_not_below_hard(ctx, key(ctx["soft_field"]), key(ctx["hard_field"]),
+                                  blame_soft=ctx["soft_field"] in own) from None
+
+
+def plain(value: Any, *, omit_none: bool = False) -> Any:
+    """A section (or a value in one) as plain YAML-safe data: lists for tuples, dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            spec.name: plain(item, omit_none=omit_none)
+            for spec in dataclasses.fields(value)
+            if spec.init
+            for item in (getattr(value, spec.name),)
+            if not (omit_none and item is None)
+        }
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,366 @@
+"""The sections of the request path, in SPEC §3 order: where the proxy listens, its limits, the
+provider, compaction, the summary call, the store, the sources and the sessions.
+
+Each key carries its type and description; the descriptions (here, in ``_operations``,
+``_policies`` and ``prices``) are the only ones: ``docs/configuration.md`` and
+``config.example.yaml`` are generated from them (``python -m proxy.config.docs --write``).
+The five compaction thresholds are declared once, in :class:`policies._compaction.Thresholds`:
+:class:`CompactionConfig` extends it and :class:`RoleOverride` makes each of them optional.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import field
+from typing import Annotated, Literal
+
+from annotated_types import Ge, Le
+from pydantic import Strict, model_validator
+
+from policies._compaction import Ratio, Text, Thresholds, invalid
+from policies._roles import HeaderName
+from proxy.config._base import (
+    MAX_WORKERS,
+    Bool,
+    EnvName,
+    HttpUrl,
+    NonNegative,
+    Port,
+    Positive,
+    RedisUrl,
+    Scope,
+    Seconds,
+    Section,
+    doc,
+    section,
+)
+from proxy.config._errors import ConfigError
+from proxy.state.s3_roots import S3Settings, is_s3_url, parse_s3_root
+
+#: The event loops a serving process can run on (:mod:`proxy.event_loop`).
+EventLoopName = Literal["uvloop", "asyncio"]
+
+
+@section("listen")
+class ListenConfig(Section):
+    """Where the proxy listens, in how many processes, how long it waits for callers that hold
+    connections, and how it stops."""
+
+    host: Annotated[Text, doc(
+        "Address to bind: 127.0.0.1 is loopback only, 0.0.0.0 listens on every interface."
+    )] = "127.0.0.1"
+    port: Annotated[Port, doc(
+        "TCP port (0: any free port). Agents use ANTHROPIC_BASE_URL=http://<host>:<port>."
+    )] = 8787
+    workers: Annotated[int, Strict(), Ge(1), Le(MAX_WORKERS), doc(
+        "Processes serving the port together (SO_REUSEPORT, Linux and BSD), sharing the store. "
+        "With more than one, `serve` supervises them: a worker that dies is restarted, and "
+        "SIGTERM / SIGINT stops them all. `serve --workers N` overrides it."
+    )] = 1
+    drain_timeout_s: Annotated[Seconds, doc(
+        "On SIGTERM / SIGINT, how long the requests and streams in flight may take to finish "
+        "after the proxy stops accepting; what is left then is cancelled."
+    )] = 60.0
+    event_loop: Annotated[EventLoopName, doc(
+        "The event loop each serving process runs on: uvloop (libuv's, in C) or asyncio (the "
+        "standard library's, where uvloop is not supported); the startup log line's "
+        "event_loop field says which one runs."
+    )] = "uvloop"
+    header_timeout_s: Annotated[Seconds, doc(
+        "How long a request's headers may take to arrive whole, from the connection's opening "
+        "or from its previous answer; also how long an idle keep-alive connection stays open. "
+        "A slower connection is closed (proxy.http.connections)."
+    )] = 30.0
+    body_timeout_s: Annotated[Seconds, doc(
+        "How long a request body may take to arrive whole after its headers; past it, 408 "
+        "invalid_request_error and the connection is closed."
+    )] = 120.0
+    max_connections: Annotated[Positive, doc(
+        "Client connections open at once, per serving process; one more gets an immediate 503 "
+        "overloaded_error (retry-after: 1) and is closed. Lowered at startup to half the "
+        "open-files limit (the soft limit is raised to the hard one)."
+    )] = 4096
+
+
+@section("limits")
+class LimitsConfig(Section):
+    """Request limits, per tenant and in all, and the memory kept across requests."""
+
+    max_body_bytes: Annotated[Positive, doc(
+        "Largest request body accepted, in bytes; a larger one gets 413 request_too_large."
+    )] = 32 * 1024 * 1024
+    max_json_objects: Annotated[Positive, doc(
+        "JSON objects a request body may hold (real agent bodies: about 3.5 per KB); more get "
+        "413 request_too_large."
+    )] = 200_000
+    max_concurrent_per_tenant: Annotated[Positive, doc(
+        "Requests of one tenant (session.scope) in flight at once, per serving process; the "
+        "next gets 429 rate_limit_error with retry-after: 1, before its body is read. Forwarded "
+        "routes only (not /healthz, /metrics, /admin; proxy.http.limits)."
+    )] = 256
+    decoded_cache_bytes: Annotated[NonNegative, doc(
+        "Bytes of messages kept decoded across requests, over-estimated from their JSON: an "
+        "agent's request is its previous one plus a message or two, so a warm request decodes "
+        "only what is new in it. Only requests the provider accepted leave anything here. 0 "
+        "decodes every message of every request."
+    )] = 256 * 1024 * 1024
+
+
+@section("upstream")
+class UpstreamConfig(Section):
+    """The real provider."""
+
+    base_url: Annotated[HttpUrl | None, doc(
+        "The provider's base URL, e.g. https://api.anthropic.com. Required by `serve` and "
+        "`check-config` (only the demo runs without it).",
+        example="https://api.anthropic.com")] = None
+    connect_timeout_s: Annotated[Seconds, doc(
+        "Time allowed to open the connection to the provider; exceeding it answers 504 "
+        "api_error."
+    )] = 10.0
+    read_timeout_s: Annotated[Seconds, doc(
+        "Time allowed waiting for the provider's answer or its next bytes (long: a streamed "
+        "answer can pause while the model thinks); exceeding it answers 504, or an error event "
+        "mid-stream. A wait fails within a second after it (a quarter of it when shorter); time "
+        "spent on a slow client or a body still uploading does not count."
+    )] = 600.0
+    max_connections: Annotated[Positive, doc(
+        "Connections to the provider open at once; each streamed answer holds one."
+    )] = 1000
+    pool_wait_s: Annotated[Seconds, doc(
+        "How long a request may take to get a connection to the provider: a free one when all "
+        "max_connections are busy, or a new one opened (the TCP connect is also bounded by "
+        "connect_timeout_s). Past it, 529 overloaded_error with retry-after: 1."
+    )] = 5.0
+
+    def require_base_url(self) -> str:
+        """``base_url``, which serving needs; the one check that it is set.
+
+        Raises:
+            ConfigError: ``upstream.base_url`` is not set.
+        """
+        if self.base_url is None:
+            raise ConfigError(
+                "upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)"
+            )
+        return self.base_url
+
+
+@section("compaction")
+class CompactionConfig(Thresholds, Section):
+    """The compaction thresholds every role starts from (``policies.roles`` changes them per
+    role). Thresholds count the whole prompt: messages, system, tools and the durable block,
+    as the provider would count it."""
+
+    token_counter: Annotated[Literal["tiktoken", "chars4"], doc(
+        "How tokens are counted: tiktoken (a local BPE tokenizer, no network) or chars4 (4 "
+        "characters per token, cheapest). Global: no role changes it."
+    )] = "tiktoken"
+    sticky: Annotated[Bool, doc(
+        "Once a session's view was compacted, later requests that extend the same history "
+        "reuse the identical compacted prefix (so the provider's prompt cache keeps hitting and "
+        "L4 runs once per crossing, not per request) until the soft threshold is crossed again."
+    )] = True
+    compact_to_ratio: Annotated[Ratio, doc(
+        "Sticky mode: a compaction, once started, goes on until the view is below "
+        "soft_threshold_tokens × compact_to_ratio, so the next crossing is far away."
+    )] = 0.7
+    calibration: Annotated[Bool, doc(
+        "Compare the thresholds with the proxy's own count times a factor learnt per session "
+        "and model from the provider's usage figures (a new session starts from its tenant's "
+        "factors). A refusal 'prompt is too long: N tokens > M maximum' is never shown to the "
+        "client: the request is compacted below M and retried once, and M is remembered as "
+        "that tenant's window for the model (learnt_window_ttl_s)."
+    )] = True
+    learnt_window_ttl_s: Annotated[Seconds, doc(
+        "How long a context window learnt from 'prompt is too long' clamps that tenant's "
+        "thresholds for the model (forgotten sooner when the provider accepts a larger view)."
+    )] = 600.0
+
+
+#: The model of a ``separate`` summary call when ``summary.model`` is not set (SPEC §3).
+SEPARATE_SUMMARY_MODEL = "claude-haiku-4-5"
+#: The share of ``summary.context_window_tokens`` one summary call may fill (counts are
+#: estimates: the rest is a margin).
+SUMMARY_WINDOW_SHARE = 0.9
+
+
+@section("summary")
+class SummaryConfig(Section):
+    """The L4 summarizer: how the summary call is made through the anthropic SDK, and its
+    limits."""
+
+    enabled: Annotated[Bool, doc("L4 on or off: false, it never runs, for any role.")] = True
+    mode: Annotated[Literal["fork", "separate"], doc(
+        "fork: the summary call is the client's own request (its headers, query, system, tools "
+        "and model, the conversation up to the kept recent turns as its messages, the summary "
+        "asked for in a last user turn; no thinking, not streamed), so credentials that only "
+        "serve the client's own requests work and the prompt is read from the provider's "
+        "cache. separate: the proxy's own request, with its own system prompt and the old "
+        "messages as a JSON transcript."
+    )] = "fork"
+    model: Annotated[Text | None, doc(
+        "Model of the summary call; null: the client's model (fork), claude-haiku-4-5 "
+        "(separate)."
+    )] = None
+    max_tokens: Annotated[Positive, doc("max_tokens of the summary call.")] = 2048
+    timeout_s: Annotated[Seconds, doc(
+        "How long one summary call may take; also how long a request waits for the same "
+        "summary another request is already asking for."
+    )] = 60.0
+    api_key_env: Annotated[EnvName | None, doc(
+        "Mode separate: the environment variable holding an API key for summary calls (never "
+        "the key itself), spent only for a caller whose own credential the provider has "
+        "accepted (a 2xx to its request, else one GET /v1/models with its credential). null: "
+        "the caller's own credentials, as in mode fork."
+    )] = None
+    max_retries: Annotated[NonNegative, doc("Retries of a failed summary call.")] = 2
+    context_window_tokens: Annotated[Positive, doc(
+        "Context window of the summary model. A call whose prompt would not fit in 90% of it "
+        "less max_tokens is made in pieces: parts of the conversation summarised one by one, "
+        "then one call merging those summaries."
+    )] = 200_000
+
+    @model_validator(mode="after")
+    def _window_holds_an_answer(self) -> SummaryConfig:
+        if self.prompt_budget < 1:
+            raise invalid("context_window_tokens", (
+                f"must leave room for max_tokens ({self.max_tokens}) and a "
+                f"{round((1 - SUMMARY_WINDOW_SHARE) * 100)}% margin, got "
+                f"{self.context_window_tokens}"))
+        return self
+
+    @property
+    def prompt_budget(self) -> int:
+        """The tokens one summary call's prompt may have: the window, less the margin and
+        room for ``max_tokens``."""
+        return int(self.context_window_tokens * SUMMARY_WINDOW_SHARE) - self.max_tokens
+
+    def call_model(self, client_model: str | None) -> str:
+        """The model of a summary call: ``model``, else the client's (``fork``), else
+        :data:`SEPARATE_SUMMARY_MODEL`."""
+        if self.model is not None:
+            return self.model
+        if self.mode == "fork" and client_model:
+            return client_model
+        return SEPARATE_SUMMARY_MODEL
+
+
+@section("store")
+class StoreConfig(Section):
+    """Where per-session state (durable context, cached summaries, the audit log) lives."""
+
+    backend: Annotated[Literal["sqlite", "redis"], doc(
+        "sqlite (an embedded file) or redis (shared by several proxy processes or replicas)."
+    )] = "sqlite"
+    path: Annotated[Text, doc(
+        "The SQLite database file (backend sqlite), created 0600 with its -wal and -shm."
+    )] = "./compact-proxy-state/state.db"
+    url: Annotated[RedisUrl | None, doc(
+        "The Redis URL; required when backend is redis, else unused.",
+        example="redis://127.0.0.1:6379/0")] = None
+    redis_mode: Annotated[Literal["standalone", "cluster", "sentinel"], doc(
+        "What url names: standalone (one server), cluster (any node of a Redis Cluster; "
+        "database 0) or sentinel (the Sentinels, redis://host:26379,host:26379/0, with the "
+        "primary's credentials). Every key of a session is in one hash slot."
+    )] = "standalone"
+    sentinel_service: Annotated[Text | None, doc(
+        "The name the Sentinels monitor the primary under; required when redis_mode is "
+        "sentinel."
+    )] = None
+    on_unavailable: Annotated[Literal["reject", "forward"], doc(
+        "While the store cannot be reached: reject (503 api_error, nothing forwarded: "
+        "forwarding without the durable state would drop the facts pinned for the session) or "
+        "forward (without the durable block and without sticky compaction). Either way "
+        "store_unavailable is logged at most once a second and /healthz answers 503."
+    )] = "reject"
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> StoreConfig:
+        if self.backend == "redis" and self.url is None:
+            raise invalid("url", "required when store.backend is redis")
+        if self.backend == "redis" and self.redis_mode == "sentinel" and not self.sentinel_service:
+            raise invalid("sentinel_service", "required when store.redis_mode is sentinel")
+        if self.redis_mode != "standalone" and (self.url or "").startswith("unix:"):
+            raise invalid("url", f"a unix:// socket cannot be store.redis_mode {self.redis_mode}")
+        return self
+
+
+@section("sources.s3")
+class S3SourcesConfig(Section):
+    """The object store of ``s3://`` roots (unused for paths). Credentials come from the
+    standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or
+    files."""
+
+    endpoint_url: Annotated[HttpUrl | None, doc(
+        "An S3-compatible service's URL (path-style requests); null: AWS S3.",
+        example="http://minio.internal:9000")] = None
+    region: Annotated[Text | None, doc(
+        "The signing region; null: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."
+    )] = None
+
+
+@section("sources")
+class SourcesConfig(Section):
+    """Where source pointers resolve. A root is a path or an ``s3://<bucket>/<prefix>`` URL
+    (replicas on several hosts share no disk; needs the s3 extra: pip install
+    'compact-proxy[s3]'); the two may differ in kind (e.g. local transcripts, artifacts in a
+    bucket). With session.scope on, each tenant's sources are in ``<root>/<tenant>/``."""
+
+    transcript_root: Annotated[Text, doc(
+        "Where transcript pointers resolve: <transcript_root>/<session_id>.jsonl.",
+        example="s3://team-sources/transcripts")] = "./compact-proxy-state/transcripts"
+    artifact_root: Annotated[Text, doc(
+        "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
+        example="s3://team-sources/artifacts")] = "./compact-proxy-state/artifacts"
+    s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
+
+    @model_validator(mode="after")
+    def _roots_valid(self) -> SourcesConfig:
+        roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
+        for name, root in roots.items():
+            if is_s3_url(root):
+                try:
+                    parse_s3_root(root)
+                except ValueError as exc:
+                    raise invalid(name, f"is not a valid s3:// root: {exc}") from None
+        remote = [name for name, root in roots.items() if is_s3_url(root)]
+        if remote and importlib.util.find_spec("aiobotocore") is None:
+            raise invalid(remote[0], "s3:// roots need the s3 extra (aiobotocore): "
+                                     "pip install 'compact-proxy[s3]'")
+        return self
+
+    def s3_settings(self) -> S3Settings:
+        """The object store's endpoint and region, for the resolvers."""
+        return S3Settings(endpoint_url=self.s3.endpoint_url, region=self.s3.region)
+
+
+@section("session")
+class SessionConfig(Section):
+    """How requests are told apart: which session, and whose."""
+
+    header: Annotated[HeaderName, doc(
+        "The request header that names the session (stored lower-case), checked before "
+        "X-Claude-Code-Session-Id, metadata.user_id and the derived conv-... id. Its value must "
+        "be a session id (1-128 characters, runs of A-Z a-z 0-9 _ - joined by single dots); any "
+        "other value is a 400 invalid_request_error, never another session."
+    )] = "x-compact-session-id"
+    scope: Annotated[Scope | None, doc(
+        "Whose sessions are separate: credential (an HMAC-SHA256 of the caller's x-api-key, else "
+        "its Authorization value, under the secret named by secret_env; the credential itself "
+        "is never stored or logged, and one that rotates, as Claude Code's OAuth tokens do, "
+        "starts a new tenant), header:<name> "
+        "(the value of a header an authenticating front proxy sets, e.g. "
+        "header:x-forwarded-user; without it: 401) or none (one tenant). Unset: none while "
+        "listen.host is a loopback address, else `serve` refuses to start, so a shared gateway "
+        "is never shared by accident."
+    )] = None
+    secret_env: Annotated[EnvName, doc(
+        "The environment variable holding the HMAC secret of scope credential (required "
+        "then; for header:<name> it keys the hash if set)."
+    )] = "COMPACT_PROXY_SESSION_SECRET"
+
+    @property
+    def effective_scope(self) -> str:
+        """``scope``, or ``none`` when it is unset."""
+        return self.scope or "none"
