@@ -99,10 +99,11 @@ class LimitsConfig(Section):
         "routes only (not /healthz, /metrics, /admin; proxy.http.limits)."
     )] = 256
     decoded_cache_bytes: Annotated[NonNegative, doc(
-        "Bytes of messages kept decoded across requests, over-estimated from their JSON: an "
-        "agent's request is its previous one plus a message or two, so a warm request decodes "
-        "only what is new in it. Only requests the provider accepted leave anything here. 0 "
-        "decodes every message of every request."
+        "Bytes of memory the messages kept decoded across requests may occupy (an "
+        "over-estimate made from their JSON; half for messages by their bytes, half for the "
+        "last body of each conversation): an agent's request is its previous one plus a "
+        "message or two, so a warm request decodes only what is new in it. Only requests the "
+        "provider accepted leave anything here. 0 decodes every message of every request."
     )] = 256 * 1024 * 1024
 
 
