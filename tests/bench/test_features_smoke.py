@@ -13,6 +13,7 @@ from bench import features
 from bench.proxy import SESSION_THRESHOLDS, write_proxy_config
 
 
+@pytest.mark.slow
 def test_every_variant_is_measured_against_the_relay_and_the_table_prints() -> None:
     """The relay and each variant served every request and used CPU; each variant's config
     says what it turned off; the table has a row per process."""
@@ -75,6 +76,7 @@ def test_a_variant_changes_only_what_it_names(tmp_path: Path) -> None:
         assert changed[section] == plain[section]
 
 
+@pytest.mark.slow
 def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
     """--block sends each process its requests in a row; --baseline runs a git ref's proxy
     (here the checked-out commit) next to the others, in its own row."""
@@ -92,6 +94,7 @@ def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
         asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))
 
 
+@pytest.mark.slow
 def test_a_redis_store_is_measured_with_a_session_of_its_own() -> None:
     """--redis: one more process on a real Redis, its row printed with what it costs."""
     from tests.redis_server import RedisServer, RedisServerUnavailable
