@@ -15,7 +15,7 @@ def readme_command() -> str:
     found = re.findall(r"pip install -e '\.\[test\]' && (python -m pytest[^\n]*)",
                        (REPO / "README.md").read_text(encoding="utf-8"))
     assert len(found) == 1, found
-    return found[0].strip()
+    return str(found[0]).strip()
 
 
 def test_ci_runs_the_readmes_test_command() -> None:
