@@ -2,8 +2,10 @@
 an event loop in a background thread, so the sync ``anthropic.Anthropic`` client (which blocks
 the test's thread) and the ``AsyncAnthropic`` client (on the test's own loop) both work.
 
-Every proxy started here logs, as JSON lines, into one file per test session
-(:func:`proxy_log`), which the log-hygiene test scans for the API key and the prompt marker.
+Every proxy started here logs, as JSON lines, into one file per test session (per xdist
+worker: :func:`proxy_log`), which the log-hygiene test scans for the API key and the prompt
+marker; every line any proxy renders in the run is also kept by the log tap
+(``tests/log_tap.py``), which the hooks below check for :data:`SECRETS` at the end of the run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
 from proxy.http.admin_gate import ADMIN_GATE
 from proxy.logs import configure_logging, reset_logging
+from tests.log_tap import LOG_TAP, TapSummary, install
 from tests.paths import CORPUS
 
 #: The API key every e2e test sends; it must never appear in a log line.
@@ -35,8 +38,71 @@ TEST_API_KEY = "sk-ant-api03-e2e-test-key-0123456789abcdef"
 PROMPT_MARKER = "PROMPT-MARKER-7f3a9c"
 #: The environment variable e2e tests put the admin token in.
 ADMIN_TOKEN_ENV = "COMPACT_PROXY_E2E_ADMIN_TOKEN"
+#: The admin token the reliability tests use; also sent as a bearer token.
+RELIABILITY_ADMIN_TOKEN = "reliability-admin-token-4e1f9a27c3b8"
+#: A second credential: the key subprocess load clients send.
+LOAD_API_KEY = "sk-ant-api03-reliability-load-key-77aa11bb22cc"
+
+#: What no log line of the run may contain: the test API keys, every admin (bearer) token the
+#: suite uses, and the marker placed in every e2e prompt.
+SECRETS: tuple[str, ...] = (
+    TEST_API_KEY,
+    LOAD_API_KEY,
+    PROMPT_MARKER,
+    RELIABILITY_ADMIN_TOKEN,
+    f"Bearer {RELIABILITY_ADMIN_TOKEN}",
+    "admin-hygiene-token-9c1e5b2d",
+    "admin-e2e-token-5b2d4e6f",
+    "admin-e2e-token-merge-9c1d",
+    "tok-7f3a9c1e5b2d4e6f8a0b",
+)
+#: Tests that run a proxy: each of them must leave at least one line in the tap.
+_PROXY_TEST_FILES = ("tests/proxy/test_e2e_", "tests/reliability/test_provider",
+                     "tests/reliability/test_client", "tests/reliability/test_load")
+#: The run's tapped lines (this process's, and every xdist worker's), and its proxy tests.
+_RUN_TAP = TapSummary()
+_RUN_PROXY_TESTS = [0]
 
 T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tap every log line rendered in this process (an xdist worker's or the run's own)."""
+    LOG_TAP.secrets = SECRETS
+    install()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count the tests that ran a proxy (on the controller, from the workers' reports)."""
+    if report.when == "call" and report.nodeid.startswith(_PROXY_TEST_FILES):
+        _RUN_PROXY_TESTS[0] += 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Add up the tap of an xdist worker that finished."""
+    summary = getattr(node, "workeroutput", {}).get("log_tap")
+    if summary is not None:
+        _RUN_TAP.add(summary)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any log line held a secret, or if it scanned too few lines. An xdist
+    worker sends its tap to the controller instead, which judges the whole run."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        config.workeroutput["log_tap"] = LOG_TAP.summary().as_dict()  # type: ignore[attr-defined]
+        return
+    _RUN_TAP.add(LOG_TAP.summary())
+    problems = _RUN_TAP.problems(_RUN_PROXY_TESTS[0])
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"log hygiene: scanned {_RUN_TAP.lines} proxy log lines of the run "
+                            f"for {len(SECRETS)} secrets: {len(_RUN_TAP.hits)} hits")
+        for problem in problems:
+            reporter.write_line(f"LOG HYGIENE FAILED: {problem}", red=True)
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class LoopThread:

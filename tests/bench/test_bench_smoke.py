@@ -20,6 +20,8 @@ import bench.proxy as bench
 from compactor import validate_tool_protocol
 from proxy.fake_upstream import check_messages_request
 
+pytestmark = pytest.mark.slow
+
 # The default text reply streams as message_start, ping, content_block_start, 1-3 deltas,
 # content_block_stop, message_delta, message_stop.
 MIN_EVENTS_PER_STREAM = 7

@@ -13,11 +13,13 @@ from bench import features
 from bench.proxy import SESSION_THRESHOLDS, write_proxy_config
 
 
+@pytest.mark.slow
 def test_every_variant_is_measured_against_the_relay_and_the_table_prints() -> None:
     """The relay and each variant served every request and used CPU; each variant's config
     says what it turned off; the table has a row per process."""
     costs = asyncio.run(features.measure(20_000, requests=4, pace_s=0.0))
     assert costs.requests == 4 and costs.body_bytes > 20_000
+    assert costs.baseline_ms is None and costs.redis_ms is None  # (neither asked for)
     assert list(costs.variant_ms) == [name for name, _ in features.VARIANTS]
     assert math.isfinite(costs.relay_ms) and costs.relay_ms > 0
     for name, _ in features.VARIANTS:
@@ -75,30 +77,28 @@ def test_a_variant_changes_only_what_it_names(tmp_path: Path) -> None:
         assert changed[section] == plain[section]
 
 
-def test_blocks_and_a_baseline_are_measured_and_printed() -> None:
+@pytest.mark.slow
+def test_blocks_a_baseline_and_a_redis_store_are_measured_and_printed() -> None:
     """--block sends each process its requests in a row; --baseline runs a git ref's proxy
-    (here the checked-out commit) next to the others, in its own row."""
-    costs = asyncio.run(features.measure(20_000, requests=4, pace_s=0.0, block=2,
-                                         baseline="HEAD"))
-    assert costs.baseline_ref == "HEAD"
-    assert costs.baseline_ms is not None and math.isfinite(costs.baseline_ms)
-    assert costs.baseline_ms > 0 and "baseline" not in costs.variant_ms
-    table = features.format_costs(costs, 0.0, 2)
-    assert costs.baseline_durable_ms is not None and costs.baseline_durable_ms > 0
-    assert "blocks of 2" in table and "baseline HEAD, all on" in table
-    assert "baseline HEAD, durable state" in table
-    assert table.count("\n") == len(features.VARIANTS) + 5
-    with pytest.raises(ValueError, match="--block"):
-        asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))
-
-
-def test_a_redis_store_is_measured_with_a_session_of_its_own() -> None:
-    """--redis: one more process on a real Redis, its row printed with what it costs."""
+    (here the checked-out commit) next to the others, in its own row; --redis: one more
+    process on a real Redis (and the baseline's), each row printed with what it costs. (One
+    run for the three options: each starts every process again.)"""
     from tests.redis_server import RedisServer, RedisServerUnavailable
     from tests.servers import started
 
     with started(RedisServer(), RedisServerUnavailable) as server:
-        costs = asyncio.run(features.measure(20_000, requests=2, pace_s=0.0, redis=server.url))
+        costs = asyncio.run(features.measure(20_000, requests=4, pace_s=0.0, block=2,
+                                             baseline="HEAD", redis=server.url))
+    assert costs.baseline_ref == "HEAD"
+    assert costs.baseline_ms is not None and math.isfinite(costs.baseline_ms)
+    assert costs.baseline_ms > 0 and "baseline" not in costs.variant_ms
+    assert costs.baseline_durable_ms is not None and costs.baseline_durable_ms > 0
     assert costs.redis_ms is not None and math.isfinite(costs.redis_ms) and costs.redis_ms > 0
-    assert costs.baseline_redis_ms is None  # (no baseline asked for)
-    assert "proxy, Redis store" in features.format_costs(costs, 0.0)
+    assert costs.baseline_redis_ms is not None and costs.baseline_redis_ms > 0
+    table = features.format_costs(costs, 0.0, 2)
+    assert "blocks of 2" in table and "baseline HEAD, all on" in table
+    assert "baseline HEAD, durable state" in table
+    assert "proxy, Redis store" in table and "baseline HEAD, Redis store" in table
+    assert table.count("\n") == len(features.VARIANTS) + 7
+    with pytest.raises(ValueError, match="--block"):
+        asyncio.run(features.measure(20_000, requests=5, pace_s=0.0, block=2))

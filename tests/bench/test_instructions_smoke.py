@@ -10,8 +10,9 @@ import pytest
 
 from bench import instructions
 
-pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None,
-                                reason="valgrind is not installed (apt-get install valgrind)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("valgrind") is None,
+                                 reason="valgrind is not installed (apt-get install valgrind)")]
 
 
 def test_every_process_is_counted_and_the_table_prints() -> None:

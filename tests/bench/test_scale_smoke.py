@@ -14,6 +14,8 @@ import pytest
 
 import bench.scale as scale
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def results() -> scale.ScaleResults:

@@ -10,6 +10,8 @@ import pytest
 from bench import shared
 from tests.redis_server import RedisServerUnavailable, find_redis_server
 
+pytestmark = pytest.mark.slow
+
 
 def test_every_setup_is_timed_each_round_and_the_table_prints() -> None:
     """Each setup (one SQLite process, two workers on one file, one Redis process, two Redis

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
+
 from bench import stages
+
+pytestmark = pytest.mark.slow
 
 
 def test_every_stage_is_timed_once_per_request_and_the_table_prints() -> None:

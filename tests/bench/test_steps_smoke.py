@@ -9,6 +9,7 @@ import pytest
 from bench import steps
 
 
+@pytest.mark.slow
 def test_both_processes_are_counted_and_the_table_prints() -> None:
     """The relay and the proxy each executed steps while traced: the relay none of the
     proxy's packages, the proxy its request path (the handler, the compactor, the log line);

@@ -29,6 +29,8 @@ from proxy.state.audit_log import LayerSaving, RequestEntry, StateChange
 from proxy.state.store import RedisStateStore, SQLiteStateStore, StoreBackend
 from proxy.state.usage import UsageEntry
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.yaml"
 _SCRIPT = shutil.which("compact-proxy") or (

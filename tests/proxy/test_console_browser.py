@@ -41,6 +41,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 SHOTS = Path("/tmp/console-shots")
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.skipif(sync_playwright is None,
                        reason="the browser tests need playwright: pip install -e '.[test]'"),
     pytest.mark.skipif(not CHROMIUM.exists(),

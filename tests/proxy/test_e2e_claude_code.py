@@ -49,8 +49,9 @@ def _claude() -> str | None:
 
 
 CLAUDE = _claude()
-pytestmark = pytest.mark.skipif(CLAUDE is None, reason="the Claude Code CLI is not installed "
-                                "(bash .ci/run installs it under .ci/node)")
+pytestmark = [pytest.mark.slow, pytest.mark.claude_code,
+              pytest.mark.skipif(CLAUDE is None, reason="the Claude Code CLI is not installed "
+                                 "(bash .ci/run installs it under .ci/node)")]
 
 
 class ToolLoop:

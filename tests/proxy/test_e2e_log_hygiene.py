@@ -4,8 +4,9 @@ neither does the audit log in the store.
 The workload goes through every path that logs (pass-through, streaming, compaction with an
 L4 summary and a failed one, durable context from the admin API, each kind of rejection,
 upstream failures, other routes) with the test API key and a marker in every prompt; then the
-whole session log so far (this test's and every earlier e2e test's) is scanned, and so is
-every row of the audit log (SQLite: its tables; Redis: every value under its keys).
+whole session log so far (this test's and every earlier e2e test's of this xdist worker; every
+line of the run is checked by ``tests/log_tap.py``) is scanned, and so is every row of the
+audit log (SQLite: its tables; Redis: every value under its keys).
 """
 
 from __future__ import annotations

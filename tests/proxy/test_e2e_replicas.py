@@ -41,6 +41,8 @@ from tests.reliability.conftest import (
     _spawn,
 )
 
+pytestmark = pytest.mark.slow
+
 MODEL = "claude-sonnet-4-5"
 AUTH = {"Authorization": f"Bearer {RELIABILITY_ADMIN_TOKEN}"}
 POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,

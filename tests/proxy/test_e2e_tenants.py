@@ -319,6 +319,7 @@ def test_serve_on_a_shared_address_without_a_scope_exits_2_with_one_line(
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_serve_with_scope_credential_and_no_secret_exits_2_naming_secret_env(
     tmp_path: Path, upstream_server: UpstreamServer
 ) -> None:
@@ -335,6 +336,7 @@ def test_serve_with_scope_credential_and_no_secret_exits_2_naming_secret_env(
         assert SECRET_ENV in lines[0]
 
 
+@pytest.mark.slow
 def test_serve_on_loopback_without_a_scope_starts_with_scope_none(
     tmp_path: Path, upstream_server: UpstreamServer
 ) -> None:

@@ -42,6 +42,7 @@ async def role(server: RedisServer) -> str:
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_sentinel_mode_finds_the_primary_and_follows_a_failover() -> None:
     """Writes go to the primary the Sentinel names; after SENTINEL FAILOVER the store's
     next successful write lands on the promoted replica, with the earlier state kept."""

@@ -36,6 +36,8 @@ from proxy.state.store import SQLiteStateStore
 from proxy.workers import BACKOFF_FIRST_S, BACKOFF_MAX_S, backoff_s
 from tests.redis_server import free_port
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = shutil.which("compact-proxy")
 COMMAND = [_SCRIPT] if _SCRIPT else [sys.executable, "-m", "proxy.cli"]

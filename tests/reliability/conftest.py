@@ -1,18 +1,5 @@
-"""Reliability fixtures: a tap on every log line the proxy renders during the whole pytest
-session, and proxies / fake providers started as real subprocesses.
-
-The log tap
------------
-Every line the proxy logs, through structlog or the standard ``logging`` module, is rendered
-by a structlog ``JSONRenderer`` or ``ConsoleRenderer`` as the last step of the chain that
-:func:`proxy.logs.configure_logging` builds (after the redactor). :func:`pytest_configure`
-wraps both renderers' ``__call__`` so that each rendered line is also kept in
-:data:`LOG_TAP`, whichever stream it goes to; the stderr of every proxy subprocess started
-here is added to it as well. Pytest loads this file while collecting, before any test runs, so
-the tap sees every test of the session, in every directory. :func:`pytest_sessionfinish` then
-scans it for the secrets of :data:`SECRETS` and fails the run on any hit, or when it holds
-fewer lines than tests that ran a proxy (each request logs at least ``request_completed``), so
-a tap that saw nothing cannot pass.
+"""Reliability fixtures: proxies and fake providers started as real subprocesses, the stderr
+of each proxy kept by the run's log tap (``tests/log_tap.py``), which checks it for secrets.
 """
 
 from __future__ import annotations
@@ -29,102 +16,14 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import structlog
 import yaml
 
-from tests.conftest import PROMPT_MARKER, TEST_API_KEY
+# (the credentials and the tap are imported from here by the reliability tests)
+from tests.conftest import LOAD_API_KEY, RELIABILITY_ADMIN_TOKEN, SECRETS  # noqa: F401
+from tests.log_tap import LOG_TAP
 
 REPO: Final = Path(__file__).resolve().parents[2]
 PYTHON: Final = sys.executable
-#: The admin token the reliability tests use; also sent as a bearer token.
-RELIABILITY_ADMIN_TOKEN: Final = "reliability-admin-token-4e1f9a27c3b8"
-#: A second credential: the key subprocess load clients send.
-LOAD_API_KEY: Final = "sk-ant-api03-reliability-load-key-77aa11bb22cc"
-
-#: What no log line of the session may contain: the test API keys, every admin (bearer)
-#: token the suite uses, and the marker placed in every e2e prompt.
-SECRETS: Final[tuple[str, ...]] = (
-    TEST_API_KEY,
-    LOAD_API_KEY,
-    PROMPT_MARKER,
-    RELIABILITY_ADMIN_TOKEN,
-    f"Bearer {RELIABILITY_ADMIN_TOKEN}",
-    "admin-hygiene-token-9c1e5b2d",
-    "admin-e2e-token-5b2d4e6f",
-    "admin-e2e-token-merge-9c1d",
-    "tok-7f3a9c1e5b2d4e6f8a0b",
-)
-#: Tests that run a proxy: each of them must leave at least one line in the tap.
-_PROXY_TEST_DIRS: Final = ("tests/proxy/test_e2e_", "tests/reliability/test_provider",
-                           "tests/reliability/test_client", "tests/reliability/test_load")
-
-
-class LogTap:
-    """Every log line rendered in this process (and by our subprocesses), kept in order."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.lines: list[str] = []
-
-    def add(self, line: str) -> None:
-        """Keep one rendered line."""
-        with self._lock:
-            self.lines.append(line)
-
-    def hits(self) -> list[tuple[int, str]]:
-        """``(line number, secret)`` for every secret found in a kept line."""
-        with self._lock:
-            lines = list(self.lines)
-        return [(number, secret) for number, line in enumerate(lines)
-                for secret in SECRETS if secret in line]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self.lines)
-
-
-LOG_TAP: Final = LogTap()
-_ORIGINALS: dict[type, Callable[..., Any]] = {}
-
-
-def _tapped(original: Callable[..., Any]) -> Callable[..., Any]:
-    def render(self: Any, logger: Any, name: str, event_dict: Any) -> Any:
-        out = original(self, logger, name, event_dict)
-        LOG_TAP.add(out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out))
-        return out
-
-    return render
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Install the tap on both renderers (once)."""
-    for renderer in (structlog.processors.JSONRenderer, structlog.dev.ConsoleRenderer):
-        if renderer not in _ORIGINALS:
-            _ORIGINALS[renderer] = renderer.__call__
-            renderer.__call__ = _tapped(renderer.__call__)  # type: ignore[method-assign]
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if any log line held a secret, or if a full run scanned too few lines."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    hits = LOG_TAP.hits()
-    # Every e2e or reliability test talks to a proxy, and every request writes at least its
-    # request_completed line: fewer lines than such tests means the tap saw nothing.
-    minimum = sum(1 for item in session.items if item.nodeid.startswith(_PROXY_TEST_DIRS))
-    problems: list[str] = []
-    if hits:
-        shown = ", ".join(f"line {number} holds {secret[:6]}..." for number, secret in hits[:5])
-        problems.append(f"{len(hits)} secret(s) found in proxy log lines: {shown}")
-    if len(LOG_TAP) < minimum:
-        problems.append(f"only {len(LOG_TAP)} proxy log lines were scanned for {minimum} "
-                        "tests that ran a proxy: the log tap is broken")
-    if reporter is not None:
-        reporter.write_line(f"log hygiene: scanned {len(LOG_TAP)} proxy log lines of the "
-                            f"session for {len(SECRETS)} secrets: {len(hits)} hits")
-        for problem in problems:
-            reporter.write_line(f"LOG HYGIENE FAILED: {problem}", red=True)
-    if problems:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # -- processes ----------------------------------------------------------------------------

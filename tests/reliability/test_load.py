@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import aiohttp
+import pytest
 
 from tests.conftest import load_corpus_body, user_text
 from tests.reliability.conftest import LOAD_API_KEY, ProxyProcessFactory, ServiceProcess
+
+pytestmark = pytest.mark.slow
 
 CLIENTS: Final = 200
 LOAD_S: Final = 30.0

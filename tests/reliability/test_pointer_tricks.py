@@ -223,6 +223,7 @@ def _has_rename_exchange(folder: Path) -> bool:
     return done and (folder / "x1").is_symlink()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="renameat2 is Linux's")
 @pytest.mark.parametrize("way", ["openat2", "walk"])
 def test_a_session_folder_swapped_for_a_link_never_yields_the_outside_file(

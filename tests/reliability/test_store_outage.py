@@ -33,6 +33,8 @@ from tests.conftest import (
 from tests.redis_server import RedisServer, RedisServerUnavailable
 from tests.servers import started
 
+pytestmark = pytest.mark.slow
+
 #: How long Redis stays down.
 OUTAGE_S = 5.0
 #: How long after Redis is back the proxy must serve again (probe every 0.5 s, a loaded box).
