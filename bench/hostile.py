@@ -44,6 +44,7 @@ from bench.proxy import (
     history_of_size,
     percentile,
     proxy_process,
+    read_proc_status,
     request_body,
     upstream_process,
 )
@@ -82,11 +83,8 @@ def tiny_blocks_body(blocks: int, salt: str) -> bytes:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` (its /proc status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """Resident set size of process ``pid``, in bytes."""
+    return read_proc_status(pid).get("VmRSS", 0) * 1024
 
 
 async def _send(client: aiohttp.ClientSession, url: str, body: bytes) -> int:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
 
+from proxy.allocator import give_back_memory
+
 __all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "ComputeThreads", "run_on"]
 
 #: Threads; as many as the cores the interpreter lets them share with the loop.
@@ -60,6 +62,8 @@ class ComputeThreads(ThreadPoolExecutor):
     def __init__(self, threads: int = COMPUTE_THREADS) -> None:
         super().__init__(max_workers=threads, thread_name_prefix="compact")
         self._pause = _CollectorPause()
+        self._trim_lock = threading.Lock()
+        self._trim_queued = False
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         return super().submit(self._paused, fn, *args, **kwargs)
@@ -67,6 +71,23 @@ class ComputeThreads(ThreadPoolExecutor):
     def _paused(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with self._pause:
             return fn(*args, **kwargs)
+
+    def give_back_memory(self) -> None:
+        """Return the allocator's free pages to the system, on one of these threads (one
+        such call queued at a time: a flood of refused bodies asks for it once a turn)."""
+        with self._trim_lock:
+            if self._trim_queued:
+                return
+            self._trim_queued = True
+        try:
+            self.submit(self._trim)
+        except RuntimeError:  # (shut down: the process is stopping)
+            self._trim_queued = False
+
+    def _trim(self) -> None:
+        with self._trim_lock:
+            self._trim_queued = False
+        give_back_memory()
 
 
 async def run_on(executor: Executor | None, work: Callable[[], T]) -> T:

@@ -20,7 +20,6 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Mapping
 from concurrent.futures import Executor
@@ -33,7 +32,6 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.allocator import give_back_memory
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
@@ -289,19 +287,22 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
 
 
 async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
-    config = request.app[CONFIG]
-    raw = await read_body(request, config.limits.max_body_bytes)
-    check_objects(raw, config.limits.max_json_objects)
-    # A large body is worked on by the compute threads; what it decodes is kept only if
-    # the provider accepts the request (parsed.commit(), in _succeeded).
-    executor = request.app[COMPUTE] if len(raw) >= OFFLOAD_FROM_BYTES else None
+    app = request.app
+    config = app[CONFIG]
+    large = (request.content_length or 0) >= OFFLOAD_FROM_BYTES
     try:
+        raw = await read_body(request, config.limits.max_body_bytes)
+        large = len(raw) >= OFFLOAD_FROM_BYTES
+        check_objects(raw, config.limits.max_json_objects)
+        # A large body is worked on by the compute threads; what it decodes is kept only if
+        # the provider accepts the request (parsed.commit(), in _succeeded).
+        executor = app[COMPUTE] if large else None
         return await _serve(request, raw, executor, may_call_model=may_call_model)
     finally:
-        if executor is not None and not _accepted(request[RECORD]):
+        if large and not _accepted(request[RECORD]):
             # What a large refused body made is all garbage now: its pages go back to the
             # system, not kept by the allocator for a caller who may never come back.
-            asyncio.get_running_loop().run_in_executor(executor, give_back_memory)
+            app[COMPUTE].give_back_memory()
 
 
 async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
