@@ -6,6 +6,9 @@ changes) and ``blocked`` (the refused requests since a time), and for ``session.
 files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
 Redis store's durable states to the hash-tagged key layout (once, after upgrading).
 
+``check-config`` ends with one ``OK`` line (``--show`` prints every effective value first);
+``--version`` prints the package's version.
+
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
 imported only by the subcommand that needs them, so ``check-config`` stays light.
@@ -45,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="compact-proxy",
         description="A context-compacting reverse proxy for the Anthropic Messages API.",
     )
+    parser.add_argument("--version", action="version", version=f"compact-proxy {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     config_help = f"the YAML config file (default: ${CONFIG_ENV_VAR})"
 
@@ -62,9 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     fake.add_argument("--port", type=int, default=8788, help="port to bind (default 8788)")
 
     check = commands.add_parser(
-        "check-config", help="validate a config and print the effective values"
+        "check-config", help="validate a config; one OK line (--show: every effective value)"
     )
     check.add_argument("--config", metavar="PATH", help=config_help)
+    check.add_argument("--show", action="store_true",
+                       help="print every effective value (secrets masked) before the OK line")
 
     tenant = commands.add_parser(
         "tenant-id", help="print the tenant of the credential (or scope header value) on stdin"
@@ -128,6 +134,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed package's version (``unknown`` when run from a tree never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compact-proxy")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _count(text: str) -> int:
     """An integer >= 0 (argparse type)."""
     if not (text.isascii() and text.isdigit()):
@@ -189,14 +205,29 @@ def _serve(path: str | None, workers: int | None = None) -> int:
     return code
 
 
-def _check_config(path: str | None) -> int:
+def _check_config(path: str | None, show: bool) -> int:
     config = _load(path)
     if config is None or not _admin_token_ok(config):
         return EXIT_CONFIG
-    # Secrets a URL carries (store.url's Redis password) are shown as ***.
-    sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
-                                    default_flow_style=False))
+    if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
+        sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
+                                        default_flow_style=False))
+    print(_config_summary(config, show))
     return EXIT_OK
+
+
+def _config_summary(config: Config, shown: bool) -> str:
+    """The one ``OK`` line: where it listens, the upstream, the store and main's thresholds."""
+    from .masking import mask_url
+
+    main_policy = config.role_policies().policy_for("main")
+    store = (f"sqlite {config.store.path}" if config.store.backend == "sqlite"
+             else f"redis {mask_url(config.store.url or '')}")
+    upstream = mask_url(str(config.upstream.base_url))
+    return (f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
+            f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
+            f"{main_policy.hard_limit_tokens:,} tokens"
+            + ("" if shown else " (--show prints every value)"))
 
 
 def _tenant_id(path: str | None) -> int:
@@ -436,6 +467,11 @@ def _session(path: str | None, args: argparse.Namespace) -> int:
     except _CommandFailed as exc:
         print(exc, file=sys.stderr)
         return exc.code
+    if not total and stored is None and not changes:
+        print(f"session: no session {sid} under tenant {tenant}: no request, durable state or "
+              "change (`compact-proxy sessions` lists the sessions and their tenants)",
+              file=sys.stderr)
+        return EXIT_FAILED
     statuses: tuple[SourceResolution, ...] = ()
     if stored is not None:
         # The session's own resolver, as on the request path (statuses only: no text).
@@ -517,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args.config, args.workers)
     if args.command == "check-config":
-        return _check_config(args.config)
+        return _check_config(args.config, args.show)
     if args.command == "tenant-id":
         return _tenant_id(args.config)
     if args.command == "move-session":

@@ -154,8 +154,8 @@ class Config(Section):
         return env.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
-        """The effective values as plain YAML-safe data (what ``check-config`` prints, masked
-        by :func:`proxy.masking.mask_config`).
+        """The effective values as plain YAML-safe data (what ``check-config --show`` prints,
+        masked by :func:`proxy.masking.mask_config`).
 
         Secrets appear only as the names of their environment variables, but for a URL's own
         password, kept as written here. ``policies.roles`` shows every role's effective

@@ -141,8 +141,9 @@ def reference() -> str:
         "Every key is optional except `upstream.base_url`. An unknown key, a value of the wrong "
         "type or out of range is a one-line error naming the dotted key (`config error: "
         "listen.port: must be between 0 and 65535, got 70000`) and exit code 2. "
-        "`compact-proxy check-config --config config.yaml` validates a file and prints the "
-        "effective values; `COMPACT_PROXY_CONFIG=<path>` may stand for `--config`. Relative "
+        "`compact-proxy check-config --config config.yaml` validates a file and ends with one "
+        "`OK` line (`--show` prints every effective value first, secrets masked); "
+        "`COMPACT_PROXY_CONFIG=<path>` may stand for `--config`. Relative "
         "paths are relative to the proxy's working directory. "
         "[`config.example.yaml`](../config.example.yaml) holds every key with its default, and "
         "a commented `policies` example.", "",
@@ -205,7 +206,7 @@ _EXAMPLE_HEADER = f"""\
 # compact-proxy configuration: every key, with its default.
 # This file is {_GENERATED.replace('`', '')}.
 #
-# Validate and see the effective values:   compact-proxy check-config --config config.yaml
+# Validate (add --show for every value):   compact-proxy check-config --config config.yaml
 # Run:                                     compact-proxy serve --config config.yaml
 # COMPACT_PROXY_CONFIG=<path> may be used instead of --config. The reference, with each key's
 # type: docs/configuration.md.

@@ -91,12 +91,45 @@ def free_port() -> int:
 # ------------------------------------------------------------------------------ check-config
 
 
-def test_check_config_accepts_the_example_and_prints_effective_values(tmp_path: Path) -> None:
-    """check-config on config.example.yaml exits 0 and prints the effective values as YAML."""
+def shown_values(stdout: str) -> object:
+    """The effective values ``check-config --show`` prints as YAML before its OK line."""
+    *values, last = stdout.splitlines()
+    assert last.startswith("OK: "), stdout[-300:]
+    return yaml.safe_load("\n".join(values))
+
+
+def test_check_config_prints_one_ok_line(tmp_path: Path) -> None:
+    """check-config on config.example.yaml exits 0 with one OK line: where it listens, the
+    upstream, the store and main's thresholds, and the flag that prints every value."""
     result = run(["check-config", "--config", str(EXAMPLE)], tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert result.stdout.splitlines() == [
+        "OK: listen http://127.0.0.1:8787, upstream https://api.anthropic.com, store sqlite "
+        "./compact-proxy-state/state.db, main soft 80,000 / hard 120,000 tokens "
+        "(--show prints every value)"]
+
+
+def test_check_config_show_prints_effective_values_then_ok(tmp_path: Path) -> None:
+    """check-config --show prints the effective values as YAML, then the OK line."""
+    result = run(["check-config", "--config", str(EXAMPLE), "--show"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
-    assert yaml.safe_load(result.stdout) == load_config(EXAMPLE).as_dict()
+    assert shown_values(result.stdout) == load_config(EXAMPLE).as_dict()
+    assert result.stdout.splitlines()[-1].endswith("hard 120,000 tokens")
+
+
+def test_check_config_ok_line_masks_a_redis_password(tmp_path: Path) -> None:
+    """The OK line names the Redis store by its URL with the password as ***."""
+    path = tmp_path / "c.yaml"
+    path.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\n"
+                    "store: {backend: redis, url: 'redis://:hunter2-pw@127.0.0.1:6390/0'}\n"
+                    "compaction: {soft_threshold_tokens: 60000, hard_limit_tokens: 90000}\n")
+    result = run(["check-config", "--config", str(path)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "OK: listen http://127.0.0.1:8787, upstream http://127.0.0.1:9, store redis "
+        "redis://:***@127.0.0.1:6390/0, main soft 60,000 / hard 90,000 tokens "
+        "(--show prints every value)"]
 
 
 def test_check_config_prints_dataclass_values_not_raw_yaml(tmp_path: Path) -> None:
@@ -107,9 +140,9 @@ def test_check_config_prints_dataclass_values_not_raw_yaml(tmp_path: Path) -> No
         "session: {header: X-Sess}\n",
         encoding="utf-8",
     )
-    result = run(["check-config", "--config", str(path)], tmp_path)
+    result = run(["check-config", "--config", str(path), "--show"], tmp_path)
     assert result.returncode == 0, result.stderr
-    printed = yaml.safe_load(result.stdout)
+    printed = shown_values(result.stdout)
     assert printed["upstream"]["connect_timeout_s"] == 3.0
     assert printed["session"]["header"] == "x-sess"
     assert printed["compaction"]["hard_limit_tokens"] == 120_000
@@ -130,7 +163,7 @@ def test_check_config_reads_the_path_from_the_env_var(tmp_path: Path) -> None:
     path.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\nlisten: {port: 4321}\n")
     result = run(["check-config"], tmp_path, COMPACT_PROXY_CONFIG=str(path))
     assert result.returncode == 0, result.stderr
-    assert yaml.safe_load(result.stdout)["listen"]["port"] == 4321
+    assert result.stdout.startswith("OK: listen http://127.0.0.1:4321, ")
 
 
 def test_check_config_without_any_config_exits_2(tmp_path: Path) -> None:
@@ -148,7 +181,7 @@ def test_check_config_shows_secrets_only_by_env_var_name(tmp_path: Path) -> None
         "upstream: {base_url: 'http://127.0.0.1:9'}\nsummary: {api_key_env: SUMMARY_KEY}\n"
     )
     result = run(
-        ["check-config", "--config", str(path)],
+        ["check-config", "--config", str(path), "--show"],
         tmp_path,
         COMPACT_PROXY_ADMIN_TOKEN="admin-s3cret-0123456789abcdef0123456789",
         SUMMARY_KEY="sk-s3cret",
@@ -180,6 +213,19 @@ def test_a_short_admin_token_is_a_config_error(tmp_path: Path, command: str) -> 
     ok = run(["check-config", "--config", str(path)], tmp_path,
              COMPACT_PROXY_ADMIN_TOKEN="k" * 32)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_version_prints_the_package_version(tmp_path: Path) -> None:
+    """``compact-proxy --version``: the installed package's version, which is pyproject's."""
+    import importlib.metadata
+    import tomllib
+
+    result = run(["--version"], tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))[
+        "project"]["version"]
+    assert declared == importlib.metadata.version("compact-proxy")
+    assert result.stdout == f"compact-proxy {declared}\n"
 
 
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
@@ -333,9 +379,9 @@ def test_main_returns_the_exit_code(
 
 def test_main_check_config_in_process(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """main(['check-config', ...]) returns 0/2 and writes YAML or the one error line."""
-    assert main(["check-config", "--config", str(EXAMPLE)]) == 0
+    assert main(["check-config", "--config", str(EXAMPLE), "--show"]) == 0
     out = capsys.readouterr()
-    assert yaml.safe_load(out.out)["upstream"]["base_url"] == "https://api.anthropic.com"
+    assert shown_values(out.out)["upstream"]["base_url"] == "https://api.anthropic.com"
     assert main(["check-config", "--config", str(bad_config(tmp_path))]) == 2
     out = capsys.readouterr()
     assert out.err.splitlines() == [BAD_KEY_LINE] and out.out == ""
@@ -733,15 +779,39 @@ def _fill_audit(store: StoreBackend) -> None:
 
 
 def test_audit_commands_on_an_empty_store_say_so_without_creating_it(tmp_path: Path) -> None:
-    """No store file yet: each command prints one line, exits 0 and creates nothing."""
+    """No store file yet: each command prints one line, exits 0 and creates nothing (a session
+    it cannot know of is exit 1, below)."""
     path = _audit_config(tmp_path)
     for args, line in ((["sessions"], "no sessions in the audit log"),
-                       (["blocked", "--since", "2d"], "no blocked requests since "),
-                       (["session", "sess-a"], "session sess-a (tenant none): 0 requests")):
+                       (["blocked", "--since", "2d"], "no blocked requests since ")):
         result = run([*args, "--config", str(path)], tmp_path)
         assert (result.returncode, result.stderr) == (0, ""), result.stderr
         assert result.stdout.startswith(line)
     assert not (tmp_path / "state").exists()
+
+
+UNKNOWN_SESSION_LINE = (
+    "session: no session nosuch under tenant none: no request, durable state or change "
+    "(`compact-proxy sessions` lists the sessions and their tenants)")
+
+
+def test_session_unknown_exits_1_with_one_line(tmp_path: Path) -> None:
+    """``session nosuch``: one line saying no such session, exit 1, on an empty store (not
+    created) and on a store with other sessions, as for a session of another tenant, which
+    its ``--tenant`` shows."""
+    path = _audit_config(tmp_path)
+    result = run(["session", "nosuch", "--config", str(path)], tmp_path)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [UNKNOWN_SESSION_LINE]
+    assert not (tmp_path / "state").exists()
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    result = run(["session", "nosuch", "--config", str(path)], tmp_path)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [UNKNOWN_SESSION_LINE]
+    result = run(["session", "sess-c", "--config", str(path)], tmp_path)
+    assert result.returncode == 1 and "under tenant none" in result.stderr
+    assert run(["session", "sess-c", "--tenant", TENANT, "--config", str(path)],
+               tmp_path).returncode == 0
 
 
 def test_sessions_prints_a_table_newest_first(tmp_path: Path) -> None:

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import structlog
-import yaml
 
 from proxy.config import Config, load_config
 from proxy.logs import configure_logging, reset_logging
 from proxy.masking import config_secrets, mask_config, mask_url
-from tests.proxy.test_cli import run
+from tests.proxy.test_cli import run, shown_values
 
 SECRETS = ("r3dis-pa55word", "pr0xy-pa55word", "k3y-in-query", "m1n10-pa55word")
 
@@ -42,13 +41,19 @@ def secret_config(tmp_path: Path) -> Path:
 
 
 def test_check_config_masks_every_password_and_key_in_urls(tmp_path: Path) -> None:
-    """The real command prints no secret, and the masked values still name the scheme,
-    user, host, port, path and the query parameters that are not secrets."""
-    result = run(["check-config", "--config", str(secret_config(tmp_path))], tmp_path)
+    """The real command prints no secret, on its OK line nor with ``--show``, and the masked
+    values still name the scheme, user, host, port, path and the query parameters that are
+    not secrets."""
+    ok = run(["check-config", "--config", str(secret_config(tmp_path))], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("OK: listen http://127.0.0.1:8787, upstream https://proxyuser:***@"
+                                "gateway.example.com/v1?api_key=***&region=eu, store redis "
+                                "redis://cache-user:***@redis.internal:6380/2, ")
+    result = run(["check-config", "--config", str(secret_config(tmp_path)), "--show"], tmp_path)
     assert result.returncode == 0, result.stderr
     for secret in SECRETS:
-        assert secret not in result.stdout + result.stderr
-    printed = yaml.safe_load(result.stdout)
+        assert secret not in result.stdout + result.stderr + ok.stdout + ok.stderr
+    printed = shown_values(result.stdout)
     assert printed["store"]["url"] == "redis://cache-user:***@redis.internal:6380/2"
     assert printed["upstream"]["base_url"] == (
         "https://proxyuser:***@gateway.example.com/v1?api_key=***&region=eu")
