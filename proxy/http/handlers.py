@@ -293,10 +293,11 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
     try:
         raw = await read_body(request, config.limits.max_body_bytes)
         large = len(raw) >= OFFLOAD_FROM_BYTES
-        check_objects(raw, config.limits.max_json_objects)
         # A large body is worked on by the compute threads; what it decodes is kept only if
         # the provider accepts the request (parsed.commit(), in _succeeded).
         executor = app[COMPUTE] if large else None
+        await run_on(executor, functools.partial(check_objects, raw,
+                                                 config.limits.max_json_objects))
         return await _serve(request, raw, executor, may_call_model=may_call_model)
     finally:
         if large and not _accepted(request[RECORD]):
