@@ -296,8 +296,11 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # A large body is worked on by the compute threads; what it decodes is kept only if
         # the provider accepts the request (parsed.commit(), in _succeeded).
         executor = app[COMPUTE] if large else None
-        await run_on(executor, functools.partial(check_objects, raw,
-                                                 config.limits.max_json_objects))
+        if executor is None:
+            check_objects(raw, config.limits.max_json_objects)
+        else:
+            await run_on(executor, functools.partial(check_objects, raw,
+                                                     config.limits.max_json_objects))
         return await _serve(request, raw, executor, may_call_model=may_call_model)
     finally:
         if large and not _accepted(request[RECORD]):
@@ -387,7 +390,8 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     if not learnt:  # the answer failed or the client went away: learn what there is
         _learn(app, record, session, *sent[:2])
         await _succeeded(app, record, session, parsed, *sent)
-    if (summarizer := app.get(SUMMARIZER)) is not None:  # (does the provider know the caller?)
+    summarizer = app.get(SUMMARIZER)
+    if summarizer is not None and summarizer.checks_callers:  # (does the provider know them?)
         summarizer.caller_answered(CallerCredentials.from_headers(request.headers),
                                    record.upstream_status)
     return response

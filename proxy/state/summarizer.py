@@ -230,6 +230,11 @@ class ProviderSummarizer:
         mode) only once the provider has accepted the caller's credential."""
         return self._callers is None or await self._callers.accepted(caller)
 
+    @property
+    def checks_callers(self) -> bool:
+        """Whether callers are checked before the operator's key is spent for them."""
+        return self._callers is not None
+
     def caller_answered(self, caller: CallerCredentials, status: int | None) -> None:
         """The provider answered the caller's forwarded request with ``status``: what that
         says of its credential (:meth:`AcceptedCallers.answered`)."""
