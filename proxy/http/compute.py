@@ -24,8 +24,10 @@ from proxy.allocator import give_back_memory
 
 __all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "ComputeThreads", "run_on"]
 
-#: Threads; as many as the cores the interpreter lets them share with the loop.
-COMPUTE_THREADS: Final = 2
+#: Threads. One: the interpreter runs one thread at a time, so a second one adds little but
+#: token counting in parallel, and doubles the objects of cold bodies alive at once
+#: (bench/README.md, "bench/hostile.py").
+COMPUTE_THREADS: Final = 1
 #: A body at least this large is worked on by these threads; a smaller one costs less than
 #: the hop (bench/README.md, "hostile callers").
 OFFLOAD_FROM_BYTES: Final = 256 * 1024

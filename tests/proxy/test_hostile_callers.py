@@ -212,8 +212,8 @@ def test_the_loop_answers_while_a_large_cold_body_is_compacted(
 def test_the_compute_threads_pause_the_collector_only_while_they_work() -> None:
     from proxy.http.compute import ComputeThreads
 
-    threads = ComputeThreads()
-    inside = threading.Barrier(3)
+    threads = ComputeThreads(threads=2)
+    inside = threading.Barrier(3, timeout=10)
     try:
         assert gc.isenabled()
         # Two works at once: the collector stays off until the last one ends.
