@@ -6,11 +6,12 @@
 Two parts, each against ``compact-proxy serve`` in a child process and the stamped fake
 provider (issue #31):
 
-- **memory**: ``--bodies`` bodies, each one user message of ``--blocks`` tiny text blocks
+- **memory**: eight accepted 3 MB agent sessions first (the steady state), then
+  ``--bodies`` bodies, each one user message of ``--blocks`` tiny text blocks
   (250k: 8 MB, over ``limits.max_json_objects``; 150k: 4.5 MB, decoded, then refused at the
   hard limit), a new session id and a made-up key each, sent ``--concurrency`` at a time.
-  Prints the proxy's RSS before, its peak while they are sent, and after (the steady state),
-  with ``limits.decoded_cache_bytes`` at ``--cache-mib``.
+  Prints the proxy's RSS fresh, in the steady state, its peak while the hostile bodies are
+  sent, and after them, with ``limits.decoded_cache_bytes`` at ``--cache-mib``.
 - **loop lag**: ``/healthz`` asked every 10 ms while eight cold 9 MB agent sessions, one
   29 MB one and one body of 150k tiny blocks are compacted concurrently; prints its latency
   percentiles.
@@ -30,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -38,6 +39,7 @@ import aiohttp
 
 from bench.proxy import (
     _ROOT,
+    BENCH_API_KEY,
     Thresholds,
     baseline_worktree,
     client_session,
@@ -64,14 +66,16 @@ class Size:
     blocks: int
     concurrency: int
     lag_bodies: int
+    warm_sessions: int  # accepted sessions served before the hostile bodies
+    warm_bytes: int  # the size of each
     lag_blocks: int  # bytes of each cold agent session
     lag_big_blocks: int  # bytes of the big one
 
 
-FULL: Final = Size(bodies=100, blocks=150_000, concurrency=4, lag_bodies=8,
-                   lag_blocks=9_000_000, lag_big_blocks=29_000_000)
-TINY: Final = Size(bodies=4, blocks=2_000, concurrency=2, lag_bodies=2, lag_blocks=60_000,
-                   lag_big_blocks=120_000)
+FULL: Final = Size(bodies=100, blocks=150_000, concurrency=4, lag_bodies=8, warm_sessions=8,
+                   warm_bytes=3_000_000, lag_blocks=9_000_000, lag_big_blocks=29_000_000)
+TINY: Final = Size(bodies=4, blocks=2_000, concurrency=2, lag_bodies=2, warm_sessions=1,
+                   warm_bytes=60_000, lag_blocks=60_000, lag_big_blocks=120_000)
 
 
 def tiny_blocks_body(blocks: int, salt: str) -> bytes:
@@ -87,9 +91,10 @@ def rss_bytes(pid: int) -> int:
     return read_proc_status(pid).get("VmRSS", 0) * 1024
 
 
-async def _send(client: aiohttp.ClientSession, url: str, body: bytes) -> int:
+async def _send(client: aiohttp.ClientSession, url: str, body: bytes,
+                key: str | None = None) -> int:
     headers = {"content-type": "application/json", "anthropic-version": "2023-06-01",
-               "x-api-key": f"sk-made-up-{uuid.uuid4().hex}",
+               "x-api-key": key or f"sk-made-up-{uuid.uuid4().hex}",
                "x-compact-session-id": f"hostile-{uuid.uuid4().hex}"}
     async with client.post(f"{url}/v1/messages", data=body, headers=headers,
                            timeout=aiohttp.ClientTimeout(total=600)) as response:
@@ -101,6 +106,7 @@ async def _send(client: aiohttp.ClientSession, url: str, body: bytes) -> int:
 class Memory:
     """The proxy's RSS (MB) around the hostile bodies, and the statuses they got."""
 
+    fresh_mb: float
     before_mb: float
     peak_mb: float
     after_mb: float
@@ -110,7 +116,15 @@ class Memory:
 
 async def measure_memory(client: aiohttp.ClientSession, url: str, pid: int,
                          size: Size) -> Memory:
-    """Send the hostile bodies; sample RSS every 20 ms meanwhile."""
+    """Serve some callers' real sessions first (the steady state), then send the hostile
+    bodies; sample RSS every 20 ms meanwhile."""
+    fresh = rss_bytes(pid)
+    for seed in range(size.warm_sessions):  # accepted: compacted, forwarded, answered 200
+        body = request_body(history_of_size(size.warm_bytes, seed=100 + seed), stream=False)
+        status = await _send(client, url, body, key=BENCH_API_KEY)
+        if status != 200:
+            raise RuntimeError(f"a warm-up session got {status}")
+    await asyncio.sleep(1.0)
     before = rss_bytes(pid)
     peak = before
     done = asyncio.Event()
@@ -137,7 +151,7 @@ async def measure_memory(client: aiohttp.ClientSession, url: str, pid: int,
     done.set()
     await sampler
     mb = 1024 * 1024
-    return Memory(before / mb, peak / mb, rss_bytes(pid) / mb, statuses, size.blocks)
+    return Memory(fresh / mb, before / mb, peak / mb, rss_bytes(pid) / mb, statuses, size.blocks)
 
 
 @dataclass(frozen=True)
@@ -199,11 +213,12 @@ def render(rows: Sequence[tuple[str, Memory, Lag]], cache_mib: int) -> str:
     """The results side by side."""
     lines = [f"hostile bodies with limits.decoded_cache_bytes = {cache_mib} MiB"
              f" ({rows[0][1].blocks} blocks each)" if rows else "",
-             f"{'build':<22}{'RSS before':>11}{'peak':>9}{'after':>9}  statuses",
+             f"{'build':<22}{'RSS fresh':>10}{'steady':>9}{'peak':>9}{'after':>9}  statuses",
              ]
     for name, memory, _ in rows:
-        lines.append(f"{name:<22}{memory.before_mb:>9.0f}MB{memory.peak_mb:>7.0f}MB"
-                     f"{memory.after_mb:>7.0f}MB  {json.dumps(memory.statuses)}")
+        lines.append(f"{name:<22}{memory.fresh_mb:>8.0f}MB{memory.before_mb:>7.0f}MB"
+                     f"{memory.peak_mb:>7.0f}MB{memory.after_mb:>7.0f}MB  "
+                     f"{json.dumps(memory.statuses)}")
     lines.append("")
     lines.append(f"{'build':<22}{'/healthz p50':>13}{'p99':>9}{'max':>9}{'samples':>9}"
                  f"{'bodies took':>13}")
@@ -215,9 +230,8 @@ def render(rows: Sequence[tuple[str, Memory, Lag]], cache_mib: int) -> str:
 
 async def main_async(args: argparse.Namespace) -> str:
     size = TINY if args.tiny else FULL
-    size = Size(args.bodies or size.bodies, args.blocks or size.blocks,
-                args.concurrency or size.concurrency, size.lag_bodies, size.lag_blocks,
-                size.lag_big_blocks)
+    size = replace(size, bodies=args.bodies or size.bodies, blocks=args.blocks or size.blocks,
+                   concurrency=args.concurrency or size.concurrency)
     rows: list[tuple[str, Memory, Lag]] = []
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         workdir = Path(tmp)
