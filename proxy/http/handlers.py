@@ -94,7 +94,7 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
-    headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
+    headers = _upstream_headers(request)
     body = None
     if request.body_exists:
         body = request_body_stream(request)
@@ -102,6 +102,11 @@ async def passthrough_handler(request: web.Request) -> web.StreamResponse:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)
     return await forward(request, request[RECORD], body=body, headers=headers)
+
+
+def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    """The client's headers as the provider may see them (:mod:`proxy.http.upstream_headers`)."""
+    return upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
 
 
 def _summarizer(app: web.Application, request: web.Request, policy: CompactionPolicy,
@@ -130,7 +135,7 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
 
     def fork() -> ForkSource:
         # Made only when a summary call is (a cached summary needs none).
-        headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
+        headers = _upstream_headers(request)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
@@ -146,8 +151,7 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
 
     return summary_source(
-        app[SUMMARIES], provider, CallerCredentials.from_headers(
-            upstream_request_headers(request.headers, app[FORWARD_POLICY])),
+        app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
 
@@ -296,11 +300,8 @@ async def _compact_and_forward(request: web.Request, *, may_call_model: bool) ->
         # A large body is worked on by the compute threads; what it decodes is kept only if
         # the provider accepts the request (parsed.commit(), in _succeeded).
         executor = app[COMPUTE] if large else None
-        if executor is None:
-            check_objects(raw, config.limits.max_json_objects)
-        else:
-            await run_on(executor, functools.partial(check_objects, raw,
-                                                     config.limits.max_json_objects))
+        await run_on(executor, functools.partial(check_objects, raw,
+                                                 config.limits.max_json_objects))
         return await _serve(request, raw, executor, may_call_model=may_call_model)
     finally:
         if large and not _accepted(request[RECORD]):
@@ -336,7 +337,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                  may_call_model, measured, executor)
 
-    headers = upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
+    headers = _upstream_headers(request)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
     if not result.changed and not durable.text and not mended:
         # Nothing to rewrite: the client's bytes go out as they came.
@@ -392,7 +393,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         await _succeeded(app, record, session, parsed, *sent)
     summarizer = app.get(SUMMARIZER)
     if summarizer is not None and summarizer.checks_callers:  # (does the provider know them?)
-        summarizer.caller_answered(CallerCredentials.from_headers(request.headers),
+        summarizer.caller_answered(CallerCredentials.from_headers(headers),
                                    record.upstream_status)
     return response
 
@@ -411,7 +412,7 @@ async def _succeeded(app: web.Application, record: RequestRecord, session: Sessi
     if not _accepted(record):
         return
     parsed.commit()
-    if new and result.checkpoint is not None and app[CONFIG].compaction.sticky:
+    if new and result.checkpoint is not None:
         await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
 
 
