@@ -1,7 +1,6 @@
 """The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
 ``report`` (what each session cost, and would have cost without the proxy), the audit log's
-``sessions`` (every session's totals), ``session`` (one session's requests, durable state and
-changes) and ``blocked`` (the refused requests since a time), and for ``session.scope``:
+``sessions``, ``session`` and ``blocked`` (:mod:`proxy.cli_audit`), and for ``session.scope``:
 ``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
 files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
 Redis store's durable states to the hash-tagged key layout (once, after upgrading).
@@ -21,27 +20,19 @@ import asyncio
 import dataclasses
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
 from .config import CONFIG_ENV_VAR, Config, ConfigError, load_config
 from .masking import mask_config
 
-if TYPE_CHECKING:
-    from .state.audit_log import RequestEntry, SessionSummary, StateChange
-    from .state.store import StoreBackend, StoredState
-
 __all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
-
-_T = TypeVar("_T")
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -371,162 +362,6 @@ def _report(path: str | None, as_json: bool, session: str | None) -> int:
     return EXIT_OK
 
 
-class _CommandFailed(Exception):
-    """A command stops with one line on stderr and this exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
-                empty: _T) -> _T:
-    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
-    does not exist yet (a command that reads never creates it).
-
-    Raises:
-        _CommandFailed: the store failed (exit 1) or cannot be configured (exit 2).
-    """
-    from .state.store import StoreError, store_for
-
-    async def run() -> _T:
-        store = await store_for(config).open()
-        try:
-            return await read(store)
-        finally:
-            await store.close()
-
-    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
-        return empty
-    try:
-        return asyncio.run(run())
-    except ConfigError as exc:
-        raise _CommandFailed(str(exc), EXIT_CONFIG) from None
-    except StoreError as exc:
-        raise _CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
-
-
-def _sessions(path: str | None, args: argparse.Namespace) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
-    from .audit_report import sessions_table
-
-    async def read(store: StoreBackend) -> tuple[list[SessionSummary], int]:
-        return await store.sessions(offset=args.offset, limit=args.limit,
-                                    contains=args.contains, order=args.order)
-
-    empty: tuple[list[SessionSummary], int] = ([], 0)
-    try:
-        summaries, total = _read_store(config, "sessions", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
-    if args.json:
-        print(json.dumps({"sessions": [summary.as_json() for summary in summaries],
-                          "total": total, "offset": args.offset, "limit": args.limit},
-                         indent=2))
-    elif not total:
-        print("no sessions in the audit log" if not args.contains
-              else f"no session id contains {args.contains!r}")
-    else:
-        sys.stdout.write(sessions_table(summaries, total))
-    return EXIT_OK
-
-
-def _session(path: str | None, args: argparse.Namespace) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
-    from compactor import SourceResolution, session_id_problem
-
-    from .audit_report import session_json, session_text
-    from .http.tenants import is_tenant, scoped_key
-    from .state.resolvers import ResolverPool
-
-    sid, tenant = args.session_id, args.tenant
-    problem = session_id_problem(sid)
-    if problem is not None:
-        print(f"session: session id: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
-    if not is_tenant(tenant):
-        print("session: --tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex>",
-              file=sys.stderr)
-        return EXIT_CONFIG
-
-    async def read(store: StoreBackend
-                   ) -> tuple[list[RequestEntry], int, StoredState | None, list[StateChange]]:
-        entries, total = await store.session_requests(tenant, sid, limit=args.limit)
-        changes = await store.state_changes(tenant, sid, limit=args.limit)
-        return entries, total, await store.get_state(scoped_key(tenant, sid)), changes
-
-    empty: tuple[list[RequestEntry], int, StoredState | None, list[StateChange]] = (
-        [], 0, None, [])
-    try:
-        entries, total, stored, changes = _read_store(config, "session", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
-    if not total and stored is None and not changes:
-        print(f"session: no session {sid} under tenant {tenant}: no request, durable state or "
-              "change (`compact-proxy sessions` lists the sessions and their tenants)",
-              file=sys.stderr)
-        return EXIT_FAILED
-    statuses: tuple[SourceResolution, ...] = ()
-    if stored is not None:
-        # The session's own resolver, as on the request path (statuses only: no text).
-        resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
-                                 config.source_access(), s3=config.sources.s3_settings())
-        state = stored.state
-
-        async def resolve() -> tuple[SourceResolution, ...]:
-            try:
-                return await resolvers.resolve(sid, state, tenant=tenant)
-            finally:
-                await resolvers.close()
-
-        statuses = asyncio.run(resolve())
-    if args.json:
-        print(json.dumps(session_json(sid, tenant, entries, total, stored, statuses, changes),
-                         indent=2))
-    else:
-        sys.stdout.write(session_text(sid, tenant, entries, total, stored, statuses, changes))
-    return EXIT_OK
-
-
-def _blocked(path: str | None, args: argparse.Namespace) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
-    from datetime import UTC, datetime
-
-    from .audit_report import blocked_table, parse_since
-
-    try:
-        since = parse_since(args.since, datetime.now(UTC))
-    except ValueError as exc:
-        print(f"blocked: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    async def read(store: StoreBackend) -> list[RequestEntry]:
-        return await store.blocked_since(since, limit=args.limit)
-
-    try:
-        none: list[RequestEntry] = []
-        entries = _read_store(config, "blocked", read, none)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
-    if args.json:
-        print(json.dumps({"since": since.isoformat(),
-                          "blocked": [entry.as_json() for entry in entries]}, indent=2))
-    elif not entries:
-        print(f"no blocked requests since {since.isoformat(timespec='seconds')}")
-    else:
-        sys.stdout.write(blocked_table(entries))
-    return EXIT_OK
-
-
 def _demo() -> int:
     from . import demo
 
@@ -562,12 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate_redis_keys(args.config)
     if args.command == "report":
         return _report(args.config, args.json, args.session)
-    if args.command == "sessions":
-        return _sessions(args.config, args)
-    if args.command == "session":
-        return _session(args.config, args)
-    if args.command == "blocked":
-        return _blocked(args.config, args)
+    if args.command in ("sessions", "session", "blocked"):
+        config = _load(args.config)
+        if config is None:
+            return EXIT_CONFIG
+        from .cli_audit import AUDIT_COMMANDS
+
+        return AUDIT_COMMANDS[args.command](config, args)
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":
