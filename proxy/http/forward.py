@@ -22,10 +22,9 @@ import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
-import msgspec
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -35,17 +34,16 @@ from proxy.http.audit import Outcome, RequestRecord
 from proxy.http.body import decoded
 from proxy.http.connections import BodyTimeout
 from proxy.http.errors import UpstreamFailure
+from proxy.http.sse import SSEFramer, StreamWatch, json_usage, sse_error_event
 from proxy.http.upstream_headers import ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits, read_some
 from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
-from proxy.state.usage import ProviderUsage
 
 __all__ = [
     "HOP_BY_HOP",
     "BeforeEnd",
     "PromptTooLong",
     "Retry",
-    "SSEFramer",
     "forward",
     "request_body_stream",
     "upstream_request_headers",
@@ -180,137 +178,6 @@ async def request_body_stream(request: web.Request) -> AsyncIterable[bytes]:
         yield chunk
 
 
-class SSEFramer:
-    """Splits a byte stream at Server-Sent-Event boundaries (a blank line).
-
-    :meth:`feed` returns every complete event received so far and keeps the incomplete
-    rest; :meth:`flush` returns that rest when the stream ends.
-    """
-
-    __slots__ = ("_pending",)
-
-    def __init__(self) -> None:
-        self._pending = bytearray()
-
-    def feed(self, chunk: bytes) -> bytes:
-        """Append ``chunk``; return the complete events now available (may be empty)."""
-        if not self._pending and chunk.endswith(b"\n\n"):
-            return chunk  # whole events, nothing held (a provider's usual chunk): no copy
-        start = max(0, len(self._pending) - 3)  # a boundary may straddle the old tail
-        self._pending += chunk
-        end = 0
-        for boundary in (b"\n\n", b"\r\n\r\n"):
-            found = self._pending.rfind(boundary, start)
-            if found >= 0:
-                end = max(end, found + len(boundary))
-        if end == 0:
-            return b""
-        ready = bytes(self._pending[:end])
-        del self._pending[:end]
-        return ready
-
-    def flush(self) -> bytes:
-        """Whatever is left after the last boundary."""
-        rest = bytes(self._pending)
-        self._pending.clear()
-        return rest
-
-    @property
-    def mid_event(self) -> bool:
-        """True when part of an event is held back."""
-        return bool(self._pending)
-
-
-# An SSE ``event:`` field at the start of a line (a JSON ``data`` value never holds a raw
-# newline, so text inside the data cannot match).
-_EVENT_NAME: Final = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
-
-
-_USAGE_EVENTS: Final = (b"message_start", b"message_delta")
-#: Where one event ends and the next begins (a blank line).
-_EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
-_DATA_LINE: Final = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)
-
-
-def _last_event_name(data: bytes) -> bytes | None:
-    """The name of the last ``event:`` line of ``data`` that :data:`_EVENT_NAME` reads
-    (``_EVENT_NAME.findall(data)[-1]``), found from the end with C searches."""
-    end = len(data)
-    while True:
-        at = data.rfind(b"event:", 0, end)
-        if at < 0:
-            return None
-        found = _EVENT_NAME.match(data, at)  # (its ``^``: only at a line's start)
-        if found is not None:
-            return found.group(1)
-        end = at  # ("event:" cannot overlap itself: the earlier ones end before this one)
-
-
-class _StreamWatch:
-    """The event names seen in a relayed Messages stream (the last one, and any ``error``)
-    and the ``usage`` its ``message_start`` and ``message_delta`` events report.
-
-    It runs on every chunk of every stream, so it reads the bytes with C searches and a
-    regular expression only where they can match: the last ``event:`` line (its name, as
-    :data:`_EVENT_NAME` reads it), every name only when the bytes hold ``error``, the events
-    only when they hold a usage event's name (a regular-expression scan of the whole chunk
-    costs 5-10 µs per kilobyte)."""
-
-    __slots__ = ("last_event", "provider_error", "usage")
-
-    def __init__(self) -> None:
-        self.last_event = b""
-        self.provider_error = False
-        self.usage: ProviderUsage | None = None
-
-    def see(self, data: bytes) -> None:
-        """Note the ``event:`` names in ``data`` (complete events, as relayed)."""
-        last = _last_event_name(data)
-        if last is None:
-            return
-        self.last_event = last
-        if not self.provider_error and b"error" in data:
-            self.provider_error = b"error" in _EVENT_NAME.findall(data)
-        if _USAGE_EVENTS[0] in data or _USAGE_EVENTS[1] in data:
-            self._read_usage(data)
-
-    def _read_usage(self, data: bytes) -> None:
-        # Only the two small usage events are decoded; text deltas are never parsed. (Without
-        # a carriage return, the events are split at "\n\n" exactly as the expression splits.)
-        events = data.split(b"\n\n") if b"\r" not in data else _EVENT_END.split(data)
-        for event in events:
-            if b"message_" not in event:
-                continue
-            found = _EVENT_NAME.search(event)
-            if found is None or found.group(1) not in _USAGE_EVENTS:
-                continue
-            payload = b"".join(_DATA_LINE.findall(event))
-            try:
-                # Only ``usage`` is decoded (the message's content is skipped, not built).
-                if found.group(1) == _USAGE_EVENTS[0]:
-                    message = _MESSAGE_START.decode(payload).message
-                    usage = None if message is None else message.usage
-                else:
-                    usage = _USAGE_ONLY.decode(payload).usage
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if usage is not None:
-                self.usage = ProviderUsage.from_usage(usage, self.usage)
-
-
-def _json_usage(body: bytes, content_encoding: str) -> ProviderUsage | None:
-    """The ``usage`` of a whole JSON Message body (``None`` when it has none)."""
-    plain = decoded(body, content_encoding, _MAX_USAGE_BODY_BYTES)
-    if plain is None:
-        return None
-    try:
-        # Only ``usage`` is decoded: the message's content is skipped, not built.
-        usage = _USAGE_ONLY.decode(plain).usage
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return None if usage is None else ProviderUsage.from_usage(usage)
-
-
 class _WholeAnswerResponse(web.StreamResponse):
     """A relayed answer that is not an event stream: its status line and headers go out
     with its first body bytes, in one send (a JSON Message is one small chunk: one send and
@@ -319,24 +186,6 @@ class _WholeAnswerResponse(web.StreamResponse):
     on them before the first event comes."""
 
     _send_headers_immediately = False
-
-
-class _UsageOnly(msgspec.Struct):
-    usage: dict[str, Any] | None = None
-
-
-class _MessageStart(msgspec.Struct):
-    message: _UsageOnly | None = None
-
-
-_USAGE_ONLY: Final = msgspec.json.Decoder(_UsageOnly)
-_MESSAGE_START: Final = msgspec.json.Decoder(_MessageStart)
-
-
-def sse_error_event(error_type: str, message: str) -> bytes:
-    """An ``event: error`` carrying an Anthropic error object (what SDKs raise on)."""
-    data = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
-    return f"event: error\ndata: {data}\n\n".encode()
 
 
 def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float,
@@ -499,7 +348,7 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
     # provider's own ``error`` event failed. Either is noted from the event names of what was
     # relayed (one regex scan per chunk), so neither is counted as a success.
     answered = record.route == "messages" and upstream.status == 200
-    watch = _StreamWatch() if framer is not None and answered else None
+    watch = StreamWatch() if framer is not None and answered else None
     # A JSON Message is kept too (up to a bound) to read its usage once relayed.
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
@@ -529,7 +378,8 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
     if watch is not None and rest:
         watch.see(rest)
     if kept is not None:
-        record.usage = _json_usage(bytes(kept), upstream.headers.get("Content-Encoding", ""))
+        record.usage = json_usage(bytes(kept), upstream.headers.get("Content-Encoding", ""),
+                                  _MAX_USAGE_BODY_BYTES)
     elif watch is not None:
         record.usage = watch.usage
     if before_end is not None:

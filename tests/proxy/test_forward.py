@@ -6,7 +6,8 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.http.forward import SSEFramer, upstream_request_headers, upstream_url
+from proxy.http.forward import upstream_request_headers, upstream_url
+from proxy.http.sse import SSEFramer
 
 
 def test_framer_releases_only_complete_events() -> None:

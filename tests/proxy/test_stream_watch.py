@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.http.forward import SSEFramer, _StreamWatch
+from proxy.http.sse import SSEFramer
+from proxy.http.sse import StreamWatch as _StreamWatch
 from proxy.state.usage import ProviderUsage
 
 _EVENT_NAME = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
