@@ -7,7 +7,6 @@ by the handlers. The per-request key, ``RECORD``, lives with its record in :mod:
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Final
 
 import aiohttp
@@ -16,6 +15,7 @@ from aiohttp import web
 from compactor import CachingCounter, ProtocolMemo
 from policies import RolePolicies
 from proxy.config import Config
+from proxy.http.compute import ComputeThreads
 from proxy.metrics import ProxyMetrics
 from proxy.state.accounting import Accounting
 from proxy.state.audit_log import RequestLog
@@ -110,6 +110,6 @@ ENCODED_VIEWS: Final[web.AppKey[EncodedViews]] = web.AppKey("encoded_views")
 #: The last body of recent conversations (:mod:`proxy.http.spans`).
 RECENT_BODIES: Final[web.AppKey[RecentBodies]] = web.AppKey("recent_bodies")
 #: The threads that parse and compact large bodies off the event loop (``handlers``).
-COMPUTE: Final = web.AppKey("compute", ThreadPoolExecutor)
+COMPUTE: Final = web.AppKey("compute", ComputeThreads)
 #: Walks of the tool protocol of recent histories: a warm request checks its new part only.
 PROTOCOL_MEMO: Final = web.AppKey("protocol_memo", ProtocolMemo)

@@ -14,11 +14,12 @@ threads work and resumes when none does; cycles made meanwhile are collected the
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 from proxy.allocator import give_back_memory
 
@@ -68,11 +69,11 @@ class ComputeThreads(ThreadPoolExecutor):
         self._trim_queued = False
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        return super().submit(self._paused, fn, *args, **kwargs)
+        return super().submit(self._paused, functools.partial(fn, *args, **kwargs))
 
-    def _paused(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _paused(self, work: Callable[[], T]) -> T:
         with self._pause:
-            return fn(*args, **kwargs)
+            return work()
 
     def give_back_memory(self) -> None:
         """Return the allocator's free pages to the system, on one of these threads (one

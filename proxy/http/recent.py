@@ -125,8 +125,8 @@ class RecentBodies:
         seen = _Seen(cuts, dict(zip(starts, marks, strict=True)),
                      parsed.raw[bounds[-1][1]:], kept, size)
         with self._lock:
-            before = self._seen.get(key, ())
-            kept_before, dropped = before[:3], before[3:]
+            previous: list[_Seen] = self._seen.get(key) or []
+            kept_before, dropped = previous[:3], previous[3:]
             self._bytes += size - sum(entry.size for entry in dropped)
             self._seen[key] = [seen, *kept_before]  # (replacing: no eviction callback)
             while self._bytes > self.max_bytes and len(self._seen):
