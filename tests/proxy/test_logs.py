@@ -17,16 +17,15 @@ from hypothesis import strategies as st
 import proxy.http.audit as audit_module
 from proxy.config import LoggingConfig
 from proxy.logs import (
-    _CREDENTIAL,
     SAFE_KEYS,
     Redactor,
-    _may_hold_credential,
     bind_request_fields,
     configure_logging,
     log_info,
     reset_logging,
     start_request_fields,
 )
+from proxy.redaction import _CREDENTIAL, _may_hold_credential
 
 
 def redact(event: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[str, Any]:
