@@ -32,19 +32,22 @@ LOW_THRESHOLDS = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
                   "summary_keep_recent": 4}
 
 
-def read_turns(count: int, result_chars: int = 3000) -> list[Any]:
-    """A first user message, then ``count`` Read calls with large results, then a question."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": user_text("fix the parser")}]
+def read_turns(count: int, result_chars: int = 3000, tag: str = "") -> list[Any]:
+    """A first user message, then ``count`` Read calls with large results, then a question;
+    with ``tag``, every text is the tag's own (no summary of another conversation fits)."""
+    task = f"fix the parser {tag}" if tag else "fix the parser"
+    folder, module = (f"/src/{tag}", f"{tag} module") if tag else ("/src", "module")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": user_text(task)}]
     for index in range(count):
         tool_id = f"toolu_{index:04d}"
         messages.append({"role": "assistant", "content": [
             {"type": "text", "text": f"Reading file {index}."},
             {"type": "tool_use", "id": tool_id, "name": "Read",
-             "input": {"file_path": f"/src/mod{index}.py"}},
+             "input": {"file_path": f"{folder}/mod{index}.py"}},
         ]})
         messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": tool_id,
-             "content": f"# module {index}\n" + "line of code\n" * (result_chars // 13)},
+             "content": f"# {module} {index}\n" + "line of code\n" * (result_chars // 13)},
         ]})
     messages.append({"role": "assistant", "content": "I have read everything."})
     messages.append({"role": "user", "content": user_text("now what?")})

@@ -23,31 +23,17 @@ from tests.conftest import (
     log_lines_for,
     user_text,
 )
+from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, read_turns
 
 MODEL = "claude-sonnet-4-5"
 OPERATOR_KEY = "sk-ant-api03-the-operators-own-summary-key"
 KEY_ENV = "COMPACT_PROXY_TEST_SUMMARY_KEY"
-#: L4 is needed for a dozen large reads; L1 and L3 leave them alone.
-SUMMARY_POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
-                  "max_tool_result_tokens": 2000, "keep_recent_messages": 40,
-                  "summary_keep_recent": 4}
 
 
 def history(tag: str, reads: int = 12) -> list[dict[str, Any]]:
     """A conversation that needs a summary, its content unique to ``tag`` (so no summary of
     another conversation is in the cache)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": user_text(f"task {tag}")}]
-    for index in range(reads):
-        tool_id = f"toolu_{index:04d}"
-        messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Reading file {index}."},
-            {"type": "tool_use", "id": tool_id, "name": "Read",
-             "input": {"file_path": f"/src/{tag}/mod{index}.py"}}]})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": tool_id,
-             "content": f"# {tag} module {index}\n" + "line of code\n" * 230}]})
-    messages.append({"role": "assistant", "content": "I have read everything."})
-    messages.append({"role": "user", "content": user_text("now what?")})
+    messages: list[dict[str, Any]] = read_turns(reads, tag=tag)
     return messages
 
 
