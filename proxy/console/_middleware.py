@@ -13,20 +13,18 @@ check, in that order (outermost first). Everything in ``__all__`` gets re-export
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Final
 from urllib.parse import urlencode
 
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.console._context import CONSOLE, LOGIN, PREFIX, render
 from proxy.state.store import StoreError
 
 __all__ = ["console_middlewares", "forbidden"]
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 _PUBLIC_PATHS: Final = frozenset({f"{PREFIX}/login"})

@@ -16,7 +16,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
@@ -24,6 +24,7 @@ from typing import Final
 import msgspec
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from compactor import LayerOutcome
 from proxy.background import in_background
@@ -37,7 +38,6 @@ __all__ = ["AUDITED_ROUTES", "RECORD", "Outcome", "RequestRecord", "layer_saving
 
 _log = structlog.get_logger("proxy.request")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: The routes whose requests the audit log keeps (when they have a session).
 AUDITED_ROUTES: Final = frozenset({"messages", "count_tokens"})

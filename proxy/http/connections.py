@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
-from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
 import structlog
 from aiohttp import StreamReader, web
+from aiohttp.typedefs import Handler
 
 from proxy.http.errors import RequestRejected
 from proxy.keys import CONFIG
@@ -37,7 +37,6 @@ __all__ = [
 
 _log = structlog.get_logger("proxy.http.connections")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Open files kept for what is not a connection (the store, logs, sources).
 OPEN_FILES_SPARE: Final = 64

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 import compactor
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
@@ -36,7 +37,6 @@ __all__ = [
 
 _log = structlog.get_logger("proxy.http.errors")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: The message of the 503 answered while the session store cannot be reached.
 STORE_UNAVAILABLE_MESSAGE = ("the session store is unavailable; the request was not forwarded "

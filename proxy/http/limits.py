@@ -12,17 +12,16 @@ bucket; its handler answers the 401 as before.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy.http.errors import RequestRejected
 from proxy.keys import TENANTS
 
 __all__ = ["LIMITED_ROUTES", "TENANT_LIMITER", "TenantLimiter", "tenant_limit_middleware"]
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: The routes that are forwarded to the provider (the names in :mod:`proxy.http.routes`).
 LIMITED_ROUTES: Final = frozenset({"messages", "count_tokens", "passthrough"})
