@@ -27,7 +27,7 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
-from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
+from ._protocol import Interaction, ProtocolMemo, StagedMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
     SourceExcerpt,
@@ -52,7 +52,14 @@ from ._state import (
     RetrievalEvidence,
     capture_retrieval_evidence,
 )
-from ._tokens import CachingCounter, Chars4Counter, TiktokenCounter, TokenCounter, estimate_tokens
+from ._tokens import (
+    CachingCounter,
+    Chars4Counter,
+    StagedCounter,
+    TiktokenCounter,
+    TokenCounter,
+    estimate_tokens,
+)
 
 __all__ = [
     "ArtifactPointer",
@@ -81,6 +88,8 @@ __all__ = [
     "SourcePointer",
     "SourcePointerResolver",
     "SourceResolution",
+    "StagedCounter",
+    "StagedMemo",
     "SummaryRequest",
     "TiktokenCounter",
     "TokenCounter",

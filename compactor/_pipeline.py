@@ -34,7 +34,13 @@ from ._l4_summary import (
     summary_cache_key,
     summary_view,
 )
-from ._protocol import Interaction, ProtocolMemo, check_shape, validate_tool_protocol
+from ._protocol import (
+    Interaction,
+    ProtocolMemo,
+    StagedMemo,
+    check_shape,
+    validate_tool_protocol,
+)
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
@@ -112,7 +118,7 @@ class CompactionOptions:
     known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
     facts: Sequence[MessageFact | None] | FactColumns | None = field(default=None, compare=False,
                                                                       repr=False)
-    protocol_memo: ProtocolMemo | None = field(default=None, compare=False, repr=False)
+    protocol_memo: ProtocolMemo | StagedMemo | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):

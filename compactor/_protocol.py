@@ -276,6 +276,9 @@ class _Walk:
         self.open_from = index
 
 
+#: A new walk to keep: its messages' fingerprints, the walk, the kept walk it went on from.
+_Walked = tuple[list[int], "_Walk", "tuple[list[int], _Walk] | None"]
+
 #: How many messages' walks a :class:`ProtocolMemo` holds by default (each is a fingerprint
 #: and a share of the walk's map: some tens of bytes).
 DEFAULT_MEMO_MESSAGES: Final = 1_000_000
@@ -309,10 +312,28 @@ class ProtocolMemo:
                  fingerprints: Sequence[int]) -> dict[str, Interaction]:
         """:func:`validate_tool_protocol` of ``messages`` (``fingerprints``: theirs, one per
         message), from a kept walk where one covers their start."""
+        interactions, walked = self._validate(messages, fingerprints)
+        if walked is not None:
+            with self._lock:
+                self._keep(*walked)
+        return interactions
+
+    def __len__(self) -> int:
+        """Messages whose walks are held."""
+        return self._held
+
+    def staged(self) -> StagedMemo:
+        """A memo for one request: it reads the kept walks and keeps its own new ones aside
+        until :meth:`StagedMemo.commit`, so a request that is refused leaves nothing here."""
+        return StagedMemo(self)
+
+    def _validate(self, messages: list[Message], fingerprints: Sequence[int]
+                  ) -> tuple[dict[str, Interaction], _Walked | None]:
+        """The interactions, and the new walk to keep (None: nothing new to keep)."""
         if len(fingerprints) != len(messages):
             raise ValueError(f"{len(fingerprints)} fingerprints for {len(messages)} messages")
         if not messages:
-            return validate_tool_protocol(messages)
+            return validate_tool_protocol(messages), None
         prints = list(fingerprints)
         with self._lock:
             kept = self._walks.get(prints[0])
@@ -329,7 +350,7 @@ class ProtocolMemo:
                 entries.remove(base)
                 entries.insert(0, base)
                 self._walks.move_to_end(prints[0])
-                return base[1].finish()
+                return base[1].finish(), None
         if base is None:
             walk, start = _Walk(None), 0
         else:
@@ -339,15 +360,15 @@ class ProtocolMemo:
             walk.walk(messages, start)
             interactions = walk.finish()
         except (_Broken, ToolProtocolError, MessageShapeError):
-            return validate_tool_protocol(messages)  # names the violation as it always does
-        with self._lock:
-            self._keep(prints, walk, base)
-        return interactions
+            # names the violation as it always does
+            return validate_tool_protocol(messages), None
+        return interactions, (prints, walk, base)
 
     def _keep(self, prints: list[int], walk: _Walk,
               base: tuple[list[int], _Walk] | None) -> None:
         entries = self._walks.pop(prints[0], [])
-        if base is not None:  # the new walk goes on from it
+        if base is not None and any(entry is base for entry in entries):
+            # the new walk goes on from it (unless it was dropped meanwhile)
             entries = [entry for entry in entries if entry is not base]
             self._held -= len(base[0])
         entries.insert(0, (prints, walk))
@@ -358,3 +379,26 @@ class ProtocolMemo:
         while self._held > self.max_messages and self._walks:
             _, dropped = self._walks.popitem(last=False)
             self._held -= sum(len(entry[0]) for entry in dropped)
+
+
+class StagedMemo:
+    """:meth:`ProtocolMemo.staged`: the kept walks read, new ones kept aside."""
+
+    def __init__(self, shared: ProtocolMemo) -> None:
+        self.shared = shared
+        self._walked: list[_Walked] = []
+
+    def validate(self, messages: list[Message],
+                 fingerprints: Sequence[int]) -> dict[str, Interaction]:
+        """:meth:`ProtocolMemo.validate`, the new walk kept aside."""
+        interactions, walked = self.shared._validate(messages, fingerprints)
+        if walked is not None:
+            self._walked.append(walked)
+        return interactions
+
+    def commit(self) -> None:
+        """Keep the walks made here in the shared memo (the request was accepted)."""
+        walked, self._walked = self._walked, []
+        with self.shared._lock:
+            for one in walked:
+                self.shared._keep(*one)

@@ -31,7 +31,7 @@ from ._errors import ToolProtocolError
 from ._fingerprint import fingerprint, strip_cache_control
 from ._l1_truncate import truncate_tool_results
 from ._markers import reapply_markers
-from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
+from ._protocol import Interaction, ProtocolMemo, StagedMemo, validate_tool_protocol
 from ._tokens import CachingCounter
 from ._view import View
 
@@ -208,7 +208,7 @@ def _canonical(value: Any) -> Any:
 
 
 def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy,
-                     key: str, memo: ProtocolMemo | None = None,
+                     key: str, memo: ProtocolMemo | StagedMemo | None = None,
                      ) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
     """The view of ``raw`` that starts with ``checkpoint``'s compacted prefix, its interaction
     map and the checkpoint; None when the checkpoint was made under another policy or ``raw``
@@ -267,7 +267,7 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
 
 
 def _validate_extension(view: View, prefix_len: int, covered: int,
-                        memo: ProtocolMemo | None) -> dict[str, Interaction]:
+                        memo: ProtocolMemo | StagedMemo | None) -> dict[str, Interaction]:
     """Validate a reused prefix plus new messages (from where the memo's walk of the previous
     request's view ended), naming errors by their index in the client's own history."""
     try:

@@ -191,13 +191,25 @@ class CachingCounter:
 
     def _store(self, key: tuple[str, int], tokens: int) -> int:
         self.misses += 1
+        self._put(key, tokens)
+        return tokens
+
+    def _put(self, key: tuple[str, int], tokens: int) -> None:
         self._cache[key] = tokens
         while len(self._cache) > self.max_entries:
             try:
                 self._cache.popitem(last=False)
             except KeyError:  # (emptied meanwhile by another thread)
                 break
-        return tokens
+
+    def _has(self, key: tuple[str, int]) -> bool:
+        return key in self._cache
+
+    def staged(self) -> StagedCounter:
+        """A counter for one request: it reads this one's counts and keeps its own new ones
+        aside until :meth:`StagedCounter.commit`, so a request that is refused leaves
+        nothing here (nor the small entries that would pin a hostile body's memory)."""
+        return StagedCounter(self)
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -222,7 +234,7 @@ class CachingCounter:
             return
         texts: dict[int, str] = {}
         for message, print_ in zip(messages, prints, strict=True):
-            if ("m", print_) not in self._cache:
+            if not self._has(("m", print_)):
                 _long_texts(message.get("content"), texts)
         self._count_in_parallel(texts.values())
 
@@ -237,7 +249,7 @@ class CachingCounter:
         count_texts = getattr(self.base, "count_texts", None)
         if count_texts is None:
             return
-        fresh = list({h: t for t in texts if ("s", h := hash(t)) not in self._cache}.values())
+        fresh = list({h: t for t in texts if not self._has(("s", h := hash(t)))}.values())
         if sum(map(len, fresh)) < _PREFETCH_MIN_TOTAL:
             return
         for text, tokens in zip(fresh, count_texts(fresh), strict=True):
@@ -364,3 +376,27 @@ def estimate_tokens(messages: list[dict[str, Any]],
         return len(json.dumps(messages, default=str)) // 4
     caching = counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
     return sum(caching.count_message(message) for message in messages)
+
+
+class StagedCounter(CachingCounter):
+    """:meth:`CachingCounter.staged`: the shared counts read, new ones kept aside."""
+
+    def __init__(self, shared: CachingCounter) -> None:
+        super().__init__(shared.base, max_entries=shared.max_entries)
+        self.shared = shared
+
+    def _cached(self, key: tuple[str, int]) -> int | None:
+        found = self._cache.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        return self.shared._cached(key)
+
+    def _has(self, key: tuple[str, int]) -> bool:
+        return key in self._cache or self.shared._has(key)
+
+    def commit(self) -> None:
+        """Keep the counts made here in the shared counter (the request was accepted)."""
+        counts, self._cache = self._cache, OrderedDict()
+        for key, tokens in counts.items():
+            self.shared._put(key, tokens)

@@ -14,16 +14,17 @@ threads work and resumes when none does; cycles made meanwhile are collected the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Final, ParamSpec, TypeVar
 
 from proxy.allocator import give_back_memory
 
-__all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "ComputeThreads", "run_on"]
+__all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "TURNS", "ComputeThreads", "Turn", "run_on"]
 
 #: Threads. One: the interpreter runs one thread at a time, so a second one adds little but
 #: token counting in parallel, and doubles the objects of cold bodies alive at once
@@ -32,6 +33,14 @@ COMPUTE_THREADS: Final = 1
 #: A body at least this large is worked on by these threads; a smaller one costs less than
 #: the hop (bench/README.md, "hostile callers").
 OFFLOAD_FROM_BYTES: Final = 256 * 1024
+#: Seconds without a large refused body before the free pages go back: by then the
+#: requests that held them have ended (a trim while they run leaves their memory resident).
+TRIM_AFTER_S: Final = 0.5
+
+#: Large bodies worked on at once (decoded and compacted; not while one waits for a summary
+#: or the provider): with one thread they would only take turns at it anyway, and each one
+#: decoded at once adds its objects to the peak (bench/README.md, "bench/hostile.py").
+TURNS: Final = 1
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -65,8 +74,8 @@ class ComputeThreads(ThreadPoolExecutor):
     def __init__(self, threads: int = COMPUTE_THREADS) -> None:
         super().__init__(max_workers=threads, thread_name_prefix="compact")
         self._pause = _CollectorPause()
-        self._trim_lock = threading.Lock()
-        self._trim_queued = False
+        self._trim_timer: asyncio.TimerHandle | None = None
+        self._turns: asyncio.Semaphore | None = None
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         return super().submit(self._paused, functools.partial(fn, *args, **kwargs))
@@ -75,22 +84,60 @@ class ComputeThreads(ThreadPoolExecutor):
         with self._pause:
             return work()
 
-    def give_back_memory(self) -> None:
-        """Return the allocator's free pages to the system, on one of these threads (one
-        such call queued at a time: a flood of refused bodies asks for it once a turn)."""
-        with self._trim_lock:
-            if self._trim_queued:
-                return
-            self._trim_queued = True
-        try:
-            self.submit(self._trim)
-        except RuntimeError:  # (shut down: the process is stopping)
-            self._trim_queued = False
+    def turn(self) -> Turn:
+        """A large body's turn at these threads (``async with``), one of :data:`TURNS`."""
+        if self._turns is None:  # (made on the event loop that uses it)
+            self._turns = asyncio.Semaphore(TURNS)
+        return Turn(self._turns)
 
-    def _trim(self) -> None:
-        with self._trim_lock:
-            self._trim_queued = False
-        give_back_memory()
+    def give_back_memory(self) -> None:
+        """Return the allocator's free pages to the system, on one of these threads, once
+        the refused requests in flight have let go of their bodies: :data:`TRIM_AFTER_S`
+        after the last call (called on the event loop; a flood of refused bodies asks for
+        one trim, after its last body)."""
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+        self._trim_timer = asyncio.get_running_loop().call_later(TRIM_AFTER_S, self._queue_trim)
+
+    def _queue_trim(self) -> None:
+        self._trim_timer = None
+        try:
+            self.submit(give_back_memory)
+        except RuntimeError:  # (shut down: the process is stopping)
+            pass
+
+
+class Turn:
+    """One request's turn at the compute threads: held while its body is decoded, counted,
+    compacted and encoded; given up while it waits for a summary (:meth:`paused`)."""
+
+    def __init__(self, turns: asyncio.Semaphore) -> None:
+        self._turns = turns
+        self._holding = False
+
+    async def __aenter__(self) -> Turn:
+        await self._turns.acquire()
+        self._holding = True
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._holding:
+            self._holding = False
+            self._turns.release()
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Let other bodies have their turn meanwhile (a summary call takes seconds)."""
+        if not self._holding:
+            yield
+            return
+        self._holding = False
+        self._turns.release()
+        try:
+            yield
+        finally:
+            await self._turns.acquire()
+            self._holding = True
 
 
 async def run_on(executor: Executor | None, work: Callable[[], T]) -> T:

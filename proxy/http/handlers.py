@@ -20,6 +20,7 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from concurrent.futures import Executor
@@ -34,7 +35,7 @@ import compactor
 from policies import CompactionPolicy
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
-from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
+from proxy.http.compute import OFFLOAD_FROM_BYTES, Turn, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
@@ -111,7 +112,7 @@ def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
 
 def _summarizer(app: web.Application, request: web.Request, policy: CompactionPolicy,
                 session: SessionRef, may_call_model: bool, body: dict[str, Any],
-                durable: DurableContext) -> Summarizer | None:
+                durable: DurableContext, scope: RequestScope) -> Summarizer | None:
     """The request's L4 summarizer: the summary cache, and (``/v1/messages``) the provider,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     if not (app[CONFIG].summary.enabled and policy.summary_enabled):
@@ -122,15 +123,17 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
         # The source is made when L4 first asks (most requests never do).
         nonlocal source
         if source is None:
-            source = _summary_source(app, request, session, may_call_model, body, durable)
-        return await source(summary)
+            source = _summary_source(app, request, session, may_call_model, body, durable,
+                                     scope.counter)
+        async with scope.paused():
+            return await source(summary)
 
     return summarize
 
 
 def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
-                    may_call_model: bool, body: dict[str, Any],
-                    durable: DurableContext) -> Summarizer:
+                    may_call_model: bool, body: dict[str, Any], durable: DurableContext,
+                    counter: compactor.CachingCounter) -> Summarizer:
     provider = app.get(SUMMARIZER) if may_call_model else None
 
     def fork() -> ForkSource:
@@ -153,13 +156,13 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
     return summary_source(
         app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
-        counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
+        counter=counter, metrics=metrics, on_usage=on_usage)
 
 
-def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: str) -> int:
+def _reserved_tokens(counter: compactor.CachingCounter, parsed: RequestBody,
+                     durable_text: str) -> int:
     """Tokens outside ``messages`` that count toward the thresholds (``system`` and
     ``tools`` counted once per decoded value)."""
-    counter = app[COUNTER]
     doc = parsed.doc
     reserved = 0
     for name in ("system", "tools"):  # (a loop, not a generator: this runs on every request)
@@ -205,9 +208,34 @@ class Measured(msgspec.Struct, frozen=True):
     facts: compactor.FactColumns | None
 
 
-def _measure(app: web.Application, parsed: RequestBody, durable_text: str) -> Measured:
-    return Measured(_conversation_key(parsed), _reserved_tokens(app, parsed, durable_text),
-                    parsed.facts(app[COUNTER]))
+def _measure(counter: compactor.CachingCounter, parsed: RequestBody,
+             durable_text: str) -> Measured:
+    return Measured(_conversation_key(parsed), _reserved_tokens(counter, parsed, durable_text),
+                    parsed.facts(counter))
+
+
+class RequestScope(msgspec.Struct, frozen=True):
+    """What one request works with: the token counts and tool-protocol walks it reads and
+    adds to — the shared ones, or (a large body) staged ones kept only when its answer is a
+    success, so a refused body leaves nothing, not even the small entries that would pin its
+    memory —, and a large body's turn at the compute threads."""
+
+    counter: compactor.CachingCounter
+    memo: compactor.ProtocolMemo | compactor.StagedMemo
+    turn: Turn | None = None
+
+    @classmethod
+    def of(cls, app: web.Application, parsed: RequestBody, turn: Turn | None) -> RequestScope:
+        if turn is None:
+            return cls(app[COUNTER], app[PROTOCOL_MEMO])
+        counter, memo = app[COUNTER].staged(), app[PROTOCOL_MEMO].staged()
+        parsed.on_commit(counter.commit)
+        parsed.on_commit(memo.commit)
+        return cls(counter, memo, turn)
+
+    def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The turn given up meanwhile (a summary call)."""
+        return contextlib.nullcontext() if self.turn is None else self.turn.paused()
 
 
 def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
@@ -231,14 +259,14 @@ def _plan(app: web.Application, request: web.Request, session: SessionRef, parse
 async def _compact(app: web.Application, request: web.Request, record: RequestRecord,
                    session: SessionRef, parsed: RequestBody, durable: DurableContext,
                    plan: CompactionPlan, may_call_model: bool, measured: Measured,
-                   executor: Executor | None) -> tuple[compactor.CompactionResult, bool]:
+                   scope: RequestScope, executor: Executor | None
+                   ) -> tuple[compactor.CompactionResult, bool]:
     """The compacted view, and whether its checkpoint is a new one (kept once the provider
     accepts the request: :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
-    counter = app[COUNTER]
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
     try:
         result = await compactor.compact_context_async(
@@ -246,15 +274,15 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
             durable.state,
             policy=plan.policy,
             summarizer=_summarizer(app, request, plan.policy, session, may_call_model,
-                                   body, durable),
-            counter=counter,
+                                   body, durable, scope),
+            counter=scope.counter,
             options=compactor.CompactionOptions(
                 # The compactor scales all by the messages' factor; the fixed part's own
                 # factor is folded into its count.
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
                 known_tokens=plan.known, facts=measured.facts,
-                protocol_memo=app[PROTOCOL_MEMO]),
+                protocol_memo=scope.memo),
             executor=executor,
         )
     except compactor.MessageShapeError as exc:
@@ -318,33 +346,39 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     tenant = app[TENANTS].tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
-    parsed = await run_on(executor, functools.partial(
-        parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
-        RecentBodies.key_of(tenant, named, raw), tenant=tenant))
-    body = parsed.doc
-    if isinstance(body.get("model"), str):
-        record.model = body["model"]
-    mended = parsed.mended
-    if mended:
-        _log.warning("lone_surrogates_replaced", replaced=mended)
-    session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
-    session = SessionRef(session_id, tenant)
-    record.session_id, record.tenant = session_id, tenant
-    bind_request_fields(session_id=session_id, tenant=tenant)
-    durable = await load_durable_context(app, session)
-    measured = await run_on(executor, functools.partial(_measure, app, parsed, durable.text))
-    plan = _plan(app, request, session, parsed, measured)
-    result, new = await _compact(app, request, record, session, parsed, durable, plan,
-                                 may_call_model, measured, executor)
+    # A large body waits its turn to be decoded and worked on: the objects of one at a time
+    # make the peak, not those of every large body that arrived at once.
+    turn = app[COMPUTE].turn() if executor is not None else None
+    async with turn or contextlib.nullcontext():
+        parsed = await run_on(executor, functools.partial(
+            parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
+            RecentBodies.key_of(tenant, named, raw), tenant=tenant))
+        body = parsed.doc
+        if isinstance(body.get("model"), str):
+            record.model = body["model"]
+        mended = parsed.mended
+        if mended:
+            _log.warning("lone_surrogates_replaced", replaced=mended)
+        session_id = resolve_session_id(request.headers, body, config.session.header, tenant)
+        session = SessionRef(session_id, tenant)
+        record.session_id, record.tenant = session_id, tenant
+        bind_request_fields(session_id=session_id, tenant=tenant)
+        durable = await load_durable_context(app, session)
+        scope = RequestScope.of(app, parsed, turn)
+        measured = await run_on(executor, functools.partial(
+            _measure, scope.counter, parsed, durable.text))
+        plan = _plan(app, request, session, parsed, measured)
+        result, new = await _compact(app, request, record, session, parsed, durable, plan,
+                                     may_call_model, measured, scope, executor)
 
-    headers = _upstream_headers(request)
-    headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
-    if not result.changed and not durable.text and not mended:
-        # Nothing to rewrite: the client's bytes go out as they came.
-        outgoing = raw
-    else:
-        outgoing = await run_on(executor, functools.partial(
-            _outgoing, app, request, parsed, result, durable, headers))
+        headers = _upstream_headers(request)
+        headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
+        if not result.changed and not durable.text and not mended:
+            # Nothing to rewrite: the client's bytes go out as they came.
+            outgoing = raw
+        else:
+            outgoing = await run_on(executor, functools.partial(
+                _outgoing, app, request, parsed, result, durable, headers))
     if not may_call_model:
         response = await forward(request, record, body=outgoing, headers=headers)
         if _accepted(record):
@@ -366,7 +400,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
             plan, policy=clamp_to_window(plan.policy, refusal.maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
         again, again_new = await _compact(app, request, record, session, parsed, durable,
-                                          tighter, may_call_model, measured, executor)
+                                          tighter, may_call_model, measured, scope, executor)
         sent = tighter, again, again_new
         app[METRICS].recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,

@@ -32,7 +32,7 @@ import functools
 import operator
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, repeat
 from typing import TYPE_CHECKING, Any, Final
 
@@ -109,10 +109,19 @@ class RequestBody(msgspec.Struct, eq=False):
     # What this request decoded and remembers, kept aside until commit() (a request that
     # is refused keeps nothing): (the cache, its staged entries, the recent bodies, the key).
     _pending: tuple[DecodedSpans, Staged, RecentBodies | None, object] | None = None
+    # More to keep with it (the request's staged counts and protocol walks: on_commit()).
+    _also: list[Callable[[], None]] = msgspec.field(default_factory=list)
+
+    def on_commit(self, keep: Callable[[], None]) -> None:
+        """Run ``keep`` too when the request is committed (once)."""
+        self._also.append(keep)
 
     def commit(self) -> None:
         """Keep what this request decoded, and remember it as its conversation's latest
         body: its answer was a success. Idempotent; nothing to do for an immediate parse."""
+        also, self._also = self._also, []
+        for keep in also:
+            keep()
         pending, self._pending = self._pending, None
         if pending is not None:
             cache, staged, recent, key = pending

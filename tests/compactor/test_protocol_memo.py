@@ -153,3 +153,24 @@ def test_the_same_history_again_is_its_kept_walk_in_the_same_order() -> None:
         == list(validate_tool_protocol(session).items())
     assert [i.use_index for i in again.values()] == [1, 1, 3]
     assert again is not first  # (the caller's own map)
+
+
+def test_a_staged_memo_reads_the_kept_walks_and_keeps_its_own_only_when_committed() -> None:
+    """A request's staged memo (a large body's, in the proxy) resumes from what the shared
+    memo kept, and adds its walk to it only when the request is committed."""
+    session = long_session(20)
+    grown = [*session, assistant(tool_use("new1")), user(tool_result("new1"))]
+    shared = ProtocolMemo()
+    shared.validate(session, _prints(session))
+    held = len(shared)
+    staged = shared.staged()
+    blind = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "zz"}]}
+             for _ in session] + grown[len(session):]
+    # Resumed from the shared walk: the prefix is not read.
+    assert staged.validate(blind, _prints(grown)) == validate_tool_protocol(grown)
+    assert len(shared) == held  # nothing kept yet (a refused request stops here)
+    staged.commit()
+    assert len(shared) == len(grown)  # the longer walk replaced the one it went on from
+    assert shared.validate(blind, _prints(grown)) == validate_tool_protocol(grown)
+    staged.commit()  # idempotent
+    assert len(shared) == len(grown)

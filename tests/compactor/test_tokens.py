@@ -192,3 +192,20 @@ def test_prefetch_counts_a_cold_historys_long_texts_in_one_batch() -> None:
     totals = [counter.count_message(m) for m in messages]
     assert all(size < 8 * 1024 for size in base.single[single_before:])
     assert totals == [CachingCounter(TiktokenCounter()).count_message(m) for m in messages]
+
+
+def test_a_staged_counter_reads_the_shared_counts_and_adds_its_own_only_when_committed(
+) -> None:
+    shared = CachingCounter(Chars4Counter())
+    known = user("known " * 50)
+    shared.count_message(known)
+    staged = shared.staged()
+    assert staged.count_message(known) == shared.count_message(known)
+    assert staged.misses == 0  # read from the shared counts
+    fresh = user("fresh " * 50)
+    tokens = staged.count_message(fresh)
+    assert staged.misses == 1 and len(shared) == 1  # counted, not kept yet
+    staged.commit()
+    assert len(shared) == 2
+    before = shared.misses
+    assert shared.count_message(fresh) == tokens and shared.misses == before  # a hit now

@@ -5,6 +5,7 @@ event loop; a body of absurdly many JSON objects is refused before it is decoded
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import http.client
 import json
@@ -19,10 +20,11 @@ import pytest
 
 from bench.proxy import history_of_size, request_body
 from proxy.fake_upstream import Reply
+from proxy.http.compute import OFFLOAD_FROM_BYTES, ComputeThreads
 from proxy.http.decoded import DecodedSpans, Staged, object_bytes
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import parse_request
-from proxy.keys import DECODED_SPANS, RECENT_BODIES
+from proxy.keys import COUNTER, DECODED_SPANS, PROTOCOL_MEMO, RECENT_BODIES
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
 
 MODEL = "claude-sonnet-4-5"
@@ -150,6 +152,29 @@ def test_refused_requests_leave_nothing_in_the_proxys_caches(
     assert len(spans) > 0 and spans.held_bytes > 0 and recent.held_bytes > 0
 
 
+def test_refused_large_bodies_leave_no_token_counts_or_protocol_walks(
+        proxy_factory: ProxyFactory) -> None:
+    # The small entries a refused body would leave in the shared counts and walks are what
+    # pinned its memory in the allocator's arenas after it was freed.
+    proxy = proxy_factory({**SMALL_HARD, "compaction": {**SMALL_HARD["compaction"],
+                                                        "hard_limit_tokens": 30_000}})
+    assert proxy.app is not None
+    counter, memo = proxy.app[COUNTER], proxy.app[PROTOCOL_MEMO]
+    before = (len(counter), len(memo))
+    for index in range(3):  # large (worked on by the compute threads), each refused
+        body = _tiny_blocks(12_000, f"L{index}")
+        assert len(body) >= OFFLOAD_FROM_BYTES
+        status, answer = _post(proxy, body, key=f"sk-made-up-{index}")
+        assert status == 400, answer
+    assert (len(counter), len(memo)) == before
+    # A large body that is accepted keeps its counts and walks for its session's next turn.
+    body = request_body(history_of_size(600_000, seed=3), stream=False)
+    assert len(body) >= OFFLOAD_FROM_BYTES
+    status, answer = _post(proxy, body)
+    assert status == 200, answer
+    assert len(counter) > before[0] and len(memo) > before[1]
+
+
 def test_a_body_of_absurdly_many_objects_is_refused_before_it_is_decoded(
         proxy_factory: ProxyFactory) -> None:
     proxy = proxy_factory({"limits": {"max_json_objects": 1_000}})
@@ -210,8 +235,6 @@ def test_the_loop_answers_while_a_large_cold_body_is_compacted(
 
 
 def test_the_compute_threads_pause_the_collector_only_while_they_work() -> None:
-    from proxy.http.compute import ComputeThreads
-
     threads = ComputeThreads(threads=2)
     inside = threading.Barrier(3, timeout=10)
     try:
@@ -228,5 +251,35 @@ def test_the_compute_threads_pause_the_collector_only_while_they_work() -> None:
         with pytest.raises(ZeroDivisionError):
             failing.result(10)
         assert gc.isenabled()
+    finally:
+        threads.shutdown()
+
+
+async def test_large_bodies_take_turns_and_give_theirs_up_while_waiting_for_a_summary() -> None:
+    threads = ComputeThreads()
+    try:
+        first, second = threads.turn(), threads.turn()
+        async with first:
+            waiting = asyncio.ensure_future(second.__aenter__())
+            await asyncio.sleep(0.01)
+            assert not waiting.done()  # one large body at a time
+            async with first.paused():  # its summary call: the other has its turn meanwhile
+                await asyncio.wait_for(waiting, 1)
+                await second.__aexit__(None, None, None)
+        # A request cancelled while it waits to resume its turn holds nothing afterwards.
+        async with first:
+            pause = first.paused()
+            await pause.__aenter__()
+            async with second:
+                resume = asyncio.ensure_future(pause.__aexit__(None, None, None))
+                await asyncio.sleep(0.01)
+                assert not resume.done()
+                resume.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await resume
+        # Every turn was given back, and none twice.
+        async with threads.turn():
+            assert threads._turns is not None and threads._turns.locked()
+        assert not threads._turns.locked()
     finally:
         threads.shutdown()
