@@ -1,0 +1,114 @@
+"""The console as a request log, in a real browser (chromium, as in
+``test_console_browser``): each request drawn against the limits it was judged by, cost and
+cache columns with totals, a time range and a request-id search, the overview, the L4 summary's
+text, a tool-protocol refusal's kind and id, and the landing page after login.
+
+Each test drives the real proxy with the real SDK (the store is the proxy's SQLite file), then
+reads the pages as a user sees them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy
+from tests.proxy.test_console_browser import (  # noqa: F401 - the fixtures, shared
+    CHROMIUM,
+    MODEL,
+    TOKEN,
+    browser,
+    log_in,
+    shot,
+    sync_playwright,
+    turns,
+)
+
+try:
+    from playwright.sync_api import Browser, Page
+except ImportError:  # pragma: no cover - the skip below says so
+    pass
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None,
+                       reason="the browser tests need playwright: pip install -e '.[test]'"),
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="the browser tests need /usr/bin/chromium: apt-get install chromium"),
+]
+
+SID = "request-log"
+Shot = Callable[["Page", str], Path]
+
+
+def client_for(proxy: RunningProxy, sid: str = SID) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0,
+                               default_headers={"x-compact-session-id": sid})
+
+
+def open_session(page: Page, proxy: RunningProxy, requests: int, sid: str = SID,
+                 query: str = "") -> None:
+    """Open the session's page until it lists ``requests`` requests (the audit log is
+    written just after each response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        page.goto(f"{proxy.base_url}/admin/ui/tenants/none/sessions/{sid}{query}")
+        if page.locator("#requests tbody tr.request").count() >= requests:
+            return
+        assert time.monotonic() < deadline, page.content()
+        time.sleep(0.1)
+
+
+def _y_on(path: str, x: float) -> float:
+    """The y of a step path (``M x,y Hx L x,y Hx ...``) over ``x``."""
+    for start, y, end in re.findall(r"[ML]([\d.]+),([\d.]+) H([\d.]+)", path):
+        if float(start) <= x <= float(end):
+            return float(y)
+    raise AssertionError(f"{x} not on {path}")
+
+
+def test_each_request_is_drawn_against_the_limits_it_was_judged_by(  # noqa: F811
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+    """A request refused at hard 8,000 stays above its own hard line after the limits were
+    raised to 40,000; on a chart made tall by a huge paste the soft and hard labels do not
+    overlap."""
+    small = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 8000,
+             "max_tool_result_tokens": 200, "keep_recent_messages": 4}
+    first = proxy_factory({"compaction": small, "summary": {"enabled": False}},
+                          admin_token=TOKEN)
+    with client_for(first) as client, pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=MODEL, max_tokens=64,
+                               messages=turns(2, paste=" build log line" * 3000))
+    store = {"path": str(first.state_dir / "state.db")}
+    big = {**small, "soft_threshold_tokens": 24000, "hard_limit_tokens": 40000}
+    later = proxy_factory({"compaction": big, "summary": {"enabled": False}, "store": store},
+                          admin_token=TOKEN)
+    with client_for(later) as client:
+        client.messages.create(model=MODEL, max_tokens=64, messages=turns(2))
+        with pytest.raises(anthropic.BadRequestError):
+            client.messages.create(model=MODEL, max_tokens=64,
+                                   messages=turns(2, paste=" pasted dump" * 250_000))
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    log_in(page, later)
+    open_session(page, later, 3)
+    chart = page.locator("svg.chart")
+    hard_path = chart.locator("path.threshold.hard").get_attribute("d") or ""
+    first_blocked = chart.locator("circle.dot.blocked").first
+    assert first_blocked.get_attribute("data-hard") == "8000"
+    x = float(first_blocked.get_attribute("cx") or 0)
+    y = float(first_blocked.get_attribute("cy") or 0)
+    assert y <= _y_on(hard_path, x)  # at or above its own hard line (y grows downwards)
+    last_x = float(chart.locator("circle.dot").last.get_attribute("cx") or 0)
+    assert _y_on(hard_path, last_x) < _y_on(hard_path, x)  # the later, higher limit
+    assert chart.locator("text.threshold-label.hard").text_content() == "hard 40,000"
+    soft_box = chart.locator("text.threshold-label.soft").bounding_box()
+    hard_box = chart.locator("text.threshold-label.hard").bounding_box()
+    assert soft_box is not None and hard_box is not None
+    assert hard_box["y"] + hard_box["height"] <= soft_box["y"]  # apart, hard above
+    shot(page, "limits-as-they-were")
+    page.close()
