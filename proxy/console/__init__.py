@@ -38,6 +38,7 @@ from proxy.console._edits import EDITS
 from proxy.console._login import login_form, login_submit, logout
 from proxy.console._middleware import console_middlewares
 from proxy.console._pages import edit_handler, session_page, sessions_page
+from proxy.console._totals import PriceFor
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore
@@ -63,15 +64,21 @@ def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
 
 
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
 _FILTERS: Final[dict[str, Callable[..., str]]] = {
-    "when": _when, "tokens": _tokens, "percent": _percent}
+    "when": _when, "tokens": _tokens, "percent": _percent, "usd": _usd}
 
 
 def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                   log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
                   record_changes: bool = True, throttle: AuthThrottle | None = None,
                   revocations: LoginRevocations | None = None,
-                  cookie_secure: bool = False) -> None:
+                  cookie_secure: bool = False, price_for: PriceFor | None = None) -> None:
     """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
 
     Args:
@@ -89,6 +96,8 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
             a restart too (the state store); ``None``: in this process only.
         cookie_secure: mark the cookies ``Secure`` even over plain HTTP (``admin.cookie_secure``:
             TLS ends in front of the proxy).
+        price_for: a model's price (``Config.price_for``) for the cost columns; ``None``:
+            costs show as unknown.
     """
     if not token:
         return
@@ -96,7 +105,8 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
     console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
                                signer=Signer(token), record_changes=record_changes,
                                throttle=throttle if throttle is not None else AuthThrottle(),
-                               revocations=revocations, cookie_secure=cookie_secure)
+                               revocations=revocations, cookie_secure=cookie_secure,
+                               **({} if price_for is None else {"price_for": price_for}))
     aiohttp_jinja2.setup(
         console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,

@@ -25,6 +25,7 @@ from proxy.console._chart import token_chart
 from proxy.console._context import CONSOLE, render, see_other, session_path
 from proxy.console._edits import FormError, apply_edit, parse_version
 from proxy.console._sources import source_views
+from proxy.console._totals import totals
 from proxy.http.tenants import is_tenant, scoped_key
 from proxy.state.audit_log import (
     RequestEntry,
@@ -148,6 +149,7 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         role, policy = "main", console.policies.policy_for("main")
     chart = token_chart(list(reversed(entries)), soft=policy.soft_threshold_tokens,
                         hard=policy.hard_limit_tokens)
+    shown, costs = totals(entries, console.price_for)
     sources = (await source_views(console.resolvers, sid, stored.state, tenant)
                if stored is not None else {})
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
@@ -156,8 +158,8 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         "tenant": tenant, "sid": sid, "stored": stored, "sources": sources,
         "entries": entries, "total": total, "blocked": [e for e in entries if e.blocked],
         "changes": changes, "chart": chart, "role": role,
-        "before": sum(e.tokens_before or 0 for e in entries),
-        "after": sum(e.tokens_after or 0 for e in entries),
+        "before": shown.tokens_before, "after": shown.tokens_after, "totals": shown,
+        "costs": costs,
         "statuses": PENDING_STATUSES, "problem": problem, "done": done,
         "version": "" if stored is None else str(stored.version),
     }, status=status)

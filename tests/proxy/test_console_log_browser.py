@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import pytest
@@ -111,4 +112,56 @@ def test_each_request_is_drawn_against_the_limits_it_was_judged_by(  # noqa: F81
     assert soft_box is not None and hard_box is not None
     assert hard_box["y"] + hard_box["height"] <= soft_box["y"]  # apart, hard above
     shot(page, "limits-as-they-were")
+    page.close()
+
+
+def cached_turns(count: int) -> list[Any]:
+    """:func:`turns` with a cache breakpoint on its last message (the provider caches it)."""
+    messages = turns(count)
+    last = messages[-1]
+    last["content"] = [{"type": "text", "text": last["content"],
+                        "cache_control": {"type": "ephemeral"}}]
+    return messages
+
+
+def _figure(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_each_request_shows_its_cache_reads_writes_and_cost_with_totals(  # noqa: F811
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+    """The provider's usage of each request (cache reads and writes too) and its cost at the
+    model's list price, as the SDK saw them; the footer and the figures add them up; a model
+    without a price shows no cost and is counted as unpriced."""
+    proxy = proxy_factory({"summary": {"enabled": False}}, admin_token=TOKEN)
+    usages = []
+    with client_for(proxy) as client:
+        for _ in range(2):  # the second reads what the first wrote
+            usages.append(client.messages.create(model=MODEL, max_tokens=64,
+                                                 messages=cached_turns(2)).usage)
+        client.messages.create(model="claude-unpriced-9", max_tokens=64, messages=turns(1))
+    assert usages[1].cache_read_input_tokens and usages[0].cache_creation_input_tokens
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 3)
+    rows = page.locator("#requests tbody tr.request")  # newest first
+    costs = []
+    for index, usage in zip((2, 1), usages, strict=True):
+        row = rows.nth(index)
+        assert _figure(row.locator("td.cache-read").inner_text()) == usage.cache_read_input_tokens
+        assert (_figure(row.locator("td.cache-write").inner_text())
+                == usage.cache_creation_input_tokens)
+        # claude-sonnet-4-5: $3 input, $3.75 cache write, $0.30 cache read, $15 output per M
+        cost = (usage.input_tokens * 3 + usage.cache_creation_input_tokens * 3.75
+                + usage.cache_read_input_tokens * 0.30 + usage.output_tokens * 15) / 1e6
+        costs.append(cost)
+        assert row.locator("td.cost").inner_text() == f"${cost:,.4f}"
+    assert rows.nth(0).locator("td.cost").inner_text() == "—"  # no price for that model
+    footer = page.locator("#requests tfoot tr.totals")
+    assert _figure(footer.locator("td.cache-read").inner_text()) == sum(
+        u.cache_read_input_tokens or 0 for u in usages)
+    assert footer.locator("td.cost").inner_text() == f"${sum(costs):,.4f}"
+    figures = page.locator("section.figures").inner_text()
+    assert f"${sum(costs):,.4f}" in figures and "1 unpriced" in figures
+    shot(page, "costs-and-cache")
     page.close()
