@@ -165,3 +165,27 @@ def test_each_request_shows_its_cache_reads_writes_and_cost_with_totals(  # noqa
     assert f"${sum(costs):,.4f}" in figures and "1 unpriced" in figures
     shot(page, "costs-and-cache")
     page.close()
+
+
+def test_a_tool_protocol_refusal_shows_its_kind_and_id(  # noqa: F811
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+    """A history whose ``tool_use`` is never answered is refused; its rows name the rule
+    (``missing``) and the ``tool_use_id``."""
+    proxy = proxy_factory(admin_token=TOKEN)
+    messages = [{"role": "user", "content": "run it"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_lost01", "name": "Bash",
+                     "input": {"command": "ls"}}]},
+                {"role": "user", "content": "and?"}]
+    with client_for(proxy) as client, pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=MODEL, max_tokens=64, messages=messages)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 1)
+    reason = page.locator("#blocked td.reason")
+    assert reason.locator(".protocol").inner_text() == "missing toolu_lost01"
+    assert "ToolProtocolError" in reason.inner_text()
+    row = page.locator("#requests tbody tr.request").first
+    assert "missing toolu_lost01" in row.inner_text()
+    shot(page, "tool-protocol")
+    page.close()
