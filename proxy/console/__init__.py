@@ -41,7 +41,7 @@ from proxy.console._pages import edit_handler, session_page, sessions_page
 from proxy.console._totals import PriceFor
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import StateStore
+from proxy.state.store import StateStore, SummaryCache
 from proxy.state.store.revocations import LoginRevocations
 
 __all__ = ["PREFIX", "setup_console"]
@@ -78,7 +78,8 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                   log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
                   record_changes: bool = True, throttle: AuthThrottle | None = None,
                   revocations: LoginRevocations | None = None,
-                  cookie_secure: bool = False, price_for: PriceFor | None = None) -> None:
+                  cookie_secure: bool = False, price_for: PriceFor | None = None,
+                  summaries: SummaryCache | None = None) -> None:
     """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
 
     Args:
@@ -98,6 +99,7 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
             TLS ends in front of the proxy).
         price_for: a model's price (``Config.price_for``) for the cost columns; ``None``:
             costs show as unknown.
+        summaries: the summary cache, for the text of each request's L4 summary.
     """
     if not token:
         return
@@ -106,6 +108,7 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                                signer=Signer(token), record_changes=record_changes,
                                throttle=throttle if throttle is not None else AuthThrottle(),
                                revocations=revocations, cookie_secure=cookie_secure,
+                               summaries=summaries,
                                **({} if price_for is None else {"price_for": price_for}))
     aiohttp_jinja2.setup(
         console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,

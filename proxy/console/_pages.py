@@ -25,6 +25,7 @@ from proxy.console._chart import token_chart
 from proxy.console._context import CONSOLE, render, see_other, session_path
 from proxy.console._edits import FormError, apply_edit, parse_version
 from proxy.console._sources import source_views
+from proxy.console._summaries import summary_views
 from proxy.console._totals import totals
 from proxy.http.tenants import is_tenant, scoped_key
 from proxy.state.audit_log import (
@@ -150,6 +151,7 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
     chart = token_chart(list(reversed(entries)), soft=policy.soft_threshold_tokens,
                         hard=policy.hard_limit_tokens)
     shown, costs = totals(entries, console.price_for)
+    summaries = await summary_views(console.summaries, entries)
     sources = (await source_views(console.resolvers, sid, stored.state, tenant)
                if stored is not None else {})
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
@@ -159,7 +161,7 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         "entries": entries, "total": total, "blocked": [e for e in entries if e.blocked],
         "changes": changes, "chart": chart, "role": role,
         "before": shown.tokens_before, "after": shown.tokens_after, "totals": shown,
-        "costs": costs,
+        "costs": costs, "summaries": summaries,
         "statuses": PENDING_STATUSES, "problem": problem, "done": done,
         "version": "" if stored is None else str(stored.version),
     }, status=status)

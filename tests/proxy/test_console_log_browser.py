@@ -9,6 +9,7 @@ reads the pages as a user sees them.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -18,14 +19,14 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy
-from tests.proxy.test_console_browser import (  # noqa: F401 - the fixtures, shared
+from proxy.fake_upstream.scripts import is_summarizer_request
+from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
+from tests.proxy import test_console_browser as walkthrough
+from tests.proxy.test_console_browser import (
     CHROMIUM,
     MODEL,
     TOKEN,
-    browser,
     log_in,
-    shot,
     sync_playwright,
     turns,
 )
@@ -42,6 +43,10 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(),
                        reason="the browser tests need /usr/bin/chromium: apt-get install chromium"),
 ]
+
+#: The walkthrough's fixtures: one chromium for the module, and screenshots.
+browser = walkthrough.browser
+shot = walkthrough.shot
 
 SID = "request-log"
 Shot = Callable[["Page", str], Path]
@@ -73,8 +78,8 @@ def _y_on(path: str, x: float) -> float:
     raise AssertionError(f"{x} not on {path}")
 
 
-def test_each_request_is_drawn_against_the_limits_it_was_judged_by(  # noqa: F811
-        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+def test_each_request_is_drawn_against_the_limits_it_was_judged_by(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
     """A request refused at hard 8,000 stays above its own hard line after the limits were
     raised to 40,000; on a chart made tall by a huge paste the soft and hard labels do not
     overlap."""
@@ -128,8 +133,8 @@ def _figure(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def test_each_request_shows_its_cache_reads_writes_and_cost_with_totals(  # noqa: F811
-        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+def test_each_request_shows_its_cache_reads_writes_and_cost_with_totals(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
     """The provider's usage of each request (cache reads and writes too) and its cost at the
     model's list price, as the SDK saw them; the footer and the figures add them up; a model
     without a price shows no cost and is counted as unpriced."""
@@ -167,8 +172,8 @@ def test_each_request_shows_its_cache_reads_writes_and_cost_with_totals(  # noqa
     page.close()
 
 
-def test_a_tool_protocol_refusal_shows_its_kind_and_id(  # noqa: F811
-        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:  # noqa: F811
+def test_a_tool_protocol_refusal_shows_its_kind_and_id(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
     """A history whose ``tool_use`` is never answered is refused; its rows name the rule
     (``missing``) and the ``tool_use_id``."""
     proxy = proxy_factory(admin_token=TOKEN)
@@ -188,4 +193,37 @@ def test_a_tool_protocol_refusal_shows_its_kind_and_id(  # noqa: F811
     row = page.locator("#requests tbody tr.request").first
     assert "missing toolu_lost01" in row.inner_text()
     shot(page, "tool-protocol")
+    page.close()
+
+
+SUMMARY_POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
+                  "max_tool_result_tokens": 2000, "keep_recent_messages": 40,
+                  "summary_keep_recent": 4}
+
+
+def test_the_l4_summary_is_readable_from_its_request(
+        browser: Browser, proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
+        shot: Shot) -> None:
+    """A request L4 compacted links from its row to the summary's text: the very text the
+    provider was sent in the forwarded view (read from the summary cache by its key, which
+    is all the audit record keeps)."""
+    proxy = proxy_factory({"compaction": SUMMARY_POLICY, "summary": {"mode": "separate"}},
+                          admin_token=TOKEN)
+    with client_for(proxy) as client:
+        raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
+                                                       messages=turns(12))
+    assert "L4" in raw.headers["x-compact-layers"].split(",")
+    request_id = raw.headers["x-compact-request-id"]
+    forwarded = json.dumps([r.body["messages"] for r in upstream_server.upstream.message_requests
+                            if not is_summarizer_request(r.body)], ensure_ascii=False)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 1)
+    row = page.locator(f"tr#request-{request_id}")
+    row.locator("a.summary-link").click()
+    page.wait_for_url(f"**#summary-{request_id}")
+    text = page.locator(f"#summary-{request_id} blockquote.summary-text").inner_text()
+    assert len(text) > 20
+    assert json.dumps(text, ensure_ascii=False)[1:-1] in forwarded
+    shot(page, "l4-summary")
     page.close()
