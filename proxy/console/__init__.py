@@ -8,7 +8,9 @@ it ``/admin`` and all under it answer 404)::
     POST /admin/ui/login                                  -> 303 + session cookie | 401 form
     POST /admin/ui/logout                                 -> 303 to the login form
     GET  /admin/ui/                                       sessions (?q=, ?sort=, ?page=)
-    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session
+    GET  /admin/ui/overview                               totals, outcomes, trend (?range=, ?from=)
+    GET  /admin/ui/requests                               every session's requests (the same, ?rid=)
+    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session (the same filters)
     POST /admin/ui/tenants/{tenant}/sessions/{sid}/fact/{add|edit|delete}
     POST /admin/ui/tenants/{tenant}/sessions/{sid}/pending/{add|edit|delete|status}
     GET  /admin/ui/static/console.css
@@ -37,6 +39,7 @@ from proxy.console._context import CONSOLE, PREFIX, Console
 from proxy.console._edits import EDITS
 from proxy.console._login import login_form, login_submit, logout
 from proxy.console._middleware import console_middlewares
+from proxy.console._overview import overview_page, requests_page
 from proxy.console._pages import edit_handler, session_page, sessions_page
 from proxy.console._totals import PriceFor
 from proxy.state.audit_log import RequestLog
@@ -121,6 +124,8 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
     router.add_post("/login", login_submit)
     router.add_post("/logout", logout)
     router.add_get("/", sessions_page)
+    router.add_get("/overview", overview_page)
+    router.add_get("/requests", requests_page)
     router.add_get(_SESSION, session_page)
     for kind, operation in EDITS:
         router.add_post(f"{_SESSION}/{kind}/{operation}", edit_handler(kind, operation))

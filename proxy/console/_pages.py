@@ -24,6 +24,8 @@ from compactor import PENDING_STATUSES, DurableContextState, session_id_problem
 from proxy.console._chart import token_chart
 from proxy.console._context import CONSOLE, render, see_other, session_path
 from proxy.console._edits import FormError, apply_edit, parse_version
+from proxy.console._overview import SCAN_REQUESTS
+from proxy.console._range import PRESETS, request_filter
 from proxy.console._sources import source_views
 from proxy.console._summaries import summary_views
 from proxy.console._totals import totals
@@ -137,11 +139,17 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
                             problem: Problem | None = None, status: int = 200) -> web.Response:
     console = request.app[CONSOLE]
     stored = await console.store.get_state(scoped_key(tenant, sid))
+    wanted = request_filter(request.query if request.method == "GET" else {})
     entries: list[RequestEntry] = []
-    total = 0
+    total = matched = 0
     changes: list[StateChange] = []
     if console.log is not None:
-        entries, total = await console.log.session_requests(tenant, sid, limit=REQUESTS_SHOWN)
+        # Filtered, every request the session keeps is read and the newest matches shown.
+        entries, total = await console.log.session_requests(
+            tenant, sid, limit=SCAN_REQUESTS if wanted.active else REQUESTS_SHOWN)
+        entries = [entry for entry in entries if wanted.keeps(entry)]
+        matched = len(entries)
+        entries = entries[:REQUESTS_SHOWN]
         changes = await console.log.state_changes(tenant, sid, limit=CHANGES_SHOWN)
     role = next((entry.role for entry in entries if entry.role), None) or "main"
     try:
@@ -161,7 +169,8 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         "entries": entries, "total": total, "blocked": [e for e in entries if e.blocked],
         "changes": changes, "chart": chart, "role": role,
         "before": shown.tokens_before, "after": shown.tokens_after, "totals": shown,
-        "costs": costs, "summaries": summaries,
+        "costs": costs, "summaries": summaries, "filter": wanted, "presets": tuple(PRESETS),
+        "matched": matched,
         "statuses": PENDING_STATUSES, "problem": problem, "done": done,
         "version": "" if stored is None else str(stored.version),
     }, status=status)

@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -226,4 +227,116 @@ def test_the_l4_summary_is_readable_from_its_request(
     assert len(text) > 20
     assert json.dumps(text, ensure_ascii=False)[1:-1] in forwarded
     shot(page, "l4-summary")
+    page.close()
+
+
+def _utc_now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def test_a_time_range_and_a_request_id_find_requests(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
+    """On a session's page ``from``/``to`` keep the requests on either side of a moment; on
+    the request log (every session) a request id, whole or in part, finds that request and
+    links to it in its session."""
+    proxy = proxy_factory({"summary": {"enabled": False}}, admin_token=TOKEN)
+    with client_for(proxy) as client:
+        early = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
+                                                         messages=turns(1))
+        time.sleep(1.1)
+        moment = _utc_now_text()
+        time.sleep(1.1)
+        late = client.messages.with_raw_response.create(model=MODEL, max_tokens=64,
+                                                        messages=turns(2))
+        client.messages.create(model=MODEL, max_tokens=64, messages=turns(1),
+                               extra_headers={"x-compact-session-id": "another"})
+    early_id, late_id = (raw.headers["x-compact-request-id"] for raw in (early, late))
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 2)
+
+    def listed() -> list[str]:
+        return [row.get_attribute("id") or "" for row in
+                page.locator("#requests tbody tr.request").all()]
+
+    page.fill("#range-from", moment)
+    page.click("#range button[type=submit]")
+    page.wait_for_url("**from=**")
+    assert listed() == [f"request-{late_id}"]
+    assert page.locator("#matched").inner_text().startswith("1 of 2 requests match")
+    page.fill("#range-from", "")
+    page.fill("#range-to", moment)
+    page.click("#range button[type=submit]")
+    page.wait_for_url("**to=**")
+    assert listed() == [f"request-{early_id}"]
+    shot(page, "session-time-range")
+
+    page.goto(f"{proxy.base_url}/admin/ui/requests")
+    assert page.locator("#request-log tbody tr.request").count() == 3  # both sessions
+    page.fill("#rid", late_id[4:16])  # a part of it
+    page.click("#range button[type=submit]")
+    page.wait_for_url("**rid=**")
+    rows = page.locator("#request-log tbody tr.request")
+    assert rows.count() == 1 and rows.first.get_attribute("data-id") == late_id
+    shot(page, "request-id-search")
+    rows.first.locator(f"a:has-text('{late_id}')").click()
+    page.wait_for_url(f"**/sessions/{SID}?rid={late_id}#request-{late_id}")
+    assert listed() == [f"request-{late_id}"]
+    page.goto(f"{proxy.base_url}/admin/ui/requests?from=yesterday")
+    assert "from: not a time" in page.locator("#range-problem").inner_text()
+    page.close()
+
+
+def test_the_overview_adds_up_requests_savings_cost_cache_and_outcomes(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
+    """The overview's figures are the sums of what the SDK saw: requests, sessions, tokens
+    saved, cost at the list price, the share of input read from the cache, the outcomes;
+    its trend table adds up to the same requests."""
+    small = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 8000,
+             "max_tool_result_tokens": 200, "keep_recent_messages": 4}
+    proxy = proxy_factory({"compaction": small, "summary": {"enabled": False}},
+                          admin_token=TOKEN)
+    raws = []
+    with client_for(proxy) as client:
+        for count in (2, 5):
+            raws.append(client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=64, messages=cached_turns(count)))
+        raws.append(client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=64, messages=cached_turns(5),
+            extra_headers={"x-compact-session-id": "another"}))
+        with pytest.raises(anthropic.BadRequestError):
+            client.messages.create(model=MODEL, max_tokens=64,
+                                   messages=turns(8, paste=" build log line" * 3000))
+    usages = [raw.parse().usage for raw in raws]
+    saved = sum(int(raw.headers["x-compact-tokens-before"])
+                - int(raw.headers["x-compact-tokens-after"]) for raw in raws)
+    assert saved > 0
+    cost = sum((u.input_tokens * 3 + (u.cache_creation_input_tokens or 0) * 3.75
+                + (u.cache_read_input_tokens or 0) * 0.30 + u.output_tokens * 15) / 1e6
+               for u in usages)
+    read = sum(u.cache_read_input_tokens or 0 for u in usages)
+    prompt = read + sum(u.input_tokens + (u.cache_creation_input_tokens or 0) for u in usages)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 3)  # the audit log has them
+    page.goto(f"{proxy.base_url}/admin/ui/overview")
+
+    def figure(name: str) -> str:
+        return page.locator(f"#totals .figure[data-name={name}]").inner_text()
+
+    assert figure("requests") == "4" and figure("sessions") == "2"
+    assert figure("blocked") == "1"
+    # The blocked request's own before/after count too: it was compacted before refused.
+    assert _figure(figure("saved")) >= saved
+    assert figure("cost") == f"${cost:,.4f}"
+    assert figure("cache-share") == f"{read / prompt * 100:.1f} %"
+    outcomes = {row.get_attribute("data-outcome"): row.locator("td").nth(1).inner_text()
+                for row in page.locator("#outcomes tbody tr[data-outcome]").all()}
+    assert outcomes == {"forwarded": "3", "blocked": "1"}
+    trend_rows = page.locator("#trend-table tbody tr").all()
+    assert sum(int(row.locator("td").nth(1).inner_text()) for row in trend_rows) == 4
+    assert page.locator("svg.trend rect.bar.after").count() >= 1
+    shot(page, "overview")
+    page.goto(f"{proxy.base_url}/admin/ui/overview?to=2000-01-01T00:00")
+    assert figure("requests") == "0"
     page.close()
