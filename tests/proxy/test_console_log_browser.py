@@ -340,3 +340,33 @@ def test_the_overview_adds_up_requests_savings_cost_cache_and_outcomes(
     page.goto(f"{proxy.base_url}/admin/ui/overview?to=2000-01-01T00:00")
     assert figure("requests") == "0"
     page.close()
+
+
+def test_logging_in_lands_on_the_sessions_page(
+        browser: Browser, proxy_factory: ProxyFactory, shot: Shot) -> None:
+    """From the login page, however it was reached — typed, after a wrong token, with a
+    second login tab opened meanwhile, or after logging out — the right token lands on the
+    sessions page (``/admin/ui/``), not on ``/admin/ui/login``."""
+    proxy = proxy_factory(admin_token=TOKEN)
+    home = f"{proxy.base_url}/admin/ui/"
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+
+    def submit(tab: Page, token: str) -> None:
+        tab.fill("input[name=token]", token)
+        with tab.expect_navigation():
+            tab.click("form[action='/admin/ui/login'] button[type=submit]")
+
+    page.goto(f"{proxy.base_url}/admin/ui/login")
+    other = context.new_page()  # a second tab on the login page, opened after the first
+    other.goto(f"{proxy.base_url}/admin/ui/login")
+    submit(page, "not the token")
+    assert page.locator("p.error").inner_text() == "Wrong admin token."
+    submit(page, TOKEN)
+    assert page.url == home and page.locator("h1").inner_text() == "Sessions"
+    page.click("button:has-text('Log out')")
+    page.wait_for_url("**/admin/ui/login")
+    submit(other, TOKEN)  # the older tab's form still logs in
+    assert other.url == home and other.locator("h1").inner_text() == "Sessions"
+    shot(other, "sessions")
+    context.close()
