@@ -6,11 +6,10 @@ work). ``POST /admin/ui/login`` checks both: the right token gets the session co
 (:mod:`proxy.console._auth`) and a redirect to the page asked for, else the sessions page; a
 wrong one gets the form again (401) and no cookie, as does a stale form (403); a client
 address locked out by too many wrong tokens (:mod:`proxy.auth_throttle`, shared with the
-admin API) gets the form with 429 and
-``Retry-After``, its token unchecked. ``POST /admin/ui/logout`` ends the login in every
-process, through the state store. Cookies are ``Secure`` over HTTPS, or always with
-``admin.cookie_secure``. The token is only ever in the POST body: never in a URL, a page or
-a log line. Everything in ``__all__`` gets re-exported.
+admin API) gets the form with 429 and ``Retry-After``, its token unchecked.
+``POST /admin/ui/logout`` ends the login in every process, through the state store. Cookies
+are ``Secure`` over HTTPS, or always with ``admin.cookie_secure``. The token is only ever in
+the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
