@@ -28,14 +28,13 @@ from tests.proxy.test_console_browser import (
     MODEL,
     TOKEN,
     log_in,
-    sync_playwright,
     turns,
 )
 
 try:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Page, sync_playwright
 except ImportError:  # pragma: no cover - the skip below says so
-    pass
+    sync_playwright = None  # type: ignore[assignment]
 
 pytestmark = [
     pytest.mark.browser,
@@ -178,7 +177,7 @@ def test_a_tool_protocol_refusal_shows_its_kind_and_id(
     """A history whose ``tool_use`` is never answered is refused; its rows name the rule
     (``missing``) and the ``tool_use_id``."""
     proxy = proxy_factory(admin_token=TOKEN)
-    messages = [{"role": "user", "content": "run it"},
+    messages: list[Any] = [{"role": "user", "content": "run it"},
                 {"role": "assistant", "content": [
                     {"type": "tool_use", "id": "toolu_lost01", "name": "Bash",
                      "input": {"command": "ls"}}]},
