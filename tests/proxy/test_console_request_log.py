@@ -1,11 +1,12 @@
 """The console's request-log pieces below the pages: the audit entry's new fields, the time
-range and request-id filter, the trend's buckets, and the bounded scan over every session (a
-real SQLite store). What a user sees is tested in the browser
+range and request-id filter, the trend's buckets, and the bounded scan over every session (real
+SQLite and Redis stores). What a user sees is tested in the browser
 (``test_console_log_browser``)."""
 
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,8 @@ from proxy.console._range import request_filter
 from proxy.console._totals import request_cost
 from proxy.console._trend import trend
 from proxy.state.audit_log import RequestEntry
+from proxy.state.store import StoreBackend
+from proxy.state.store.redis import RedisStateStore
 from proxy.state.store.sqlite import SQLiteStateStore
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -86,9 +89,16 @@ def test_the_trend_puts_requests_in_hours_or_days_empty_ones_too() -> None:
     assert request_cost(entries[1], prices) is None  # no usage, no model
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteStateStore]:
-    opened = await SQLiteStateStore(tmp_path / "state.db", audit_linger_s=0.01).open()
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreBackend]:
+    """A real store of each backend (Redis with a key prefix of this test's own)."""
+    opened: StoreBackend
+    if request.param == "sqlite":
+        opened = await SQLiteStateStore(tmp_path / "state.db", audit_linger_s=0.01).open()
+    else:
+        opened = await RedisStateStore(request.getfixturevalue("redis_url"),
+                                       key_prefix=f"test-{uuid.uuid4().hex}:",
+                                       audit_linger_s=0.01).open()
     try:
         yield opened
     finally:
@@ -96,7 +106,7 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStateStore]:
 
 
 async def test_the_scan_over_sessions_is_bounded_and_stops_before_the_range(
-        store: SQLiteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: StoreBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every session's requests in the range, newest first; sessions last seen before the
     range are not read; past the bound the scan stops and says so."""
     for index in range(5):  # session i last seen i hours ago, two requests each
