@@ -165,7 +165,8 @@ def token_chart(entries: Sequence[RequestEntry], *, soft: int, hard: int) -> Tok
         ChartPoint(number=index + 1, request_id=entry.request_id, x=x_of(index),
                    y_before=y_of(entry.tokens_before), y_after=y_of(entry.tokens_after),
                    tokens_before=entry.tokens_before, tokens_after=entry.tokens_after,
-                   blocked=entry.blocked, soft=limits[index][0], hard=limits[index][1])
+                   blocked=entry.blocked and entry.outcome != "invalid",
+                   soft=limits[index][0], hard=limits[index][1])
         for index, entry in enumerate(entries)
     )
     step = max(1, -(-count // _X_LABELS))

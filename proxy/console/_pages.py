@@ -166,7 +166,10 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
     return render(request, "session.html", {
         "title": f"Session {sid}", "audit_on": console.log is not None,
         "tenant": tenant, "sid": sid, "stored": stored, "sources": sources,
-        "entries": entries, "total": total, "blocked": [e for e in entries if e.blocked],
+        "entries": entries, "total": total,
+        # A client's mistake (outcome ``invalid``) is no limit refusal: listed apart.
+        "blocked": [e for e in entries if e.blocked and e.outcome != "invalid"],
+        "invalid": [e for e in entries if e.outcome == "invalid"],
         "changes": changes, "chart": chart, "role": role,
         "before": shown.tokens_before, "after": shown.tokens_after, "totals": shown,
         "costs": costs, "summaries": summaries, "filter": wanted, "presets": tuple(PRESETS),

@@ -21,7 +21,15 @@ import anthropic
 import pytest
 
 from proxy.fake_upstream.scripts import is_summarizer_request
-from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
+from proxy.keys import AUDIT_LOG
+from proxy.state.audit_log import LayerSaving, RequestEntry
+from tests.conftest import (
+    TEST_API_KEY,
+    LoopThread,
+    ProxyFactory,
+    RunningProxy,
+    UpstreamServer,
+)
 from tests.proxy import test_console_browser as walkthrough
 from tests.proxy.test_console_browser import (
     CHROMIUM,
@@ -369,3 +377,41 @@ def test_logging_in_lands_on_the_sessions_page(
     assert other.url == home and other.locator("h1").inner_text() == "Sessions"
     shot(other, "sessions")
     context.close()
+
+
+def test_an_invalid_request_shows_as_its_own_outcome(
+        browser: Browser, servers: LoopThread, proxy_factory: ProxyFactory,
+        shot: Shot) -> None:
+    """A record whose outcome is ``invalid`` (a client's mistake, not a limit refusal) is
+    marked as such: not among the blocked requests, counted apart on the session's page and
+    in the overview; a layer that ran and saved nothing reads ``L1 0``."""
+    proxy = proxy_factory(admin_token=TOKEN)
+    with client_for(proxy) as client:
+        client.messages.create(model=MODEL, max_tokens=64, messages=turns(1))
+    assert proxy.app is not None
+    log = proxy.app[AUDIT_LOG]
+    mistake = RequestEntry(at=datetime.now(UTC), request_id="0badc0ffee0badc0ffee0bad",
+                           session_id=SID, tenant="none", route="messages", model=MODEL,
+                           tokens_before=900, tokens_after=900,
+                           layers=(LayerSaving("L1", 0),), outcome="invalid",
+                           reason="invalid_messages", status=400)
+
+    async def add() -> None:  # (on the proxy's loop, as its own writes are)
+        await log.add_request(mistake)
+
+    servers.run(add())
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    log_in(page, proxy)
+    open_session(page, proxy, 2)
+    row = page.locator("tr#request-0badc0ffee0badc0ffee0bad")
+    assert "invalid-row" in (row.get_attribute("class") or "")
+    assert row.locator("td.outcome.warn").inner_text() == "invalid (invalid_messages)"
+    assert row.locator(".layer").inner_text() == "L1 0"
+    assert page.locator("#blocked tbody tr").count() == 0
+    assert page.locator("#invalid-count").inner_text() == "1"
+    page.goto(f"{proxy.base_url}/admin/ui/overview")
+    assert page.locator("#totals .figure[data-name=invalid]").inner_text() == "1"
+    assert page.locator("#totals .figure[data-name=blocked]").inner_text() == "0"
+    assert page.locator("#outcomes tr[data-outcome=invalid] td.warn").count() == 1
+    shot(page, "invalid-outcome")
+    page.close()
