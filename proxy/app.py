@@ -284,7 +284,8 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
                   resolvers=app[RESOLVERS], policies=app[ROLE_POLICIES],
                   record_changes=config.audit.enabled, throttle=app[AUTH_THROTTLE],
                   revocations=backend if isinstance(backend, LoginRevocations) else None,
-                  cookie_secure=config.admin.cookie_secure)
+                  cookie_secure=config.admin.cookie_secure, price_for=config.price_for,
+                  summaries=app[SUMMARIES])
     return app
 
 

@@ -8,7 +8,9 @@ it ``/admin`` and all under it answer 404)::
     POST /admin/ui/login                                  -> 303 + session cookie | 401 form
     POST /admin/ui/logout                                 -> 303 to the login form
     GET  /admin/ui/                                       sessions (?q=, ?sort=, ?page=)
-    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session
+    GET  /admin/ui/overview                               totals, outcomes, trend (?range=, ?from=)
+    GET  /admin/ui/requests                               every session's requests (the same, ?rid=)
+    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session (the same filters)
     POST /admin/ui/tenants/{tenant}/sessions/{sid}/fact/{add|edit|delete}
     POST /admin/ui/tenants/{tenant}/sessions/{sid}/pending/{add|edit|delete|status}
     GET  /admin/ui/static/console.css
@@ -37,10 +39,12 @@ from proxy.console._context import CONSOLE, PREFIX, Console
 from proxy.console._edits import EDITS
 from proxy.console._login import login_form, login_submit, logout
 from proxy.console._middleware import console_middlewares
+from proxy.console._overview import overview_page, requests_page
 from proxy.console._pages import edit_handler, session_page, sessions_page
+from proxy.console._totals import PriceFor
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import StateStore
+from proxy.state.store import StateStore, SummaryCache
 from proxy.state.store.revocations import LoginRevocations
 
 __all__ = ["PREFIX", "setup_console"]
@@ -63,15 +67,22 @@ def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
 
 
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
 _FILTERS: Final[dict[str, Callable[..., str]]] = {
-    "when": _when, "tokens": _tokens, "percent": _percent}
+    "when": _when, "tokens": _tokens, "percent": _percent, "usd": _usd}
 
 
 def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                   log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
                   record_changes: bool = True, throttle: AuthThrottle | None = None,
                   revocations: LoginRevocations | None = None,
-                  cookie_secure: bool = False) -> None:
+                  cookie_secure: bool = False, price_for: PriceFor | None = None,
+                  summaries: SummaryCache | None = None) -> None:
     """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
 
     Args:
@@ -89,6 +100,9 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
             a restart too (the state store); ``None``: in this process only.
         cookie_secure: mark the cookies ``Secure`` even over plain HTTP (``admin.cookie_secure``:
             TLS ends in front of the proxy).
+        price_for: a model's price (``Config.price_for``) for the cost columns; ``None``:
+            costs show as unknown.
+        summaries: the summary cache, for the text of each request's L4 summary.
     """
     if not token:
         return
@@ -96,7 +110,9 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
     console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
                                signer=Signer(token), record_changes=record_changes,
                                throttle=throttle if throttle is not None else AuthThrottle(),
-                               revocations=revocations, cookie_secure=cookie_secure)
+                               revocations=revocations, cookie_secure=cookie_secure,
+                               summaries=summaries,
+                               **({} if price_for is None else {"price_for": price_for}))
     aiohttp_jinja2.setup(
         console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
@@ -108,6 +124,8 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
     router.add_post("/login", login_submit)
     router.add_post("/logout", logout)
     router.add_get("/", sessions_page)
+    router.add_get("/overview", overview_page)
+    router.add_get("/requests", requests_page)
     router.add_get(_SESSION, session_page)
     for kind, operation in EDITS:
         router.add_post(f"{_SESSION}/{kind}/{operation}", edit_handler(kind, operation))

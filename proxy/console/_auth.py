@@ -116,8 +116,15 @@ class Signer:
 
     # --- the login form -----------------------------------------------------------------
 
-    def new_login_form(self) -> tuple[str, str]:
-        """A login form's nonce cookie value and the CSRF token bound to it."""
+    def new_login_form(self, current: str | None = None) -> tuple[str, str]:
+        """A login form's nonce cookie value and the CSRF token bound to it: ``current``
+        (the browser's nonce cookie) while it has half its life left, so a second login tab
+        does not void the first one's form; a fresh one otherwise."""
+        if current and current.isascii():
+            expires_text = current.partition(".")[0]
+            if (expires_text.isdigit()
+                    and int(expires_text) - self._now() > LOGIN_FORM_TTL_S // 2):
+                return current, self._mac("login", current)
         expires = str(self._now() + LOGIN_FORM_TTL_S)
         nonce = secrets.token_urlsafe(_NONCE_BYTES)
         cookie = f"{expires}.{nonce}"

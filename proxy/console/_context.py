@@ -16,9 +16,10 @@ from aiohttp import web
 from policies import RolePolicies
 from proxy.auth_throttle import AuthThrottle
 from proxy.console._auth import LoginSession, Signer
+from proxy.console._totals import PriceFor
 from proxy.state.audit_log import RequestLog
 from proxy.state.resolvers import ResolverPool
-from proxy.state.store import StateStore
+from proxy.state.store import StateStore, SummaryCache
 from proxy.state.store.revocations import LoginRevocations
 
 __all__ = [
@@ -55,6 +56,9 @@ class Console:
         throttle: the failed-auth lockouts, shared with the admin API.
         revocations: where logouts are kept for every process (``None``: this one only).
         cookie_secure: mark the cookies ``Secure`` whatever the scheme seen here.
+        price_for: a model's price (``prices``), for the cost columns; none by default.
+        summaries: the summary cache, where the L4 summaries' text is read (``None``: not
+            shown).
     """
 
     store: StateStore
@@ -66,6 +70,8 @@ class Console:
     throttle: AuthThrottle = field(default_factory=AuthThrottle)
     revocations: LoginRevocations | None = None
     cookie_secure: bool = False
+    price_for: PriceFor = lambda model: None  # noqa: E731 - no prices: no costs
+    summaries: SummaryCache | None = None
 
     async def login(self, request: web.Request) -> LoginSession | None:
         """The login the request's cookie proves: signed, unexpired and not revoked here or

@@ -1,14 +1,15 @@
 """Logging in and out of the console.
 
 ``GET /admin/ui/login`` serves a form with one field, ``token`` (the admin token), and a CSRF
-token bound to a fresh nonce cookie. ``POST /admin/ui/login`` checks both: the right token
-gets the session cookie (:mod:`proxy.console._auth`) and a redirect; a wrong one gets the form
-again (401) and no cookie; a client address locked out by too many wrong tokens
-(:mod:`proxy.auth_throttle`, shared with the admin API) gets the form with 429 and
-``Retry-After``, its token unchecked. ``POST /admin/ui/logout`` ends the login in every
-process, through the state store. Cookies are ``Secure`` over HTTPS, or always with
-``admin.cookie_secure``. The token is only ever in the POST body: never in a URL, a page or
-a log line. Everything in ``__all__`` gets re-exported.
+token bound to a nonce cookie (the browser's own while it is young, so two login tabs both
+work). ``POST /admin/ui/login`` checks both: the right token gets the session cookie
+(:mod:`proxy.console._auth`) and a redirect to the page asked for, else the sessions page; a
+wrong one gets the form again (401) and no cookie, as does a stale form (403); a client
+address locked out by too many wrong tokens (:mod:`proxy.auth_throttle`, shared with the
+admin API) gets the form with 429 and ``Retry-After``, its token unchecked.
+``POST /admin/ui/logout`` ends the login in every process, through the state store. Cookies
+are ``Secure`` over HTTPS, or always with ``admin.cookie_secure``. The token is only ever in
+the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from proxy.console._context import (
     render,
     see_other,
 )
-from proxy.console._middleware import forbidden
 from proxy.state.store import StoreError
 
 __all__ = ["login_form", "login_submit", "logout"]
@@ -56,7 +56,8 @@ def _set_cookie(request: web.Request, response: web.StreamResponse, name: str, v
 
 def _form_page(request: web.Request, *, error: str | None = None,
                status: int = 200) -> web.Response:
-    cookie, csrf = request.app[CONSOLE].signer.new_login_form()
+    cookie, csrf = request.app[CONSOLE].signer.new_login_form(
+        request.cookies.get(LOGIN_COOKIE))
     response = render(request, "login.html",
                       {"title": "Log in", "login_csrf": csrf, "error": error,
                        "next": _next_path(request.query.get("next"))}, status=status)
@@ -84,8 +85,9 @@ async def login_submit(request: web.Request) -> web.StreamResponse:
     if not signer.login_form_matches(request.cookies.get(LOGIN_COOKIE),
                                      csrf if isinstance(csrf, str) else None):
         _log.warning("console_csrf_refused", path=request.path)
-        return forbidden(request, "The login form expired or did not come from this console: "
-                                  "reload it and try again.")
+        # A form again (a fresh nonce): the user only types the token once more.
+        return _form_page(request, error="The login form expired or did not come from this "
+                                         "console: enter the token again.", status=403)
     wait = throttle.retry_after(client)
     if wait is not None:  # locked out: the token is not even looked at
         _log.warning("console_login_locked_out", retry_after_s=wait)
@@ -99,8 +101,9 @@ async def login_submit(request: web.Request) -> web.StreamResponse:
         return _form_page(request, error="Wrong admin token.", status=401)
     throttle.succeeded(client)
     response = see_other(_next_path(next_path))
+    # The form's nonce cookie stays (it expires by itself): another login tab's form, or
+    # the form after a logout, still matches it.
     _set_cookie(request, response, SESSION_COOKIE, signer.new_session(), SESSION_TTL_S)
-    response.del_cookie(LOGIN_COOKIE, path=PREFIX)
     _log.info("console_login")
     return response
 

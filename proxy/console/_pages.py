@@ -24,7 +24,11 @@ from compactor import PENDING_STATUSES, DurableContextState, session_id_problem
 from proxy.console._chart import token_chart
 from proxy.console._context import CONSOLE, render, see_other, session_path
 from proxy.console._edits import FormError, apply_edit, parse_version
+from proxy.console._overview import SCAN_REQUESTS
+from proxy.console._range import PRESETS, request_filter
 from proxy.console._sources import source_views
+from proxy.console._summaries import summary_views
+from proxy.console._totals import totals
 from proxy.http.tenants import is_tenant, scoped_key
 from proxy.state.audit_log import (
     RequestEntry,
@@ -135,11 +139,17 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
                             problem: Problem | None = None, status: int = 200) -> web.Response:
     console = request.app[CONSOLE]
     stored = await console.store.get_state(scoped_key(tenant, sid))
+    wanted = request_filter(request.query if request.method == "GET" else {})
     entries: list[RequestEntry] = []
-    total = 0
+    total = matched = 0
     changes: list[StateChange] = []
     if console.log is not None:
-        entries, total = await console.log.session_requests(tenant, sid, limit=REQUESTS_SHOWN)
+        # Filtered, every request the session keeps is read and the newest matches shown.
+        entries, total = await console.log.session_requests(
+            tenant, sid, limit=SCAN_REQUESTS if wanted.active else REQUESTS_SHOWN)
+        entries = [entry for entry in entries if wanted.keeps(entry)]
+        matched = len(entries)
+        entries = entries[:REQUESTS_SHOWN]
         changes = await console.log.state_changes(tenant, sid, limit=CHANGES_SHOWN)
     role = next((entry.role for entry in entries if entry.role), None) or "main"
     try:
@@ -148,16 +158,22 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
         role, policy = "main", console.policies.policy_for("main")
     chart = token_chart(list(reversed(entries)), soft=policy.soft_threshold_tokens,
                         hard=policy.hard_limit_tokens)
+    shown, costs = totals(entries, console.price_for)
+    summaries = await summary_views(console.summaries, entries)
     sources = (await source_views(console.resolvers, sid, stored.state, tenant)
                if stored is not None else {})
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
     return render(request, "session.html", {
         "title": f"Session {sid}", "audit_on": console.log is not None,
         "tenant": tenant, "sid": sid, "stored": stored, "sources": sources,
-        "entries": entries, "total": total, "blocked": [e for e in entries if e.blocked],
+        "entries": entries, "total": total,
+        # A client's mistake (outcome ``invalid``) is no limit refusal: listed apart.
+        "blocked": [e for e in entries if e.blocked and e.outcome != "invalid"],
+        "invalid": [e for e in entries if e.outcome == "invalid"],
         "changes": changes, "chart": chart, "role": role,
-        "before": sum(e.tokens_before or 0 for e in entries),
-        "after": sum(e.tokens_after or 0 for e in entries),
+        "before": shown.tokens_before, "after": shown.tokens_after, "totals": shown,
+        "costs": costs, "summaries": summaries, "filter": wanted, "presets": tuple(PRESETS),
+        "matched": matched,
         "statuses": PENDING_STATUSES, "problem": problem, "done": done,
         "version": "" if stored is None else str(stored.version),
     }, status=status)

@@ -88,6 +88,10 @@ class RequestRecord(msgspec.Struct):
         usage: the provider's ``usage`` of its answer, when it reported one.
         estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
             / the provider's count, in percent, when both are known.
+        soft_threshold_tokens, hard_limit_tokens: the thresholds of the policy the request
+            was compacted by (the role's, below the model's learnt window), once chosen.
+        summary_key: the summary cache key of the L4 summary in the view, when L4 made one.
+        protocol_kind, tool_use_id: a tool-protocol refusal's kind and offending id.
     """
 
     request_id: str
@@ -108,6 +112,11 @@ class RequestRecord(msgspec.Struct):
     arrived: datetime = msgspec.field(default_factory=functools.partial(datetime.now, UTC))
     usage: ProviderUsage | None = None
     estimate_error: float | None = None
+    soft_threshold_tokens: int | None = None
+    hard_limit_tokens: int | None = None
+    summary_key: str | None = None
+    protocol_kind: str | None = None
+    tool_use_id: str | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -143,6 +152,9 @@ class RequestRecord(msgspec.Struct):
             usage_cache_write=None if usage is None else usage.cache_write,
             usage_output=None if usage is None else usage.output,
             duration_ms=duration_ms,
+            soft_threshold_tokens=self.soft_threshold_tokens,
+            hard_limit_tokens=self.hard_limit_tokens, summary_key=self.summary_key,
+            protocol_kind=self.protocol_kind, tool_use_id=self.tool_use_id,
         )
 
 

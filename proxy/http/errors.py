@@ -186,6 +186,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except compactor.ToolProtocolError as exc:
         error, blocked = _from_tool_protocol(exc)
+        record = request.get(RECORD)
+        if record is not None:
+            # (The id is the client's: bounded, as the audit log keeps it.)
+            record.protocol_kind, record.tool_use_id = exc.kind, exc.tool_use_id[:128]
     except compactor.MessageViewLimitExceeded as exc:
         error, blocked = _from_limit(exc)
     except RequestRejected as exc:

@@ -74,6 +74,7 @@ from proxy.state.summarizer import (
     CallerCredentials,
     ForkSource,
     Summarizer,
+    summary_key,
     summary_source,
 )
 from proxy.state.usage import ProviderUsage
@@ -265,6 +266,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     accepts the request: :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
+    record.soft_threshold_tokens = plan.policy.soft_threshold_tokens
+    record.hard_limit_tokens = plan.policy.hard_limit_tokens
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
@@ -294,6 +297,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
+    if result.summary_request is not None and "L4" in result.layers_applied:
+        record.summary_key = summary_key(session.tenant, result.summary_request.cache_key)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 

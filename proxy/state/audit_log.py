@@ -109,6 +109,13 @@ class RequestEntry(msgspec.Struct, frozen=True):
         usage_input, usage_cache_read, usage_cache_write, usage_output: the provider's
             ``usage`` of its answer, when it reported one.
         duration_ms: the time from arrival to the end of the response.
+        soft_threshold_tokens, hard_limit_tokens: the role's thresholds as they were for this
+            request (the policy it was compacted by), so a later change of the config does not
+            redraw history; ``None`` in entries from before they were kept.
+        summary_key: the summary cache key of the L4 summary in the view, when L4 made one
+            (the text stays in the summary cache, never in the audit log).
+        protocol_kind, tool_use_id: for a tool-protocol refusal, its kind (``missing``,
+            ``unknown``, ...) and the offending ``tool_use_id``.
     """
 
     at: datetime
@@ -131,6 +138,11 @@ class RequestEntry(msgspec.Struct, frozen=True):
     usage_cache_write: int | None = None
     usage_output: int | None = None
     duration_ms: float = 0.0
+    soft_threshold_tokens: int | None = None
+    hard_limit_tokens: int | None = None
+    summary_key: str | None = None
+    protocol_kind: str | None = None
+    tool_use_id: str | None = None
 
     @property
     def blocked(self) -> bool:
@@ -184,6 +196,12 @@ class RequestEntry(msgspec.Struct, frozen=True):
             usage_cache_write=_count("usage_cache_write", data.get("usage_cache_write")),
             usage_output=_count("usage_output", data.get("usage_output")),
             duration_ms=float(duration),
+            soft_threshold_tokens=_count("soft_threshold_tokens",
+                                         data.get("soft_threshold_tokens")),
+            hard_limit_tokens=_count("hard_limit_tokens", data.get("hard_limit_tokens")),
+            summary_key=_text("summary_key", data.get("summary_key"), optional=True),
+            protocol_kind=_text("protocol_kind", data.get("protocol_kind"), optional=True),
+            tool_use_id=_text("tool_use_id", data.get("tool_use_id"), optional=True),
         )
 
 

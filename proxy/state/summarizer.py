@@ -55,6 +55,7 @@ __all__ = [
     "SummaryResult",
     "Summarizer",
     "UsageCallback",
+    "summary_key",
     "summary_source",
 ]
 
@@ -363,6 +364,12 @@ class ProviderSummarizer:
         return text
 
 
+def summary_key(tenant: str, cache_key: str) -> str:
+    """The summary cache's key of a span's summary for ``tenant`` (each tenant's own,
+    ``none``'s unprefixed); the audit log keeps it so the console can show the text."""
+    return cache_key if tenant == "none" else f"{tenant}/{cache_key}"
+
+
 def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    caller: CallerCredentials, *, tenant: str = "none",
                    fork: Callable[[], ForkSource] | None = None,
@@ -451,9 +458,7 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         return result.text
 
     async def summarize(request: compactor.SummaryRequest) -> str | None:
-        key = request.cache_key
-        if tenant != "none":
-            key = f"{tenant}/{key}"
+        key = summary_key(tenant, request.cache_key)
         flight = provider.flights.running(key) if provider is not None else None
         if flight is None:
             text = await cached(key)

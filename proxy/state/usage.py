@@ -34,6 +34,7 @@ __all__ = [
     "UsageCost",
     "UsageEntry",
     "UsageRow",
+    "token_cost",
     "usage_cost",
 ]
 
@@ -211,7 +212,9 @@ class UsageCost:
         return self.net_saving / self.without_proxy
 
 
-def _cost(price: Price, *, input: int, cache_write: int, cache_read: int, output: int) -> float:
+def token_cost(price: Price, *, input: int, cache_write: int, cache_read: int,
+               output: int) -> float:
+    """What these tokens cost at ``price``, in USD."""
     micro_usd = (input * price.input + cache_write * price.cache_write
                  + cache_read * price.cache_read + output * price.output)
     return micro_usd / TOKENS_PER_PRICE_UNIT
@@ -220,14 +223,15 @@ def _cost(price: Price, *, input: int, cache_write: int, cache_read: int, output
 def usage_cost(entry: UsageEntry, price: Price) -> UsageCost:
     """What ``entry`` cost, would have cost without the proxy, and what its summaries cost."""
     return UsageCost(
-        billed=_cost(price, input=entry.input_tokens, cache_write=entry.cache_write_tokens,
-                     cache_read=entry.cache_read_tokens, output=entry.output_tokens),
-        without_proxy=_cost(price, input=entry.counterfactual_input_tokens,
-                            cache_write=entry.counterfactual_cache_write_tokens,
-                            cache_read=entry.counterfactual_cache_read_tokens,
-                            output=entry.output_tokens),
-        summary=_cost(price, input=entry.summary_input_tokens,
-                      cache_write=entry.summary_cache_write_tokens,
-                      cache_read=entry.summary_cache_read_tokens,
-                      output=entry.summary_output_tokens),
+        billed=token_cost(price, input=entry.input_tokens,
+                          cache_write=entry.cache_write_tokens,
+                          cache_read=entry.cache_read_tokens, output=entry.output_tokens),
+        without_proxy=token_cost(price, input=entry.counterfactual_input_tokens,
+                                 cache_write=entry.counterfactual_cache_write_tokens,
+                                 cache_read=entry.counterfactual_cache_read_tokens,
+                                 output=entry.output_tokens),
+        summary=token_cost(price, input=entry.summary_input_tokens,
+                           cache_write=entry.summary_cache_write_tokens,
+                           cache_read=entry.summary_cache_read_tokens,
+                           output=entry.summary_output_tokens),
     )

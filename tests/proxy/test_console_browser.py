@@ -242,7 +242,7 @@ def test_console_walkthrough(browser: Browser, demo: RunningProxy,
     assert chart.is_visible()
     assert chart.locator("path.series.before").get_attribute("d")
     assert chart.locator("path.series.after").get_attribute("d")
-    assert chart.locator("line.threshold.soft").count() == 1
+    assert chart.locator("path.threshold.soft").count() == 1
     assert chart.locator("text.threshold-label.soft").text_content() == "soft 3,000"
     assert chart.locator("text.threshold-label.hard").text_content() == "hard 8,000"
     assert chart.locator("circle.dot.blocked").count() == 1

@@ -412,7 +412,7 @@ def test_the_chart_puts_thresholds_and_points_on_one_scale() -> None:
                      hard_limit=8000),
     ]
     chart = token_chart(entries, soft=3000, hard=8000)
-    assert chart.y_hard < chart.y_soft < chart.bottom
+    assert chart.y_hard_label < chart.y_soft_label < chart.bottom
     first, second, unknown, blocked = chart.points
     assert first.y_before is not None and second.y_before is not None
     assert second.y_before < first.y_before
