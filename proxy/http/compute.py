@@ -88,7 +88,7 @@ class ComputeThreads(ThreadPoolExecutor):
         """A large body's turn at these threads (``async with``), one of :data:`TURNS`."""
         if self._turns is None:  # (made on the event loop that uses it)
             self._turns = asyncio.Semaphore(TURNS)
-        return Turn(self._turns)
+        return Turn(self._turns, self._pause)
 
     def give_back_memory(self) -> None:
         """Return the allocator's free pages to the system, on one of these threads, once
@@ -109,20 +109,32 @@ class ComputeThreads(ThreadPoolExecutor):
 
 class Turn:
     """One request's turn at the compute threads: held while its body is decoded, counted,
-    compacted and encoded; given up while it waits for a summary (:meth:`paused`)."""
+    compacted and encoded; given up while it waits for a summary (:meth:`paused`). The
+    collector stays paused while a turn is held, not only while a step runs: between two
+    steps the loop's own allocations would otherwise start full collections over the
+    body's millions of objects."""
 
-    def __init__(self, turns: asyncio.Semaphore) -> None:
+    def __init__(self, turns: asyncio.Semaphore, collector: _CollectorPause) -> None:
         self._turns = turns
+        self._collector = collector
         self._holding = False
 
     async def __aenter__(self) -> Turn:
-        await self._turns.acquire()
-        self._holding = True
+        await self._take()
         return self
 
     async def __aexit__(self, *_: object) -> None:
+        self._give_up()
+
+    async def _take(self) -> None:
+        await self._turns.acquire()
+        self._holding = True
+        self._collector.__enter__()
+
+    def _give_up(self) -> None:
         if self._holding:
             self._holding = False
+            self._collector.__exit__()
             self._turns.release()
 
     @contextlib.asynccontextmanager
@@ -131,13 +143,11 @@ class Turn:
         if not self._holding:
             yield
             return
-        self._holding = False
-        self._turns.release()
+        self._give_up()
         try:
             yield
         finally:
-            await self._turns.acquire()
-            self._holding = True
+            await self._take()
 
 
 async def run_on(executor: Executor | None, work: Callable[[], T]) -> T:
