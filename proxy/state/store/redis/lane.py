@@ -118,4 +118,3 @@ class Lane:
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.disconnect(nowait=True)
-
