@@ -71,7 +71,7 @@ class RedisConnection(RedisKeys):
             # redis-py's messages name the scheme or option, never the URL itself.
             raise ValueError(f"invalid redis url {self.url}: {exc}") from None
         # The scripts every request runs go by a lane of the store's own (not in a cluster,
-        # whose client routes each key to its node: see proxy.state.store.redis_lane).
+        # whose client routes each key to its node: see proxy.state.store.redis.lane).
         self._lane = (Lane(self._redis.connection_pool)
                       if isinstance(self._redis, aioredis.Redis) else None)
         # The scripts (proxy.state.store.redis.scripts), registered on first use, by their text.

@@ -36,10 +36,10 @@ class RedisConsistency(RedisConnection):
     async def _replica_script(self, text: str, keys: Sequence[str],
                               args: Sequence[Any]) -> Any:
         """Run the script ``text`` on ``keys`` (one session's, or one lease's) with ``args``:
-        EVALSHA itself, on the lane where there is one (redis-py's script object costs ~8 µs
-        more a call, its client ~40 µs more than the lane, and the versions read and the
-        calibration save run on every request); a server that does not hold the script
-        (NOSCRIPT: restarted, or a new node) gets it through that object, which loads it."""
+        EVALSHA itself, on the lane where there is one (the versions read and the calibration
+        save run on every request: bench/README.md, "Twins in the stores"); a server that
+        does not hold the script (NOSCRIPT: restarted, or a new node) gets it through
+        redis-py's script object, which loads it."""
         script = self._script(text)
         try:
             if self._lane is not None:

@@ -44,11 +44,11 @@ class RedisRequestLog(RedisConnection):
 
         Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
         under way, go together (:class:`~proxy.state.store.audit_batches.AuditBatches`): one
-        script per session of the batch, then its places in the global indexes (each round
-        trip costs the proxy about 0.2 ms of CPU; three per entry cost more than the rest of
-        its request's bookkeeping). The indexes follow what each session's trim dropped;
-        other sessions' old entries wait for :meth:`trim`, as the SQLite store's do. Returns
-        the batch's future, done once it is written (or failed with its error).
+        script per session of the batch, then its places in the global indexes (a round trip per
+        entry would cost more than the rest of its request's bookkeeping). The indexes follow
+        what each session's trim dropped; other sessions' old entries wait for :meth:`trim`, as
+        the SQLite store's do. Returns the batch's future, done once it is written (or failed
+        with its error).
 
         Raises:
             TypeError: ``entry`` is not a :class:`RequestEntry`.

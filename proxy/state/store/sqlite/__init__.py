@@ -8,14 +8,14 @@ never blocks on disk I/O or on another process's lock. Because that one thread d
 work, calls are executed in the order they were made and the connection needs no lock.
 
 *But for two small calls, done at once on the loop.* A worker (``shared``) reads its session's
-versions on every request and saves the calibration each answer taught: a hop to the thread
-and back costs ~100 µs of CPU, the read ~10 and the commit ~50. Those two run on the event
-loop's own connection (:meth:`~.connection.SQLiteConnection._now`), which never waits
-(``timeout=0``: a busy file sends the call to the thread, which waits), never creates the
+versions on every request and saves the calibration each answer taught: a hop to the thread and
+back costs more than the read or the commit (bench/README.md, "Twins in the stores"). Those two
+run on the event loop's own connection (:meth:`~.connection.SQLiteConnection._now`), which never
+waits (``timeout=0``: a busy file sends the call to the thread, which waits), never creates the
 file and never checkpoints (every :data:`CHECKPOINT_EVERY` of its commits a write goes to the
 thread, which checkpoints after it); a record over :data:`INLINE_WRITE_MAX_BYTES` goes to the
-thread. In WAL mode a reader is not blocked by a writer and a commit appends to the log
-without a sync, so neither waits on the disk.
+thread. In WAL mode a reader is not blocked by a writer and a commit appends to the log without
+a sync, so neither waits on the disk.
 
 *Compare-and-swap in one transaction.* A write opens ``BEGIN IMMEDIATE``, which takes SQLite's
 single write lock up front (waiting up to the busy timeout for another writer, in this process
@@ -23,7 +23,7 @@ or another), then reads the current version, checks it against the caller's and 
 commits. Nobody can write between the check and the write, so of several writers racing from
 the same version exactly one wins; the others see the new version and get ``VersionConflict``.
 A deleted state leaves a tombstone with its last version, and the change the admin API or the
-console records goes in the write's own transaction (:mod:`._sqlite_state`): versions are never
+console records goes in the write's own transaction (:mod:`.state`): versions are never
 reused, and a write is never kept without its change record.
 
 *Durability.* The file runs in WAL mode (readers never block the writer and vice versa) with

@@ -131,12 +131,11 @@ class SQLiteConnection:
 
         For the few small reads and writes every request of a worker makes (its session's
         versions, the calibration its answer taught): in WAL mode a writer never blocks a
-        reader, and a commit appends to the log without a sync (``synchronous = NORMAL``),
-        so each takes ~10-50 µs, where the hop to the worker thread and back costs ~100 µs
-        of CPU. This connection waits for nothing (``timeout=0``), never creates the file
-        (``mode=rw``) and never checkpoints (a checkpoint syncs the file): every
-        :data:`CHECKPOINT_EVERY` of its commits, a write goes to the worker thread, which
-        checkpoints after it.
+        reader, and a commit appends to the log without a sync (``synchronous = NORMAL``), so
+        each costs less than the hop to the worker thread and back. This connection waits for
+        nothing (``timeout=0``), never creates the file (``mode=rw``) and never checkpoints (a
+        checkpoint syncs the file): every :data:`CHECKPOINT_EVERY` of its commits, a write goes
+        to the worker thread, which checkpoints after it.
         """
         if self._closed:
             raise StoreError(f"store {self.path} is closed")

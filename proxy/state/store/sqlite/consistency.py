@@ -33,7 +33,7 @@ class SQLiteConsistency(SQLiteConnection):
                                fetch: RecordFetch | None = None) -> SessionVersions:
         """The session's state version, its versioned records' versions and the records
         ``fetch`` wants, in one read transaction. Read on the event loop's own connection
-        (:meth:`_now`: every request of a worker asks, and a thread hop costs ten times the
+        (:meth:`_now`: every request of a worker asks, and a thread hop costs more than the
         read); in the worker thread when SQLite cannot answer at once."""
         versions = self._now(_versions_on, session_id, fetch)
         if versions is not None:
