@@ -43,14 +43,13 @@ from ._session_ids import (
     is_session_id,
     session_id_problem,
 )
-from ._state import (
+from ._state import DurableContextState, capture_retrieval_evidence
+from ._state_items import (
     PENDING_STATUSES,
-    DurableContextState,
     DurableFact,
     PendingItem,
     PendingStatus,
     RetrievalEvidence,
-    capture_retrieval_evidence,
 )
 from ._tokens import (
     CachingCounter,

@@ -293,7 +293,7 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     async def run() -> SessionMoved:
         objects = None
         if any(root.startswith("s3://") for root in roots):
-            from .state.s3_sources import S3ObjectStore
+            from .state.s3_client import S3ObjectStore
 
             objects = S3ObjectStore(config.sources.s3_settings())
         store = await store_for(config).open()

@@ -29,8 +29,8 @@ from proxy.state.s3_roots import S3_SCHEME, is_s3_url
 from proxy.state.store import StoreBackend, StoredState, StoreError, VersionConflict
 
 if TYPE_CHECKING:
+    from proxy.state.s3_client import S3ObjectStore
     from proxy.state.s3_moves import ObjectMove
-    from proxy.state.s3_sources import S3ObjectStore
     from proxy.state.store import RedisStateStore
 
 __all__ = ["LayoutMigration", "MoveRefused", "SessionMoved", "migrate_redis_layout",

@@ -216,14 +216,14 @@ class _S3Sources:
 
     def __init__(self, roots: tuple[str, str], remote: tuple[bool, bool],
                  settings: S3Settings | None) -> None:
-        from proxy.state import s3_sources
+        from proxy.state import s3_client, s3_sources
 
         self._module = s3_sources
         # (a kind on a local root never reaches the S3 resolver: it is given the other root)
         self.roots = _of_kind(roots, remote, remote_wanted=True)
         for root in self.roots:
             parse_s3_root(root)  # (checked now: a bad URL fails at startup)
-        self.store = s3_sources.S3ObjectStore(settings or S3Settings())
+        self.store = s3_client.S3ObjectStore(settings or S3Settings())
         self.cache = s3_sources.new_outcome_cache()
 
     def resolver(self, tenant: str, authorize: Callable[[compactor.SourcePointer], bool]

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from proxy.state.migrate import MoveRefused
+from proxy.state.s3_client import STORE_ERRORS, S3ObjectStore
 from proxy.state.s3_roots import S3_SCHEME
-from proxy.state.s3_sources import _STORE_ERRORS, S3ObjectStore
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -59,7 +59,7 @@ async def plan_object_moves(store: S3ObjectStore, moves: Sequence[tuple[str, str
                 raise MoveRefused(f"{target} holds objects already; remove them first")
             planned.extend((bucket, key, target_key + key[len(source_key):])
                            for key in await _keys(client, bucket, source_key))
-    except _STORE_ERRORS as exc:
+    except STORE_ERRORS as exc:
         raise MoveRefused(f"the object store failed: {type(exc).__name__}; nothing moved"
                           ) from None
     return planned
@@ -79,7 +79,7 @@ async def move_objects(store: S3ObjectStore, planned: Sequence[ObjectMove]) -> N
             await client.copy_object(Bucket=bucket, Key=target,
                                      CopySource={"Bucket": bucket, "Key": source})
             copied.append((bucket, target))
-    except _STORE_ERRORS as exc:
+    except STORE_ERRORS as exc:
         for bucket, target in copied:
             await client.delete_object(Bucket=bucket, Key=target)
         raise MoveRefused(f"copying an object failed: {type(exc).__name__}; nothing moved"
@@ -87,7 +87,7 @@ async def move_objects(store: S3ObjectStore, planned: Sequence[ObjectMove]) -> N
     try:
         for bucket, source, _ in planned:
             await client.delete_object(Bucket=bucket, Key=source)
-    except _STORE_ERRORS as exc:
+    except STORE_ERRORS as exc:
         raise MoveRefused(f"every object was copied, but deleting the originals failed "
                           f"({type(exc).__name__}): delete them under the source prefix"
                           ) from None

@@ -12,13 +12,8 @@ import pytest
 
 from compactor._render import CLOSE_TAG, OPEN_TAG, append_to_system, render_durable_context
 from compactor._resolver import SourceResolution
-from compactor._state import (
-    DurableContextState,
-    DurableFact,
-    PendingItem,
-    RetrievalEvidence,
-    capture_retrieval_evidence,
-)
+from compactor._state import DurableContextState, capture_retrieval_evidence
+from compactor._state_items import DurableFact, PendingItem, RetrievalEvidence
 from tests.paths import CORPUS
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

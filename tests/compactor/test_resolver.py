@@ -18,7 +18,8 @@ import pytest
 from compactor import _source_files
 from compactor._pointers import ArtifactPointer, SourcePointer, TranscriptPointer
 from compactor._resolver import SourcePointerResolver, SourceResolution, resolve_durable_sources
-from compactor._state import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
+from compactor._state import DurableContextState
+from compactor._state_items import DurableFact, PendingItem, RetrievalEvidence
 from policies._source_access import SourceAccessPolicy, own_session_only
 
 SESSION = "s1"

@@ -12,13 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactor._state import (
-    DurableContextState,
-    DurableFact,
-    PendingItem,
-    RetrievalEvidence,
-    capture_retrieval_evidence,
-)
+from compactor._state import DurableContextState, capture_retrieval_evidence
+from compactor._state_items import DurableFact, PendingItem, RetrievalEvidence
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 NAIVE = datetime(2025, 3, 1, 12, 0)

@@ -35,9 +35,9 @@ from proxy.config import Config, ConfigError
 from proxy.fake_upstream import is_summarizer_request
 from proxy.http.tenants import scoped_key
 from proxy.state.resolvers import ResolverPool
+from proxy.state.s3_client import S3ObjectStore
 from proxy.state.s3_roots import S3Root, S3Settings, parse_s3_root
 from proxy.state.s3_sources import (
-    S3ObjectStore,
     S3SourceResolver,
     _Body,
     _Located,

@@ -7,7 +7,9 @@ closing."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import multiprocessing
+import pkgutil
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -683,8 +685,11 @@ async def test_entries_beyond_the_per_session_bound_go_oldest_first(
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
     """The stores' clock (what "now" is for the retention), set by the test: ``clock[0]``."""
     now = [NOW]
-    for module in ("proxy.state.store.sqlite", "proxy.state.store.redis"):
-        monkeypatch.setattr(f"{module}.utc_now", lambda: now[0])
+    for package in ("proxy.state.store.sqlite", "proxy.state.store.redis"):
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            module = importlib.import_module(f"{package}.{info.name}")
+            if hasattr(module, "utc_now"):  # (each module of the backend that reads the clock)
+                monkeypatch.setattr(module, "utc_now", lambda: now[0])
     return now
 
 

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from proxy.config import Config, ConfigError
 from proxy.state.store import RedisStateStore, StoreUnavailable, store_for
-from proxy.state.store.redis import _sentinels
+from proxy.state.store.redis.client import sentinels
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import RedisSentinel, RedisServer
 
@@ -123,14 +123,14 @@ async def test_sentinel_mode_finds_the_primary_and_follows_a_failover() -> None:
 def test_sentinel_urls_name_every_sentinel_and_the_primary_s_options() -> None:
     """Hosts with and without ports (26379 by default), IPv6, the database and the
     primary's credentials; a query, a bad port or another scheme is refused."""
-    addresses, options = _sentinels("redis://u:p%40ss@s1:26380,s2,[::1]:26381/3")
+    addresses, options = sentinels("redis://u:p%40ss@s1:26380,s2,[::1]:26381/3")
     assert addresses == [("s1", 26380), ("s2", 26379), ("::1", 26381)]
     assert options == {"ssl": False, "db": 3, "username": "u", "password": "p@ss"}
-    assert _sentinels("rediss://s1")[1] == {"ssl": True}
+    assert sentinels("rediss://s1")[1] == {"ssl": True}
     for url, problem in [("redis://s1/0?x=1", "no options"), ("redis://s1:x/0", "is not host"),
                          ("unix:///tmp/s.sock", "redis://"), ("redis://s1/db", "not a number")]:
         with pytest.raises(ValueError, match=problem):
-            _sentinels(url)
+            sentinels(url)
     with pytest.raises(ValueError, match="service name"):
         RedisStateStore("redis://s1:26379/0", mode="sentinel")
     with pytest.raises(ValueError, match="mode must be one of"):

@@ -38,6 +38,7 @@ __all__ = [
     "audit_stamp",
     "check_bounds",
     "check_change",
+    "check_page",
     "decode_change",
     "decode_entry",
     "decode_state",
@@ -86,6 +87,18 @@ def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
             f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
     if retention_days < 1:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+
+
+def check_page(offset: int, limit: int) -> None:
+    """Refuse a page of the audit log no store can read (an offset below 0, a limit below 1).
+
+    Raises:
+        ValueError: either is out of range, or not an integer.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
 
 
 def check_change(session_id: str, change: StateChange | None, action: str) -> None:

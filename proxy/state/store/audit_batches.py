@@ -1,14 +1,13 @@
 """Audit entries gathered for a moment and written as one batch, by either store.
 
-A request's audit entry is written after its response, and nobody waits for it; written one
-by one, each is a store transaction (SQLite: a commit costs ten times a row) or a round trip
-(Redis: each costs about 0.2 ms of the proxy's CPU in redis-py, as much as a tenth of what the
-whole request costs). :class:`AuditBatches` gathers the entries added within
-:data:`AUDIT_LINGER_S` of the first, or while a write is under way, and hands them to the
-store's ``write`` together (at most :data:`MAX_AUDIT_BATCH` at once). Each batch has one
-future, resolved once its write ended (or failed with its error), which every entry of the
-batch is handed back: no coroutine and no task per entry. The store's own reads call
-:meth:`AuditBatches.flush` first, so a process never reads around its own entries; with
+A request's audit entry is written after its response, and nobody waits for it; written one by
+one, each is a store transaction (SQLite: a commit costs far more than a row) or a round trip
+(Redis: a sizeable part of what the whole request costs; bench/README.md). :class:`AuditBatches`
+gathers the entries added within :data:`AUDIT_LINGER_S` of the first, or while a write is under
+way, and hands them to the store's ``write`` together (at most :data:`MAX_AUDIT_BATCH` at once).
+Each batch has one future, resolved once its write ended (or failed with its error), which every
+entry of the batch is handed back: no coroutine and no task per entry. The store's own reads
+call :meth:`AuditBatches.flush` first, so a process never reads around its own entries; with
 several processes, an entry another one holds appears within the linger. Used from the event
 loop only.
 """
@@ -26,8 +25,7 @@ __all__ = ["AUDIT_LINGER_S", "MAX_AUDIT_BATCH", "AuditBatches"]
 #: The most request entries written at once.
 MAX_AUDIT_BATCH: Final = 256
 #: How long the first of a batch of request entries waits for others to join it (seconds):
-#: a commit costs far more than a row (measured: ~0.4 ms of CPU for a batch of one, ~0.04 ms
-#: a row in a batch of 64), and nobody waits for these entries.
+#: a commit costs far more than a row (bench/README.md), and nobody waits for these entries.
 AUDIT_LINGER_S: Final = 1.0
 
 

@@ -5,28 +5,16 @@ login, ``<prefix>{console}:console:revoked:<nonce>``, expiring with the cookie i
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisClusterException, RedisError
-
-if TYPE_CHECKING:
-    from .base import StoreError
+from .client import FAILURES
+from .connection import RedisConnection
 
 __all__ = ["RedisLoginRevocations"]
 
-_FAILURES = (RedisError, RedisClusterException)
 
-
-class RedisLoginRevocations:
+class RedisLoginRevocations(RedisConnection):
     """:class:`~proxy.state.store.revocations.LoginRevocations` for
-    :class:`~proxy.state.store.RedisStateStore` (a mixin: its client, keys and errors)."""
-
-    if TYPE_CHECKING:
-        _redis: Any
-
-        def _key(self, tag: str, suffix: str) -> str: ...
-        def _check_open(self) -> None: ...
-        def _error(self, action: str, exc: Any) -> StoreError: ...
+    :class:`~proxy.state.store.RedisStateStore` (a mixin over its connection)."""
 
     def revoked_login_key(self, nonce: str) -> str:
         """The key of one revoked login (every one in the ``{console}`` slot)."""
@@ -40,7 +28,7 @@ class RedisLoginRevocations:
         self._check_open()
         try:
             await self._redis.set(self.revoked_login_key(nonce), b"1", ex=ttl)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise self._error("revoke login", exc) from exc
 
     async def login_revoked(self, nonce: str) -> bool:
@@ -48,5 +36,5 @@ class RedisLoginRevocations:
         self._check_open()
         try:
             return bool(await self._redis.exists(self.revoked_login_key(nonce)))
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise self._error("read revoked logins", exc) from exc

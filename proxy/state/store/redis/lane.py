@@ -1,13 +1,13 @@
 """Connections of the Redis store's own for the scripts every request runs.
 
 Each request runs two small scripts (its session's versions read, and the save of what its
-answer taught the calibration). Through redis-py's client a command costs the proxy ~90 µs of
-CPU: the command is packed in Python, the pool takes a lock, records its own metrics and asks
-the socket whether it holds stray data, the send runs in a task of its own (``asyncio.wait_for``
-around it on Python 3.11) and the reply goes through the client's dispatch. A
-:class:`Lane` sends the same command on one of redis-py's own connections, packed by hiredis
-(in C), and reads the reply with the connection's own parser: ~55 µs. It keeps what the client
-guarantees:
+answer taught the calibration). Through redis-py's client the command is packed in Python,
+the pool takes a lock, records its own metrics and asks the socket whether it holds stray
+data, the send runs in a task of its own (``asyncio.wait_for`` around it on Python 3.11) and
+the reply goes through the client's dispatch. A :class:`Lane` sends the same command on one
+of redis-py's own connections, packed by hiredis (in C), and reads the reply with the
+connection's own parser: what that saves a request is in bench/README.md ("Twins in the
+stores"). It keeps what the client guarantees:
 
 - a bound on every call: the connection has no socket timeout of its own; the send and the
   read together are bounded by the client's (``socket_timeout``: the store's ``timeout_s``,
@@ -118,4 +118,3 @@ class Lane:
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.disconnect(nowait=True)
-

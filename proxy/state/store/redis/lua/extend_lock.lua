@@ -1,0 +1,5 @@
+-- KEYS = the lease; ARGV = token, ttl (ms). 1 when renewed.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
