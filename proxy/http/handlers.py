@@ -21,7 +21,7 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -46,7 +46,12 @@ from proxy.http.forward import (
 from proxy.http.recent import RecentBodies
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.spans import RequestBody, parse_request, remembered
-from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+from proxy.http.thinking import (
+    BINDING_BETA,
+    apply_binding_opt_out,
+    merge_beta_header,
+    needs_binding_opt_out,
+)
 from proxy.http.upstream_headers import FORWARD_POLICY
 from proxy.keys import (
     ACCOUNTING,
@@ -67,6 +72,7 @@ from proxy.keys import (
     USAGE_LEDGER,
 )
 from proxy.logs import bind_request_fields
+from proxy.providers import provider_of
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
@@ -95,7 +101,12 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
     headers = _upstream_headers(request)
-    body = None
+    body: bytes | AsyncIterable[bytes] | None = None
+    if provider_of(request) is not None:
+        # A Bedrock or Vertex path: authorised for its exact bytes, so read whole (small).
+        raw = await read_body(request, request.app[CONFIG].limits.max_body_bytes)
+        headers.popall("Content-Encoding", None)  # read_body decoded it
+        return await forward(request, request[RECORD], body=raw, headers=headers)
     if request.body_exists:
         body = request_body_stream(request)
         if request.content_length is not None:
@@ -140,7 +151,10 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
             system = compactor.append_to_system(system, durable.text)
-        return ForkSource.from_request(headers.items(), request.query_string, body,
+        provider = provider_of(request)  # Bedrock, Vertex: the model is in the path
+        parts = body if provider is None else provider.fork_parts(
+            request, body, _model_of(request, body), headers)
+        return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
     metrics = app[METRICS]
@@ -210,10 +224,16 @@ def _measure(app: web.Application, parsed: RequestBody, durable_text: str) -> Me
                     parsed.facts(app[COUNTER]))
 
 
+def _model_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    """The request's model: its body's, or on a Bedrock or Vertex path the path's."""
+    provider = provider_of(request)
+    model = body.get("model") if provider is None else provider.model_of(request)
+    return model if isinstance(model, str) else None
+
+
 def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
           measured: Measured) -> CompactionPlan:
-    body = parsed.doc
-    model = body.get("model") if isinstance(body.get("model"), str) else None
+    model = _model_of(request, parsed.doc)
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
     lane = f"{role}:{measured.conversation}"
     scale = reserved_scale = 1.0
@@ -284,7 +304,14 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
     if needs_binding_opt_out(candidate, prefix_changed=True):
         apply_binding_opt_out(candidate)
         replaced["thinking"] = candidate["thinking"]
-        _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+        provider = provider_of(request)
+        if provider is not None and provider.name == "bedrock":  # Bedrock's betas: the body's
+            betas = body.get("anthropic_beta")
+            listed = betas if isinstance(betas, list) else []
+            replaced["anthropic_beta"] = [*listed, *(
+                () if BINDING_BETA in listed else (BINDING_BETA,))]
+        else:
+            _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
     views = app[ENCODED_VIEWS]
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
@@ -322,8 +349,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
         RecentBodies.key_of(tenant, named, raw), tenant=tenant))
     body = parsed.doc
-    if isinstance(body.get("model"), str):
-        record.model = body["model"]
+    record.model = _model_of(request, body) or record.model
     mended = parsed.mended
     if mended:
         _log.warning("lone_surrogates_replaced", replaced=mended)
@@ -360,6 +386,8 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         nonlocal sent
         if plan.model is None:
             return None
+        if refusal.maximum is None:  # Bedrock's, Vertex's wording has no numbers: estimated
+            refusal = refusal.estimated(result.tokens_after)
         app[CALIBRATION].learn_window(session.key, plan.model, refusal.maximum)
         shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
