@@ -7,21 +7,30 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+import anthropic
 import pytest
 from botocore.eventstream import EventStreamBuffer
 from yarl import URL
 
-from proxy.fake_upstream import FakeUpstream, is_summarizer_request, start_fake_upstream
+from proxy.fake_upstream import (
+    FakeUpstream,
+    Fault,
+    Reply,
+    is_summarizer_request,
+    start_fake_upstream,
+)
 from proxy.fake_upstream.credentials import (
     TEST_AWS_ACCESS_KEY,
     TEST_AWS_SECRET_KEY,
+    TEST_BEDROCK_API_KEY,
     TEST_VERTEX_TOKEN,
 )
-from tests.conftest import LoopThread, ProxyFactory, UpstreamServer
+from tests.conftest import LoopThread, ProxyFactory, UpstreamServer, read_log
 from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, read_turns
 
 MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -97,6 +106,18 @@ def _post(provider: str, base_url: str, body: dict[str, Any], *,
             return response.status, response.headers, await response.read()
 
     return asyncio.run(go())
+
+
+def _completed(proxy_log: Any, seen: int, count: int = 1) -> Any:
+    """The next ``count`` ``request_completed`` lines after the first ``seen`` lines (the
+    line is written once the answer went out: waited for)."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [line for line in read_log(proxy_log)[seen:]
+                 if line.get("event") == "request_completed"]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines[0] if count == 1 else lines[:count]
+        time.sleep(0.02)
 
 
 def _events(provider: str, raw: bytes) -> list[dict[str, Any]]:
@@ -194,3 +215,97 @@ def test_the_proxys_own_errors_have_the_providers_shape(
     else:
         assert body["type"] == "error"
     assert upstream_server.upstream.requests == []
+
+
+def test_the_sdks_bedrock_client_signed_for_the_proxy_is_re_signed(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
+        proxy_log: Any) -> None:
+    """``AnthropicBedrock`` signs with a key the provider does not know, for the proxy's host:
+    the proxy drops that signature and signs with its own; the event stream reaches the SDK
+    intact and its usage is read by the proxy (the log line's estimate error)."""
+    if provider != "bedrock":
+        pytest.skip("Bedrock's client")
+    proxy = proxy_factory(_config(provider, L1_POLICY))
+    seen = len(read_log(proxy_log))
+    client = anthropic.AnthropicBedrock(
+        base_url=proxy.base_url, aws_access_key="AKIACLIENTONLY000001",
+        aws_secret_key="client-secret", aws_region="us-east-1", max_retries=0)
+    try:
+        message = client.messages.create(model=MODEL, max_tokens=50, messages=read_turns(4),
+                                         **ON_BEDROCK)
+        with client.messages.stream(model=MODEL, max_tokens=50, messages=read_turns(4),
+                                    **ON_BEDROCK) as stream:
+            final = stream.get_final_message()
+    finally:
+        client.close()
+    assert message.usage.input_tokens > 0 and final.usage.input_tokens > 0
+    assert all(r.headers["authorization"].startswith(
+        f"AWS4-HMAC-SHA256 Credential={TEST_AWS_ACCESS_KEY}/")
+        for r in upstream_server.upstream.requests)
+    answered = _completed(proxy_log, seen, count=2)
+    assert [line["status"] for line in answered] == [200, 200]
+    assert all(line.get("estimate_error") is not None for line in answered), answered
+
+
+def test_a_clients_bedrock_api_key_is_forwarded(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
+    if provider != "bedrock":
+        pytest.skip("Bedrock API keys")
+    proxy = proxy_factory(_config(provider, L1_POLICY))
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key="unused", max_retries=0)
+    try:
+        raw = client.post(f"/model/{MODEL}/invoke", cast_to=anthropic.types.Message, body={
+            "anthropic_version": "bedrock-2023-05-31", "max_tokens": 20,
+            "messages": [{"role": "user", "content": "hi"}]},
+            options={"headers": {"Authorization": f"Bearer {TEST_BEDROCK_API_KEY}",
+                                 "X-Api-Key": anthropic.omit}})
+    finally:
+        client.close()
+    assert raw.content
+    (sent,) = upstream_server.upstream.requests
+    assert sent.headers["authorization"] == f"Bearer {TEST_BEDROCK_API_KEY}"
+    assert "x-amz-date" not in sent.headers
+
+
+def test_bedrock_exception_frames_are_relayed(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
+        proxy_log: Any) -> None:
+    """The provider's exception frame mid-stream reaches the client as sent, and the request
+    is not counted as a success."""
+    if provider != "bedrock":
+        pytest.skip("Bedrock's event stream")
+    upstream_server.upstream.push(Reply.text("partial answer here", fault=Fault(
+        "error_event", after_events=3)))
+    proxy = proxy_factory(_config(provider, L1_POLICY))
+    seen = len(read_log(proxy_log))
+    status, _, raw = _post(provider, proxy.base_url, {"max_tokens": 50, "messages": [
+        {"role": "user", "content": "hi"}]}, stream=True)
+    assert status == 200
+    buffer = EventStreamBuffer()
+    buffer.add_data(raw)
+    frames = list(buffer)
+    assert len(frames) == 4
+    assert frames[-1].headers[":message-type"] == "exception"
+    assert frames[-1].headers[":exception-type"] == "internalServerException"
+    assert _completed(proxy_log, seen)["outcome"] == "upstream_error_event"
+
+
+def test_the_sdks_vertex_client_with_its_own_token(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
+    """``AnthropicVertex`` with its own access token: forwarded as it is; SSE relayed."""
+    if provider != "vertex":
+        pytest.skip("Vertex's client")
+    proxy = proxy_factory(_config(provider, L1_POLICY))
+    client = anthropic.AnthropicVertex(
+        base_url=proxy.base_url, region="us-east5", project_id="proj",
+        access_token=TEST_VERTEX_TOKEN, max_retries=0)
+    try:
+        with client.messages.stream(model=VERTEX_MODEL, max_tokens=50, messages=read_turns(6),
+                                    **ON_VERTEX) as stream:
+            final = stream.get_final_message()
+    finally:
+        client.close()
+    assert final.stop_reason == "end_turn"
+    (sent,) = upstream_server.upstream.requests
+    assert sent.headers["authorization"] == f"Bearer {TEST_VERTEX_TOKEN}"
+    assert len(json.dumps(sent.body)) < len(json.dumps(read_turns(6))) / 2  # L1 applied
