@@ -33,7 +33,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from aiohttp import web
 from botocore.auth import SigV4Auth
@@ -68,6 +68,7 @@ BEDROCK_REJECTED_BETAS: Final = frozenset({
     "mcp-client-2025-04-04", "mcp-client-2025-11-20", "skills-2025-10-02",
     "code-execution-2025-05-22", "code-execution-2025-08-25", "prompt-caching-2024-07-31",
 })
+JWT_GRANT: Final = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 MSG_BEDROCK_TOO_LONG: Final = "Input is too long for requested model."
 MSG_VERTEX_TOO_LONG: Final = "Prompt is too long"
 MSG_BAD_SIGNATURE: Final = (
@@ -111,6 +112,8 @@ def add_provider_routes(app: web.Application, upstream: FakeUpstream) -> None:
                            name=f"{PROVIDER_ROUTE}bedrock:profile")
     elif upstream.provider == "vertex":
         upstream.provider_errors = _vertex_error
+        app.router.add_post("/token", _handle_google_token,
+                            name=f"{PROVIDER_ROUTE}vertex_token")
         for prefix in ("", "/v1"):
             app.router.add_post(
                 prefix + "/projects/{project}/locations/{location}/publishers/anthropic/"
@@ -317,6 +320,18 @@ def _vertex_error(exc: ProviderRuleError, request_id: str) -> web.Response:
         return web.json_response({"error": {
             "code": 401, "status": "UNAUTHENTICATED", "message": exc.message}}, status=401)
     return web.json_response(exc.error_body(request_id), status=exc.status)
+
+
+async def _handle_google_token(request: web.Request) -> web.StreamResponse:
+    """Google's OAuth token endpoint as a service account's ``token_uri`` names it: a JWT
+    grant gets the test access token (``counts["token"]``)."""
+    upstream = request.app[UPSTREAM_KEY]
+    upstream.counts["token"] += 1
+    form = parse_qs(request[RAW_KEY].decode("ascii", "replace"))
+    if form.get("grant_type") != [JWT_GRANT] or not form.get("assertion"):
+        return web.json_response({"error": "invalid_grant"}, status=400)
+    return web.json_response({"access_token": TEST_VERTEX_TOKEN, "expires_in": 3600,
+                              "token_type": "Bearer"})
 
 
 async def _handle_vertex(request: web.Request) -> web.StreamResponse:

@@ -15,7 +15,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.config import Config
+from proxy.config import Config, ConfigError
 from proxy.providers.base import TOO_LONG_STATUSES, Provider
 
 __all__ = [
@@ -38,11 +38,23 @@ def make_provider(config: Config) -> Provider:
     """The provider ``upstream.provider`` names, with its settings."""
     upstream = config.upstream
     if upstream.provider == "bedrock":
-        from proxy.providers.bedrock import BedrockProvider
-
+        try:
+            from proxy.providers.bedrock import BedrockProvider
+        except ImportError:
+            raise ConfigError("upstream.provider", "bedrock needs botocore: pip install "
+                              "'compact-proxy[bedrock]'") from None
         return BedrockProvider(upstream.aws_region, upstream.aws_profile)
     if upstream.provider == "vertex":
         from proxy.providers.vertex import VertexProvider
+
+        if upstream.vertex_token_env is None:
+            try:
+                import google.auth.transport.requests  # noqa: F401 - checked at startup
+            except ImportError:
+                raise ConfigError("upstream.provider", "vertex with application-default "
+                                  "credentials needs google-auth: pip install "
+                                  "'compact-proxy[vertex]' (or set upstream.vertex_token_env)"
+                                  ) from None
 
         return VertexProvider(upstream.vertex_token_env)
     return Provider()

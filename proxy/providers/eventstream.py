@@ -20,8 +20,6 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from botocore.eventstream import EventStreamBuffer, ParserError
-
 from proxy.http.sse import StreamWatch
 
 __all__ = [
@@ -76,6 +74,8 @@ class EventStreamWatch:
     __slots__ = ("_buffer", "_broken", "watch")
 
     def __init__(self) -> None:
+        from botocore.eventstream import EventStreamBuffer  # (the bedrock extra)
+
         self.watch = StreamWatch()
         self._buffer = EventStreamBuffer()
         self._broken = False
@@ -85,6 +85,8 @@ class EventStreamWatch:
         if self._broken:
             return
         self._buffer.add_data(data)
+        from botocore.eventstream import ParserError
+
         sse = bytearray()
         try:
             for message in self._buffer:

@@ -309,3 +309,32 @@ def test_the_sdks_vertex_client_with_its_own_token(
     (sent,) = upstream_server.upstream.requests
     assert sent.headers["authorization"] == f"Bearer {TEST_VERTEX_TOKEN}"
     assert len(json.dumps(sent.body)) < len(json.dumps(read_turns(6))) / 2  # L1 applied
+
+
+def test_vertex_with_application_default_credentials(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """No token variable: google-auth's application-default credentials (a service account
+    whose token endpoint is the fake's) give the proxy its token, fetched once and reused."""
+    if provider != "vertex":
+        pytest.skip("Google credentials")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    account = tmp_path / "service-account.json"
+    account.write_text(json.dumps({
+        "type": "service_account", "project_id": "proj", "private_key_id": "k1",
+        "private_key": pem, "client_email": "proxy@proj.iam.gserviceaccount.com",
+        "client_id": "1", "token_uri": f"{upstream_server.base_url}/token"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
+    proxy = proxy_factory({"upstream": {"provider": "vertex"}, "compaction": L1_POLICY})
+    for _ in range(2):
+        status, _, raw = _post(provider, proxy.base_url, {"max_tokens": 20, "messages": [
+            {"role": "user", "content": "hi"}]}, stream=True)
+        assert status == 200, raw
+    assert upstream_server.upstream.counts["token"] == 1
+    sent = [r for r in upstream_server.upstream.requests if r.path.endswith("Predict")]
+    assert [r.headers["authorization"] for r in sent] == [f"Bearer {TEST_VERTEX_TOKEN}"] * 2
