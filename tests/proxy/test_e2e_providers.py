@@ -338,3 +338,26 @@ def test_vertex_with_application_default_credentials(
     assert upstream_server.upstream.counts["token"] == 1
     sent = [r for r in upstream_server.upstream.requests if r.path.endswith("Predict")]
     assert [r.headers["authorization"] for r in sent] == [f"Bearer {TEST_VERTEX_TOKEN}"] * 2
+
+
+def test_scope_credential_takes_no_tenant_from_a_sigv4_signature(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SigV4 access key id is not secret (and the proxy re-signs): scope ``credential``
+    refuses it in the provider's error shape; a Bedrock API key is a credential."""
+    if provider != "bedrock":
+        pytest.skip("SigV4")
+    monkeypatch.setenv("E2E_TENANT_SECRET", "tenant-secret-for-providers")
+    proxy = proxy_factory({**_config(provider, L1_POLICY), "session": {
+        "scope": "credential", "secret_env": "E2E_TENANT_SECRET"}})
+    client = anthropic.AnthropicBedrock(
+        base_url=proxy.base_url, aws_access_key=TEST_AWS_ACCESS_KEY,
+        aws_secret_key="anything", aws_region="us-east-1", max_retries=0)
+    try:
+        with pytest.raises(anthropic.AuthenticationError, match="SigV4") as refused:
+            client.messages.create(model=MODEL, max_tokens=20, messages=read_turns(1),
+                                   **ON_BEDROCK)
+    finally:
+        client.close()
+    assert refused.value.response.headers["x-amzn-ErrorType"] == "UnrecognizedClientException"
+    assert upstream_server.upstream.requests == []
