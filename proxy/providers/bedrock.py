@@ -24,14 +24,13 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import web
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.session import Session
 from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.providers.base import Provider, Route, decoded_json
 from proxy.providers.eventstream import exception_frame
+from proxy.providers.sigv4 import SigV4
 
 __all__ = ["FIRST_PARTY_ONLY_BETAS", "VERSION", "BedrockProvider"]
 
@@ -58,6 +57,10 @@ _ERROR_TYPES: Final[Mapping[str, str]] = {
 _TOO_LONG: Final = b"input is too long"
 
 
+def _never() -> bool:
+    return False
+
+
 class BedrockProvider(Provider):
     """Bedrock's paths, SigV4 signing, refusal, error shape and summary-call format."""
 
@@ -69,6 +72,7 @@ class BedrockProvider(Provider):
                        or os.environ.get("AWS_DEFAULT_REGION")
                        or self._session.get_config_variable("region") or "us-east-1")
         self._credentials: Any = None
+        self._signer = SigV4(self.region)
 
     def routes(self) -> tuple[Route, ...]:
         return (("POST", "/model/{model_id}/invoke", "messages"),
@@ -93,15 +97,17 @@ class BedrockProvider(Provider):
             return out  # the client's Bedrock API key
         for name in _CLIENT_SIGNATURE:
             out.popall(name, None)
-        if self._credentials is None:  # the chain may read files or a metadata service
-            self._credentials = await asyncio.to_thread(self._session.get_credentials)
-        if self._credentials is None:
+        credentials = self._credentials
+        if credentials is None:  # the chain may read files or a metadata service
+            credentials = self._credentials = await asyncio.to_thread(
+                self._session.get_credentials)
+        if credentials is None:
             raise LookupError("no AWS credentials (environment, profile or instance role)")
-        frozen = await asyncio.to_thread(self._credentials.get_frozen_credentials)
-        signed = AWSRequest(method=method, url=str(url), data=body)
-        SigV4Auth(frozen, "bedrock", self.region).add_auth(signed)
-        for name, value in signed.headers.items():
-            out[name] = value
+        if getattr(credentials, "refresh_needed", _never)():  # a role's, about to expire
+            frozen = await asyncio.to_thread(credentials.get_frozen_credentials)
+        else:
+            frozen = credentials.get_frozen_credentials()
+        out.update(self._signer.headers(method, url, body, frozen))
         return out
 
     def too_long(self, status: int, plain: bytes) -> bool:

@@ -14,7 +14,9 @@ reads the usage from a decoded copy).
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import re
 import struct
 import zlib
 from collections.abc import Mapping
@@ -64,48 +66,88 @@ def exception_frame(exception_type: str, message: str) -> bytes:
 
 
 class EventStreamWatch:
-    """A decoded copy of a relayed Bedrock stream, told to a :class:`StreamWatch` as the SSE
-    the same events would be: its last event, a provider failure and the usage.
+    """A decoded copy of a relayed Bedrock stream, as a :class:`StreamWatch` of the same
+    events would see their SSE: the last event's name, a provider failure and the usage.
 
-    An ``exception`` frame counts as the provider's error; bytes that do not decode as frames
-    (a bad CRC) too, and nothing after them is read.
+    It runs on every chunk of every Bedrock stream, so it reads only what it needs: each
+    frame's length and CRC (C), its message type, and of a ``chunk`` the first bytes of the
+    event (its ``type``); only ``message_start`` and ``message_delta`` (the usage) are decoded
+    whole. An ``exception`` frame counts as the provider's error; bytes that are not frames
+    (a bad length or CRC) too, and nothing after them is read.
     """
 
-    __slots__ = ("_buffer", "_broken", "watch")
+    __slots__ = ("_broken", "_pending", "watch")
 
     def __init__(self) -> None:
-        from botocore.eventstream import EventStreamBuffer  # (the bedrock extra)
-
         self.watch = StreamWatch()
-        self._buffer = EventStreamBuffer()
+        self._pending = b""
         self._broken = False
 
     def see(self, data: bytes) -> None:
         """Read the frames completed by ``data`` (the bytes as relayed)."""
         if self._broken:
             return
-        self._buffer.add_data(data)
-        from botocore.eventstream import ParserError
+        buffer = self._pending + data if self._pending else data
+        at, end = 0, len(buffer)
+        while end - at >= _PRELUDE:
+            total, header_length = _LENGTHS.unpack_from(buffer, at)
+            if total < _PRELUDE + 4 + header_length or total > _MAX_FRAME:
+                return self._break()
+            if end - at < total:
+                break
+            frame = buffer[at:at + total]
+            if zlib.crc32(frame[:-4]) != int.from_bytes(frame[-4:], "big"):
+                return self._break()
+            self._frame(frame[_PRELUDE:_PRELUDE + header_length],
+                        frame[_PRELUDE + header_length:-4])
+            at += total
+        self._pending = buffer[at:]
+        return None
 
-        sse = bytearray()
+    def _break(self) -> None:
+        self._broken = True
+        self._pending = b""
+        self.watch.provider_error = True
+
+    def _frame(self, headers: bytes, payload: bytes) -> None:
+        if _EVENT_MESSAGE not in headers:  # an exception or error frame
+            self.watch.provider_error = True
+            self.watch.last_event = b"error"
+            return
+        if _CHUNK_EVENT not in headers:
+            return
+        if payload.startswith(_BYTES_FIELD):  # as Bedrock writes it: no regex needed
+            encoded = payload[len(_BYTES_FIELD):payload.find(b'"', len(_BYTES_FIELD))]
+        else:
+            found = _BYTES.search(payload)
+            if found is None:
+                return
+            encoded = found.group(1)
         try:
-            for message in self._buffer:
-                sse += _as_sse(message.headers, message.payload)
-        except ParserError:
-            self._broken = True
-            sse += b"event: error\ndata: {}\n\n"
-        if sse:
-            self.watch.see(bytes(sse))
+            head = binascii.a2b_base64(encoded[:_HEAD_CHARS])
+        except binascii.Error:
+            return
+        name = _TYPE.search(head)
+        if name is None:
+            return
+        event = name.group(1)
+        if event in (b"message_start", b"message_delta"):
+            data = binascii.a2b_base64(encoded)
+            self.watch.see(b"event: " + event + b"\ndata: " + data + b"\n\n")
+        else:
+            self.watch.last_event = event
+            if event == b"error":
+                self.watch.provider_error = True
 
 
-def _as_sse(headers: Mapping[str, Any], payload: bytes) -> bytes:
-    if headers.get(":message-type") != "event":
-        return b"event: error\ndata: {}\n\n"
-    if headers.get(":event-type") != "chunk":
-        return b""
-    try:
-        event = base64.b64decode(json.loads(payload)["bytes"])
-        name = json.loads(event)["type"]
-    except (ValueError, KeyError, TypeError):
-        return b""
-    return b"event: " + str(name).encode() + b"\ndata: " + event + b"\n\n"
+_PRELUDE: Final = 12
+_LENGTHS: Final = struct.Struct(">II")
+_MAX_FRAME: Final = 16 * 1024 * 1024
+# Header bytes: name length, name, type 7 (string), value length, value.
+_EVENT_MESSAGE: Final = b"\x0d:message-type\x07\x00\x05event"
+_CHUNK_EVENT: Final = b"\x0b:event-type\x07\x00\x05chunk"
+_BYTES_FIELD: Final = b'{"bytes":"'
+_BYTES: Final = re.compile(rb'"bytes"\s*:\s*"([A-Za-z0-9+/=]*)"')
+#: Base64 characters decoded to read an event's ``type`` (a multiple of 4).
+_HEAD_CHARS: Final = 64
+_TYPE: Final = re.compile(rb'"type"\s*:\s*"([a-z_]+)"')
