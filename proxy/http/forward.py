@@ -91,10 +91,13 @@ class PromptTooLong:
     tokens: int | None
     maximum: int | None
 
-    def estimated(self, view_tokens: int) -> PromptTooLong:
-        """A refusal without numbers as one with: the refused view (as estimated) taken as
-        the provider's count, the window as :data:`ESTIMATED_WINDOW_SHARE` of it."""
-        return PromptTooLong(view_tokens, max(1, int(view_tokens * ESTIMATED_WINDOW_SHARE)))
+    def counts(self, view_tokens: int) -> tuple[int, int]:
+        """N and M; for a refusal without numbers, estimated from ``view_tokens`` (the
+        refused view as the proxy counted it): N that count, M
+        :data:`ESTIMATED_WINDOW_SHARE` of it."""
+        if self.tokens is not None and self.maximum is not None:
+            return self.tokens, self.maximum
+        return view_tokens, max(1, int(view_tokens * ESTIMATED_WINDOW_SHARE))
 
     @classmethod
     def from_error_body(cls, raw: bytes, content_encoding: str) -> PromptTooLong | None:

@@ -386,12 +386,12 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         nonlocal sent
         if plan.model is None:
             return None
-        if refusal.maximum is None:  # Bedrock's, Vertex's wording has no numbers: estimated
-            refusal = refusal.estimated(result.tokens_after)
-        app[CALIBRATION].learn_window(session.key, plan.model, refusal.maximum)
-        shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
+        # (Bedrock's, Vertex's wording has no numbers: estimated from the view.)
+        tokens, maximum = refusal.counts(result.tokens_after)
+        app[CALIBRATION].learn_window(session.key, plan.model, maximum)
+        shown = max(1.0, tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
-            plan, policy=clamp_to_window(plan.policy, refusal.maximum),
+            plan, policy=clamp_to_window(plan.policy, maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
         again, again_new = await _compact(app, request, record, session, parsed, durable,
                                           tighter, may_call_model, measured, executor)
