@@ -361,3 +361,54 @@ def test_scope_credential_takes_no_tenant_from_a_sigv4_signature(
         client.close()
     assert refused.value.response.headers["x-amzn-ErrorType"] == "UnrecognizedClientException"
     assert upstream_server.upstream.requests == []
+
+
+def test_bedrock_gets_the_binding_opt_out_beta_in_its_body(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
+    """Compaction under thinking: on Bedrock the binding beta joins the body's
+    ``anthropic_beta`` (its betas are there, not in a header); on Vertex the header."""
+    from tests.proxy.test_e2e_compaction import thinking_history
+
+    proxy = proxy_factory({**_config(provider, {**L1_POLICY, "keep_recent_messages": 6}),
+                           "summary": {"enabled": False}})
+    body: dict[str, Any] = {"max_tokens": 2048, "messages": thinking_history(),
+                            "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    if provider == "bedrock":
+        body["anthropic_beta"] = ["interleaved-thinking-2025-05-14"]
+    status, headers, raw = _post(provider, proxy.base_url, body, stream=False)
+    assert status == 200, raw[:300]
+    assert headers["x-compact-layers"]
+    (sent,) = upstream_server.upstream.requests
+    assert sent.body["thinking"]["block_binding"] == {"prefix_mismatch_behavior": "drop_block"}
+    if provider == "bedrock":
+        assert sent.body["anthropic_beta"] == ["interleaved-thinking-2025-05-14",
+                                               "thinking-binding-controls-2026-08-01"]
+        assert "anthropic-beta" not in sent.headers
+    else:
+        assert sent.headers["anthropic-beta"] == "thinking-binding-controls-2026-08-01"
+
+
+def test_bedrock_count_tokens_and_inference_profiles_are_signed_and_forwarded(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
+    if provider != "bedrock":
+        pytest.skip("Bedrock's routes")
+    import asyncio
+
+    proxy = proxy_factory(_config(provider, L1_POLICY))
+    inner = base64.b64encode(json.dumps({"anthropic_version": "bedrock-2023-05-31",
+                                         "max_tokens": 5, "messages": [
+                                             {"role": "user", "content": "hi"}]}).encode())
+    counted = {"input": {"invokeModel": {"body": inner.decode()}}}
+
+    async def go() -> tuple[int, int]:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(URL(f"{proxy.base_url}/model/{MODEL}/count-tokens",
+                                     encoded=True), json=counted) as response:
+                count = response.status
+                assert (await response.json())["inputTokens"] > 0
+            async with http.get(f"{proxy.base_url}/inference-profiles?maxResults=10") as listed:
+                return count, listed.status
+
+    assert asyncio.run(go()) == (200, 200)
+    assert [r.headers["authorization"][:16] for r in upstream_server.upstream.requests] == [
+        "AWS4-HMAC-SHA256"] * 2
