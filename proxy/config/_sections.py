@@ -155,6 +155,13 @@ class UpstreamConfig(Section):
         "air-gapped setups). Unset: Google application-default credentials (google-auth). A "
         "client's own Authorization header is forwarded instead.",
         example="VERTEX_ACCESS_TOKEN")] = None
+    vertex_project: Annotated[Text | None, doc(
+        "vertex: the project of summary calls made on their own (summary.mode separate); "
+        "a call forked from a request goes to that request's project and location.",
+        example="my-project")] = None
+    vertex_region: Annotated[Text | None, doc(
+        "vertex: the location of summary calls made on their own (summary.mode separate).",
+        example="us-east5")] = None
 
     def require_base_url(self) -> str:
         """``base_url``, which serving needs; the one check that it is set.

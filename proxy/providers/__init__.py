@@ -56,7 +56,8 @@ def make_provider(config: Config) -> Provider:
                                   "'compact-proxy[vertex]' (or set upstream.vertex_token_env)"
                                   ) from None
 
-        return VertexProvider(upstream.vertex_token_env)
+        return VertexProvider(upstream.vertex_token_env, upstream.vertex_project,
+                              upstream.vertex_region)
     return Provider()
 
 

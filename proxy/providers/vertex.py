@@ -38,9 +38,13 @@ class VertexProvider(Provider):
 
     name = "vertex"
 
-    def __init__(self, token_env: str | None) -> None:
+    def __init__(self, token_env: str | None, project: str | None = None,
+                 region: str | None = None) -> None:
         self._token_env = token_env
         self._credentials: Any = None
+        # Where a summary call not forked from a request goes (summary.mode separate).
+        self._models_path = (_MODELS.format(project=project, location=region)
+                             if project and region else None)
 
     def routes(self) -> tuple[Route, ...]:
         routes: list[Route] = []
@@ -101,11 +105,13 @@ class VertexProvider(Provider):
 
     def summary_request(self, path: str, headers: CIMultiDict[str],
                         body: bytes) -> tuple[str, bytes]:
-        prefix = headers.popall(MODELS_PATH_HEADER, None)
-        if not prefix:
-            raise LookupError("a Vertex summary call needs the client's project and location")
+        forked = headers.popall(MODELS_PATH_HEADER, None)
+        prefix = forked[0] if forked else self._models_path
+        if prefix is None:
+            raise LookupError("a Vertex summary call needs a project and location "
+                              "(upstream.vertex_project, vertex_region)")
         call = json.loads(body)
         model = call.pop("model")
         call["anthropic_version"] = VERSION
         action = "streamRawPredict" if call.get("stream") else "rawPredict"
-        return f"{prefix[0]}{model}:{action}", json.dumps(call).encode()
+        return f"{prefix}{model}:{action}", json.dumps(call).encode()

@@ -254,8 +254,11 @@ class ProviderSummarizer:
     def _separate_headers(self, caller: CallerCredentials
                           ) -> dict[str, str | anthropic.Omit] | None:
         """Per-call auth: the configured key (the client's own), else the caller's headers."""
-        if self._api_key is not None or self._signs_calls:
+        if self._api_key is not None:
             return {}
+        if self._signs_calls:  # the provider's transport authorises: no SDK credential
+            return caller.as_extra_headers() if caller.present else \
+                CallerCredentials().as_extra_headers()
         if caller.present:
             return caller.as_extra_headers()
         return None

@@ -412,3 +412,27 @@ def test_bedrock_count_tokens_and_inference_profiles_are_signed_and_forwarded(
     assert asyncio.run(go()) == (200, 200)
     assert [r.headers["authorization"][:16] for r in upstream_server.upstream.requests] == [
         "AWS4-HMAC-SHA256"] * 2
+
+
+def test_separate_summary_calls_use_the_configured_model_and_place(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
+        proxy_log: Any) -> None:
+    """``summary.mode: separate``: the call is the proxy's own, on ``summary.model`` in the
+    provider's naming (and, on Vertex, ``vertex_project`` / ``vertex_region``)."""
+    model = ("us.anthropic.claude-haiku-4-5-20251001-v1:0" if provider == "bedrock"
+             else "claude-haiku-4-5@20251001")
+    config = _config(provider, SUMMARY_POLICY, {"mode": "separate", "model": model})
+    config["upstream"].update({"vertex_project": "summaries", "vertex_region": "europe-west1"}
+                              if provider == "vertex" else {})
+    proxy = proxy_factory(config)
+    status, headers, raw = _post(provider, proxy.base_url, {
+        "max_tokens": 100, "messages": read_turns(12)}, stream=True)
+    assert status == 200, raw[:300]
+    assert "L4" in headers.get("x-compact-layers", "")
+    calls = [r for r in upstream_server.upstream.requests
+             if isinstance(r.body, dict) and is_summarizer_request(r.body)]
+    assert calls
+    expected = (f"/model/{model}/invoke" if provider == "bedrock" else
+                f"/projects/summaries/locations/europe-west1/publishers/anthropic/models/"
+                f"{model}:rawPredict")
+    assert {call.path for call in calls} == {expected}
