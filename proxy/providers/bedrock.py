@@ -54,7 +54,8 @@ _ERROR_TYPES: Final[Mapping[str, str]] = {
     "overloaded_error": "ServiceUnavailableException",
     "timeout_error": "ModelTimeoutException",
 }
-_TOO_LONG: Final = b"input is too long"
+#: Bedrock's too-long wordings (its own; the Messages API's passed through).
+_TOO_LONG: Final = ("input is too long", "prompt is too long")
 
 
 def _never() -> bool:
@@ -114,7 +115,7 @@ class BedrockProvider(Provider):
         body = decoded_json(plain)
         message = body.get("message") if isinstance(body, dict) else None
         return (status == 400 and isinstance(message, str)
-                and _TOO_LONG in message.lower().encode())
+                and any(wording in message.lower() for wording in _TOO_LONG))
 
     def error_response(self, status: int, error_type: str, message: str,
                        headers: Mapping[str, str]) -> web.Response:
