@@ -75,6 +75,7 @@ from proxy.keys import (
 from proxy.logs import configure_logging
 from proxy.masking import config_secrets
 from proxy.metrics import ProxyMetrics
+from proxy.providers import PROVIDER, make_provider, provider_error_middleware
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
@@ -194,8 +195,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
+    provider = app[PROVIDER]
     summarizer = ProviderSummarizer(config.summary, config.upstream.require_base_url(),
-                                    config.summary_api_key())
+                                    config.summary_api_key(), provider=provider)
     app[SUMMARIZER] = summarizer
     yield
     await summarizer.close()
@@ -218,11 +220,13 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
     # count_tokens decode (under the size limit) in proxy.http.body.read_body.
-    app = web.Application(middlewares=[request_context_middleware, error_middleware,
+    app = web.Application(middlewares=[request_context_middleware, provider_error_middleware,
+                                       error_middleware,
                                        admin_gate_middleware, body_deadline_middleware,
                                        tenant_limit_middleware],
                           handler_args={"auto_decompress": False})
     app[CONFIG] = config
+    app[PROVIDER] = make_provider(config)
     app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
     app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
     app[TENANT_LIMITER] = TenantLimiter(config.limits.max_concurrent_per_tenant)

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     fake.add_argument("--port", type=int, default=8788, help="port to bind (default 8788)")
+    fake.add_argument("--provider", choices=("anthropic", "bedrock", "vertex"),
+                      default="anthropic",
+                      help="also speak Bedrock's or Vertex's wire (test credentials: "
+                           "docs/bedrock.md, docs/vertex.md)")
 
     check = commands.add_parser(
         "check-config", help="validate a config; one OK line (--show: every effective value)"
@@ -368,11 +372,11 @@ def _demo() -> int:
     return int(demo.main())
 
 
-def _fake_upstream(host: str, port: int) -> int:
+def _fake_upstream(host: str, port: int, provider: str = "anthropic") -> int:
     from .fake_upstream import run_fake_upstream
 
     try:
-        run_fake_upstream(host=host, port=port)
+        run_fake_upstream(host=host, port=port, provider=provider)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -407,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":
-        return _fake_upstream(args.host, args.port)
+        return _fake_upstream(args.host, args.port, args.provider)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

@@ -134,6 +134,35 @@ class UpstreamConfig(Section):
         "connect_timeout_s). Past it, 529 overloaded_error with retry-after: 1."
     )] = 5.0
 
+    provider: Annotated[Literal["anthropic", "bedrock", "vertex"], doc(
+        "Which API the provider speaks: anthropic (the Messages API), bedrock (Amazon Bedrock: "
+        "base_url https://bedrock-runtime.<region>.amazonaws.com, requests signed with SigV4; "
+        "docs/bedrock.md) or vertex (Google Vertex AI: base_url "
+        "https://<region>-aiplatform.googleapis.com/v1, a Google access token; "
+        "docs/vertex.md). The proxy then also takes that provider's own paths from clients.")
+    ] = "anthropic"
+    aws_region: Annotated[Text | None, doc(
+        "bedrock: the AWS region SigV4 signs for (the requests do not carry it). Unset: "
+        "AWS_REGION or AWS_DEFAULT_REGION, else the profile's region.",
+        example="us-east-1")] = None
+    aws_profile: Annotated[Text | None, doc(
+        "bedrock: the AWS profile whose credentials sign. Unset: the default credential "
+        "chain (environment, shared files, container or instance role). A client's own "
+        "Bedrock API key (Authorization: Bearer) is forwarded instead of signing.",
+        example="bedrock")] = None
+    vertex_token_env: Annotated[EnvName | None, doc(
+        "vertex: an environment variable holding the access token to send (tests, "
+        "air-gapped setups). Unset: Google application-default credentials (google-auth). A "
+        "client's own Authorization header is forwarded instead.",
+        example="VERTEX_ACCESS_TOKEN")] = None
+    vertex_project: Annotated[Text | None, doc(
+        "vertex: the project of summary calls made on their own (summary.mode separate); "
+        "a call forked from a request goes to that request's project and location.",
+        example="my-project")] = None
+    vertex_region: Annotated[Text | None, doc(
+        "vertex: the location of summary calls made on their own (summary.mode separate).",
+        example="us-east5")] = None
+
     def require_base_url(self) -> str:
         """``base_url``, which serving needs; the one check that it is set.
 

@@ -39,6 +39,12 @@ from aiohttp import web
 
 from proxy.allocator import tune_allocator
 
+from .credentials import (
+    TEST_AWS_ACCESS_KEY,
+    TEST_AWS_SECRET_KEY,
+    TEST_BEDROCK_API_KEY,
+    TEST_VERTEX_TOKEN,
+)
 from .records import RecordedRequest
 from .replies import (
     MALFORMED_SSE_EVENT,
@@ -117,6 +123,7 @@ class FakeUpstream:
         models: Sequence[Mapping[str, Any]] = DEFAULT_MODELS,
         token_ratio: float = 1.0,
         token_noise: float = 0.0,
+        provider: str = "anthropic",
     ) -> None:
         if context_window < 1:
             raise ValueError(f"context_window must be >= 1, got {context_window}")
@@ -131,6 +138,13 @@ class FakeUpstream:
         self.models: tuple[Mapping[str, Any], ...] = tuple(models)
         self.prompt_cache = PromptCache()
         self.accepted_keys: frozenset[str] | None = None
+        # ``bedrock`` or ``vertex``: that provider's routes too, and the credentials they
+        # know (:mod:`.providers`: a test key pair, a Bedrock API key, a Vertex token).
+        self.provider: str = provider
+        self.aws_keys: dict[str, str] = {TEST_AWS_ACCESS_KEY: TEST_AWS_SECRET_KEY}
+        self.bedrock_api_keys: set[str] = {TEST_BEDROCK_API_KEY}
+        self.vertex_tokens: set[str] = {TEST_VERTEX_TOKEN}
+        self.provider_errors: Callable[[ProviderRuleError, str], web.Response] | None = None
         self._request_counter = 0
         self._message_counter = 0
 
@@ -180,6 +194,10 @@ class FakeUpstream:
         app.router.add_post("/v1/messages/count_tokens", _handle_count_tokens)
         app.router.add_get("/v1/models", _handle_models)
         app.router.add_get("/v1/models/{model_id}", _handle_model)
+        if self.provider != "anthropic":
+            from .providers import add_provider_routes  # (it builds on this module)
+
+            add_provider_routes(app, self)
         app.router.add_route("*", "/{tail:.*}", _handle_not_found)
         return app
 
@@ -196,6 +214,10 @@ UPSTREAM_KEY: Final = web.AppKey("fake_upstream", FakeUpstream)
 _REQUEST_ID_KEY: Final = web.RequestKey("fake_upstream_request_id", str)
 _RECORD_KEY: Final = web.RequestKey("fake_upstream_record", RecordedRequest)
 _BODY_KEY: Final = web.RequestKey("fake_upstream_body", _Body)
+RAW_KEY: Final = web.RequestKey("fake_upstream_raw", bytes)
+#: Route names of a provider's own routes start with this: they check their own auth, and
+#: their errors have the provider's shape (``FakeUpstream.provider_errors``).
+PROVIDER_ROUTE: Final = "provider:"
 
 
 # -- request plumbing ---------------------------------------------------------------------------
@@ -257,6 +279,7 @@ async def _error_middleware(
     request[_REQUEST_ID_KEY] = request_id
     api_key = _api_key(request)
     raw = b""
+    shaped: Callable[[ProviderRuleError, str], web.Response] | None = None
     try:
         try:
             raw = await request.read()
@@ -268,13 +291,20 @@ async def _error_middleware(
                 request_id=request_id, api_key=api_key,
             )
             request[_RECORD_KEY] = record
+            request[RAW_KEY] = raw
             upstream.requests.append(record)
+        name = request.match_info.route.name or ""
+        if name.startswith(PROVIDER_ROUTE) and upstream.provider_errors is not None:
+            shaped = upstream.provider_errors
+            return await handler(request)
         if not api_key:
             raise ProviderRuleError("x-api-key header is required", 401, "authentication_error")
         if upstream.accepted_keys is not None and api_key not in upstream.accepted_keys:
             raise ProviderRuleError("invalid x-api-key", 401, "authentication_error")
         return await handler(request)
     except ProviderRuleError as exc:
+        if shaped is not None:
+            return shaped(exc, request_id)
         if exc.status == 413:
             return _too_large_response()
         return web.json_response(exc.error_body(request_id), status=exc.status)
@@ -328,6 +358,10 @@ def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
+#: The request's JSON object as the provider routes judge it (strict, decoded).
+request_json = _json_object
+
+
 async def _pause(request: web.Request, seconds: float) -> None:
     """Sleep ``seconds``, raising ``ConnectionResetError`` as soon as the client is gone.
 
@@ -356,17 +390,31 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _handle_messages(request: web.Request) -> web.StreamResponse:
+    request.app[UPSTREAM_KEY].counts["messages"] += 1
+    return await answer_messages(request, _checked_body(request), Dialect())
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How a provider in front of the Messages API (:mod:`.providers`) says what differs:
+    its too-long refusal (given N and M), its stream, its scripted errors."""
+
+    too_long: Callable[[int, int], ProviderRuleError] = lambda total, window: ProviderRuleError(
+        f"prompt is too long: {total} tokens > {window} maximum")
+    stream: Callable[..., Awaitable[web.StreamResponse]] | None = None
+    error: Callable[[Mapping[str, Any], int, Mapping[str, str]], web.Response] | None = None
+
+
+async def answer_messages(request: web.Request, body: dict[str, Any],
+                          dialect: Dialect) -> web.StreamResponse:
+    """Judge an Anthropic-shaped Messages body (every rule, the window) and answer it."""
     upstream = request.app[UPSTREAM_KEY]
-    upstream.counts["messages"] += 1
     record = request[_RECORD_KEY]
-    body = _checked_body(request)
     check_messages_request(body)
     measure = upstream.token_rule.measure(body)
     total = measure.total
     if total > upstream.context_window:
-        raise ProviderRuleError(
-            f"prompt is too long: {total} tokens > {upstream.context_window} maximum"
-        )
+        raise dialect.too_long(total, upstream.context_window)
 
     if upstream.queue:
         reply = upstream.queue.popleft()
@@ -391,6 +439,8 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
             return web.Response(status=499)  # dropped quietly by aiohttp: the client is gone
 
     if reply.error is not None:
+        if dialect.error is not None:
+            return dialect.error(reply.error, reply.status, reply.headers)
         error_body = {**reply.error, "request_id": record.request_id}
         return web.json_response(error_body, status=reply.status, headers=reply.headers)
 
@@ -401,7 +451,7 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
     message = build_message(reply, message_id=upstream.next_message_id(), model=body["model"],
                             usage=usage)
     if body.get("stream") is True:
-        return await _stream(request, upstream, reply, message)
+        return await (dialect.stream or _stream)(request, upstream, reply, message)
     if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
         return await _cut_json(request, reply, message)
     if fault is not None and fault.kind == "malformed_sse":
@@ -562,7 +612,7 @@ async def start_fake_upstream(
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def run_fake_upstream(host: str, port: int) -> None:
+def run_fake_upstream(host: str, port: int, provider: str = "anthropic") -> None:
     """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
     fake-upstream``); prints ``fake upstream listening on http://host:port`` once started.
 
@@ -573,7 +623,8 @@ def run_fake_upstream(host: str, port: int) -> None:
     async def serve() -> None:
         tune_allocator()  # as the proxy does: no page-fault lottery in what it is measured by
         try:
-            runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+            runner, url = await start_fake_upstream(FakeUpstream(provider=provider), host,
+                                                    port)
         except OSError as exc:
             raise SystemExit(
                 f"fake upstream: cannot listen on http://{host}:{port}: {exc.strerror or exc}"

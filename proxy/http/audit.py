@@ -183,7 +183,7 @@ def route_name(request: web.Request) -> str:
     API, ``other`` when unnamed."""
     name = request.match_info.route.name
     if name:
-        return name
+        return name.partition(":")[0]  # a provider's route: ``messages:bedrock:r0``
     if request.path == "/admin" or request.path.startswith("/admin/"):
         return "admin"
     return "other"

@@ -38,6 +38,9 @@ from proxy.http.sse import SSEFramer, StreamWatch, json_usage, sse_error_event
 from proxy.http.upstream_headers import ForwardPolicy
 from proxy.http.upstream_waits import UpstreamWaits, read_some
 from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
+from proxy.providers import TOO_LONG_STATUSES, Provider, provider_of
+from proxy.providers.eventstream import CONTENT_TYPE as EVENT_STREAM
+from proxy.providers.eventstream import EventStreamWatch
 
 __all__ = [
     "HOP_BY_HOP",
@@ -67,6 +70,8 @@ _AUTO_HEADERS: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type
 
 #: The provider's refusal of a prompt over the model's window (reference §5.6).
 _PROMPT_TOO_LONG: Final = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+#: A refusal without numbers: the window is taken as this share of the refused view.
+ESTIMATED_WINDOW_SHARE: Final = 0.85
 #: An error body is small; a refusal is read whole only up to this.
 _MAX_REFUSAL_BYTES: Final = 64 * 1024
 #: A JSON answer is kept (alongside relaying it) up to this, to read its ``usage``.
@@ -75,15 +80,24 @@ _MAX_USAGE_BODY_BYTES: Final = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class PromptTooLong:
-    """The provider's ``prompt is too long: N tokens > M maximum``.
+    """The provider's ``prompt is too long: N tokens > M maximum``; Bedrock's and Vertex's
+    refusals carry no numbers (both ``None``: :meth:`estimated`).
 
     Attributes:
         tokens: N, the provider's count of the view it refused.
         maximum: M, the model's context window.
     """
 
-    tokens: int
-    maximum: int
+    tokens: int | None
+    maximum: int | None
+
+    def counts(self, view_tokens: int) -> tuple[int, int]:
+        """N and M; for a refusal without numbers, estimated from ``view_tokens`` (the
+        refused view as the proxy counted it): N that count, M
+        :data:`ESTIMATED_WINDOW_SHARE` of it."""
+        if self.tokens is not None and self.maximum is not None:
+            return self.tokens, self.maximum
+        return view_tokens, max(1, int(view_tokens * ESTIMATED_WINDOW_SHARE))
 
     @classmethod
     def from_error_body(cls, raw: bytes, content_encoding: str) -> PromptTooLong | None:
@@ -248,15 +262,19 @@ async def forward(
     upstream = await _send(app, request, record, waits, body, headers)
     held = b""
     try:
-        if retry is not None and upstream.status == 400:
+        provider = provider_of(request)
+        if retry is not None and upstream.status in TOO_LONG_STATUSES:
             held, whole = await _read_refusal(waits, upstream)
-            refusal = (PromptTooLong.from_error_body(
-                held, upstream.headers.get("Content-Encoding", "")) if whole else None)
+            encoding = upstream.headers.get("Content-Encoding", "")
+            refusal = PromptTooLong.from_error_body(held, encoding) if whole else None
+            if refusal is None and whole and provider is not None and provider.too_long(
+                    upstream.status, decoded(held, encoding, _MAX_REFUSAL_BYTES) or b""):
+                refusal = PromptTooLong(None, None)
             again = None if refusal is None else await retry(refusal)
             if again is not None:
                 _done_with(upstream)
                 upstream, held = await _send(app, request, record, waits, again, headers), b""
-        return await _relay(request, record, waits, upstream, held, before_end)
+        return await _relay(request, record, waits, upstream, held, before_end, provider)
     finally:
         _done_with(upstream)
 
@@ -291,12 +309,22 @@ async def _send(app: web.Application, request: web.Request, record: RequestRecor
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     """Send the request upstream; the provider's response, headers read."""
     upstream_config = app[CONFIG].upstream
+    url = upstream_url(upstream_config.require_base_url(), request)
+    provider = provider_of(request)
+    if provider is not None and (body is None or isinstance(body, bytes)):
+        # Signed (Bedrock) or given a token (Vertex) for these exact bytes and this path.
+        try:
+            headers = await provider.authorise(request.method, url, headers, body or b"")
+        except LookupError as exc:
+            record.outcome = Outcome.UPSTREAM_UNREACHABLE
+            raise UpstreamFailure(500, "api_error", f"no upstream credentials: {exc}",
+                                  reason="upstream_credentials") from None
     started = time.perf_counter()
     try:
         # The answer's headers within the read timeout (UpstreamWaits: no timer of its own).
         upstream = await waits.request(lambda wait: app[UPSTREAM].request(
             request.method,
-            upstream_url(upstream_config.require_base_url(), request),
+            url,
             data=body if body is None or isinstance(body, bytes) else _touching(
                 body, waits, wait),
             headers=headers,
@@ -328,7 +356,8 @@ async def _touching(body: AsyncIterable[bytes], waits: UpstreamWaits,
 
 async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWaits,
                  upstream: aiohttp.ClientResponse, held: bytes = b"",
-                 before_end: BeforeEnd | None = None) -> web.StreamResponse:
+                 before_end: BeforeEnd | None = None,
+                 provider: Provider | None = None) -> web.StreamResponse:
     """Relay the answer as it arrives; ``held`` is the start of its body, already read.
     With ``before_end``, a body not framed here goes out one chunk late (its last chunk
     after ``before_end``)."""
@@ -349,6 +378,11 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
     # relayed (one regex scan per chunk), so neither is counted as a success.
     answered = record.route == "messages" and upstream.status == 200
     watch = StreamWatch() if framer is not None and answered else None
+    # Bedrock's event stream: relayed as it comes, read from a decoded copy.
+    frames = (EventStreamWatch() if answered and framer is None
+              and content_type.startswith(EVENT_STREAM) else None)
+    if frames is not None:
+        watch = frames.watch
     # A JSON Message is kept too (up to a bound) to read its usage once relayed.
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
@@ -368,14 +402,16 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
             if len(kept) > _MAX_USAGE_BODY_BYTES:
                 kept = None
         out = framer.feed(chunk) if framer is not None else chunk
-        if watch is not None and out:
+        if frames is not None:
+            frames.see(chunk)
+        elif watch is not None and out:
             watch.see(out)
         if before_end is not None and framer is None:
             out, last = last, out
         if out and not await _write(response, record, out):
             return response
     rest = framer.flush() if framer is not None else last
-    if watch is not None and rest:
+    if watch is not None and rest and frames is None:
         watch.see(rest)
     if kept is not None:
         record.usage = json_usage(bytes(kept), upstream.headers.get("Content-Encoding", ""),
@@ -393,9 +429,11 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
         # terms, so the client does not take a partial answer for a whole one.
         _log.warning("upstream_stream_incomplete")
         record.outcome = Outcome.STREAM_FAILED
-        event = sse_error_event(
-            "api_error", "upstream provider stream ended before message_stop (incomplete)"
-        )
+        incomplete = "upstream provider stream ended before message_stop (incomplete)"
+        tail = provider.incomplete_tail(incomplete) if provider is not None else None
+        event = tail if tail is not None else sse_error_event("api_error", incomplete)
+        if frames is not None:
+            rest = b""  # frames: whole, no blank line needed
         # Bytes after the last blank line would otherwise run into the error event.
         if not await _write(response, record, b"\n\n" + event if rest else event):
             return response

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -35,7 +35,7 @@ import compactor
 from policies import CompactionPolicy
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
-from proxy.http.compute import OFFLOAD_FROM_BYTES, Turn, run_on
+from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
 from proxy.http.forward import (
@@ -44,10 +44,16 @@ from proxy.http.forward import (
     request_body_stream,
     upstream_request_headers,
 )
+from proxy.http.measure import Measured, RequestScope, measure
 from proxy.http.recent import RecentBodies
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
-from proxy.http.spans import RequestBody, parse_request, remembered
-from proxy.http.thinking import apply_binding_opt_out, merge_beta_header, needs_binding_opt_out
+from proxy.http.spans import RequestBody, parse_request
+from proxy.http.thinking import (
+    BINDING_BETA,
+    apply_binding_opt_out,
+    merge_beta_header,
+    needs_binding_opt_out,
+)
 from proxy.http.upstream_headers import FORWARD_POLICY
 from proxy.keys import (
     ACCOUNTING,
@@ -55,11 +61,9 @@ from proxy.keys import (
     CHECKPOINTS,
     COMPUTE,
     CONFIG,
-    COUNTER,
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
-    PROTOCOL_MEMO,
     RECENT_BODIES,
     ROLE_POLICIES,
     SUMMARIES,
@@ -68,6 +72,7 @@ from proxy.keys import (
     USAGE_LEDGER,
 )
 from proxy.logs import bind_request_fields
+from proxy.providers import provider_of
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
@@ -97,7 +102,12 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
     headers = _upstream_headers(request)
-    body = None
+    body: bytes | AsyncIterable[bytes] | None = None
+    if provider_of(request) is not None:
+        # A Bedrock or Vertex path: authorised for its exact bytes, so read whole (small).
+        raw = await read_body(request, request.app[CONFIG].limits.max_body_bytes)
+        headers.popall("Content-Encoding", None)  # read_body decoded it
+        return await forward(request, request[RECORD], body=raw, headers=headers)
     if request.body_exists:
         body = request_body_stream(request)
         if request.content_length is not None:
@@ -144,7 +154,10 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
             system = compactor.append_to_system(system, durable.text)
-        return ForkSource.from_request(headers.items(), request.query_string, body,
+        provider = provider_of(request)  # Bedrock, Vertex: the model is in the path
+        parts = body if provider is None else provider.fork_parts(
+            request, body, _model_of(request, body), headers)
+        return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
     metrics = app[METRICS]
@@ -158,20 +171,6 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=counter, metrics=metrics, on_usage=on_usage)
-
-
-def _reserved_tokens(counter: compactor.CachingCounter, parsed: RequestBody,
-                     durable_text: str) -> int:
-    """Tokens outside ``messages`` that count toward the thresholds (``system`` and
-    ``tools`` counted once per decoded value)."""
-    doc = parsed.doc
-    reserved = 0
-    for name in ("system", "tools"):  # (a loop, not a generator: this runs on every request)
-        reserved += remembered(parsed.memo(name), "tokens",
-                               functools.partial(counter.count_value, doc.get(name)))
-    if durable_text:
-        reserved += counter.count_value({"type": "text", "text": durable_text})
-    return reserved
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
@@ -189,60 +188,16 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     known: Mapping[int, float] | None = None
 
 
-def _conversation_key(parsed: RequestBody) -> str:
-    """:meth:`compactor.CompactionCheckpoint.conversation_key` of the request's messages,
-    made once per decoded first user message."""
-    key_of = compactor.CompactionCheckpoint.conversation_key
-    for index, message in enumerate(parsed.messages):
-        if message.get("role") == "user":
-            return remembered(parsed.message_memo(index), "conversation_key",
-                              functools.partial(key_of, [message]))
-    return key_of([])
-
-
-class Measured(msgspec.Struct, frozen=True):
-    """What a request's body is, counted once (on the compute threads for a large body):
-    its conversation key, the tokens outside ``messages`` and each message's facts."""
-
-    conversation: str
-    reserved: int
-    facts: compactor.FactColumns | None
-
-
-def _measure(counter: compactor.CachingCounter, parsed: RequestBody,
-             durable_text: str) -> Measured:
-    return Measured(_conversation_key(parsed), _reserved_tokens(counter, parsed, durable_text),
-                    parsed.facts(counter))
-
-
-class RequestScope(msgspec.Struct, frozen=True):
-    """What one request works with: the token counts and tool-protocol walks it reads and
-    adds to — the shared ones, or (a large body) staged ones kept only when its answer is a
-    success, so a refused body leaves nothing, not even the small entries that would pin its
-    memory —, and a large body's turn at the compute threads."""
-
-    counter: compactor.CachingCounter
-    memo: compactor.ProtocolMemo | compactor.StagedMemo
-    turn: Turn | None = None
-
-    @classmethod
-    def of(cls, app: web.Application, parsed: RequestBody, turn: Turn | None) -> RequestScope:
-        if turn is None:
-            return cls(app[COUNTER], app[PROTOCOL_MEMO])
-        counter, memo = app[COUNTER].staged(), app[PROTOCOL_MEMO].staged()
-        parsed.on_commit(counter.commit)
-        parsed.on_commit(memo.commit)
-        return cls(counter, memo, turn)
-
-    def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """The turn given up meanwhile (a summary call)."""
-        return contextlib.nullcontext() if self.turn is None else self.turn.paused()
+def _model_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    """The request's model: its body's, or on a Bedrock or Vertex path the path's."""
+    provider = provider_of(request)
+    model = body.get("model") if provider is None else provider.model_of(request)
+    return model if isinstance(model, str) else None
 
 
 def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
           measured: Measured) -> CompactionPlan:
-    body = parsed.doc
-    model = body.get("model") if isinstance(body.get("model"), str) else None
+    model = _model_of(request, parsed.doc)
     role, policy = app[ROLE_POLICIES].select(request.headers, model)
     lane = f"{role}:{measured.conversation}"
     scale = reserved_scale = 1.0
@@ -317,7 +272,14 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
     if needs_binding_opt_out(candidate, prefix_changed=True):
         apply_binding_opt_out(candidate)
         replaced["thinking"] = candidate["thinking"]
-        _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+        provider = provider_of(request)
+        if provider is not None and provider.name == "bedrock":  # Bedrock's betas: the body's
+            betas = body.get("anthropic_beta")
+            listed = betas if isinstance(betas, list) else []
+            replaced["anthropic_beta"] = [*listed, *(
+                () if BINDING_BETA in listed else (BINDING_BETA,))]
+        else:
+            _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
     views = app[ENCODED_VIEWS]
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
@@ -359,8 +321,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
             parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
             RecentBodies.key_of(tenant, named, raw), tenant=tenant))
         body = parsed.doc
-        if isinstance(body.get("model"), str):
-            record.model = body["model"]
+        record.model = _model_of(request, body) or record.model
         mended = parsed.mended
         if mended:
             _log.warning("lone_surrogates_replaced", replaced=mended)
@@ -371,7 +332,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         durable = await load_durable_context(app, session)
         scope = RequestScope.of(app, parsed, turn)
         measured = await run_on(executor, functools.partial(
-            _measure, scope.counter, parsed, durable.text))
+            measure, scope.counter, parsed, durable.text))
         plan = _plan(app, request, session, parsed, measured)
         result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                      may_call_model, measured, scope, executor)
@@ -399,10 +360,12 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         nonlocal sent
         if plan.model is None:
             return None
-        app[CALIBRATION].learn_window(session.key, plan.model, refusal.maximum)
-        shown = max(1.0, refusal.tokens / max(1, result.tokens_after))
+        # (Bedrock's, Vertex's wording has no numbers: estimated from the view.)
+        tokens, maximum = refusal.counts(result.tokens_after)
+        app[CALIBRATION].learn_window(session.key, plan.model, maximum)
+        shown = max(1.0, tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
-            plan, policy=clamp_to_window(plan.policy, refusal.maximum),
+            plan, policy=clamp_to_window(plan.policy, maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
         again, again_new = await _compact(app, request, record, session, parsed, durable,
                                           tighter, may_call_model, measured, scope, executor)

@@ -14,6 +14,7 @@ from proxy.auth_throttle import AUTH_THROTTLE
 from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
 from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.metrics import CONTENT_TYPE
+from proxy.providers import add_provider_routes
 
 __all__ = ["setup_routes"]
 
@@ -45,4 +46,6 @@ def setup_routes(app: web.Application) -> None:
     setup_admin(app, app[STORE], config.admin_token(), log=app[AUDIT_LOG],  # mounts /admin
                 resolvers=app[RESOLVERS], record_changes=config.audit.enabled,
                 throttle=app[AUTH_THROTTLE])
+    add_provider_routes(app, {"messages": messages_handler, "count_tokens": count_tokens_handler,
+                              "passthrough": passthrough_handler})  # Bedrock's, Vertex's paths
     router.add_route("*", "/{tail:.*}", passthrough_handler, name="passthrough")

@@ -35,6 +35,8 @@ from proxy.http.errors import RequestRejected
 __all__ = ["NO_TENANT", "TenantScope", "is_tenant", "scoped_key"]
 
 NO_TENANT: Final = "none"
+#: The scheme of an AWS SigV4 ``Authorization`` (a Bedrock client that signs itself).
+_SIGV4: Final = "AWS4-HMAC-SHA256 "
 _TENANT: Final = re.compile(r"none|[th][0-9a-f]{16}")
 
 
@@ -104,6 +106,15 @@ class TenantScope:
                 raise RequestRejected(
                     401, "authentication_error",
                     "x-api-key or Authorization header is required (session.scope credential)",
+                    reason="no_credential")
+            if credential.startswith(_SIGV4):
+                # Its access key id is no secret, and the proxy cannot check the signature:
+                # anyone could claim another's tenant with it.
+                raise RequestRejected(
+                    401, "authentication_error",
+                    "session.scope credential cannot take a tenant from a SigV4 signature "
+                    "(its access key id is not secret): send a Bedrock API key, or use "
+                    "session.scope header:<name> behind an authenticating proxy",
                     reason="no_credential")
             return self.credential_tenant(credential)
         name = self.scope.partition(":")[2]

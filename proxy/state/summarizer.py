@@ -26,12 +26,15 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 import anthropic
+import httpx2
 import msgspec
 import structlog
 
 import compactor
 from proxy.config import SummaryConfig
 from proxy.metrics import ProxyMetrics
+from proxy.providers.base import Provider
+from proxy.providers.summary import ProviderTransport
 from proxy.state.caller_checks import AcceptedCallers
 from proxy.state.flights import SingleFlight, fleet_single_flight
 from proxy.state.store import ReplicaConsistency, StoreError, SummaryCache
@@ -201,15 +204,22 @@ class ProviderSummarizer:
             each caller's own.
     """
 
-    def __init__(self, config: SummaryConfig, base_url: str, api_key: str | None) -> None:
+    def __init__(self, config: SummaryConfig, base_url: str, api_key: str | None, *,
+                 provider: Provider | None = None) -> None:
         self.config = config
         self.flights: SingleFlight[str | None] = SingleFlight()
         self._api_key = api_key
+        # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
+        # credentials when the client sent none (proxy.providers).
+        self._signs_calls = provider is not None and provider.signs_calls
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key or _NO_CREDENTIAL,
             base_url=base_url,
             max_retries=config.max_retries,
             timeout=config.timeout_s,
+            http_client=httpx2.AsyncClient(
+                transport=ProviderTransport(provider), timeout=config.timeout_s)
+            if self._signs_calls and provider is not None else None,
         )
         self._sdk_headers = frozenset(
             {name.lower() for name in self._client.default_headers} | set(_SDK_REQUEST_HEADERS)
@@ -247,6 +257,9 @@ class ProviderSummarizer:
         """Per-call auth: the configured key (the client's own), else the caller's headers."""
         if self._api_key is not None:
             return {}
+        if self._signs_calls:  # the provider's transport authorises: no SDK credential
+            return caller.as_extra_headers() if caller.present else \
+                CallerCredentials().as_extra_headers()
         if caller.present:
             return caller.as_extra_headers()
         return None
@@ -265,7 +278,7 @@ class ProviderSummarizer:
             else:
                 names[lowered] = name
                 sent[name] = value
-        if "x-api-key" not in names and "authorization" not in names:
+        if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
             return None
         headers: dict[str, str | anthropic.Omit] = {
             name: anthropic.omit for name in sorted(self._sdk_headers - names.keys())

@@ -1,0 +1,107 @@
+"""Upstream providers other than the first-party Messages API: Amazon Bedrock and Google
+Vertex AI (``upstream.provider``; issue #36).
+
+The body inside their requests is the Messages API's, so the request path is the same; the
+hooks it calls are here: :func:`provider_of` (the request's provider, from its route), the
+routes (:func:`add_provider_routes`), :func:`provider_error_middleware` (the proxy's own errors
+in the provider's shape), the summary calls' transport (:mod:`.summary`) and the event-stream
+reader (:mod:`.eventstream`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.config import Config, ConfigError
+from proxy.providers.base import TOO_LONG_STATUSES, Provider
+
+__all__ = [
+    "PROVIDER",
+    "TOO_LONG_STATUSES",
+    "Provider",
+    "add_provider_routes",
+    "make_provider",
+    "provider_error_middleware",
+    "provider_of",
+]
+
+#: The app's upstream provider (set by :func:`proxy.app.create_app`).
+PROVIDER: Final = web.AppKey("provider", Provider)
+#: A provider route's name: ``<kind>:<provider>:<n>`` (its audit label is ``<kind>``).
+_SEPARATOR: Final = ":"
+
+
+def make_provider(config: Config) -> Provider:
+    """The provider ``upstream.provider`` names, with its settings."""
+    upstream = config.upstream
+    if upstream.provider == "bedrock":
+        try:
+            from proxy.providers.bedrock import BedrockProvider
+        except ImportError:
+            raise ConfigError("upstream.provider", "bedrock needs botocore: pip install "
+                              "'compact-proxy[bedrock]'") from None
+        return BedrockProvider(upstream.aws_region, upstream.aws_profile)
+    if upstream.provider == "vertex":
+        from proxy.providers.vertex import VertexProvider
+
+        if upstream.vertex_token_env is None:
+            try:
+                import google.auth.transport.requests  # noqa: F401 - checked at startup
+            except ImportError:
+                raise ConfigError("upstream.provider", "vertex with application-default "
+                                  "credentials needs google-auth: pip install "
+                                  "'compact-proxy[vertex]' (or set upstream.vertex_token_env)"
+                                  ) from None
+
+        return VertexProvider(upstream.vertex_token_env, upstream.vertex_project,
+                              upstream.vertex_region)
+    return Provider()
+
+
+def add_provider_routes(app: web.Application, handlers: dict[str, Handler]) -> None:
+    """The provider's own client paths, each to the handler of its kind."""
+    provider = app[PROVIDER]
+    for index, (method, path, kind) in enumerate(provider.routes()):
+        app.router.add_route(method, path, handlers[kind],
+                             name=f"{kind}{_SEPARATOR}{provider.name}{_SEPARATOR}r{index}")
+
+
+def provider_of(request: web.Request) -> Provider | None:
+    """The provider whose own path the request came on; ``None`` for first-party paths."""
+    name = request.match_info.route.name
+    if name is None or _SEPARATOR not in name:
+        return None
+    provider = request.app.get(PROVIDER)
+    return provider if provider is not None and provider.name != "anthropic" else None
+
+
+@web.middleware
+async def provider_error_middleware(request: web.Request,
+                                    handler: Handler) -> web.StreamResponse:
+    """The proxy's own error answers (never a relayed one: those are streamed) on a
+    provider's path, in that provider's shape."""
+    response = await handler(request)
+    provider = provider_of(request) if response.status >= 400 else None
+    if provider is None or not isinstance(response, web.Response) or response.prepared:
+        return response
+    error = _anthropic_error(response)
+    if error is None:
+        return response
+    headers = {k: v for k, v in response.headers.items()
+               if k.lower() not in ("content-type", "content-length")}
+    shaped = provider.error_response(response.status, *error, headers)
+    return shaped if shaped is not None else response
+
+
+def _anthropic_error(response: web.Response) -> tuple[str, str] | None:
+    from proxy.providers.base import decoded_json
+
+    body = decoded_json(response.body) if isinstance(response.body, bytes) else None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    return str(error.get("type", "api_error")), str(error.get("message", ""))
+
