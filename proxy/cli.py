@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     fake.add_argument("--port", type=int, default=8788, help="port to bind (default 8788)")
+    fake.add_argument("--script", choices=("default", "tool-loop"), default="default",
+                      help="default: one short text; tool-loop: call the request's tools "
+                      "--steps times, then a final text (offline rehearsal of an agent)")
+    fake.add_argument("--steps", type=_count, default=3, metavar="N",
+                      help="tool calls per task with --script tool-loop (default 3)")
+    fake.add_argument("--dump", metavar="DIR",
+                      help="write each request received to DIR (JSON, and the system text)")
 
     check = commands.add_parser(
         "check-config", help="validate a config; one OK line (--show: every effective value)"
@@ -368,11 +375,14 @@ def _demo() -> int:
     return int(demo.main())
 
 
-def _fake_upstream(host: str, port: int) -> int:
+def _fake_upstream(args: argparse.Namespace) -> int:
     from .fake_upstream import run_fake_upstream
+    from .fake_upstream.tool_loop import RequestDump, ToolLoopScript
 
+    script = ToolLoopScript(args.steps) if args.script == "tool-loop" else None
+    dump = RequestDump(Path(args.dump)) if args.dump else None
     try:
-        run_fake_upstream(host=host, port=port)
+        run_fake_upstream(host=args.host, port=args.port, script=script, on_record=dump)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -407,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":
-        return _fake_upstream(args.host, args.port)
+        return _fake_upstream(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

@@ -107,6 +107,7 @@ class FakeUpstream:
         accepted_keys: the credentials the provider knows (``x-api-key`` or the bearer
             token); any other is refused with 401 ``invalid x-api-key`` on every route.
             ``None`` (the default): any non-empty credential is accepted.
+        on_record: called with each request once recorded (``--dump`` writes it to disk).
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class FakeUpstream:
         self.models: tuple[Mapping[str, Any], ...] = tuple(models)
         self.prompt_cache = PromptCache()
         self.accepted_keys: frozenset[str] | None = None
+        self.on_record: Callable[[RecordedRequest], None] | None = None
         self._request_counter = 0
         self._message_counter = 0
 
@@ -269,6 +271,8 @@ async def _error_middleware(
             )
             request[_RECORD_KEY] = record
             upstream.requests.append(record)
+            if upstream.on_record is not None:
+                upstream.on_record(record)
         if not api_key:
             raise ProviderRuleError("x-api-key header is required", 401, "authentication_error")
         if upstream.accepted_keys is not None and api_key not in upstream.accepted_keys:
@@ -562,9 +566,11 @@ async def start_fake_upstream(
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def run_fake_upstream(host: str, port: int) -> None:
-    """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
-    fake-upstream``); prints ``fake upstream listening on http://host:port`` once started.
+def run_fake_upstream(host: str, port: int, script: Script | None = None,
+                      on_record: Callable[[RecordedRequest], None] | None = None) -> None:
+    """Serve a :class:`FakeUpstream` (``script``, the default one when ``None``) until SIGINT or
+    SIGTERM (``compact-proxy fake-upstream``), calling ``on_record`` with each request; prints
+    ``fake upstream listening on http://host:port`` once started.
 
     Raises:
         SystemExit: with a one-line message when the address cannot be bound.
@@ -573,7 +579,9 @@ def run_fake_upstream(host: str, port: int) -> None:
     async def serve() -> None:
         tune_allocator()  # as the proxy does: no page-fault lottery in what it is measured by
         try:
-            runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+            upstream = FakeUpstream(script)
+            upstream.on_record = on_record
+            runner, url = await start_fake_upstream(upstream, host, port)
         except OSError as exc:
             raise SystemExit(
                 f"fake upstream: cannot listen on http://{host}:{port}: {exc.strerror or exc}"
