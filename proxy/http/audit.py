@@ -55,7 +55,8 @@ class Outcome(StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # 502
     UPSTREAM_BUSY = "upstream_busy"  # 529: no upstream connection free within pool_wait_s
-    BLOCKED = "blocked"  # refused by the proxy (request_blocked says why)
+    BLOCKED = "blocked"  # refused by a limit of the proxy (request_blocked says why)
+    INVALID = "invalid"  # the client's mistake: bad JSON, a wrong shape, a bad admin token
     STORE_ERROR = "store_error"
     INTERNAL_ERROR = "internal_error"  # a bug: 500
     CLIENT_GONE = "client_gone"  # the client hung up first
@@ -79,7 +80,8 @@ class RequestRecord(msgspec.Struct):
         layers: the layers whose effect is in the view, in order.
         layer_savings: every layer that ran on this request, with what it saved (0 when its
             change is not in the view).
-        reason: why the proxy refused the request (``request_blocked``'s reason).
+        reason: why the proxy refused the request (``request_blocked``'s or
+            ``request_invalid``'s reason).
         hard_limit: the hard limit it was refused by, when refused for size.
         upstream_status: the provider's status code, when it answered.
         outcome: how the request ended (:class:`Outcome`); ``None`` until set.
@@ -88,6 +90,9 @@ class RequestRecord(msgspec.Struct):
         usage: the provider's ``usage`` of its answer, when it reported one.
         estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
             / the provider's count, in percent, when both are known.
+        path: the URL path of a request forwarded as it came (``passthrough``).
+        soft_threshold: the soft threshold the request was judged by, once compaction ran.
+        prefix_reused: whether the view starts with the session's kept (sticky) compaction.
     """
 
     request_id: str
@@ -108,6 +113,9 @@ class RequestRecord(msgspec.Struct):
     arrived: datetime = msgspec.field(default_factory=functools.partial(datetime.now, UTC))
     usage: ProviderUsage | None = None
     estimate_error: float | None = None
+    path: str | None = None
+    soft_threshold: int | None = None
+    prefix_reused: bool = False
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -119,6 +127,19 @@ class RequestRecord(msgspec.Struct):
             headers["x-compact-tokens-after"] = str(self.tokens_after)
             headers["x-compact-layers"] = ",".join(self.layers)
         return headers
+
+    def compacted_because(self) -> str:
+        """Why the view differs from the history, in a few words: ``42,663 ≥ soft 24,000``
+        (the history against the soft threshold), with ``; sticky prefix reused`` when the
+        session's kept compaction was carried over; ``""`` when nothing was compacted."""
+        if not self.layers or self.tokens_before is None:
+            return ""
+        soft = self.soft_threshold
+        parts = [] if soft is None else [
+            f"{self.tokens_before:,} {'≥' if self.tokens_before >= soft else '<'} soft {soft:,}"]
+        if self.prefix_reused:
+            parts.append("sticky prefix reused")
+        return "; ".join(parts)
 
     def duration_ms(self) -> float:
         """Milliseconds since the request arrived."""
@@ -160,7 +181,7 @@ _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
     "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
     "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid"})
+    "request_id", "worker", "pid", "compacted_because", "reason"})
 
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
@@ -190,7 +211,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     """The outermost middleware: opens the request's record, closes it with one log line."""
     record = RequestRecord(request_id=os.urandom(12).hex(), route=route_name(request))
     request[RECORD] = record
-    start_request_fields(request_id=record.request_id, session_id=None)
+    start_request_fields(request_id=record.request_id)
     status: int | None = None
     try:
         response = await handler(request)
@@ -210,27 +231,40 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         app[METRICS].count_request(record.route, outcome)
         duration_ms = record.duration_ms()
         _keep_in_audit_log(app, record, status, outcome, duration_ms)
-        usage = record.usage
-        log_info(_log, "request_completed", {
-            "route": record.route,
-            "method": request.method,
-            "status": status,
-            "role": record.role,
-            "session_id": record.session_id,
-            "tenant": record.tenant,
-            "tokens_before": record.tokens_before,
-            "tokens_after": record.tokens_after,
-            "layers": list(record.layers),
-            "upstream_status": record.upstream_status,
-            "provider_input_tokens": None if usage is None else usage.prompt_tokens,
-            "estimate_error": record.estimate_error,
-            "usage_input": None if usage is None else usage.input,
-            "usage_cache_read": None if usage is None else usage.cache_read,
-            "usage_cache_write": None if usage is None else usage.cache_write,
-            "usage_output": None if usage is None else usage.output,
-            "outcome": str(outcome),  # (its value: .value is a Python-level property)
-            "duration_ms": duration_ms,
-        }, _OWN_FIELDS)
+        log_info(_log, "request_completed", completed_fields(record, request.method, status,
+                                                             outcome, duration_ms), _OWN_FIELDS)
+
+
+def completed_fields(record: RequestRecord, method: str, status: int | None, outcome: Outcome,
+                     duration_ms: float) -> dict[str, object]:
+    """The ``request_completed`` line's fields: only those that have a value (no ``null``),
+    ``layers`` once compaction ran, and why it compacted (``compacted_because``)."""
+    fields: dict[str, object] = {"route": record.route, "method": method}
+    if record.path is not None:
+        fields["path"] = record.path
+    optional = {"status": status, "role": record.role, "session_id": record.session_id,
+                "tenant": record.tenant, "tokens_before": record.tokens_before,
+                "tokens_after": record.tokens_after}
+    fields.update((k, v) for k, v in optional.items() if v is not None)
+    if record.tokens_before is not None:
+        fields["layers"] = list(record.layers)
+        because = record.compacted_because()
+        if because:
+            fields["compacted_because"] = because
+    if record.reason is not None:
+        fields["reason"] = record.reason
+    if record.upstream_status is not None:
+        fields["upstream_status"] = record.upstream_status
+    usage = record.usage
+    if usage is not None:
+        fields["provider_input_tokens"] = usage.prompt_tokens
+        if record.estimate_error is not None:
+            fields["estimate_error"] = record.estimate_error
+        fields.update(usage_input=usage.input, usage_cache_read=usage.cache_read,
+                      usage_cache_write=usage.cache_write, usage_output=usage.output)
+    fields["outcome"] = str(outcome)  # (its value: .value is a Python-level property)
+    fields["duration_ms"] = duration_ms
+    return fields
 
 
 def _keep_in_audit_log(app: web.Application, record: RequestRecord, status: int | None,

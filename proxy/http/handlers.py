@@ -94,6 +94,7 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
+    request[RECORD].path = request.path
     headers = _upstream_headers(request)
     body = None
     if request.body_exists:
@@ -266,6 +267,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
+    record.soft_threshold = plan.policy.soft_threshold_tokens
+    record.prefix_reused = result.reused_checkpoint
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 

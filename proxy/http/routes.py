@@ -34,6 +34,12 @@ async def metrics_handler(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE})
 
 
+async def root_handler(request: web.Request) -> web.Response:
+    """``HEAD /`` (Claude Code's check that its base URL answers, at each launch): answered
+    here, 200 and no body, never forwarded (the provider would answer 404)."""
+    return web.Response(status=200)
+
+
 def setup_routes(app: web.Application) -> None:
     """Register the routes on ``app`` (which already holds its config and store)."""
     router = app.router
@@ -41,6 +47,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_post("/v1/messages/count_tokens", count_tokens_handler, name="count_tokens")
     router.add_get("/healthz", healthz_handler, name="healthz")
     router.add_get("/metrics", metrics_handler, name="metrics")
+    router.add_route("HEAD", "/", root_handler, name="root")
     config = app[CONFIG]
     setup_admin(app, app[STORE], config.admin_token(), log=app[AUDIT_LOG],  # mounts /admin
                 resolvers=app[RESOLVERS], record_changes=config.audit.enabled,
