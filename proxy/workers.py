@@ -98,6 +98,7 @@ from proxy.event_loop import run as run_loop
 from proxy.logs import configure_logging
 from proxy.masking import config_secrets
 from proxy.metrics import MULTIPROCESS_ENV
+from proxy.startup import print_banner
 
 __all__ = [
     "BACKOFF_FIRST_S",
@@ -422,6 +423,7 @@ def supervise(config: Config) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="compact-proxy-metrics-")
         inherited = [read_end, write_end, *(sock.fileno() for sock in sockets)]
         supervisor = _Supervisor(config, port, metrics_dir, inherited)
+        print_banner(config, port, sys.stdout)
         for fd in (read_end, write_end):
             os.set_blocking(fd, False)
         old_wakeup = signal.set_wakeup_fd(write_end)

@@ -93,6 +93,7 @@ class RequestRecord(msgspec.Struct):
         path: the URL path of a request forwarded as it came (``passthrough``).
         soft_threshold: the soft threshold the request was judged by, once compaction ran.
         prefix_reused: whether the view starts with the session's kept (sticky) compaction.
+        fixed_tokens: the calibrated tokens of ``system``, ``tools`` and the durable block.
     """
 
     request_id: str
@@ -116,6 +117,7 @@ class RequestRecord(msgspec.Struct):
     path: str | None = None
     soft_threshold: int | None = None
     prefix_reused: bool = False
+    fixed_tokens: int | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""

@@ -103,6 +103,7 @@ class _Blocked:
     hard_limit: int | None = None
     layers: tuple[str, ...] = field(default=())
     savings: tuple[LayerSaving, ...] = field(default=())
+    fixed_tokens: int | None = None
 
 
 def error_body(error_type: str, message: str,
@@ -139,20 +140,31 @@ def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestReject
     return rejected, _Blocked("ToolProtocolError")
 
 
-def _from_limit(exc: compactor.MessageViewLimitExceeded) -> tuple[RequestRejected, _Blocked]:
+def _from_limit(exc: compactor.MessageViewLimitExceeded,
+                fixed: int | None) -> tuple[RequestRejected, _Blocked]:
+    """The refusal over the hard limit. ``fixed``: the tokens of system + tools + durable
+    block, named apart from the messages' (the part no layer can compact)."""
     layers = tuple(exc.layers_applied)
+    compaction: dict[str, Any] = {
+        "error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
+        "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit, "layers": list(layers)}
+    if fixed is not None:
+        messages = max(0, exc.tokens_after - fixed)
+        compaction.update(fixed_tokens=fixed, messages_tokens=messages, detail=(
+            f"after compaction: system + tools {fixed:,} tokens, messages {messages:,} tokens"
+            f"; hard limit {exc.hard_limit:,}"
+            + (" (the fixed part alone is over it: raise compaction.hard_limit_tokens)"
+               if fixed >= exc.hard_limit else "")))
     rejected = RequestRejected(
         400,
         "invalid_request_error",
         # The provider's own pattern, exactly: clients parse it. The details are below.
         f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
         reason="MessageViewLimitExceeded",
-        compaction={"error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
-                    "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit,
-                    "layers": list(layers)},
+        compaction=compaction,
     )
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
-                       exc.hard_limit, layers, layer_savings(exc.outcomes))
+                       exc.hard_limit, layers, layer_savings(exc.outcomes), fixed)
     return rejected, blocked
 
 
@@ -187,7 +199,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except compactor.ToolProtocolError as exc:
         error, blocked = _from_tool_protocol(exc)
     except compactor.MessageViewLimitExceeded as exc:
-        error, blocked = _from_limit(exc)
+        record = request.get(RECORD)
+        error, blocked = _from_limit(exc, None if record is None else record.fixed_tokens)
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
     except RecursionError:
@@ -237,15 +250,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             record.tokens_after = blocked.tokens_after
             record.layers = blocked.layers
             record.layer_savings = blocked.savings
-    _log.warning(
-        "request_blocked",
-        reason=blocked.reason,
-        tokens_before=blocked.tokens_before,
-        tokens_after=blocked.tokens_after,
-        hard_limit=blocked.hard_limit,
-        layers=list(blocked.layers),
-        status=error.status,
-    )
+    fields: dict[str, Any] = {
+        "reason": blocked.reason, "tokens_before": blocked.tokens_before,
+        "tokens_after": blocked.tokens_after, "hard_limit": blocked.hard_limit,
+        "layers": list(blocked.layers), "status": error.status}
+    if blocked.fixed_tokens is not None and blocked.tokens_after is not None:
+        fields["fixed_tokens"] = blocked.fixed_tokens
+        fields["messages_tokens"] = max(0, blocked.tokens_after - blocked.fixed_tokens)
+    _log.warning("request_blocked", **fields)
     return error_response(error.status, error.error_type, error.message,
                           compaction=error.compaction,
                           headers={**_compact_headers(request), **error.headers})

@@ -37,6 +37,7 @@ from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
+from proxy.http.fixed_part import FIXED_PART
 from proxy.http.forward import (
     PromptTooLong,
     forward,
@@ -237,6 +238,11 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     accepts the request: :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
+    policy = plan.policy
+    record.fixed_tokens = round(plan.reserved * plan.reserved_scale)
+    app[FIXED_PART].check((session.tenant, session.session_id, plan.model or ""),
+                          record.fixed_tokens, policy.soft_threshold_tokens,
+                          policy.hard_limit_tokens)
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
     counter = app[COUNTER]

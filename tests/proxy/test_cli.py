@@ -319,7 +319,16 @@ def test_serve_with_good_config_runs_the_proxy(tmp_path: Path) -> None:
         assert body == {"status": "ok", "store": "ok"}, f"serve exited with {proc.poll()}"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=20)
+    # The startup lines: where, in front of what, the thresholds per role, the export line.
+    assert out.splitlines() == [
+        f"compact-proxy listening on http://127.0.0.1:{port}, upstream http://127.0.0.1:9",
+        "thresholds (tokens of the whole prompt: system + tools + messages): main soft "
+        "80,000 / hard 120,000; subagent soft 80,000 / hard 120,000; summary_recovery soft "
+        "80,000 / hard 120,000",
+        "point Claude Code at it:",
+        f"  export ANTHROPIC_BASE_URL=http://127.0.0.1:{port}",
+    ]
 
 
 # ------------------------------------------------------------------------------ other commands

@@ -97,3 +97,55 @@ def test_sdk_request_line_keeps_its_usage(sdk: anthropic.Anthropic, proxy_log: P
     assert line["usage_output"] >= 0 and line["status"] == 200
     assert not [k for k, v in line.items() if v is None]
     assert read_log(proxy_log)
+
+
+TOOLS = [{"name": f"tool_{n}", "description": "x" * 4_000,
+          "input_schema": {"type": "object"}} for n in range(4)]  # ~4,000 tokens (chars4)
+
+
+async def test_a_fixed_part_near_the_soft_threshold_is_warned_about_once_per_session(
+        proxy_factory: ProxyFactory, proxy_log: Path) -> None:
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 6_000,
+                                          "hard_limit_tokens": 50_000}})
+    body = {"model": MODEL, "max_tokens": 8, "tools": TOOLS,
+            "messages": [{"role": "user", "content": "hi"}]}
+    ids = []
+    for session in ("s-fixed-1", "s-fixed-1", "s-fixed-2"):
+        status, headers, _ = await _send(proxy, "POST", "/v1/messages", body,
+                                         {**HEADERS, "x-compact-session-id": session})
+        assert status == 200
+        ids.append(headers["x-compact-request-id"])
+    warned = [line for line in read_log(proxy_log) if line["event"] == "fixed_part_large"
+              and line.get("request_id") in ids]
+    assert [line["session_id"] for line in warned] == ["s-fixed-1", "s-fixed-2"]
+    first = warned[0]
+    assert first["level"] == "warning" and first["soft_threshold"] == 6_000
+    assert 4_000 <= first["fixed_tokens"] < 4_200
+    assert first["detail"].startswith(f"system + tools are {first['fixed_tokens']:,} tokens")
+    # Below half the soft threshold: no warning.
+    quiet = proxy_factory({"compaction": {"soft_threshold_tokens": 20_000,
+                                          "hard_limit_tokens": 50_000}})
+    status, headers, _ = await _send(quiet, "POST", "/v1/messages", body)
+    assert not [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
+                if line["event"] == "fixed_part_large"]
+
+
+async def test_the_hard_limit_refusal_names_the_fixed_part_and_the_messages(
+        proxy_factory: ProxyFactory, proxy_log: Path) -> None:
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 3_000,
+                                          "hard_limit_tokens": 5_000}})
+    body = {"model": MODEL, "max_tokens": 8, "tools": TOOLS,
+            "messages": [{"role": "user", "content": "y" * 8_000}]}
+    status, headers, raw = await _send(proxy, "POST", "/v1/messages", body)
+    assert status == 400
+    error = json.loads(raw)["error"]
+    assert error["message"].startswith("prompt is too long: ")  # the provider's own pattern
+    compaction = error["compaction"]
+    fixed, messages = compaction["fixed_tokens"], compaction["messages_tokens"]
+    assert 4_000 <= fixed < 4_200 and 1_900 <= messages <= 2_100
+    assert fixed + messages == compaction["tokens_after"]
+    assert compaction["detail"] == (f"after compaction: system + tools {fixed:,} tokens, "
+                                    f"messages {messages:,} tokens; hard limit 5,000")
+    blocked = [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
+               if line["event"] == "request_blocked"]
+    assert (blocked[0]["fixed_tokens"], blocked[0]["messages_tokens"]) == (fixed, messages)
