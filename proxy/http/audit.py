@@ -33,7 +33,7 @@ from proxy.logs import log_info, start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
-__all__ = ["AUDITED_ROUTES", "RECORD", "Outcome", "RequestRecord", "layer_savings",
+__all__ = ["AUDITED_ROUTES", "RECORD", "STICKY", "Outcome", "RequestRecord", "layer_savings",
            "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
@@ -79,7 +79,7 @@ class RequestRecord(msgspec.Struct):
         tokens_after: view size as forwarded.
         layers: the layers whose effect is in the view, in order.
         layer_savings: every layer that ran on this request, with what it saved (0 when its
-            change is not in the view).
+            change is not in the view), and ``sticky`` when a kept compaction was reused.
         reason: why the proxy refused the request (``request_blocked``'s or
             ``request_invalid``'s reason).
         hard_limit: the hard limit it was refused by, when refused for size.
@@ -169,10 +169,20 @@ class RequestRecord(msgspec.Struct):
         )
 
 
-def layer_savings(outcomes: Iterable[LayerOutcome]) -> tuple[LayerSaving, ...]:
+#: The name of the reused compacted prefix in a request's savings (sticky compaction).
+STICKY: Final = "sticky"
+
+
+def layer_savings(outcomes: Iterable[LayerOutcome], *,
+                  reused_saved: int | None = None) -> tuple[LayerSaving, ...]:
     """Every layer that ran, with what it saved: 0 when its change is not in the view (it
-    changed nothing, failed, or a later layer superseded it)."""
-    return tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
+    changed nothing, failed, or a later layer superseded it); then, when the session's kept
+    compaction was reused, :data:`STICKY` with ``reused_saved`` (the request's whole saving)
+    less what the layers that ran saved."""
+    savings = tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
+    if reused_saved is None:
+        return savings
+    return (*savings, LayerSaving(STICKY, max(0, reused_saved - sum(s.saved for s in savings))))
 
 
 #: The fields of the ``request_completed`` line whose values the proxy made itself (its
@@ -183,7 +193,7 @@ _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
     "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
     "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid", "compacted_because", "reason"})
+    "request_id", "worker", "pid", "compacted_because", "reason", "saved"})
 
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
@@ -250,6 +260,8 @@ def completed_fields(record: RequestRecord, method: str, status: int | None, out
     fields.update((k, v) for k, v in optional.items() if v is not None)
     if record.tokens_before is not None:
         fields["layers"] = list(record.layers)
+        if record.layer_savings:
+            fields["saved"] = [f"{s.layer}={s.saved}" for s in record.layer_savings]
         because = record.compacted_because()
         if because:
             fields["compacted_because"] = because

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 import compactor
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
+from proxy.http.refusals import LIMIT_REASONS, ROUTINE_REASONS, tool_protocol_message
 from proxy.keys import STORE_HEALTH
 from proxy.state.audit_log import LayerSaving
 from proxy.state.store import StoreError, StoreUnavailable
@@ -74,11 +75,16 @@ class ProxyError(Exception):
 
 
 class RequestRejected(ProxyError):
-    """The request itself is unacceptable; it is never forwarded (logged as ``request_blocked``)."""
+    """The request itself is unacceptable; it is never forwarded. Refused by a limit it is
+    ``blocked`` (``request_blocked``), a routine admin answer is ``http_error`` (no line of its
+    own), anything else is the client's mistake, ``invalid`` (``request_invalid``):
+    :mod:`proxy.http.refusals`."""
 
     @property
     def outcome(self) -> Outcome:
-        return Outcome.BLOCKED
+        if self.reason in LIMIT_REASONS:
+            return Outcome.BLOCKED
+        return Outcome.HTTP_ERROR if self.reason in ROUTINE_REASONS else Outcome.INVALID
 
 
 class UpstreamFailure(ProxyError):
@@ -104,6 +110,7 @@ class _Blocked:
     layers: tuple[str, ...] = field(default=())
     savings: tuple[LayerSaving, ...] = field(default=())
     fixed_tokens: int | None = None
+    protocol: Mapping[str, Any] = field(default_factory=dict)
 
 
 def error_body(error_type: str, message: str,
@@ -131,20 +138,22 @@ def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestReject
     rejected = RequestRejected(
         400,
         "invalid_request_error",
-        f"tool protocol violation ({exc.kind}) for tool_use_id {exc.tool_use_id!r} "
-        f"at messages.{exc.message_index} (ToolProtocolError)",
+        tool_protocol_message(exc),  # the provider's own words for the rule, naming the id
         reason="ToolProtocolError",
         compaction={"error": "ToolProtocolError", "kind": exc.kind,
                     "tool_use_id": exc.tool_use_id},
     )
-    return rejected, _Blocked("ToolProtocolError")
+    return rejected, _Blocked("ToolProtocolError", protocol={
+        "kind": exc.kind, "tool_use_id": exc.tool_use_id, "message_index": exc.message_index})
 
 
 def _from_limit(exc: compactor.MessageViewLimitExceeded,
                 fixed: int | None) -> tuple[RequestRejected, _Blocked]:
     """The refusal over the hard limit. ``fixed``: the tokens of system + tools + durable
     block, named apart from the messages' (the part no layer can compact)."""
-    layers = tuple(exc.layers_applied)
+    # The layers whose change is in the refused view (one that ran and changed nothing, or
+    # was superseded, is in the savings with 0, not here).
+    layers = tuple(sorted({o.layer for o in exc.outcomes if o.applied}))
     compaction: dict[str, Any] = {
         "error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
         "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit, "layers": list(layers)}
@@ -241,7 +250,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "api_error",
                               f"compact-proxy internal error ({type(exc).__name__})",
                               headers=_compact_headers(request))
-    _note_outcome(request, Outcome.BLOCKED)
+    outcome = error.outcome
+    _note_outcome(request, outcome)
     record = request.get(RECORD)
     if record is not None:
         record.reason, record.hard_limit = blocked.reason, blocked.hard_limit
@@ -250,17 +260,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             record.tokens_after = blocked.tokens_after
             record.layers = blocked.layers
             record.layer_savings = blocked.savings
+    if outcome is Outcome.INVALID:
+        _log.warning("request_invalid", reason=blocked.reason, status=error.status,
+                     **blocked.protocol)
+    elif outcome is Outcome.BLOCKED:
+        _log_blocked(blocked, error.status)
+    return error_response(error.status, error.error_type, error.message,
+                          compaction=error.compaction,
+                          headers={**_compact_headers(request), **error.headers})
+
+
+def _log_blocked(blocked: _Blocked, status: int) -> None:
     fields: dict[str, Any] = {
         "reason": blocked.reason, "tokens_before": blocked.tokens_before,
         "tokens_after": blocked.tokens_after, "hard_limit": blocked.hard_limit,
-        "layers": list(blocked.layers), "status": error.status}
+        "layers": list(blocked.layers), "status": status}
     if blocked.fixed_tokens is not None and blocked.tokens_after is not None:
         fields["fixed_tokens"] = blocked.fixed_tokens
         fields["messages_tokens"] = max(0, blocked.tokens_after - blocked.fixed_tokens)
     _log.warning("request_blocked", **fields)
-    return error_response(error.status, error.error_type, error.message,
-                          compaction=error.compaction,
-                          headers={**_compact_headers(request), **error.headers})
 
 
 def _note_outcome(request: web.Request, outcome: Outcome) -> None:

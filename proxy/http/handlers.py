@@ -272,7 +272,9 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
-    record.layer_savings = layer_savings(result.outcomes)
+    record.layer_savings = layer_savings(
+        result.outcomes, reused_saved=(result.tokens_before - result.tokens_after
+                                       if result.reused_checkpoint else None))
     record.soft_threshold = plan.policy.soft_threshold_tokens
     record.prefix_reused = result.reused_checkpoint
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)

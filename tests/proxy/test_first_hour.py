@@ -4,8 +4,10 @@ named when it is near or over a threshold, and layers and outcomes mean one thin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from tests.conftest import (
     log_lines_for,
     read_log,
 )
+from tests.proxy.test_e2e_audit import wait_for_requests
 from tests.proxy.test_e2e_compaction import read_turns
 
 MODEL = "claude-sonnet-4-5"
@@ -149,3 +152,116 @@ async def test_the_hard_limit_refusal_names_the_fixed_part_and_the_messages(
     blocked = [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
                if line["event"] == "request_blocked"]
     assert (blocked[0]["fixed_tokens"], blocked[0]["messages_tokens"]) == (fixed, messages)
+
+
+# -- one meaning of layers and outcomes ------------------------------------------------------
+
+ADMIN = "first-hour-admin-token-5c1e9a7b3d"
+
+
+def _metric(proxy: RunningProxy, route: str, outcome: str) -> float:
+    text = urllib.request.urlopen(f"{proxy.base_url}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith("compact_proxy_requests_total{") and f'route="{route}"' in line \
+                and f'outcome="{outcome}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_client_mistakes_are_invalid_and_limit_refusals_blocked(
+        proxy_factory: ProxyFactory, proxy_log: Path) -> None:
+    """Bad JSON, ``"content": 5``, a broken tool protocol and a wrong admin token: outcome
+    ``invalid`` and ``request_invalid`` (with the tool protocol's kind and id); over the hard
+    limit: ``blocked`` and ``request_blocked``. In the log, the metric and the audit record."""
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 1_000,
+                                          "hard_limit_tokens": 2_000},
+                           "summary": {"enabled": False}}, admin_token=ADMIN)
+    session = {**HEADERS, "x-compact-session-id": "s-outcomes"}
+    bad_protocol = [{"role": "user", "content": "go"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_lost", "name": "Read", "input": {}}]},
+        {"role": "user", "content": "no result"}]
+    sent = [
+        (b'{"model": "m", "messages": [', "invalid", "bad_json"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": 5}]},
+         "invalid", "invalid_messages"),
+        ({"model": MODEL, "max_tokens": 8, "messages": bad_protocol},
+         "invalid", "ToolProtocolError"),
+        ({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "w" * 12_000}]},
+         "blocked", "MessageViewLimitExceeded"),
+    ]
+    ids = []
+    for body, outcome, reason in sent:
+        status, headers, raw = asyncio.run(_send(proxy, "POST", "/v1/messages", body, session))
+        assert status == 400, raw
+        request_id = headers["x-compact-request-id"]
+        ids.append(request_id)
+        lines = log_lines_for(proxy_log, request_id)
+        events = {line["event"] for line in lines}
+        expected = "request_invalid" if outcome == "invalid" else "request_blocked"
+        other = "request_blocked" if outcome == "invalid" else "request_invalid"
+        assert expected in events and other not in events, (reason, events)
+        refusal = next(line for line in lines if line["event"] == expected)
+        assert refusal["reason"] == reason if reason != "bad_json" else refusal["reason"]
+        assert _completed(proxy_log, request_id)["outcome"] == outcome
+        if reason == "ToolProtocolError":
+            assert (refusal["kind"], refusal["tool_use_id"]) == ("missing", "toolu_lost")
+            # The provider's own wording of the rule, naming the message and the id.
+            assert json.loads(raw)["error"]["message"] == (
+                "messages.1: `tool_use` ids were found without `tool_result` blocks "
+                "immediately after: toolu_lost. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message.")
+        if reason == "MessageViewLimitExceeded":
+            # A refused view claims only the layers that changed it, not every layer that ran.
+            assert headers["x-compact-layers"] == ""
+            assert json.loads(raw)["error"]["compaction"]["layers"] == []
+    status, headers, _ = asyncio.run(_send(proxy, "GET", "/admin/sessions",
+                                           headers={"Authorization": "Bearer wrong"}))
+    assert status == 401
+    assert _completed(proxy_log, headers["x-compact-request-id"])["outcome"] == "invalid"
+    assert _metric(proxy, "messages", "invalid") == 3
+    assert _metric(proxy, "messages", "blocked") == 1
+    entries = wait_for_requests(proxy, "s-outcomes", 3)  # bad JSON has no session
+    assert [(e["outcome"], e["reason"], e["blocked"]) for e in entries] == [
+        ("blocked", "MessageViewLimitExceeded", True),
+        ("invalid", "ToolProtocolError", False),
+        ("invalid", "invalid_messages", False)]
+
+
+def test_a_routine_admin_answer_is_not_a_refusal(
+        proxy_factory: ProxyFactory, proxy_log: Path) -> None:
+    proxy = proxy_factory(admin_token=ADMIN)
+    status, headers, _ = asyncio.run(_send(proxy, "GET", "/admin/sessions/nosuch/state",
+                                           headers={"Authorization": f"Bearer {ADMIN}"}))
+    assert status == 404
+    lines = log_lines_for(proxy_log, headers["x-compact-request-id"])
+    assert not {"request_blocked", "request_invalid"} & {line["event"] for line in lines}
+    assert _completed(proxy_log, headers["x-compact-request-id"])["outcome"] == "http_error"
+
+
+def test_sticky_reuse_is_shown_as_such_in_the_log_and_the_audit_record(
+        proxy_factory: ProxyFactory, proxy_log: Path) -> None:
+    """The second request reuses the first one's compacted prefix: its savings name
+    ``sticky`` with what the prefix saved, and together they add up to before − after."""
+    proxy = proxy_factory({"compaction": {"soft_threshold_tokens": 3_000,
+                                          "hard_limit_tokens": 100_000,
+                                          "max_tool_result_tokens": 200,
+                                          "keep_recent_messages": 4}},
+                          admin_token=ADMIN)
+    session = {**HEADERS, "x-compact-session-id": "s-sticky"}
+    history = read_turns(6)
+    first = {"model": MODEL, "max_tokens": 8, "messages": history}
+    status, headers, _ = asyncio.run(_send(proxy, "POST", "/v1/messages", first, session))
+    assert status == 200 and "L1" in headers["x-compact-layers"]
+    second = {"model": MODEL, "max_tokens": 8, "messages": [
+        *history, {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "and now?"}]}
+    status, headers, _ = asyncio.run(_send(proxy, "POST", "/v1/messages", second, session))
+    assert status == 200
+    line = _completed(proxy_log, headers["x-compact-request-id"])
+    assert line["compacted_because"].endswith("sticky prefix reused")
+    assert any(item.startswith("sticky=") for item in line["saved"])
+    entry = wait_for_requests(proxy, "s-sticky", 2)[0]
+    sticky = [s for s in entry["layers"] if s["layer"] == "sticky"]
+    assert sticky and sticky[0]["saved"] > 0
+    assert sum(s["saved"] for s in entry["layers"]) == (
+        entry["tokens_before"] - entry["tokens_after"])
