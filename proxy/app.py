@@ -47,6 +47,7 @@ from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
+from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
@@ -75,7 +76,7 @@ from proxy.keys import (
     USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
-from proxy.masking import config_secrets
+from proxy.masking import config_secrets, mask_url
 from proxy.metrics import ProxyMetrics
 from proxy.startup import print_banner
 from proxy.state.accounting import Accounting
@@ -239,6 +240,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes // 2)
     app[DURABLE_BLOCKS] = DurableBlocks()
     app[FIXED_PART] = FixedPartWarnings()
+    app[UPSTREAM_HEALTH] = UpstreamHealth(mask_url(config.upstream.require_base_url()))
     app[ENCODED_VIEWS] = EncodedViews()
     app[RECENT_BODIES] = RecentBodies(max_bytes=config.limits.decoded_cache_bytes // 2)
     # Large bodies are parsed and compacted there, so the loop serves others meanwhile.

@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy.admin import setup_admin
 from proxy.auth_throttle import AUTH_THROTTLE
 from proxy.http.handlers import count_tokens_handler, messages_handler, passthrough_handler
+from proxy.http.upstream_health import UPSTREAM_HEALTH
 from proxy.keys import AUDIT_LOG, CONFIG, METRICS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.metrics import CONTENT_TYPE
 
@@ -22,10 +23,14 @@ async def healthz_handler(request: web.Request) -> web.Response:
     """``GET /healthz``: ``{"status": "ok", "store": "ok"}`` while the process serves
     requests and reaches its store; 503 with ``"store": "unavailable"`` while the store
     cannot be reached (a load balancer routes away). The store is asked cheaply: a PING at
-    most once a second, none while it is known to be down."""
+    most once a second, none while it is known to be down. While the provider cannot be
+    reached, ``"upstream": "unreachable since <time>"`` is added (the status stays)."""
+    upstream = request.app[UPSTREAM_HEALTH].status()
+    extra = {} if upstream is None else {"upstream": upstream}
     if await request.app[STORE_HEALTH].available():
-        return web.json_response({"status": "ok", "store": "ok"})
-    return web.json_response({"status": "unavailable", "store": "unavailable"}, status=503)
+        return web.json_response({"status": "ok", "store": "ok", **extra})
+    return web.json_response({"status": "unavailable", "store": "unavailable", **extra},
+                             status=503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
