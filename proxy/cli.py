@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -210,8 +211,34 @@ def _check_config(path: str | None, show: bool) -> int:
     if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
+    problem = _store_problem(config)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
     print(_config_summary(config, show))
     return EXIT_OK
+
+
+def _store_problem(config: Config) -> str | None:
+    """Why ``serve`` could not open the store, as one line; ``None`` when it could. Redis is
+    connected to (and closed); SQLite is not created here: the nearest existing folder of
+    ``store.path`` (the file itself, when it exists) must be writable."""
+    if config.store.backend == "redis":
+        from .workers import check_store
+
+        try:
+            check_store(config)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    path = Path(config.store.path).expanduser().absolute()
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing == path and not path.is_file():
+        return str(ConfigError("store.path", f"{path} is not a file"))
+    if not os.access(existing, os.W_OK):
+        return str(ConfigError("store.path", f"cannot open the state store: {existing} is "
+                                             "not writable"))
+    return None
 
 
 def _config_summary(config: Config, shown: bool) -> str:

@@ -189,7 +189,7 @@ def _reserve_admin(config: Config) -> tuple[Config, list[socket.socket]]:
     return dataclasses.replace(config, admin=admin), sockets
 
 
-def _check_store(config: Config) -> None:
+def check_store(config: Config) -> None:
     """Open the store once and close it (creating the SQLite file, in WAL mode).
 
     Raises:
@@ -412,7 +412,7 @@ def supervise(config: Config) -> int:
     previous: dict[int, Any] = {}
     old_wakeup = -1
     try:
-        _check_store(config)
+        check_store(config)
         # The app's modules and the event loop's, once, here: every worker forked from this
         # process has them (and a loop that cannot be loaded stops serve before any fork).
         import proxy.app  # noqa: F401
