@@ -6,7 +6,8 @@ A sub-application mounted at ``/admin``. Routes, when an admin token is configur
     PUT    /admin/sessions/{sid}/state   -> 201 created | 200 replaced       (+ ETag)
     DELETE /admin/sessions/{sid}/state   -> 204 | 404
 
-    GET | PUT | DELETE /admin/tenants/{tenant}/sessions/{sid}/state   (the same, per tenant)
+    GET | PUT | DELETE /admin/sessions/{sid}/state?tenant=<tenant>     (the same, per tenant;
+        also as /admin/tenants/{tenant}/sessions/{sid}/state)
 
     GET /admin/sessions/{sid}/state?resolve=true   -> the state plus "sources": each pointer's
         status and, for an available source, an excerpt of at most 500 characters

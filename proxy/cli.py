@@ -96,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--config", metavar="PATH", help=config_help)
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--session", metavar="SID",
-                        help="only this session (its id, under any tenant, or its store key)")
+                        help="only this session (its id, or its store key)")
+    report.add_argument("--tenant", metavar="TENANT",
+                        help="with --session: only that tenant's session (default: any)")
 
     sessions = commands.add_parser(
         "sessions", help="every session in the audit log, newest first, with its totals"
@@ -357,7 +359,8 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     return EXIT_OK
 
 
-def _report(path: str | None, as_json: bool, session: str | None) -> int:
+def _report(path: str | None, as_json: bool, session: str | None,
+            tenant: str | None = None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
@@ -382,7 +385,11 @@ def _report(path: str | None, as_json: bool, session: str | None) -> int:
     except StoreError as exc:
         print(f"report: store failed: {exc}", file=sys.stderr)
         return 1
-    if session is not None:
+    if session is not None and tenant is not None:
+        from .http.tenants import scoped_key
+
+        rows = [row for row in rows if row.session_key == scoped_key(tenant, session)]
+    elif session is not None:
         rows = [row for row in rows
                 if session in (row.session_key, row.session_key.rpartition("/")[2])]
     report = build_report(rows, config.price_for)
@@ -433,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate-redis-keys":
         return _migrate_redis_keys(args.config)
     if args.command == "report":
-        return _report(args.config, args.json, args.session)
+        return _report(args.config, args.json, args.session, args.tenant)
     if args.command in ("sessions", "session", "blocked"):
         config = _load(args.config)
         if config is None:

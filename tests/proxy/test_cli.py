@@ -726,6 +726,12 @@ def test_report_session_filter_matches_the_id_under_any_tenant(
         assert [row["session"] for row in data["sessions"]] == expected
     assert main(["report", "--config", str(path), "--session", "other"]) == 0
     assert capsys.readouterr().out == "no usage recorded for session other\n"
+    # --tenant addresses one tenant's session, as `session SID --tenant T` does.
+    for tenant, expected in ((TENANT, [f"{TENANT}/sess-1"]), ("none", [])):
+        assert main(["report", "--config", str(path), "--json", "--session", "sess-1",
+                     "--tenant", tenant]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert [row["session"] for row in data["sessions"]] == expected
 
 
 def test_report_with_a_bad_config_exits_2(tmp_path: Path) -> None:

@@ -265,3 +265,51 @@ def test_sticky_reuse_is_shown_as_such_in_the_log_and_the_audit_record(
     assert sticky and sticky[0]["saved"] > 0
     assert sum(s["saved"] for s in entry["layers"]) == (
         entry["tokens_before"] - entry["tokens_after"])
+
+
+# -- operator tools ---------------------------------------------------------------------------
+
+
+def test_a_listed_session_of_any_tenant_is_addressed_by_its_id_and_tenant(
+        proxy_factory: ProxyFactory) -> None:
+    """Team mode: ``/admin/sessions`` lists a tenant's session with its ``requests_path``;
+    ``/admin/sessions/{sid}/…?tenant=`` reaches it (requests, state), the same as
+    ``/admin/tenants/{tenant}/sessions/{sid}/…``; without the tenant it is tenant none's."""
+    proxy = proxy_factory({"session": {"scope": "header:x-team-user"}}, admin_token=ADMIN)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    status, _, _ = asyncio.run(_send(proxy, "POST", "/v1/messages", body, {
+        **HEADERS, "x-team-user": "alice", "x-compact-session-id": "s-team"}))
+    assert status == 200
+    deadline = time.monotonic() + 10
+    while True:
+        status, _, raw = asyncio.run(_send(proxy, "GET", "/admin/sessions", headers=auth))
+        listed = json.loads(raw)["sessions"]
+        if listed or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    (session,) = listed
+    tenant = session["tenant"]
+    assert tenant.startswith("h")
+    assert session["requests_path"] == f"/admin/sessions/s-team/requests?tenant={tenant}"
+    status, _, raw = asyncio.run(_send(proxy, "GET", session["requests_path"], headers=auth))
+    answer = json.loads(raw)
+    assert (status, answer["tenant"], answer["total"]) == (200, tenant, 1)
+    status, _, raw = asyncio.run(_send(proxy, "GET", "/admin/sessions/s-team/requests",
+                                       headers=auth))
+    assert json.loads(raw)["total"] == 0  # tenant none's s-team: another session
+    state = {"facts": [{"fact_id": "f1", "content": "use pytest",
+                        "source_pointer": "transcript:a#1",
+                        "last_confirmed_at": "2026-01-01T00:00:00Z"}]}
+    status, _, _ = asyncio.run(_send(proxy, "PUT", f"/admin/sessions/s-team/state?tenant={tenant}",
+                                     state, {**auth, "content-type": "application/json"}))
+    assert status == 201
+    status, _, raw = asyncio.run(_send(proxy, "GET",
+                                       f"/admin/tenants/{tenant}/sessions/s-team/state",
+                                       headers=auth))
+    assert status == 200 and json.loads(raw)["facts"][0]["fact_id"] == "f1"
+    status, _, _ = asyncio.run(_send(proxy, "GET", "/admin/sessions/s-team/state", headers=auth))
+    assert status == 404
+    status, _, raw = asyncio.run(_send(
+        proxy, "GET", f"/admin/tenants/{tenant}/sessions/s-team/state?tenant=none", headers=auth))
+    assert status == 400 and "tenant" in json.loads(raw)["error"]["message"]
