@@ -154,9 +154,11 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded,
     # The layers whose change is in the refused view (one that ran and changed nothing, or
     # was superseded, is in the savings with 0, not here).
     layers = tuple(sorted({o.layer for o in exc.outcomes if o.applied}))
+    savings = layer_savings(exc.outcomes)
     compaction: dict[str, Any] = {
         "error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
-        "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit, "layers": list(layers)}
+        "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit, "layers": list(layers),
+        "saved": [{"layer": s.layer, "saved": s.saved} for s in savings]}
     if fixed is not None:
         messages = max(0, exc.tokens_after - fixed)
         compaction.update(fixed_tokens=fixed, messages_tokens=messages, detail=(
@@ -173,7 +175,7 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded,
         compaction=compaction,
     )
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
-                       exc.hard_limit, layers, layer_savings(exc.outcomes), fixed)
+                       exc.hard_limit, layers, savings, fixed)
     return rejected, blocked
 
 

@@ -180,7 +180,7 @@ def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
     error = error_of(caught.value)
     compaction = error["compaction"]
     assert set(compaction) == {"error", "tokens_before", "tokens_after", "hard_limit", "layers",
-                               "fixed_tokens", "messages_tokens", "detail"}
+                               "saved", "fixed_tokens", "messages_tokens", "detail"}
     assert compaction["error"] == "MessageViewLimitExceeded"
     assert compaction["hard_limit"] == 200
     assert compaction["tokens_after"] >= 200
