@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     session.add_argument("--limit", type=_positive, default=20, metavar="N",
                          help="show its N newest requests (default 20)")
 
-    blocked = commands.add_parser("blocked", help="the requests the proxy refused since a time")
+    blocked = commands.add_parser("blocked", help="the requests a limit refused since a time")
     blocked.add_argument("--since", default="24h", metavar="WHEN",
                          help="30m, 1h, 2d (back from now) or an ISO time (default 24h)")
     blocked.add_argument("--config", metavar="PATH", help=config_help)
