@@ -207,3 +207,5 @@ def test_claude_code_rehearses_a_tool_loop_offline_against_fake_upstream_tool_lo
     assert "rehearsal notes" in json.dumps(read)  # Claude Code really read the file it found
     systems = sorted(dump.glob("*-messages-system.txt"))
     assert systems and "Claude Code" in systems[-1].read_text()
+    # Claude Code's HEAD / at launch is the proxy's own: never forwarded.
+    assert not list(dump.glob("*-root.json"))
