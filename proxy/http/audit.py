@@ -33,8 +33,8 @@ from proxy.logs import log_info, start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
-__all__ = ["AUDITED_ROUTES", "RECORD", "STICKY", "Outcome", "RequestRecord", "layer_savings",
-           "request_context_middleware", "route_name"]
+__all__ = ["AUDITED_ROUTES", "RECORD", "STICKY", "Outcome", "RequestRecord", "completed_fields",
+           "layer_savings", "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
 
