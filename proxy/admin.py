@@ -6,7 +6,8 @@ A sub-application mounted at ``/admin``. Routes, when an admin token is configur
     PUT    /admin/sessions/{sid}/state   -> 201 created | 200 replaced       (+ ETag)
     DELETE /admin/sessions/{sid}/state   -> 204 | 404
 
-    GET | PUT | DELETE /admin/tenants/{tenant}/sessions/{sid}/state   (the same, per tenant)
+    GET | PUT | DELETE /admin/sessions/{sid}/state?tenant=<tenant>     (the same, per tenant;
+        also as /admin/tenants/{tenant}/sessions/{sid}/state)
 
     GET /admin/sessions/{sid}/state?resolve=true   -> the state plus "sources": each pointer's
         status and, for an available source, an excerpt of at most 500 characters
@@ -68,13 +69,14 @@ from typing import Any, Final, Literal
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from compactor import DurableContextState, SourceExcerpt
 from proxy import admin_checks as checks
 from proxy.admin_audit import add_audit_routes
 from proxy.auth_throttle import AUTH_THROTTLE, AuthThrottle, client_of
 from proxy.http.body import parse_json_object, read_body
-from proxy.http.errors import Handler, RequestRejected, error_middleware, error_response
+from proxy.http.errors import RequestRejected, error_middleware, error_response
 from proxy.http.tenants import NO_TENANT, scoped_key
 from proxy.state.audit_log import RequestLog, StateChange, state_change_detail
 from proxy.state.resolvers import ResolverPool

@@ -14,9 +14,11 @@ Routes, under ``/admin``, with the admin bearer token::
 
 Sessions come newest first (``order=blocked``: most refusals first, then newest); a
 session's requests and changes newest first. Each item is the ``as_json()`` of its
-:mod:`proxy.state.audit_log` type. ``/sessions/{sid}/...`` is tenant ``none``'s session, as
-for the state routes; ``/sessions`` lists every tenant's. A bad ``offset``, ``limit``,
-``order`` or ``contains`` is a 400 naming it.
+:mod:`proxy.state.audit_log` type (a listed session also its ``requests_path``).
+A session is addressed by its id and tenant: ``/sessions/{sid}/...?tenant=<tenant>`` (or
+``/tenants/{tenant}/sessions/{sid}/...``); without a tenant it is tenant ``none``'s, as for
+the state routes. ``/sessions`` lists every tenant's (``?tenant=`` only one's). A bad
+``offset``, ``limit``, ``order``, ``contains`` or ``tenant`` is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -83,7 +85,11 @@ async def _sessions(request: web.Request) -> web.Response:
     summaries, total = await request.app[ADMIN_LOG_KEY].sessions(
         offset=offset, limit=limit, contains=contains, order=order, tenant=tenant)
     return web.json_response(_scoped({
-        "sessions": [summary.as_json() for summary in summaries], "total": total,
+        # Each with the path that addresses it, its tenant included (any tenant's).
+        "sessions": [{**summary.as_json(),
+                      "requests_path": f"/admin/sessions/{summary.session_id}/requests"
+                                       f"?tenant={summary.tenant}"}
+                     for summary in summaries], "total": total,
         "offset": offset, "limit": limit, "order": order, "contains": contains,
     }, None, tenant))
 

@@ -66,8 +66,16 @@ def session_id(request: web.Request) -> str:
 
 
 def tenant(request: web.Request) -> str | None:
-    """The tenant named in the URL (``None``: a legacy route, tenant ``none``'s session)."""
+    """The tenant the URL names: ``/tenants/{tenant}/…`` or ``?tenant=`` (one way for every
+    session route, the tenant a session list shows); ``None`` when neither: tenant ``none``'s
+    session (the legacy routes' bodies keep their shape). Both, and different: a 400."""
     value = request.match_info.get("tenant")
+    query = one_value(request, "tenant")
+    if query is not None:
+        if value is not None and query != value:
+            raise bad_request("tenant: the query and the path name different tenants",
+                              "bad_tenant")
+        value = query
     # The value is not repeated: it may be a credential pasted in by mistake.
     if value is not None and not is_tenant(value):
         raise bad_request("tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex> "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -39,12 +40,14 @@ from proxy.http.connections import (
 )
 from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
+from proxy.http.fixed_part import FIXED_PART, FixedPartWarnings
 from proxy.http.limits import TENANT_LIMITER, TenantLimiter, tenant_limit_middleware
 from proxy.http.recent import RecentBodies
 from proxy.http.routes import setup_routes
 from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
+from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
@@ -73,9 +76,10 @@ from proxy.keys import (
     USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
-from proxy.masking import config_secrets
+from proxy.masking import config_secrets, mask_url
 from proxy.metrics import ProxyMetrics
 from proxy.providers import PROVIDER, make_provider, provider_error_middleware
+from proxy.startup import print_banner
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
@@ -239,6 +243,8 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     # of each conversation (the two mostly share objects; together never more than this).
     app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes // 2)
     app[DURABLE_BLOCKS] = DurableBlocks()
+    app[FIXED_PART] = FixedPartWarnings()
+    app[UPSTREAM_HEALTH] = UpstreamHealth(mask_url(config.upstream.require_base_url()))
     app[ENCODED_VIEWS] = EncodedViews()
     app[RECENT_BODIES] = RecentBodies(max_bytes=config.limits.decoded_cache_bytes // 2)
     # Large bodies are parsed and compacted there, so the loop serves others meanwhile.
@@ -388,6 +394,8 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         event_loop=_loop_kind(),
         open_files_limit=open_files,
     )
+    if started is None:  # the process serves alone (a worker's supervisor prints it)
+        print_banner(config, int(base_url.rsplit(":", 1)[1]), sys.stdout)
     cap = connection_cap(config.listen.max_connections)
     if cap < config.listen.max_connections:
         _log.warning("connection_cap_lowered", max_connections=cap,

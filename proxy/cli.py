@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
                       default="anthropic",
                       help="also speak Bedrock's or Vertex's wire (test credentials: "
                            "docs/bedrock.md, docs/vertex.md)")
+    fake.add_argument("--script", choices=("default", "tool-loop"), default="default",
+                      help="default: one short text; tool-loop: call the request's tools "
+                      "--steps times, then a final text (offline rehearsal of an agent)")
+    fake.add_argument("--steps", type=_count, default=3, metavar="N",
+                      help="tool calls per task with --script tool-loop (default 3)")
+    fake.add_argument("--dump", metavar="DIR",
+                      help="write each request received to DIR (JSON, and the system text)")
 
     check = commands.add_parser(
         "check-config", help="validate a config; one OK line (--show: every effective value)"
@@ -92,7 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--config", metavar="PATH", help=config_help)
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--session", metavar="SID",
-                        help="only this session (its id, under any tenant, or its store key)")
+                        help="only this session (its id, or its store key)")
+    report.add_argument("--tenant", metavar="TENANT",
+                        help="with --session: only that tenant's session (default: any)")
 
     sessions = commands.add_parser(
         "sessions", help="every session in the audit log, newest first, with its totals"
@@ -119,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     session.add_argument("--limit", type=_positive, default=20, metavar="N",
                          help="show its N newest requests (default 20)")
 
-    blocked = commands.add_parser("blocked", help="the requests the proxy refused since a time")
+    blocked = commands.add_parser("blocked", help="the requests a limit refused since a time")
     blocked.add_argument("--since", default="24h", metavar="WHEN",
                          help="30m, 1h, 2d (back from now) or an ISO time (default 24h)")
     blocked.add_argument("--config", metavar="PATH", help=config_help)
@@ -207,8 +217,34 @@ def _check_config(path: str | None, show: bool) -> int:
     if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
+    problem = _store_problem(config)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
     print(_config_summary(config, show))
     return EXIT_OK
+
+
+def _store_problem(config: Config) -> str | None:
+    """Why ``serve`` could not open the store, as one line; ``None`` when it could. Redis is
+    connected to (and closed); SQLite is not created here: the nearest existing folder of
+    ``store.path`` (the file itself, when it exists) must be writable."""
+    if config.store.backend == "redis":
+        from .workers import check_store
+
+        try:
+            check_store(config)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    path = Path(config.store.path).expanduser().absolute()
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing == path and not path.is_file():
+        return str(ConfigError("store.path", f"{path} is not a file"))
+    if not os.access(existing, os.W_OK):
+        return str(ConfigError("store.path", f"cannot open the state store: {existing} is "
+                                             "not writable"))
+    return None
 
 
 def _config_summary(config: Config, shown: bool) -> str:
@@ -327,7 +363,8 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
     return EXIT_OK
 
 
-def _report(path: str | None, as_json: bool, session: str | None) -> int:
+def _report(path: str | None, as_json: bool, session: str | None,
+            tenant: str | None = None) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG
@@ -352,7 +389,11 @@ def _report(path: str | None, as_json: bool, session: str | None) -> int:
     except StoreError as exc:
         print(f"report: store failed: {exc}", file=sys.stderr)
         return 1
-    if session is not None:
+    if session is not None and tenant is not None:
+        from .http.tenants import scoped_key
+
+        rows = [row for row in rows if row.session_key == scoped_key(tenant, session)]
+    elif session is not None:
         rows = [row for row in rows
                 if session in (row.session_key, row.session_key.rpartition("/")[2])]
     report = build_report(rows, config.price_for)
@@ -372,11 +413,15 @@ def _demo() -> int:
     return int(demo.main())
 
 
-def _fake_upstream(host: str, port: int, provider: str = "anthropic") -> int:
+def _fake_upstream(args: argparse.Namespace) -> int:
     from .fake_upstream import run_fake_upstream
+    from .fake_upstream.tool_loop import RequestDump, ToolLoopScript
 
+    script = ToolLoopScript(args.steps) if args.script == "tool-loop" else None
+    dump = RequestDump(Path(args.dump)) if args.dump else None
     try:
-        run_fake_upstream(host=host, port=port, provider=provider)
+        run_fake_upstream(host=args.host, port=args.port, provider=args.provider,
+                          script=script, on_record=dump)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -400,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate-redis-keys":
         return _migrate_redis_keys(args.config)
     if args.command == "report":
-        return _report(args.config, args.json, args.session)
+        return _report(args.config, args.json, args.session, args.tenant)
     if args.command in ("sessions", "session", "blocked"):
         config = _load(args.config)
         if config is None:
@@ -411,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":
-        return _fake_upstream(args.host, args.port, args.provider)
+        return _fake_upstream(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

@@ -30,7 +30,8 @@ SAFE_KEYS: Final = frozenset({
     # the request (SPEC section 8)
     "request_id", "session_id", "tenant", "role", "route", "method", "status", "outcome",
     "tokens_before", "tokens_after", "layers", "upstream_status", "duration_ms",
-    "reason", "hard_limit", "kind", "tool_use_id", "message_index",
+    "reason", "hard_limit", "kind", "tool_use_id", "message_index", "path",
+    "compacted_because", "upstream", "fixed_tokens", "messages_tokens", "soft_threshold", "model",
     # failures: class names and code locations only (``traceback``: frames, see Redactor)
     "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state

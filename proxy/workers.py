@@ -98,6 +98,7 @@ from proxy.event_loop import run as run_loop
 from proxy.logs import configure_logging
 from proxy.masking import config_secrets
 from proxy.metrics import MULTIPROCESS_ENV
+from proxy.startup import print_banner
 
 __all__ = [
     "BACKOFF_FIRST_S",
@@ -188,7 +189,7 @@ def _reserve_admin(config: Config) -> tuple[Config, list[socket.socket]]:
     return dataclasses.replace(config, admin=admin), sockets
 
 
-def _check_store(config: Config) -> None:
+def check_store(config: Config) -> None:
     """Open the store once and close it (creating the SQLite file, in WAL mode).
 
     Raises:
@@ -411,7 +412,7 @@ def supervise(config: Config) -> int:
     previous: dict[int, Any] = {}
     old_wakeup = -1
     try:
-        _check_store(config)
+        check_store(config)
         # The app's modules and the event loop's, once, here: every worker forked from this
         # process has them (and a loop that cannot be loaded stops serve before any fork).
         import proxy.app  # noqa: F401
@@ -422,6 +423,7 @@ def supervise(config: Config) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="compact-proxy-metrics-")
         inherited = [read_end, write_end, *(sock.fileno() for sock in sockets)]
         supervisor = _Supervisor(config, port, metrics_dir, inherited)
+        print_banner(config, port, sys.stdout)
         for fd in (read_end, write_end):
             os.set_blocking(fd, False)
         old_wakeup = signal.set_wakeup_fd(write_end)

@@ -29,7 +29,8 @@ def test_readme_is_short_and_starts_with_claude_code() -> None:
     text = "\n".join(lines)
     assert 'scope: "header:x-team-user"' in text
     assert 'ANTHROPIC_CUSTOM_HEADERS="x-team-user: alice"' in text
-    assert "compact-proxy fake-upstream --port 8788" in text
+    assert "compact-proxy fake-upstream --port 8788 --script tool-loop" in text
+    assert "--dump" in text
     assert "µs" not in text
 
 

@@ -54,7 +54,13 @@ def _price(input: float, cache_write: float, cache_read: float, output: float) -
 #: The built-in price table (Anthropic's list prices, USD per million tokens): model family
 #: (a prefix of model names) -> its price.
 DEFAULT_PRICES: Mapping[str, ModelPrice] = types.MappingProxyType({
+    "claude-opus-5-5": _price(4, 5, 0.20, 20),
+    "claude-opus-5": _price(5, 6.25, 0.50, 25),
+    "claude-opus-4-8": _price(5, 6.25, 0.50, 25),  # Claude Code 2.1's default model
+    "claude-opus-4-7": _price(5, 6.25, 0.50, 25),
+    "claude-opus-4-6": _price(5, 6.25, 0.50, 25),
     "claude-opus-4-5": _price(5, 6.25, 0.50, 25),
+    "claude-sonnet-4-6": _price(3, 3.75, 0.30, 15),
     "claude-opus-4-1": _price(15, 18.75, 1.50, 75),
     "claude-opus-4": _price(15, 18.75, 1.50, 75),
     "claude-sonnet-4-5": _price(3, 3.75, 0.30, 15),

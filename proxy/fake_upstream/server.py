@@ -113,6 +113,7 @@ class FakeUpstream:
         accepted_keys: the credentials the provider knows (``x-api-key`` or the bearer
             token); any other is refused with 401 ``invalid x-api-key`` on every route.
             ``None`` (the default): any non-empty credential is accepted.
+        on_record: called with each request once recorded (``--dump`` writes it to disk).
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class FakeUpstream:
         self.bedrock_api_keys: set[str] = {TEST_BEDROCK_API_KEY}
         self.vertex_tokens: set[str] = {TEST_VERTEX_TOKEN}
         self.provider_errors: Callable[[ProviderRuleError, str], web.Response] | None = None
+        self.on_record: Callable[[RecordedRequest], None] | None = None
         self._request_counter = 0
         self._message_counter = 0
 
@@ -293,6 +295,8 @@ async def _error_middleware(
             request[_RECORD_KEY] = record
             request[RAW_KEY] = raw
             upstream.requests.append(record)
+            if upstream.on_record is not None:
+                upstream.on_record(record)
         name = request.match_info.route.name or ""
         if name.startswith(PROVIDER_ROUTE) and upstream.provider_errors is not None:
             shaped = upstream.provider_errors
@@ -612,9 +616,13 @@ async def start_fake_upstream(
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def run_fake_upstream(host: str, port: int, provider: str = "anthropic") -> None:
-    """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
-    fake-upstream``); prints ``fake upstream listening on http://host:port`` once started.
+def run_fake_upstream(host: str, port: int, provider: str = "anthropic",
+                      script: Script | None = None,
+                      on_record: Callable[[RecordedRequest], None] | None = None) -> None:
+    """Serve a :class:`FakeUpstream` (``script``, the default one when ``None``; also
+    ``provider``'s wire) until SIGINT or SIGTERM (``compact-proxy fake-upstream``), calling
+    ``on_record`` with each request; prints ``fake upstream listening on http://host:port``
+    once started.
 
     Raises:
         SystemExit: with a one-line message when the address cannot be bound.
@@ -623,8 +631,9 @@ def run_fake_upstream(host: str, port: int, provider: str = "anthropic") -> None
     async def serve() -> None:
         tune_allocator()  # as the proxy does: no page-fault lottery in what it is measured by
         try:
-            runner, url = await start_fake_upstream(FakeUpstream(provider=provider), host,
-                                                    port)
+            upstream = FakeUpstream(script, provider=provider)
+            upstream.on_record = on_record
+            runner, url = await start_fake_upstream(upstream, host, port)
         except OSError as exc:
             raise SystemExit(
                 f"fake upstream: cannot listen on http://{host}:{port}: {exc.strerror or exc}"

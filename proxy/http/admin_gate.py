@@ -24,8 +24,9 @@ from typing import Final
 from urllib.parse import unquote
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from proxy.http.errors import Handler, RequestRejected
+from proxy.http.errors import RequestRejected
 
 __all__ = ["ADMIN_GATE", "AdminGate", "admin_gate_middleware", "is_admin_like"]
 

@@ -33,8 +33,8 @@ from proxy.logs import log_info, start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
 
-__all__ = ["AUDITED_ROUTES", "RECORD", "Outcome", "RequestRecord", "layer_savings",
-           "request_context_middleware", "route_name"]
+__all__ = ["AUDITED_ROUTES", "RECORD", "STICKY", "Outcome", "RequestRecord", "completed_fields",
+           "layer_savings", "request_context_middleware", "route_name"]
 
 _log = structlog.get_logger("proxy.request")
 
@@ -55,7 +55,8 @@ class Outcome(StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # 502
     UPSTREAM_BUSY = "upstream_busy"  # 529: no upstream connection free within pool_wait_s
-    BLOCKED = "blocked"  # refused by the proxy (request_blocked says why)
+    BLOCKED = "blocked"  # refused by a limit of the proxy (request_blocked says why)
+    INVALID = "invalid"  # the client's mistake: bad JSON, a wrong shape, a bad admin token
     STORE_ERROR = "store_error"
     INTERNAL_ERROR = "internal_error"  # a bug: 500
     CLIENT_GONE = "client_gone"  # the client hung up first
@@ -78,8 +79,9 @@ class RequestRecord(msgspec.Struct):
         tokens_after: view size as forwarded.
         layers: the layers whose effect is in the view, in order.
         layer_savings: every layer that ran on this request, with what it saved (0 when its
-            change is not in the view).
-        reason: why the proxy refused the request (``request_blocked``'s reason).
+            change is not in the view), and ``sticky`` when a kept compaction was reused.
+        reason: why the proxy refused the request (``request_blocked``'s or
+            ``request_invalid``'s reason).
         hard_limit: the hard limit it was refused by, when refused for size.
         upstream_status: the provider's status code, when it answered.
         outcome: how the request ended (:class:`Outcome`); ``None`` until set.
@@ -92,6 +94,9 @@ class RequestRecord(msgspec.Struct):
             was compacted by (the role's, below the model's learnt window), once chosen.
         summary_key: the summary cache key of the L4 summary in the view, when L4 made one.
         protocol_kind, tool_use_id: a tool-protocol refusal's kind and offending id.
+        path: the URL path of a request forwarded as it came (``passthrough``).
+        prefix_reused: whether the view starts with the session's kept (sticky) compaction.
+        fixed_tokens: the calibrated tokens of ``system``, ``tools`` and the durable block.
     """
 
     request_id: str
@@ -117,6 +122,9 @@ class RequestRecord(msgspec.Struct):
     summary_key: str | None = None
     protocol_kind: str | None = None
     tool_use_id: str | None = None
+    path: str | None = None
+    prefix_reused: bool = False
+    fixed_tokens: int | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -128,6 +136,19 @@ class RequestRecord(msgspec.Struct):
             headers["x-compact-tokens-after"] = str(self.tokens_after)
             headers["x-compact-layers"] = ",".join(self.layers)
         return headers
+
+    def compacted_because(self) -> str:
+        """Why the view differs from the history, in a few words: ``42,663 ≥ soft 24,000``
+        (the history against the soft threshold), with ``; sticky prefix reused`` when the
+        session's kept compaction was carried over; ``""`` when nothing was compacted."""
+        if not self.layers or self.tokens_before is None:
+            return ""
+        soft = self.soft_threshold_tokens
+        parts = [] if soft is None else [
+            f"{self.tokens_before:,} {'≥' if self.tokens_before >= soft else '<'} soft {soft:,}"]
+        if self.prefix_reused:
+            parts.append("sticky prefix reused")
+        return "; ".join(parts)
 
     def duration_ms(self) -> float:
         """Milliseconds since the request arrived."""
@@ -158,10 +179,20 @@ class RequestRecord(msgspec.Struct):
         )
 
 
-def layer_savings(outcomes: Iterable[LayerOutcome]) -> tuple[LayerSaving, ...]:
+#: The name of the reused compacted prefix in a request's savings (sticky compaction).
+STICKY: Final = "sticky"
+
+
+def layer_savings(outcomes: Iterable[LayerOutcome], *,
+                  reused_saved: int | None = None) -> tuple[LayerSaving, ...]:
     """Every layer that ran, with what it saved: 0 when its change is not in the view (it
-    changed nothing, failed, or a later layer superseded it)."""
-    return tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
+    changed nothing, failed, or a later layer superseded it); then, when the session's kept
+    compaction was reused, :data:`STICKY` with ``reused_saved`` (the request's whole saving)
+    less what the layers that ran saved."""
+    savings = tuple(LayerSaving(o.layer, o.saved if o.applied else 0) for o in outcomes)
+    if reused_saved is None:
+        return savings
+    return (*savings, LayerSaving(STICKY, max(0, reused_saved - sum(s.saved for s in savings))))
 
 
 #: The fields of the ``request_completed`` line whose values the proxy made itself (its
@@ -172,7 +203,7 @@ _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
     "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
     "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid"})
+    "request_id", "worker", "pid", "compacted_because", "reason", "saved"})
 
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
@@ -202,7 +233,7 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
     """The outermost middleware: opens the request's record, closes it with one log line."""
     record = RequestRecord(request_id=os.urandom(12).hex(), route=route_name(request))
     request[RECORD] = record
-    start_request_fields(request_id=record.request_id, session_id=None)
+    start_request_fields(request_id=record.request_id)
     status: int | None = None
     try:
         response = await handler(request)
@@ -222,27 +253,42 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
         app[METRICS].count_request(record.route, outcome)
         duration_ms = record.duration_ms()
         _keep_in_audit_log(app, record, status, outcome, duration_ms)
-        usage = record.usage
-        log_info(_log, "request_completed", {
-            "route": record.route,
-            "method": request.method,
-            "status": status,
-            "role": record.role,
-            "session_id": record.session_id,
-            "tenant": record.tenant,
-            "tokens_before": record.tokens_before,
-            "tokens_after": record.tokens_after,
-            "layers": list(record.layers),
-            "upstream_status": record.upstream_status,
-            "provider_input_tokens": None if usage is None else usage.prompt_tokens,
-            "estimate_error": record.estimate_error,
-            "usage_input": None if usage is None else usage.input,
-            "usage_cache_read": None if usage is None else usage.cache_read,
-            "usage_cache_write": None if usage is None else usage.cache_write,
-            "usage_output": None if usage is None else usage.output,
-            "outcome": str(outcome),  # (its value: .value is a Python-level property)
-            "duration_ms": duration_ms,
-        }, _OWN_FIELDS)
+        log_info(_log, "request_completed", completed_fields(record, request.method, status,
+                                                             outcome, duration_ms), _OWN_FIELDS)
+
+
+def completed_fields(record: RequestRecord, method: str, status: int | None, outcome: Outcome,
+                     duration_ms: float) -> dict[str, object]:
+    """The ``request_completed`` line's fields: only those that have a value (no ``null``),
+    ``layers`` once compaction ran, and why it compacted (``compacted_because``)."""
+    fields: dict[str, object] = {"route": record.route, "method": method}
+    if record.path is not None:
+        fields["path"] = record.path
+    optional = {"status": status, "role": record.role, "session_id": record.session_id,
+                "tenant": record.tenant, "tokens_before": record.tokens_before,
+                "tokens_after": record.tokens_after}
+    fields.update((k, v) for k, v in optional.items() if v is not None)
+    if record.tokens_before is not None:
+        fields["layers"] = list(record.layers)
+        if record.layer_savings:
+            fields["saved"] = [f"{s.layer}={s.saved}" for s in record.layer_savings]
+        because = record.compacted_because()
+        if because:
+            fields["compacted_because"] = because
+    if record.reason is not None:
+        fields["reason"] = record.reason
+    if record.upstream_status is not None:
+        fields["upstream_status"] = record.upstream_status
+    usage = record.usage
+    if usage is not None:
+        fields["provider_input_tokens"] = usage.prompt_tokens
+        if record.estimate_error is not None:
+            fields["estimate_error"] = record.estimate_error
+        fields.update(usage_input=usage.input, usage_cache_read=usage.cache_read,
+                      usage_cache_write=usage.cache_write, usage_output=usage.output)
+    fields["outcome"] = str(outcome)  # (its value: .value is a Python-level property)
+    fields["duration_ms"] = duration_ms
+    return fields
 
 
 def _keep_in_audit_log(app: web.Application, record: RequestRecord, status: int | None,

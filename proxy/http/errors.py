@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 import compactor
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
+from proxy.http.refusals import LIMIT_REASONS, ROUTINE_REASONS, tool_protocol_message
 from proxy.keys import STORE_HEALTH
 from proxy.state.audit_log import LayerSaving
 from proxy.state.store import StoreError, StoreUnavailable
@@ -74,11 +75,16 @@ class ProxyError(Exception):
 
 
 class RequestRejected(ProxyError):
-    """The request itself is unacceptable; it is never forwarded (logged as ``request_blocked``)."""
+    """The request itself is unacceptable; it is never forwarded. Refused by a limit it is
+    ``blocked`` (``request_blocked``), a routine admin answer is ``http_error`` (no line of its
+    own), anything else is the client's mistake, ``invalid`` (``request_invalid``):
+    :mod:`proxy.http.refusals`."""
 
     @property
     def outcome(self) -> Outcome:
-        return Outcome.BLOCKED
+        if self.reason in LIMIT_REASONS:
+            return Outcome.BLOCKED
+        return Outcome.HTTP_ERROR if self.reason in ROUTINE_REASONS else Outcome.INVALID
 
 
 class UpstreamFailure(ProxyError):
@@ -103,6 +109,8 @@ class _Blocked:
     hard_limit: int | None = None
     layers: tuple[str, ...] = field(default=())
     savings: tuple[LayerSaving, ...] = field(default=())
+    fixed_tokens: int | None = None
+    protocol: Mapping[str, Any] = field(default_factory=dict)
 
 
 def error_body(error_type: str, message: str,
@@ -130,29 +138,44 @@ def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestReject
     rejected = RequestRejected(
         400,
         "invalid_request_error",
-        f"tool protocol violation ({exc.kind}) for tool_use_id {exc.tool_use_id!r} "
-        f"at messages.{exc.message_index} (ToolProtocolError)",
+        tool_protocol_message(exc),  # the provider's own words for the rule, naming the id
         reason="ToolProtocolError",
         compaction={"error": "ToolProtocolError", "kind": exc.kind,
                     "tool_use_id": exc.tool_use_id},
     )
-    return rejected, _Blocked("ToolProtocolError")
+    return rejected, _Blocked("ToolProtocolError", protocol={
+        "kind": exc.kind, "tool_use_id": exc.tool_use_id, "message_index": exc.message_index})
 
 
-def _from_limit(exc: compactor.MessageViewLimitExceeded) -> tuple[RequestRejected, _Blocked]:
-    layers = tuple(exc.layers_applied)
+def _from_limit(exc: compactor.MessageViewLimitExceeded,
+                fixed: int | None) -> tuple[RequestRejected, _Blocked]:
+    """The refusal over the hard limit. ``fixed``: the tokens of system + tools + durable
+    block, named apart from the messages' (the part no layer can compact)."""
+    # The layers whose change is in the refused view (one that ran and changed nothing, or
+    # was superseded, is in the savings with 0, not here).
+    layers = tuple(sorted({o.layer for o in exc.outcomes if o.applied}))
+    savings = layer_savings(exc.outcomes)
+    compaction: dict[str, Any] = {
+        "error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
+        "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit, "layers": list(layers),
+        "saved": [{"layer": s.layer, "saved": s.saved} for s in savings]}
+    if fixed is not None:
+        messages = max(0, exc.tokens_after - fixed)
+        compaction.update(fixed_tokens=fixed, messages_tokens=messages, detail=(
+            f"after compaction: system + tools {fixed:,} tokens, messages {messages:,} tokens"
+            f"; hard limit {exc.hard_limit:,}"
+            + (" (the fixed part alone is over it: raise compaction.hard_limit_tokens)"
+               if fixed >= exc.hard_limit else "")))
     rejected = RequestRejected(
         400,
         "invalid_request_error",
         # The provider's own pattern, exactly: clients parse it. The details are below.
         f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
         reason="MessageViewLimitExceeded",
-        compaction={"error": "MessageViewLimitExceeded", "tokens_before": exc.tokens_before,
-                    "tokens_after": exc.tokens_after, "hard_limit": exc.hard_limit,
-                    "layers": list(layers)},
+        compaction=compaction,
     )
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
-                       exc.hard_limit, layers, layer_savings(exc.outcomes))
+                       exc.hard_limit, layers, savings, fixed)
     return rejected, blocked
 
 
@@ -191,7 +214,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             # (The id is the client's: bounded, as the audit log keeps it.)
             record.protocol_kind, record.tool_use_id = exc.kind, exc.tool_use_id[:128]
     except compactor.MessageViewLimitExceeded as exc:
-        error, blocked = _from_limit(exc)
+        record = request.get(RECORD)
+        error, blocked = _from_limit(exc, None if record is None else record.fixed_tokens)
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
     except RecursionError:
@@ -232,7 +256,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(500, "api_error",
                               f"compact-proxy internal error ({type(exc).__name__})",
                               headers=_compact_headers(request))
-    _note_outcome(request, Outcome.BLOCKED)
+    outcome = error.outcome
+    _note_outcome(request, outcome)
     record = request.get(RECORD)
     if record is not None:
         record.reason, record.hard_limit = blocked.reason, blocked.hard_limit
@@ -241,18 +266,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             record.tokens_after = blocked.tokens_after
             record.layers = blocked.layers
             record.layer_savings = blocked.savings
-    _log.warning(
-        "request_blocked",
-        reason=blocked.reason,
-        tokens_before=blocked.tokens_before,
-        tokens_after=blocked.tokens_after,
-        hard_limit=blocked.hard_limit,
-        layers=list(blocked.layers),
-        status=error.status,
-    )
+    if outcome is Outcome.INVALID:
+        _log.warning("request_invalid", reason=blocked.reason, status=error.status,
+                     **blocked.protocol)
+    elif outcome is Outcome.BLOCKED:
+        _log_blocked(blocked, error.status)
     return error_response(error.status, error.error_type, error.message,
                           compaction=error.compaction,
                           headers={**_compact_headers(request), **error.headers})
+
+
+def _log_blocked(blocked: _Blocked, status: int) -> None:
+    fields: dict[str, Any] = {
+        "reason": blocked.reason, "tokens_before": blocked.tokens_before,
+        "tokens_after": blocked.tokens_after, "hard_limit": blocked.hard_limit,
+        "layers": list(blocked.layers), "status": status}
+    if blocked.fixed_tokens is not None and blocked.tokens_after is not None:
+        fields["fixed_tokens"] = blocked.fixed_tokens
+        fields["messages_tokens"] = max(0, blocked.tokens_after - blocked.fixed_tokens)
+    _log.warning("request_blocked", **fields)
 
 
 def _note_outcome(request: web.Request, outcome: Outcome) -> None:

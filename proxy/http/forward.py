@@ -36,6 +36,7 @@ from proxy.http.connections import BodyTimeout
 from proxy.http.errors import UpstreamFailure
 from proxy.http.sse import SSEFramer, StreamWatch, json_usage, sse_error_event
 from proxy.http.upstream_headers import ForwardPolicy
+from proxy.http.upstream_health import UPSTREAM_HEALTH
 from proxy.http.upstream_waits import UpstreamWaits, read_some
 from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
 from proxy.providers import TOO_LONG_STATUSES, Provider, provider_of
@@ -203,7 +204,7 @@ class _WholeAnswerResponse(web.StreamResponse):
 
 
 def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float,
-                    pool_wait_s: float, waited_s: float) -> UpstreamFailure:
+                    pool_wait_s: float, waited_s: float, url: str) -> UpstreamFailure:
     name = type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * pool_wait_s:
         # ClientTimeout.connect, not the TCP connect's own (sock_connect, shorter): no
@@ -226,7 +227,8 @@ def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: flo
             f"upstream provider did not answer within {timeout_s:g}s (timeout, {name})",
             reason="upstream_timeout",
         )
-    return UpstreamFailure(502, "api_error", f"upstream provider unreachable ({name})",
+    return UpstreamFailure(502, "api_error",
+                           f"upstream provider {url} unreachable ({name})",
                            reason="upstream_unreachable")
 
 
@@ -337,9 +339,13 @@ async def _send(app: web.Application, request: web.Request, record: RequestRecor
             raise stalled from None  # the client's body, not the provider (answered 408)
         timed_out = isinstance(exc, asyncio.TimeoutError)
         record.outcome = Outcome.UPSTREAM_TIMEOUT if timed_out else Outcome.UPSTREAM_UNREACHABLE
+        health = app[UPSTREAM_HEALTH]
+        if not timed_out:
+            health.unreachable(type(exc).__name__)
         raise _upstream_error(exc, upstream_config.read_timeout_s,
                               upstream_config.connect_timeout_s, upstream_config.pool_wait_s,
-                              time.perf_counter() - started) from None
+                              time.perf_counter() - started, health.url) from None
+    app[UPSTREAM_HEALTH].answered()
     app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
     return upstream

@@ -38,6 +38,7 @@ from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
+from proxy.http.fixed_part import FIXED_PART
 from proxy.http.forward import (
     PromptTooLong,
     forward,
@@ -101,6 +102,7 @@ async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
 
 async def passthrough_handler(request: web.Request) -> web.StreamResponse:
     """Every other path and method: forwarded untouched, the body streamed as it arrives."""
+    request[RECORD].path = request.path
     headers = _upstream_headers(request)
     body: bytes | AsyncIterable[bytes] | None = None
     if provider_of(request) is not None:
@@ -221,8 +223,13 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     accepts the request: :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
-    record.soft_threshold_tokens = plan.policy.soft_threshold_tokens
-    record.hard_limit_tokens = plan.policy.hard_limit_tokens
+    policy = plan.policy
+    record.soft_threshold_tokens = policy.soft_threshold_tokens
+    record.hard_limit_tokens = policy.hard_limit_tokens
+    record.fixed_tokens = round(plan.reserved * plan.reserved_scale)
+    app[FIXED_PART].check((session.tenant, session.session_id, plan.model or ""),
+                          record.fixed_tokens, policy.soft_threshold_tokens,
+                          policy.hard_limit_tokens)
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
@@ -251,9 +258,12 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.tokens_before = result.tokens_before
     record.tokens_after = result.tokens_after
     record.layers = tuple(result.layers_applied)
-    record.layer_savings = layer_savings(result.outcomes)
+    record.layer_savings = layer_savings(
+        result.outcomes, reused_saved=(result.tokens_before - result.tokens_after
+                                       if result.reused_checkpoint else None))
     if result.summary_request is not None and "L4" in result.layers_applied:
         record.summary_key = summary_key(session.tenant, result.summary_request.cache_key)
+    record.prefix_reused = result.reused_checkpoint
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 

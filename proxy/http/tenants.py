@@ -122,6 +122,7 @@ class TenantScope:
         if not value.strip():
             raise RequestRejected(
                 401, "authentication_error",
-                f"the {name} header is required (session.scope header:{name})",
+                f"the {name} header is required (session.scope header:{name}); Claude Code "
+                f"sends it with ANTHROPIC_CUSTOM_HEADERS=\"{name}: <name>\"",
                 reason="no_tenant_header")
         return self.header_tenant(value)

@@ -100,9 +100,12 @@ class RequestEntry(msgspec.Struct, frozen=True):
         model: the model the client asked for.
         tokens_before: the history's size as the provider would count it.
         tokens_after: the forwarded view's size.
-        layers: the layers that ran, with what each saved.
+        layers: the layers that ran on this request, each with the tokens it saved (0 when
+            it changed nothing or a later layer superseded it), then ``sticky`` with what
+            the reused compacted prefix saved when the session's kept compaction was reused.
         outcome: how the request ended (``proxy.http.audit.Outcome``'s value).
-        reason: why it was refused (``MessageViewLimitExceeded``, ``ToolProtocolError``, …).
+        reason: why it was refused (``MessageViewLimitExceeded``, ``ToolProtocolError``, …),
+            with ``outcome`` ``blocked`` (a limit) or ``invalid`` (the client's mistake).
         hard_limit: the hard limit it was judged by, when it was refused for size.
         status: the status the client got.
         upstream_status: the provider's status, when it answered.
@@ -146,8 +149,10 @@ class RequestEntry(msgspec.Struct, frozen=True):
 
     @property
     def blocked(self) -> bool:
-        """Whether the proxy refused it (it never reached the provider)."""
-        return self.reason is not None
+        """Whether a limit of the proxy refused it (outcome ``blocked``; it never reached the
+        provider). A client's mistake is ``invalid``, not blocked. (An entry written before
+        the two were apart has no outcome of its own: its reason says.)"""
+        return self.outcome == "blocked" or (self.outcome == "" and self.reason is not None)
 
     def as_json(self) -> dict[str, Any]:
         """Every field by name (``at`` as ISO 8601 in UTC, ``layers`` as

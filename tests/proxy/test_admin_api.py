@@ -551,19 +551,19 @@ async def test_refusals_under_the_proxy_pass_its_middlewares(
     proxy_factory: ProxyFactory, proxy_log: Any
 ) -> None:
     """Under the proxy an admin refusal carries the request id and leaves one
-    ``request_blocked`` and one ``request_completed`` (route ``admin``) line; the 401 and the
-    405 keep their headers."""
+    ``request_invalid`` (a wrong token is the client's mistake) and one ``request_completed``
+    (route ``admin``) line; the 401 and the 405 keep their headers."""
     proxy = proxy_factory(admin_token=TOKEN)
     status, body, headers = await _send(proxy.base_url, "GET", STATE_PATH,
                                         {"Authorization": "Bearer guess"})
     assert status == 401 and body["error"]["type"] == "authentication_error"
     assert headers["WWW-Authenticate"] == "Bearer"
     lines = [line for line in log_lines_for(proxy_log, headers["x-compact-request-id"])
-             if line["event"] in ("request_blocked", "request_completed")]
+             if line["event"] in ("request_invalid", "request_completed")]
     assert [(line["event"], line["status"]) for line in lines] == [
-        ("request_blocked", 401), ("request_completed", 401)]
+        ("request_invalid", 401), ("request_completed", 401)]
     assert lines[0]["reason"] == "admin_unauthorized"
-    assert (lines[1]["route"], lines[1]["outcome"]) == ("admin", "blocked")
+    assert (lines[1]["route"], lines[1]["outcome"]) == ("admin", "invalid")
     status, _, headers = await _send(proxy.base_url, "PATCH", STATE_PATH, AUTH)
     assert status == 405 and "PUT" in headers["Allow"] and headers["x-compact-request-id"]
 

@@ -113,7 +113,10 @@ async def test_sessions_are_listed_newest_first_with_their_totals(api: Api) -> N
                      "last_seen": (NOW - timedelta(hours=1) + timedelta(seconds=3)).isoformat(
                          timespec="microseconds"),
                      "requests": 3, "tokens_before": 30_000, "tokens_after": 24_000,
-                     "saved_ratio": 0.2, "blocked": 2}
+                     "saved_ratio": 0.2, "blocked": 2,
+                     "requests_path": "/admin/sessions/alpha-1/requests?tenant=none"}
+    assert body["sessions"][0]["requests_path"] == (
+        f"/admin/sessions/alpha-3/requests?tenant={TENANT}")
 
 
 async def test_sessions_page_order_and_filter(api: Api) -> None:

@@ -28,6 +28,8 @@ from proxy.http.tenants import TenantScope
 from proxy.state.audit_log import LayerSaving, RequestEntry, StateChange
 from proxy.state.store import RedisStateStore, SQLiteStateStore, StoreBackend
 from proxy.state.usage import UsageEntry
+from tests.redis_server import RedisServer, RedisServerUnavailable
+from tests.servers import started
 
 pytestmark = pytest.mark.slow
 
@@ -119,17 +121,46 @@ def test_check_config_show_prints_effective_values_then_ok(tmp_path: Path) -> No
 
 
 def test_check_config_ok_line_masks_a_redis_password(tmp_path: Path) -> None:
-    """The OK line names the Redis store by its URL with the password as ***."""
-    path = tmp_path / "c.yaml"
-    path.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\n"
-                    "store: {backend: redis, url: 'redis://:hunter2-pw@127.0.0.1:6390/0'}\n"
-                    "compaction: {soft_threshold_tokens: 60000, hard_limit_tokens: 90000}\n")
-    result = run(["check-config", "--config", str(path)], tmp_path)
+    """The OK line names the Redis store by its URL with the password as ***; the store is
+    reached with it (a real Redis that requires it)."""
+    with started(RedisServer(extra_args=("--requirepass", "hunter2-pw")),
+                 RedisServerUnavailable) as server:
+        path = tmp_path / "c.yaml"
+        url = f"redis://:hunter2-pw@127.0.0.1:{server.port}/0"
+        path.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\n"
+                        f"store: {{backend: redis, url: '{url}'}}\n"
+                        "compaction: {soft_threshold_tokens: 60000, hard_limit_tokens: 90000}\n")
+        result = run(["check-config", "--config", str(path)], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "OK: listen http://127.0.0.1:8787, upstream http://127.0.0.1:9, store redis "
-        "redis://:***@127.0.0.1:6390/0, main soft 60,000 / hard 90,000 tokens "
+        f"redis://:***@127.0.0.1:{server.port}/0, main soft 60,000 / hard 90,000 tokens "
         "(--show prints every value)"]
+
+
+def test_check_config_fails_on_a_store_serve_could_not_open(tmp_path: Path) -> None:
+    """A Redis URL nobody answers, a SQLite path under a read-only folder: exit 2, one line
+    on stderr naming the key, no OK line."""
+    port = free_port()
+    redis = tmp_path / "redis.yaml"
+    redis.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\n"
+                     f"store: {{backend: redis, url: 'redis://:pw@127.0.0.1:{port}/0'}}\n")
+    result = run(["check-config", "--config", str(redis)], tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("config error: store.url: cannot open the state store: ")
+    assert f"127.0.0.1:{port}" in line and ":pw@" not in line
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    sqlite = tmp_path / "sqlite.yaml"
+    sqlite.write_text("upstream: {base_url: 'http://127.0.0.1:9'}\n"
+                      f"store: {{path: '{locked}/state/state.db'}}\n")
+    result = run(["check-config", "--config", str(sqlite)], tmp_path)
+    if os.geteuid() != 0:  # root writes anywhere
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip() == (f"config error: store.path: cannot open the state "
+                                         f"store: {locked} is not writable")
+    assert not (locked / "state").exists()  # check-config never creates the store
 
 
 def test_check_config_prints_dataclass_values_not_raw_yaml(tmp_path: Path) -> None:
@@ -319,7 +350,16 @@ def test_serve_with_good_config_runs_the_proxy(tmp_path: Path) -> None:
         assert body == {"status": "ok", "store": "ok"}, f"serve exited with {proc.poll()}"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=20)
+    # The startup lines: where, in front of what, the thresholds per role, the export line.
+    assert out.splitlines() == [
+        f"compact-proxy listening on http://127.0.0.1:{port}, upstream http://127.0.0.1:9",
+        "thresholds (tokens of the whole prompt: system + tools + messages): main soft "
+        "80,000 / hard 120,000; subagent soft 80,000 / hard 120,000; summary_recovery soft "
+        "80,000 / hard 120,000",
+        "point Claude Code at it:",
+        f"  export ANTHROPIC_BASE_URL=http://127.0.0.1:{port}",
+    ]
 
 
 # ------------------------------------------------------------------------------ other commands
@@ -686,6 +726,12 @@ def test_report_session_filter_matches_the_id_under_any_tenant(
         assert [row["session"] for row in data["sessions"]] == expected
     assert main(["report", "--config", str(path), "--session", "other"]) == 0
     assert capsys.readouterr().out == "no usage recorded for session other\n"
+    # --tenant addresses one tenant's session, as `session SID --tenant T` does.
+    for tenant, expected in ((TENANT, [f"{TENANT}/sess-1"]), ("none", [])):
+        assert main(["report", "--config", str(path), "--json", "--session", "sess-1",
+                     "--tenant", tenant]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert [row["session"] for row in data["sessions"]] == expected
 
 
 def test_report_with_a_bad_config_exits_2(tmp_path: Path) -> None:

@@ -671,8 +671,10 @@ def test_default_prices_are_the_built_in_table() -> None:
     config = Config.from_mapping(UPSTREAM)
     assert dict(config.prices) == dict(DEFAULT_PRICES)
     assert set(config.prices) == {
-        "claude-opus-4-5", "claude-opus-4-1", "claude-opus-4", "claude-sonnet-4-5",
-        "claude-sonnet-4", "claude-3-7-sonnet", "claude-haiku-4-5", "claude-3-5-haiku",
+        "claude-opus-5-5", "claude-opus-5", "claude-opus-4-8", "claude-opus-4-7",
+        "claude-opus-4-6", "claude-opus-4-5", "claude-opus-4-1", "claude-opus-4",
+        "claude-sonnet-4-6", "claude-sonnet-4-5", "claude-sonnet-4", "claude-3-7-sonnet",
+        "claude-haiku-4-5", "claude-3-5-haiku",
     }
     assert config.prices["claude-opus-4-5"] == OPUS_4_5
     assert config.prices["claude-opus-4"] == ModelPrice(input=15, cache_write=18.75,
@@ -695,6 +697,12 @@ def test_price_is_the_longest_family_that_prefixes_the_model() -> None:
     assert config.price_for("claude-opus-4-20250514") == config.prices["claude-opus-4"]
     assert config.price_for("claude-sonnet-4-5-20250929") == config.prices["claude-sonnet-4-5"]
     assert config.price_for("claude-haiku-4-5") == config.prices["claude-haiku-4-5"]
+    # Claude Code's default model (2.1: claude-opus-4-8) and its neighbours are priced.
+    for model in ("claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-opus-5"):
+        assert config.price_for(model) == OPUS_4_5
+    assert config.price_for("claude-sonnet-4-6") == config.prices["claude-sonnet-4-5"]
+    assert config.price_for("claude-opus-5-5") == ModelPrice(input=4, cache_write=5,
+                                                             cache_read=0.2, output=20)
     for unknown in ("gpt-5", "claude-opus", "claude-2.1", ""):
         assert config.price_for(unknown) is None
 
@@ -719,7 +727,7 @@ def test_user_prices_replace_their_family_and_add_new_ones(tmp_path: Path) -> No
     assert config.price_for("claude-opus-4-5-20251101").input == 4  # type: ignore[union-attr]
     # A model that only begins with a family is another model: unpriced, never mispriced.
     assert config.price_for("claude-opus-4-5-fast-1") is None
-    assert config.price_for("claude-opus-4-6") is None
+    assert config.price_for("claude-opus-4-9") is None
     assert config.price_for("claude-opus-4-20250514") == DEFAULT_PRICES["claude-opus-4"]
     with pytest.raises(TypeError):
         config.prices["x"] = OPUS_4_5  # type: ignore[index]

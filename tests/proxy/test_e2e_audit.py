@@ -134,12 +134,13 @@ def test_every_messages_and_count_tokens_request_leaves_one_entry(
     assert limit["tokens_after"] >= 20_000 and limit["layers"]
     assert limit["usage_input"] is None
 
+    # A broken tool protocol is the client's mistake (invalid), not a limit (blocked).
     assert (toolerr["outcome"], toolerr["reason"], toolerr["hard_limit"], toolerr["status"],
-            toolerr["blocked"]) == ("blocked", "ToolProtocolError", None, 400, True)
+            toolerr["blocked"]) == ("invalid", "ToolProtocolError", None, 400, False)
     assert toolerr["model"] == MODEL
 
     (summary,) = admin_get(proxy, "/admin/sessions")["sessions"]
-    assert (summary["session_id"], summary["requests"], summary["blocked"]) == (SESSION, 6, 2)
+    assert (summary["session_id"], summary["requests"], summary["blocked"]) == (SESSION, 6, 1)
 
 
 def test_entries_are_trimmed_to_the_configured_bound(

@@ -158,3 +158,54 @@ def test_claude_code_with_a_subscription_login_gets_its_l4_summaries(
         assert "oauth-2025-04-20" in call.headers["anthropic-beta"]
         check_oauth_beta(authorization, call.headers["anthropic-beta"])
         check_claude_code_identity(authorization, call.body)
+
+
+def test_claude_code_rehearses_a_tool_loop_offline_against_fake_upstream_tool_loop(
+        proxy_factory: ProxyFactory, tmp_path: Path) -> None:
+    """The README's offline rehearsal, as a user runs it: ``compact-proxy fake-upstream
+    --script tool-loop --steps 4 --dump DIR``, the proxy in front, ``claude -p``. Claude Code
+    runs four tool steps (its own Glob, Read and Bash) and finishes; the dump holds each
+    request with the ``system`` the proxy forwarded."""
+    from tests.proxy.test_cli import COMMAND, clean_env, free_port
+
+    port, dump = free_port(), tmp_path / "dump"
+    fake = subprocess.Popen(
+        [*COMMAND, "fake-upstream", "--port", str(port), "--script", "tool-loop",
+         "--steps", "4", "--dump", str(dump)],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout is not None and "listening" in fake.stdout.readline()
+        proxy = proxy_factory(upstream_url=f"http://127.0.0.1:{port}")
+        work = tmp_path / "project"
+        work.mkdir()
+        (work / "notes.txt").write_text("rehearsal notes\n")
+        home = tmp_path / "home"
+        home.mkdir()
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
+               "ANTHROPIC_BASE_URL": proxy.base_url, "ANTHROPIC_API_KEY": TEST_API_KEY,
+               "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+        assert CLAUDE is not None
+        done = subprocess.run(
+            [CLAUDE, "-p", "Look around this project.", "--allowedTools", "Bash,Read,Glob",
+             "--max-turns", "20", "--output-format", "json"],
+            cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        fake.terminate()
+        fake.communicate(timeout=20)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    outcome = json.loads(done.stdout)
+    assert "Tool loop finished: 4 tool steps" in outcome["result"], outcome
+    bodies = [json.loads(p.read_text())["body"] for p in sorted(dump.glob("*-messages.json"))]
+    last = bodies[-1]
+    results = [b for m in last["messages"] if isinstance(m["content"], list)
+               for b in m["content"] if b.get("type") == "tool_result"]
+    used = [b["name"] for m in last["messages"] if isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "tool_use"]
+    assert len(results) == 4 and {"Glob", "Read", "Bash"} <= set(used), used
+    read = next(b for b in results if b["tool_use_id"] == "toolu_loop_002")
+    assert "rehearsal notes" in json.dumps(read)  # Claude Code really read the file it found
+    systems = sorted(dump.glob("*-messages-system.txt"))
+    assert systems and "Claude Code" in systems[-1].read_text()
+    # Claude Code's HEAD / at launch is the proxy's own: never forwarded.
+    assert not list(dump.glob("*-root.json"))

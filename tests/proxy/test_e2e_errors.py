@@ -142,23 +142,27 @@ def test_broken_tool_protocol_is_refused_with_the_documented_shape(
     sdk: anthropic.Anthropic, proxy: RunningProxy, upstream_server: UpstreamServer,
     proxy_log: Any,
 ) -> None:
-    """A result answering an unknown id: 400 naming the id, ``compaction`` fields, a blocked log."""
+    """A result answering an unknown id: 400 in the provider's words naming the id,
+    ``compaction`` fields, a ``request_invalid`` line with the kind and the id."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk.messages.create(model=MODEL, max_tokens=16, messages=tool_use_turns("toolu_99"))
     error = error_of(caught.value)
     assert error["type"] == "invalid_request_error"
-    assert "toolu_" in error["message"] and "ToolProtocolError" in error["message"]
+    assert error["message"] == (
+        "messages.2: unexpected `tool_use_id` found in `tool_result` blocks: toolu_99. Each "
+        "`tool_result` block must have a corresponding `tool_use` block in the previous message.")
     compaction = error["compaction"]
     assert compaction["error"] == "ToolProtocolError"
     assert compaction["kind"] in ("missing", "unknown")
     assert compaction["tool_use_id"] in error["message"]
     assert upstream_server.upstream.requests == []
     request_id = caught.value.response.headers["x-compact-request-id"]
-    blocked = [line for line in log_lines_for(proxy_log, request_id)
-               if line["event"] == "request_blocked"]
-    assert len(blocked) == 1
-    assert blocked[0]["reason"] == "ToolProtocolError"
-    assert blocked[0]["session_id"] == caught.value.response.headers["x-compact-session-id"]
+    invalid = [line for line in log_lines_for(proxy_log, request_id)
+               if line["event"] in ("request_invalid", "request_blocked")]
+    assert len(invalid) == 1 and invalid[0]["event"] == "request_invalid"
+    assert (invalid[0]["reason"], invalid[0]["kind"], invalid[0]["tool_use_id"]) == (
+        "ToolProtocolError", compaction["kind"], "toolu_99")
+    assert invalid[0]["session_id"] == caught.value.response.headers["x-compact-session-id"]
 
 
 def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
@@ -175,7 +179,8 @@ def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
                                extra_headers={"x-compact-session-id": "sess-hard-limit"})
     error = error_of(caught.value)
     compaction = error["compaction"]
-    assert set(compaction) == {"error", "tokens_before", "tokens_after", "hard_limit", "layers"}
+    assert set(compaction) == {"error", "tokens_before", "tokens_after", "hard_limit", "layers",
+                               "saved", "fixed_tokens", "messages_tokens", "detail"}
     assert compaction["error"] == "MessageViewLimitExceeded"
     assert compaction["hard_limit"] == 200
     assert compaction["tokens_after"] >= 200
@@ -197,7 +202,7 @@ def test_view_over_the_hard_limit_is_refused_with_the_documented_shape(
         "hard_limit": 200, "layers": compaction["layers"],
     }
     completed = [line for line in lines if line["event"] == "request_completed"]
-    assert completed[0]["upstream_status"] is None
+    assert "upstream_status" not in completed[0]
     assert completed[0]["outcome"] == "blocked"
 
 
@@ -271,7 +276,7 @@ async def test_metrics_count_requests_by_route_and_outcome(
             assert resp.headers["Content-Type"].startswith("text/plain")
             text = await resp.text()
     assert 'compact_proxy_requests_total{outcome="forwarded",route="messages"} 1.0' in text
-    assert 'compact_proxy_requests_total{outcome="blocked",route="messages"} 1.0' in text
+    assert 'compact_proxy_requests_total{outcome="invalid",route="messages"} 1.0' in text
     assert 'compact_proxy_upstream_latency_seconds_count{route="messages"} 1.0' in text
 
 
@@ -396,6 +401,7 @@ async def test_a_message_of_the_wrong_shape_is_still_a_400(
             request_id = resp.headers["x-compact-request-id"]
     assert assert_invalid_request(status, body).startswith(named)
     assert upstream_server.upstream.requests == []
-    blocked = [line for line in log_lines_for(proxy_log, request_id)
-               if line["event"] == "request_blocked"]
-    assert [line["reason"] for line in blocked] == ["invalid_messages"]
+    invalid = [line for line in log_lines_for(proxy_log, request_id)
+               if line["event"] in ("request_invalid", "request_blocked")]
+    assert [(line["event"], line["reason"]) for line in invalid] == [
+        ("request_invalid", "invalid_messages")]

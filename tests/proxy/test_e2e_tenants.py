@@ -223,7 +223,10 @@ def test_front_proxy_header_scope_separates_users_and_refuses_a_request_without_
         body = caught.value.body
         assert isinstance(body, dict) and body["type"] == "error"
         assert body["error"]["type"] == "authentication_error"
-        assert "x-forwarded-user" in body["error"]["message"]
+        # It says how Claude Code sends the header (which it would otherwise retry quietly).
+        assert body["error"]["message"] == (
+            "the x-forwarded-user header is required (session.scope header:x-forwarded-user); "
+            "Claude Code sends it with ANTHROPIC_CUSTOM_HEADERS=\"x-forwarded-user: <name>\"")
     assert len(upstream_server.upstream.requests) == seen
 
 

@@ -26,6 +26,7 @@ from tests.conftest import (
     RunningProxy,
     UpstreamServer,
     log_lines_for,
+    read_log,
     user_text,
 )
 from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, read_turns
@@ -161,15 +162,26 @@ def closed_port() -> int:
 async def test_refused_connection_is_502_quickly_and_served_once_the_provider_is_back(
     proxy_factory: ProxyFactory, servers: LoopThread, proxy_log: Path
 ) -> None:
-    """Nobody listening: 502 api_error at once; the same proxy serves when a provider returns."""
+    """Nobody listening: 502 api_error at once, naming the provider's URL; one
+    ``upstream_unreachable`` warning; ``/healthz`` says since when. The same proxy serves when
+    a provider returns, and ``/healthz`` forgets it."""
     port = closed_port()
-    proxy = proxy_factory(upstream_url=f"http://127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}"
+    proxy = proxy_factory(upstream_url=url)
     for stream in (False, True):
         status, headers, payload, took = await post(proxy, body(stream))
         assert status == 502 and took < SLACK_S
-        assert json.loads(payload)["error"]["type"] == "api_error"
+        error = json.loads(payload)["error"]
+        assert error["type"] == "api_error"
+        assert error["message"] == f"upstream provider {url} unreachable (ClientConnectorError)"
         line = completed_line(proxy_log, headers)
-        assert (line["upstream_status"], line["outcome"]) == (None, "upstream_unreachable")
+        assert (line.get("upstream_status"), line["outcome"]) == (None, "upstream_unreachable")
+    warned = [line for line in read_log(proxy_log) if line["event"] == "upstream_unreachable"
+              and line.get("upstream") == url]
+    assert len(warned) == 1 and warned[0]["level"] == "warning"
+    health = await healthz(proxy)
+    assert health["status"] == "ok" and health["store"] == "ok"
+    assert health["upstream"].startswith("unreachable since 20")
     assert await metrics(proxy) == {"upstream_unreachable": 2.0}
     runner, _ = await asyncio.wrap_future(
         servers.submit(start_fake_upstream(FakeUpstream(), port=port)))
@@ -177,6 +189,15 @@ async def test_refused_connection_is_502_quickly_and_served_once_the_provider_is
         await assert_next_request_served(proxy)
     finally:
         await asyncio.wrap_future(servers.submit(runner.cleanup()))
+    assert await healthz(proxy) == {"status": "ok", "store": "ok"}
+
+
+async def healthz(proxy: RunningProxy) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.base_url}/healthz") as resp:
+            assert resp.status == 200
+            answer: dict[str, Any] = await resp.json()
+            return answer
 
 
 async def test_connection_closed_without_a_response_is_502(
@@ -203,7 +224,7 @@ async def test_accept_then_hang_is_504_within_the_read_timeout_and_cancels_upstr
     assert READ_TIMEOUT_S <= took < READ_TIMEOUT_S + SLACK_S
     assert json.loads(payload)["error"]["type"] == "api_error"
     line = completed_line(proxy_log, headers)
-    assert (line["upstream_status"], line["outcome"]) == (None, "upstream_timeout")
+    assert (line.get("upstream_status"), line["outcome"]) == (None, "upstream_timeout")
     for _ in range(100):
         if upstream.cancelled:
             break

@@ -1,0 +1,50 @@
+"""The fixed part of a request: ``system``, ``tools`` and the durable block, which count
+toward the thresholds but no layer can compact (Claude Code's are about 18k tokens).
+
+When it is half the soft threshold or more, every request starts near or over it with
+nothing left to remove; the proxy says so once per session and model (``fixed_part_large``,
+a warning), and a refusal over the hard limit names the fixed part and the messages apart.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import structlog
+from aiohttp import web
+from cachetools import LRUCache
+
+__all__ = ["FIXED_PART", "NEAR_RATIO", "FixedPartWarnings"]
+
+_log = structlog.get_logger("proxy.http.fixed_part")
+
+#: The share of the soft threshold from which the fixed part is called near it.
+NEAR_RATIO: Final = 0.5
+#: Sessions (and models) remembered as already warned about.
+_REMEMBERED: Final = 10_000
+
+
+class FixedPartWarnings:
+    """Warns once per (tenant, session, model) that the fixed part is near or over a
+    threshold; a bounded memory, so a session forgotten may be warned about again."""
+
+    def __init__(self) -> None:
+        self._warned: LRUCache[tuple[str, str, str], bool] = LRUCache(_REMEMBERED)
+
+    def check(self, key: tuple[str, str, str], fixed: int, soft: int, hard: int) -> None:
+        """Log ``fixed_part_large`` for ``key`` (the first time) when ``fixed`` ≥
+        :data:`NEAR_RATIO` × ``soft``."""
+        if fixed < NEAR_RATIO * soft or key in self._warned:
+            return
+        self._warned[key] = True
+        over = "hard limit" if fixed >= hard else "soft threshold" if fixed >= soft else None
+        _log.warning(
+            "fixed_part_large", fixed_tokens=fixed, soft_threshold=soft, hard_limit=hard,
+            model=key[2],
+            detail=(f"system + tools are {fixed:,} tokens, "
+                    + (f"over the {over}" if over else f"{fixed / soft:.0%} of soft {soft:,}")
+                    + ": raise compaction.soft_threshold_tokens / hard_limit_tokens"))
+
+
+#: The app's :class:`FixedPartWarnings`.
+FIXED_PART: Final = web.AppKey("fixed_part_warnings", FixedPartWarnings)

@@ -1,0 +1,52 @@
+"""Whether the provider could be reached, as ``/healthz`` tells it.
+
+The first request that cannot reach the provider (a 502: connection refused, DNS, TLS) marks
+it unreachable since then, with one ``upstream_unreachable`` warning naming its URL; the next
+answer from it, whatever its status, marks it reachable again (``upstream_reachable``). The
+process keeps serving meanwhile, so ``/healthz`` stays 200 and adds
+``"upstream": "unreachable since <time>"``: every replica shares the provider, routing away
+would not help.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Final
+
+import structlog
+from aiohttp import web
+
+__all__ = ["UPSTREAM_HEALTH", "UpstreamHealth"]
+
+_log = structlog.get_logger("proxy.http.upstream_health")
+
+
+class UpstreamHealth:
+    """Since when the provider has been unreachable (``None``: it answered last)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.unreachable_since: datetime | None = None
+
+    def unreachable(self, error_class: str) -> None:
+        """A request could not reach the provider."""
+        if self.unreachable_since is None:
+            self.unreachable_since = datetime.now(UTC)
+            _log.warning("upstream_unreachable", upstream=self.url, error_class=error_class)
+
+    def answered(self) -> None:
+        """The provider answered (any status)."""
+        if self.unreachable_since is not None:
+            self.unreachable_since = None
+            _log.info("upstream_reachable", upstream=self.url)
+
+    def status(self) -> str | None:
+        """``unreachable since <ISO time>``, or ``None`` while it answers."""
+        since = self.unreachable_since
+        if since is None:
+            return None
+        return f"unreachable since {since.isoformat(timespec='seconds').replace('+00:00', 'Z')}"
+
+
+#: The app's :class:`UpstreamHealth`.
+UPSTREAM_HEALTH: Final = web.AppKey("upstream_health", UpstreamHealth)
