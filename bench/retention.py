@@ -9,7 +9,8 @@ that carries no facts (a lower bound: a real summary may repeat some). For each 
   excluded), and the share of them found verbatim in the view; "in budget" is the share among
   the newest of them that fit ``user_text_budget_tokens`` (a tenth of the soft threshold);
 * artifacts: the file paths (``file_path``/``path``/``notebook_path``) and commands of the
-  ``tool_use`` blocks in those messages, and the share of them found in the view;
+  ``tool_use`` blocks in those messages, and the share of them found in the view; "in budget"
+  the newest that fit ``artifact_trail_budget_tokens`` (a twentieth of the soft threshold);
 * tokens: the view's tokens over the soft threshold, summed over the compacted conversations
   (what keeping them costs).
 
@@ -58,6 +59,8 @@ class Row:
     texts_in_budget_kept: int
     artifacts: int
     artifacts_kept: int
+    artifacts_in_budget: int
+    artifacts_in_budget_kept: int
     tokens_after: int
     soft_total: int
     summary_calls: int
@@ -163,7 +166,7 @@ def _newest_within(texts: list[str], budget: int, counter: Chars4Counter) -> int
 def measure(named: list[tuple[str, list[dict[str, Any]]]], fraction: float, tree: str) -> Row:
     """Compact every session at ``fraction`` of its size; count what the views keep."""
     counter = Chars4Counter()
-    row = Row(tree, fraction, len(named), *([0] * 10))
+    row = Row(tree, fraction, len(named), *([0] * 12))
     summaries: list[str] = []
 
     def summarise(span: str) -> str:
@@ -196,6 +199,12 @@ def measure(named: list[tuple[str, list[dict[str, Any]]]], fraction: float, tree
         artifacts = list(dict.fromkeys(a for m in gone for a in _artifacts(m)))
         row.artifacts += len(artifacts)
         row.artifacts_kept += sum(a in haystack for a in artifacts)
+        # Each as the longest line a trail writes for it ("edited PATH", "ran CMD (exit N)").
+        fitted = _newest_within([f"edited {a} (exit 1)" for a in artifacts],
+                                max(1, soft // 20), counter)
+        row.artifacts_in_budget += fitted
+        row.artifacts_in_budget_kept += sum(
+            a in haystack for a in artifacts[len(artifacts) - fitted:])
     row.summary_calls = len(summaries)
     return row
 
@@ -207,13 +216,15 @@ def _share(part: int, whole: int) -> str:
 def format_rows(rows: list[Row]) -> str:
     """The rows as a table."""
     lines = [f"{'tree':<16}{'soft':>6}{'compacted':>10}{'user texts':>11}{'kept':>9}"
-             f"{'in budget':>10}{'kept':>9}{'artifacts':>10}{'kept':>9}{'tokens/soft':>12}"]
+             f"{'in budget':>10}{'kept':>9}{'artifacts':>10}{'kept':>9}{'in budget':>10}{'kept':>9}"
+             f"{'tokens/soft':>12}"]
     for r in rows:
         lines.append(
             f"{r.tree:<16}{r.fraction:>6.2f}{r.compacted:>10}{r.texts:>11}"
             f"{_share(r.texts_kept, r.texts):>9}{r.texts_in_budget:>10}"
             f"{_share(r.texts_in_budget_kept, r.texts_in_budget):>9}{r.artifacts:>10}"
-            f"{_share(r.artifacts_kept, r.artifacts):>9}"
+            f"{_share(r.artifacts_kept, r.artifacts):>9}{r.artifacts_in_budget:>10}"
+            f"{_share(r.artifacts_in_budget_kept, r.artifacts_in_budget):>9}"
             f"{(r.tokens_after / r.soft_total if r.soft_total else 0):>12.3f}")
     return "\n".join(lines)
 
@@ -228,12 +239,16 @@ def baseline_rows(ref: str, fractions: list[float], limit: int | None) -> list[R
         target = Path(tmp, "compactor", "_user_text.py")
         if not target.exists():
             shutil.copy(REPO / "compactor" / "_user_text.py", target)
+        Path(tmp, "bench").mkdir()
+        for name in ("retention.py",):
+            shutil.copy(REPO / "bench" / name, Path(tmp, "bench", name))
         args = [sys.executable, "-m", "bench.retention", "--json", "--tree", ref,
                 "--fractions", *map(str, fractions)]
         if limit is not None:
             args += ["--limit", str(limit)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(REPO)])}
-        out = subprocess.run(args, cwd=REPO, env=env, check=True, capture_output=True,
+        env = {**os.environ, "PYTHONPATH": tmp,
+               "COMPACT_PROXY_SHARED": str(CORPUS.parent.parent)}
+        out = subprocess.run(args, cwd=tmp, env=env, check=True, capture_output=True,
                              text=True).stdout
     return [Row(**r) for r in json.loads(out)]
 

@@ -35,6 +35,7 @@ from ._l4_summary import (
     summary_view,
 )
 from ._protocol import Interaction, ProtocolMemo, check_shape, validate_tool_protocol
+from ._record import span_record
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
@@ -271,7 +272,8 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
     if not isinstance(text, str) or not text.strip():
         unchanged("no summary: view kept")
         return pruned, outcomes, request
-    summarised = apply_summary(base, plan, text)
+    kept = span_record(plan.middle, policy, base.counter.count_text)
+    summarised = apply_summary(base, plan, text, kept.render())
     if summarised.total() >= pruned.total():
         unchanged("summary not smaller: view kept")
         return pruned, outcomes, request

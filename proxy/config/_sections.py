@@ -166,6 +166,18 @@ class CompactionConfig(Thresholds, Section):
         "Sticky mode: a compaction, once started, goes on until the view is below "
         "soft_threshold_tokens × compact_to_ratio, so the next crossing is far away."
     )] = 0.7
+    user_text_budget_tokens: Annotated[NonNegative | None, doc(
+        "What a person typed (user text that is no tool result and not injected by the "
+        "harness) inside a span L3 drops or L4 summarises is kept verbatim next to the summary "
+        "(or where L3 cut), in order, up to this many tokens, the newest first; older ones are "
+        "left to the summary. null: a tenth of soft_threshold_tokens; 0: none kept.", 8000
+    )] = None
+    artifact_trail_budget_tokens: Annotated[NonNegative | None, doc(
+        "The files read, written or edited and the commands run (with their exit status where "
+        "shown) by the tool calls of a dropped or summarised span are kept with the summary, "
+        "exactly, deduplicated, newest last, up to this many tokens. null: a twentieth of "
+        "soft_threshold_tokens; 0: none kept.", 4000
+    )] = None
     calibration: Annotated[Bool, doc(
         "Compare the thresholds with the proxy's own count times a factor learnt per session "
         "and model from the provider's usage figures (a new session starts from its tenant's "
