@@ -267,6 +267,11 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
+    if result.thrash:
+        app[METRICS].compaction_thrash.inc()
+        # (The request's id, session and tenant are bound to every line it logs.)
+        _log.warning("compaction_thrash", tokens_before=result.tokens_before,
+                     tokens_after=result.tokens_after)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 

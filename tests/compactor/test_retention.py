@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from compactor import CachingCounter, Chars4Counter, compact_context, validate_tool_protocol
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    MessageViewLimitExceeded,
+    compact_context,
+    validate_tool_protocol,
+)
 from compactor._l3_prune import prune_old_messages
 from compactor._record import parse_record
 from compactor._trail import artifact_trail
@@ -223,3 +229,42 @@ def test_a_merged_summary_keeps_the_earlier_texts_and_trail_verbatim() -> None:
     assert "Then step 9." in haystack and "ran deploy 8" in haystack
     assert "edited /src/bill_0.py" in haystack
     _valid(view)
+
+
+# -- never pay for a summary that cannot help -------------------------------------------------
+
+def test_a_paste_over_the_hard_limit_is_refused_without_a_summary_call() -> None:
+    """A 110k-token paste under a 40k hard limit: what is always kept (the last message) is
+    over the limit, so the view is refused at once and no summary is asked for."""
+    messages: list[Message] = [user("Fix the build.")]
+    for n in range(20):
+        messages += exchange(f"t{n}", "log line\n" * 400, command=f"make step{n}")
+    messages[-1] = user(tool_result("t19", "ok"), text("x" * 440_000))
+    calls: list[str] = []
+    policy = CompactionPolicy(soft_threshold_tokens=30_000, hard_limit_tokens=40_000)
+
+    def summarise(span: str) -> str:
+        calls.append(span)
+        return "a summary"
+
+    try:
+        compact_context(messages, None, policy=policy, counter=Chars4Counter(),
+                        summarizer=summarise)
+    except MessageViewLimitExceeded as refused:
+        assert refused.tokens_after >= 40_000
+    else:
+        raise AssertionError("a view over the hard limit was not refused")
+    assert calls == []
+
+
+def test_a_summary_is_still_made_when_it_can_help() -> None:
+    """The same history without the paste: L4 runs and the view fits."""
+    messages: list[Message] = [user("Fix the build.")]
+    for n in range(40):
+        messages += exchange(f"t{n}", "log line\n" * 400, command=f"make step{n}")
+    calls: list[str] = []
+    policy = CompactionPolicy(soft_threshold_tokens=3_000, hard_limit_tokens=4_000,
+                              keep_recent_messages=30)
+    result = compact_context(messages, None, policy=policy, counter=Chars4Counter(),
+                             summarizer=lambda span: calls.append(span) or "a summary")
+    assert calls and "L4" in result.layers_applied
