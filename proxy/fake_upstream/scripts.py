@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from .probes import probe_answer
 from .records import RecordedRequest
 from .replies import Reply
 
@@ -41,9 +42,13 @@ Script = Callable[[dict[str, Any], RecordedRequest], "Reply | Awaitable[Reply]"]
 
 
 def default_script(body: dict[str, Any], request_meta: RecordedRequest) -> Reply:
-    """Answer a summary for the summarizer, otherwise a short text naming the message count."""
+    """Answer a summary for the summarizer, a probe from what was sent (``probes``), otherwise
+    a short text naming the message count."""
     if is_summarizer_request(body):
         return Reply.text(summary_text(body))
+    answer = probe_answer(body)
+    if answer is not None:
+        return Reply.text(answer)
     count = len(body.get("messages") or ())
     noun = "message" if count == 1 else "messages"
     return Reply.text(f"Fake upstream reply: I saw {count} {noun}.")
