@@ -29,6 +29,8 @@ _TRAIL_HEAD = "Files and commands of this part, exact, newest last:"
 _TEXTS = re.compile(r"<user-text>\n(.*?)\n</user-text>", re.DOTALL)
 _TRAIL = re.compile(r"<artifact-trail>\n(.*?)\n</artifact-trail>", re.DOTALL)
 _STATUS = re.compile(r" \((?:exit -?\d+|failed)\)$")
+#: Trail lines of files the span changed (``_trail``'s verbs).
+_CHANGES = ("wrote ", "edited ")
 
 
 @dataclass(frozen=True)
@@ -108,4 +110,21 @@ def span_record(span: Iterable[Message], policy: CompactionPolicy,
     # A text typed again ("continue") is kept once, at its latest place.
     unique = list(dict.fromkeys(texts[::-1]))[::-1]
     return SpanRecord(tuple(_newest_within(unique, text_budget, count)),
-                      tuple(_newest_within(list(trail.values()), trail_budget, count)))
+                      tuple(_trail_within(list(trail.values()), trail_budget, count)))
+
+
+def _trail_within(lines: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
+    """The trail lines that fit ``budget``, in their order: over it, the oldest reads and
+    commands go first, files written or edited last (what changed matters most later)."""
+    costs = [count(line) for line in lines]
+    total = sum(costs)
+    changed = [line.startswith(_CHANGES) for line in lines]
+    dropped: set[int] = set()
+    for keep_changes in (True, False):
+        for index in range(len(lines)):
+            if total <= budget:
+                return [line for i, line in enumerate(lines) if i not in dropped]
+            if index not in dropped and (not changed[index] or not keep_changes):
+                dropped.add(index)
+                total -= costs[index]
+    return [line for i, line in enumerate(lines) if i not in dropped]

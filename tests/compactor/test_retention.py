@@ -148,6 +148,19 @@ def test_over_the_budget_the_oldest_user_texts_go() -> None:
     assert kept.trail == ()
 
 
+def test_over_the_trail_budget_edited_files_outlast_commands() -> None:
+    """A long run of commands after an edit: the oldest commands go first, the edit stays."""
+    messages: list[Message] = [user("go")]
+    messages += exchange("e0", "ok", name="Edit", file_path="/src/keep_me.py", old_string="a",
+                         new_string="b")
+    for n in range(30):
+        messages += exchange(f"b{n}", "z" * 2_000, command=f"pytest -k case{n}")
+    view, _ = _l3(messages, artifact_trail_budget_tokens=60)
+    trail = parse_record(view.messages[1]["content"][0]["text"]).trail
+    assert trail[0] == "edited /src/keep_me.py" and len(trail) > 2
+    assert "ran pytest -k case0" not in trail and trail[-1].startswith("ran pytest -k case2")
+
+
 def test_budgets_of_zero_keep_nothing_and_add_no_message() -> None:
     """Both budgets at 0: L3 drops as it did before issue #34."""
     messages = _session(5)
