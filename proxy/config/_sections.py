@@ -326,10 +326,24 @@ class SourcesConfig(Section):
     artifact_root: Annotated[Text, doc(
         "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
         example="s3://team-sources/artifacts")] = "./compact-proxy-state/artifacts"
+    record_transcripts: Annotated[Bool, doc(
+        "The proxy appends each session's messages, as first seen, to "
+        "<transcript_root>[/<tenant>]/<session_id>.jsonl in the format pointers are verified "
+        "against (sequence from 1, session_id, event_id, role, content), after the response "
+        "and never twice for a resent history, so transcript:<sid>:<n> (message n of the "
+        "session) resolves with no operator tooling. Needs a local transcript_root."
+    )] = False
+    transcript_max_bytes: Annotated[Positive, doc(
+        "A transcript the proxy records stops growing at this size (the messages that would "
+        "pass it are not written; one transcript_full warning)."
+    )] = 64 * 1024 * 1024
     s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
 
     @model_validator(mode="after")
     def _roots_valid(self) -> SourcesConfig:
+        if self.record_transcripts and is_s3_url(self.transcript_root):
+            raise invalid("record_transcripts", "needs a local transcript_root (a path, not "
+                                                "s3://)")
         roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
         for name, root in roots.items():
             if is_s3_url(root):

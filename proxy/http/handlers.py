@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
+from proxy.background import in_background
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
@@ -64,6 +65,7 @@ from proxy.keys import (
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
+    TRANSCRIPTS,
     USAGE_LEDGER,
 )
 from proxy.logs import bind_request_fields
@@ -419,6 +421,13 @@ async def _succeeded(app: web.Application, record: RequestRecord, session: Sessi
     parsed.commit()
     if new and result.checkpoint is not None:
         await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
+    recorder = app.get(TRANSCRIPTS)
+    if recorder is not None:
+        # (The client's messages as sent: message n of the session is event n.)
+        messages = parsed.messages
+        in_background(app, lambda: recorder.record(session.tenant, session.session_id,
+                                                   messages),
+                      failure_event="transcript_not_recorded")
 
 
 def _learn(app: web.Application, record: RequestRecord, session: SessionRef,
