@@ -5,8 +5,6 @@ files and commands of its tool calls (``_trail``) are kept word for word, within
 (the newest first), in the summary's block — or, for L3, in a block of the same kind where the
 span was cut. A later compaction that takes that block into its own span parses the two
 sections back and carries them forward as they are, instead of letting a model re-tell them.
-
-Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from ._blocks import Message, blocks_of
 from ._trail import artifact_trail
 from ._user_text import person_texts
 
-__all__ = ["SpanRecord", "span_record"]
+__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
 
 SUMMARY_TAG = "compact-proxy-summary"
 _TEXT_HEAD = "What the user wrote in this part, verbatim, oldest first:"

@@ -8,8 +8,6 @@ of them. A re-crossing within :data:`THRASH_WITHIN_MESSAGES` new messages of the
 ``soft × compact_to_ratio × THRASH_DEPTH``, with L3 and L4 keeping half their recent messages
 (:func:`deeper`), so the next crossing is further away. It stays deeper for as long as the
 session keeps re-crossing that soon. The policy's key (and so the checkpoint) is unchanged.
-
-Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ and which commands they ran (with the exit status where the result shows it).
 Derived from the ``tool_use`` inputs and their results alone, so the paths and commands are
 exact: no model is trusted with them. One line per artifact, deduplicated (a later call moves
 its line to the end), newest last.
-
-Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from policies import ReadToolSpec
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, Message, blocks_of
 
-__all__ = ["artifact_trail"]
+__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
 
 PATH_KEYS = ("file_path", "path", "notebook_path")
 _WRITES = frozenset({"Write", "write_file", "create_file", "NotebookWrite"})

@@ -6,8 +6,6 @@ recognised by their wrappers, learnt from the corpus and from Claude Code's reco
 (``<system-reminder>``, ``<command-name>``, ``<local-command-stdout>``, ``<task-notification>``,
 ``[Request interrupted by user]`` …). Everything else a user message says in a ``text`` block is
 taken as typed by the person, the thing a compaction must not lose (see ``_record``).
-
-Everything in ``__all__`` gets re-exported.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import re
 
 from ._blocks import Message, blocks_of
 
-__all__ = ["is_injected_text", "person_texts"]
+__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
 
 #: Tags a harness wraps its own text in, when they open the text block.
 HARNESS_TAGS = (

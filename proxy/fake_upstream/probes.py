@@ -36,7 +36,7 @@ def _last_text(message: Any) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
-    texts = [b.get("text") for b in content or [] if isinstance(b, Mapping)
+    texts = [str(b["text"]) for b in content or [] if isinstance(b, Mapping)
              and b.get("type") == "text" and isinstance(b.get("text"), str)]
     return texts[-1] if texts else ""
 
