@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,12 +179,34 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
     return SummaryPlan(head, middle, others + messages[tail_start:], request, attach)
 
 
-def _summary_block(text: str, message_count: int) -> dict[str, Any]:
-    body = text.strip()
+def _summary_block(text: str, message_count: int, kept: str = "") -> dict[str, Any]:
+    body = text.strip() + (f"\n\n{kept}" if kept else "")
     return {"type": "text", "text": (
         f'{_SUMMARY_OPEN}messages="{message_count}">\n'
         "Summary of earlier conversation, written when it was compacted to fit the context "
         f"window:\n{body}\n</{SUMMARY_TAG}>")}
+
+
+def record_message(kept: str, message_count: int) -> Message:
+    """The user message L3 leaves where it cut: ``kept`` (the span's user texts and trail,
+    ``_record``) in a block of the summary's kind, so later layers keep and merge it."""
+    return {"role": "user", "content": [{"type": "text", "text": (
+        f'{_SUMMARY_OPEN}messages="{message_count}" dropped="true">\n'
+        f"{message_count} earlier messages were dropped here to fit the context window.\n\n"
+        f"{kept}\n</{SUMMARY_TAG}>")}]}
+
+
+def dropped_count(record: Message) -> int:
+    """How many messages a record :func:`record_message` wrote stands for."""
+    found = re.match(r'<\S+ messages="(\d+)"', blocks_of(record)[0]["text"])
+    return int(found.group(1)) if found else 1
+
+
+def is_drop_record(message: Message) -> bool:
+    """True for a message :func:`record_message` wrote (no model summary in it)."""
+    blocks = blocks_of(message)
+    return (is_summary_message(message) and 'dropped="true">' in
+            blocks[0]["text"].split("\n", 1)[0])
 
 
 def summary_message(text: str, message_count: int) -> Message:
@@ -191,9 +214,10 @@ def summary_message(text: str, message_count: int) -> Message:
     return {"role": "user", "content": [_summary_block(text, message_count)]}
 
 
-def apply_summary(view: View, plan: SummaryPlan, text: str) -> View:
-    """L4's view: head, the summary, then the kept messages."""
-    block = _summary_block(text, plan.request.message_count)
+def apply_summary(view: View, plan: SummaryPlan, text: str, kept: str = "") -> View:
+    """L4's view: head, the summary (with ``kept``, the span's user texts and trail), then the
+    kept messages."""
+    block = _summary_block(text, plan.request.message_count, kept)
     if plan.attach:
         *before, anchor = plan.head
         head = [*before, {**anchor, "content": [*blocks_of(anchor), block]}]

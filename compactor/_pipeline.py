@@ -24,6 +24,7 @@ from policies import CompactionPolicy
 
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
 from ._facts import FactColumns, MessageFact
+from ._floor import always_kept_tokens
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import drop_superseded_reads
 from ._l3_prune import prune_old_messages
@@ -41,7 +42,9 @@ from ._protocol import (
     check_shape,
     validate_tool_protocol,
 )
+from ._record import span_record
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
+from ._thrash import THRASH_DEPTH, deeper, is_thrash
 from ._tokens import CachingCounter, TokenCounter
 from ._view import View
 
@@ -171,6 +174,8 @@ class CompactionResult:
             calibration pairs with the provider's count of the view.
         fingerprints: this process's fingerprint of each message of the view.
         message_tokens: each message's count by the counter (unscaled).
+        thrash: the soft threshold was crossed again within a few requests of the last
+            compaction (``_thrash``): this one went deeper.
 
     ``messages`` may share message objects with the input and with a checkpoint: treat it
     as read-only.
@@ -188,6 +193,7 @@ class CompactionResult:
     counted_after: int = 0
     fingerprints: tuple[int, ...] = field(default=(), repr=False)
     message_tokens: tuple[int, ...] = field(default=(), repr=False)
+    thrash: bool = False
 
     @property
     def changed(self) -> bool:
@@ -268,6 +274,11 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
     def unchanged(detail: str) -> None:
         outcomes.append(LayerOutcome("L4", pruned.total(), pruned.total(), 0, 0, False, detail))
 
+    if always_kept_tokens(base) >= policy.hard_limit_tokens:
+        # What every layer keeps is over the limit already: a summary cannot help, so none
+        # is paid for (the view is refused in _finish).
+        unchanged("no summary: what is always kept is over the hard limit")
+        return pruned, outcomes, None
     plan = plan_summary(base, interactions, policy.summary_keep_recent)
     if plan is None:
         unchanged("nothing to summarise")
@@ -277,7 +288,8 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
     if not isinstance(text, str) or not text.strip():
         unchanged("no summary: view kept")
         return pruned, outcomes, request
-    summarised = apply_summary(base, plan, text)
+    kept = span_record(plan.middle, policy, base.counter.count_text)
+    summarised = apply_summary(base, plan, text, kept.render())
     if summarised.total() >= pruned.total():
         unchanged("summary not smaller: view kept")
         return pruned, outcomes, request
@@ -315,20 +327,23 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     # Crossing the soft threshold: compact. In sticky mode, clear enough at once that the
     # next crossing is far away.
     stop_below = soft
+    thrash = is_thrash(reused is not None and view.total() >= soft, checkpoint, len(messages))
     if options.sticky:
-        stop_below = max(1, int(soft * policy.compact_to_ratio))
+        stop_below = max(1, int(soft * policy.compact_to_ratio * (THRASH_DEPTH if thrash
+                                                                   else 1.0)))
     outcomes: list[LayerOutcome] = []
     summary_request: SummaryRequest | None = None
     if view.total() >= soft:
-        view, outcomes, summary_request = yield from _layers(view, interactions, policy,
-                                                             stop_below, summaries)
+        view, outcomes, summary_request = yield from _layers(
+            view, interactions, deeper(policy) if thrash else policy, stop_below, summaries)
     layers = tuple(dict.fromkeys([*base_layers, *(o.layer for o in outcomes if o.applied)]))
     new_checkpoint = checkpoint if reused is not None else None
     if options.sticky and layers and view.messages is not messages:
         new_checkpoint = CompactionCheckpoint.build(messages, view.messages, key,
                                                     tuple(sorted(layers)), raw.fingerprints)
-    return _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
-                   summary_request, new_checkpoint, reused=reused is not None)
+    result = _finish(view, durable_state, policy, tokens_before, layers, tuple(outcomes),
+                     summary_request, new_checkpoint, reused=reused is not None)
+    return replace(result, thrash=True) if thrash else result
 
 
 def _raw_view(messages: list[dict[str, Any]], counter: CachingCounter,

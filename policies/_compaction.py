@@ -135,8 +135,16 @@ class CompactionPolicy(Thresholds):
         compact_to_ratio: in sticky mode a compaction, once started, goes on until the view
             is below ``soft_threshold_tokens × compact_to_ratio``, so the next crossing (and
             the next cache miss) is far away — the provider's "clear at least" idea.
+        user_text_budget_tokens: what a person typed inside a span L3 drops or L4 summarises
+            is kept verbatim up to this many tokens, the newest first (None: a tenth of the
+            soft threshold; 0: none kept).
+        artifact_trail_budget_tokens: the files read, written or edited and the commands run
+            by the tool calls of such a span are kept, exactly, up to this many tokens, the
+            newest first (None: a twentieth of the soft threshold; 0: none kept).
     """
 
     read_tools: tuple[ReadToolSpec, ...] = DEFAULT_READ_TOOLS
     summary_enabled: Annotated[bool, Strict()] = True
     compact_to_ratio: Ratio = 0.7
+    user_text_budget_tokens: Annotated[int, Strict(), Ge(0)] | None = None
+    artifact_trail_budget_tokens: Annotated[int, Strict(), Ge(0)] | None = None

@@ -71,6 +71,7 @@ from proxy.keys import (
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
+    TRANSCRIPTS,
     UPSTREAM,
     UPSTREAM_WAITS,
     USAGE_LEDGER,
@@ -90,6 +91,7 @@ from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_
 from proxy.state.store.revocations import LoginRevocations
 from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
+from proxy.state.transcripts import TranscriptRecorder
 
 __all__ = ["create_app", "run_server", "serve", "start_proxy"]
 
@@ -255,6 +257,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
                              config.source_access(), s3=config.sources.s3_settings())
     app[RESOLVERS] = resolvers
+    if config.sources.record_transcripts:
+        app[TRANSCRIPTS] = TranscriptRecorder(config.sources.transcript_root,
+                                              config.sources.transcript_max_bytes)
     # The object store's client (s3:// roots) is closed with the app.
     app.on_cleanup.append(lambda _app: resolvers.close())
     app[METRICS] = ProxyMetrics()

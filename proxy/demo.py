@@ -245,6 +245,7 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
                                       max_retries=0,
                                       default_headers={"x-compact-session-id": SESSION_ID})
     seen_layers: set[str] = set()
+    summaries: list[Any] = []
     agent.history.append({"role": "user",
                           "content": "Fix the failing test in tests/test_parser.py."})
     try:
@@ -288,10 +289,22 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
             return 1
         out.write("  audit log line:\n")
         out.write(f"    {json.dumps(blocked[-1], sort_keys=True)}\n")
+        # What is always kept (the paste is the last message) is over the hard limit: no
+        # summary can help, so none may be paid for.
+        paid = sum(1 for r in upstream.message_requests
+                   if r.body is not None and is_summarizer_request(r.body)) - len(summaries)
+        out.write(f"  summary calls paid for it: {paid}\n")
+        if paid:
+            out.write("  ERROR: a summary was paid for a request that could not fit\n")
+            return 1
     finally:
         await client.close()
 
-    await _write_report(out, ledger)
+    reported = await _write_report(out, ledger)
+    if reported != len(summaries):
+        out.write(f"ERROR: the report counts {reported} summary calls, the provider saw "
+                  f"{len(summaries)}\n")
+        return 1
     missing = {"L1", "L2", "L3", "L4"} - seen_layers
     out.write(f"\nlayers seen at work: {', '.join(sorted(seen_layers)) or 'none'}\n")
     if missing:
@@ -300,14 +313,16 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
     return 0
 
 
-async def _write_report(out: TextIO, ledger: BufferedLedger) -> None:
-    """What ``compact-proxy report`` shows for the demo's store: billed tokens and the saving."""
+async def _write_report(out: TextIO, ledger: BufferedLedger) -> int:
+    """What ``compact-proxy report`` shows for the demo's store: billed tokens and the saving;
+    returns the summary calls it counts."""
     rows = await ledger.usage_rows()  # written first: the proxy sums them between writes
     report = build_report(rows, Config.from_mapping({}, require_upstream=False).price_for)
     out.write("\nwhat the provider billed, and what it would have without the proxy "
               "(compact-proxy report, list prices):\n")
     for line in report.as_text().splitlines():
         out.write(f"  {line}\n")
+    return report.total.entry.summary_calls
 
 
 def main(out: TextIO | None = None, run: Callable[..., Any] = asyncio.run) -> int:

@@ -26,6 +26,7 @@ from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore, SummaryCache
 from proxy.state.store_health import StoreHealth
 from proxy.state.summarizer import ProviderSummarizer
+from proxy.state.transcripts import TranscriptRecorder
 
 if TYPE_CHECKING:
     from proxy.http.durable import DurableBlocks
@@ -113,3 +114,5 @@ RECENT_BODIES: Final[web.AppKey[RecentBodies]] = web.AppKey("recent_bodies")
 COMPUTE: Final = web.AppKey("compute", ComputeThreads)
 #: Walks of the tool protocol of recent histories: a warm request checks its new part only.
 PROTOCOL_MEMO: Final = web.AppKey("protocol_memo", ProtocolMemo)
+#: The proxy's own transcripts (``sources.record_transcripts``); absent when off.
+TRANSCRIPTS: Final = web.AppKey("transcripts", TranscriptRecorder)

@@ -16,7 +16,9 @@ Names:
 - ``compact_proxy_estimate_error_ratio`` — (calibrated estimate − provider's count) / the
   provider's count of each forwarded view the provider counted;
 - ``compact_proxy_requests_recompacted_total`` — requests the provider refused as too long and
-  the proxy compacted again and retried.
+  the proxy compacted again and retried;
+- ``compact_proxy_compaction_thrash_total`` — compactions of a session that crossed the soft
+  threshold again within a few requests of its last one (compacted deeper).
 
 With several worker processes (``listen.workers``) the supervisor gives every worker the same
 empty directory in ``PROMETHEUS_MULTIPROC_DIR`` before it starts, so prometheus_client keeps
@@ -161,6 +163,12 @@ class ProxyMetrics:
         self.recompacted = Counter(
             "compact_proxy_requests_recompacted",
             "Requests refused by the provider as too long, compacted again and retried.",
+            registry=self.registry,
+        )
+        self.compaction_thrash = Counter(
+            "compact_proxy_compaction_thrash",
+            "Compactions of a session that crossed the soft threshold again within a few "
+            "requests of its last one (compacted deeper).",
             registry=self.registry,
         )
         self._requests = _Children(self.requests)

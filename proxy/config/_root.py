@@ -206,6 +206,8 @@ def _role_policy(config: Config, role: Role) -> CompactionPolicy:
             **{name: getattr(compaction, name) for name in THRESHOLD_NAMES} | own,
             read_tools=config.policies.read_tools, summary_enabled=summary_enabled,
             compact_to_ratio=compaction.compact_to_ratio,
+            user_text_budget_tokens=compaction.user_text_budget_tokens,
+            artifact_trail_budget_tokens=compaction.artifact_trail_budget_tokens,
         )
     except ValidationError as exc:
         # Each value is valid on its own; soft < hard may fail across compaction and role.

@@ -195,6 +195,18 @@ class CompactionConfig(Thresholds, Section):
         "Sticky mode: a compaction, once started, goes on until the view is below "
         "soft_threshold_tokens × compact_to_ratio, so the next crossing is far away."
     )] = 0.7
+    user_text_budget_tokens: Annotated[NonNegative | None, doc(
+        "What a person typed (user text that is no tool result and not injected by the "
+        "harness) inside a span L3 drops or L4 summarises is kept verbatim next to the summary "
+        "(or where L3 cut), in order, up to this many tokens, the newest first; older ones are "
+        "left to the summary. null: a tenth of soft_threshold_tokens; 0: none kept.", 8000
+    )] = None
+    artifact_trail_budget_tokens: Annotated[NonNegative | None, doc(
+        "The files read, written or edited and the commands run (with their exit status where "
+        "shown) by the tool calls of a dropped or summarised span are kept with the summary, "
+        "exactly, deduplicated, newest last, up to this many tokens. null: a twentieth of "
+        "soft_threshold_tokens; 0: none kept.", 4000
+    )] = None
     calibration: Annotated[Bool, doc(
         "Compare the thresholds with the proxy's own count times a factor learnt per session "
         "and model from the provider's usage figures (a new session starts from its tenant's "
@@ -343,10 +355,24 @@ class SourcesConfig(Section):
     artifact_root: Annotated[Text, doc(
         "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
         example="s3://team-sources/artifacts")] = "./compact-proxy-state/artifacts"
+    record_transcripts: Annotated[Bool, doc(
+        "The proxy appends each session's messages, as first seen, to "
+        "<transcript_root>[/<tenant>]/<session_id>.jsonl in the format pointers are verified "
+        "against (sequence from 1, session_id, event_id, role, content), after the response "
+        "and never twice for a resent history, so transcript:<sid>:<n> (message n of the "
+        "session) resolves with no operator tooling. Needs a local transcript_root."
+    )] = False
+    transcript_max_bytes: Annotated[Positive, doc(
+        "A transcript the proxy records stops growing at this size (the messages that would "
+        "pass it are not written; one transcript_full warning)."
+    )] = 64 * 1024 * 1024
     s3: S3SourcesConfig = field(default_factory=S3SourcesConfig)
 
     @model_validator(mode="after")
     def _roots_valid(self) -> SourcesConfig:
+        if self.record_transcripts and is_s3_url(self.transcript_root):
+            raise invalid("record_transcripts", "needs a local transcript_root (a path, not "
+                                                "s3://)")
         roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
         for name, root in roots.items():
             if is_s3_url(root):

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from .probes import probe_answer
 from .records import RecordedRequest
 from .replies import Reply
 
@@ -30,7 +31,8 @@ __all__ = [
 ]
 
 SUMMARIZER_MARKER: Final = "compact-proxy-summarizer"
-SUMMARY_HEADINGS: Final = ("Intent", "Decisions", "Files and commands", "Errors", "Open work")
+SUMMARY_HEADINGS: Final = ("Goal", "Decisions", "Failed approaches", "State of the work",
+                            "Next step")
 # Keys of a tool input that name a file, and that hold a shell command.
 FILE_INPUT_KEYS: Final = ("file_path", "path", "notebook_path", "filename")
 COMMAND_INPUT_KEYS: Final = ("command", "cmd")
@@ -40,9 +42,13 @@ Script = Callable[[dict[str, Any], RecordedRequest], "Reply | Awaitable[Reply]"]
 
 
 def default_script(body: dict[str, Any], request_meta: RecordedRequest) -> Reply:
-    """Answer a summary for the summarizer, otherwise a short text naming the message count."""
+    """Answer a summary for the summarizer, a probe from what was sent (``probes``), otherwise
+    a short text naming the message count."""
     if is_summarizer_request(body):
         return Reply.text(summary_text(body))
+    answer = probe_answer(body)
+    if answer is not None:
+        return Reply.text(answer)
     count = len(body.get("messages") or ())
     noun = "message" if count == 1 else "messages"
     return Reply.text(f"Fake upstream reply: I saw {count} {noun}.")
@@ -125,7 +131,8 @@ def _blocks(messages: Sequence[Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
 def summary_text(body: Mapping[str, Any]) -> str:
     """The deterministic structured summary of a summarizer request's input.
 
-    It has the headings Intent / Decisions / Files and commands / Errors / Open work and is
+    It has the headings Goal / Decisions / Failed approaches / State of the work / Next step
+    (the proxy's summary prompt's) and is
     derived from counts only, so it is never empty and never quotes the conversation.
     """
     messages = _summarized_messages(body)
@@ -157,7 +164,7 @@ def summary_text(body: Mapping[str, Any]) -> str:
     by_name = ", ".join(f"{name} x{count}" for name, count in sorted(tools.items())) or "none"
     open_calls = len(used - answered)
     sections = {
-        "Intent": (
+        "Goal": (
             f"Summarized {len(messages)} messages ({roles.get('user', 0)} from the user, "
             f"{roles.get('assistant', 0)} from the assistant); the first user request was "
             f"{first_len} characters long."
@@ -166,10 +173,10 @@ def summary_text(body: Mapping[str, Any]) -> str:
             f"The assistant took {roles.get('assistant', 0)} turns and made "
             f"{sum(tools.values())} tool calls (by name: {by_name})."
         ),
-        "Files and commands": (
+        "Failed approaches": f"{errors} tool results were marked as errors.",
+        "State of the work": (
             f"{len(files)} distinct file paths and {commands} commands appeared in tool inputs."
         ),
-        "Errors": f"{errors} tool results were marked as errors.",
-        "Open work": f"{open_calls} tool calls had no result in the summarized span.",
+        "Next step": f"{open_calls} tool calls had no result in the summarized span.",
     }
     return "\n\n".join(f"## {heading}\n{sections[heading]}" for heading in SUMMARY_HEADINGS)

@@ -33,6 +33,7 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
+from proxy.background import in_background
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
@@ -70,6 +71,7 @@ from proxy.keys import (
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
+    TRANSCRIPTS,
     USAGE_LEDGER,
 )
 from proxy.logs import bind_request_fields
@@ -265,6 +267,11 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
         record.summary_key = summary_key(session.tenant, result.summary_request.cache_key)
     record.prefix_reused = result.reused_checkpoint
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
+    if result.thrash:
+        app[METRICS].compaction_thrash.inc()
+        # (The request's id, session and tenant are bound to every line it logs.)
+        _log.warning("compaction_thrash", tokens_before=result.tokens_before,
+                     tokens_after=result.tokens_after)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
@@ -426,6 +433,13 @@ async def _succeeded(app: web.Application, record: RequestRecord, session: Sessi
     parsed.commit()
     if new and result.checkpoint is not None:
         await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
+    recorder = app.get(TRANSCRIPTS)
+    if recorder is not None:
+        # (The client's messages as sent: message n of the session is event n.)
+        messages = parsed.messages
+        in_background(app, lambda: recorder.record(session.tenant, session.session_id,
+                                                   messages),
+                      failure_event="transcript_not_recorded")
 
 
 def _learn(app: web.Application, record: RequestRecord, session: SessionRef,

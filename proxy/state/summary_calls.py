@@ -45,19 +45,25 @@ Message = dict[str, Any]
 #: Marks the proxy's own summary calls (the fake upstream recognises it).
 SUMMARIZER_MARKER: Final = "compact-proxy-summarizer"
 
-_SECTIONS: Final = """## Intent
-What the user wants overall, in their own terms, including constraints they stated.
+_SECTIONS: Final = """## Goal
+The user's current goal, and how it evolved from the first request (what changed, and why).
 ## Decisions
-Choices made so far and why, including approaches that were rejected.
-## Files and commands
-Files read, created or changed (with paths) and commands run, with what each showed.
-## Errors
-Errors and failed attempts, and whether each was resolved.
-## Open work
-What remains to be done, and the next concrete step."""
+Choices made so far, and the reason for each.
+## Failed approaches
+What was tried and failed or was rejected, and why, so that it is not tried again.
+## State of the work
+What is done, what is half done, and what was verified (tests run, what they showed).
+## Next step
+The very next concrete step."""
 
-_CLOSING: Final = ('Be specific (names, paths, ids, numbers) and brief. Write "none" under a '
-                   'section with nothing\nto report. Do not add any other text.')
+#: What the proxy keeps verbatim beside the summary (``compactor._record``): not the model's job.
+_KEPT: Final = ("What the user typed and the exact files read or changed and commands run are "
+                "kept verbatim beside your summary (an earlier summary's <user-text> and "
+                "<artifact-trail> sections too): do not copy them out, refer to them where it "
+                "helps.")
+
+_CLOSING: Final = (f'{_KEPT}\nBe specific (names, ids, numbers) and brief. Write "none" under '
+                   'a section with nothing\nto report. Do not add any other text.')
 
 _STRUCTURE: Final = ("Write a structured summary with exactly these sections, as Markdown "
                      "headings, in this order:")

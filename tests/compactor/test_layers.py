@@ -193,8 +193,11 @@ def test_l2_keeps_the_read_in_the_opener_of_the_turn_in_progress() -> None:
 # -- L3 ---------------------------------------------------------------------------------------
 
 def _l3(messages: list, keep: int) -> tuple[View, int]:
+    # Without the record of what was dropped (tests/compactor/test_retention.py has that).
     return prune_old_messages(_view(messages), validate_tool_protocol(messages),
-                              CompactionPolicy(keep_recent_messages=keep))
+                              CompactionPolicy(keep_recent_messages=keep,
+                                               user_text_budget_tokens=0,
+                                               artifact_trail_budget_tokens=0))
 
 
 def test_l3_keeps_the_first_user_message_and_the_recent_window() -> None:

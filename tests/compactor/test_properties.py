@@ -146,10 +146,12 @@ def run_or_limit(scenario: Scenario, **kwargs: Any) -> CompactionResult | Messag
 
 
 def is_summary(message: dict[str, Any]) -> bool:
-    """True for a message L4 wrote."""
+    """True for a message L4 wrote (not a record of what L3 dropped, which has no summary)."""
     content = message.get("content")
     blocks = content if isinstance(content, list) else [{"text": content}]
-    return any(str(b.get("text", "")).startswith(SUMMARY_TAG) for b in blocks)
+    texts = [str(b.get("text", "")) for b in blocks]
+    return any(t.startswith(SUMMARY_TAG) and 'dropped="true"' not in t.split("\n", 1)[0]
+               for t in texts)
 
 
 # -- compactor bugs these properties found (fixed in 0ae095a) -------------------------------

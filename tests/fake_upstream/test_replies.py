@@ -287,8 +287,8 @@ def test_summarizer_requests_get_a_structured_summary_from_counts() -> None:
     reply = default_script(_summarizer_body(), META)
     summary = reply.content[0]["text"]
     headings = [line for line in summary.splitlines() if line.startswith("## ")]
-    assert headings == ["## Intent", "## Decisions", "## Files and commands", "## Errors",
-                        "## Open work"]
+    assert headings == ["## Goal", "## Decisions", "## Failed approaches",
+                        "## State of the work", "## Next step"]
     assert "Summarized 4 messages (2 from the user, 2 from the assistant)" in summary
     assert "3 tool calls (by name: Bash x1, Read x2)" in summary
     assert "2 distinct file paths and 1 commands" in summary

@@ -381,7 +381,7 @@ async def test_summarizer_marker_gets_a_structured_summary(
         model=MODEL, max_tokens=256, system="You are the compact-proxy-summarizer.",
         messages=[{"role": "user", "content": '[{"role": "user", "content": "x"}]'}])
     assert message.content[0].type == "text"
-    assert message.content[0].text.startswith("## Intent\nSummarized 1 messages")
+    assert message.content[0].text.startswith("## Goal\nSummarized 1 messages")
 
 
 async def test_async_scripts_and_failing_scripts(base_url: str, upstream: FakeUpstream) -> None:

@@ -358,7 +358,7 @@ def test_l4_summary_comes_from_the_provider_once_then_from_the_cache(
     assert call.headers["authorization"] == f"Bearer {TEST_API_KEY}"
     assert json.loads(call.body["messages"][0]["content"])  # a JSON transcript
     system = call.body["system"]
-    for heading in ("Intent", "Decisions", "Files and commands", "Errors", "Open work"):
+    for heading in ("Goal", "Decisions", "Failed approaches", "State of the work", "Next step"):
         assert heading in system
     sent_first, sent_second = forwarded(upstream_server)
     assert sent_first["messages"] == sent_second["messages"]

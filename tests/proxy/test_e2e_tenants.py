@@ -100,8 +100,8 @@ def sdk_tenant(scope: TenantScope, api_key: str) -> str:
 def marked_summary() -> Reply:
     """A structured summary carrying :data:`SUMMARY_A` (the next summary call's answer)."""
     return Reply.text("\n\n".join(f"## {heading}\n{SUMMARY_A} {heading.lower()}" for heading in
-                                  ("Intent", "Decisions", "Files and commands", "Errors",
-                                   "Open work")))
+                                  ("Goal", "Decisions", "Failed approaches",
+                                   "State of the work", "Next step")))
 
 
 def send(proxy: RunningProxy | str, messages: list[Any], *, api_key: str = TEST_API_KEY,

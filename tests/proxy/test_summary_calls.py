@@ -95,7 +95,7 @@ def test_a_forked_call_is_the_clients_request_with_the_summary_asked_last() -> N
     check_messages_request(body)
     assert is_summarizer_request(body)
     assert cache_control_count(body) == 3
-    for heading in ("Intent", "Decisions", "Files and commands", "Errors", "Open work"):
+    for heading in ("Goal", "Decisions", "Failed approaches", "State of the work", "Next step"):
         assert f"## {heading}" in FORK_INSTRUCTION
     assert "do not call any tool" in FORK_INSTRUCTION
 

@@ -1,0 +1,128 @@
+"""What a compacted span leaves behind verbatim: the user's own texts and the artifact trail.
+
+When L3 drops a span or L4 summarises one, what a person typed in it (``_user_text``) and the
+files and commands of its tool calls (``_trail``) are kept word for word, within their budgets
+(the newest first), in the summary's block — or, for L3, in a block of the same kind where the
+span was cut. A later compaction that takes that block into its own span parses the two
+sections back and carries them forward as they are, instead of letting a model re-tell them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from policies import CompactionPolicy
+
+from ._blocks import Message, blocks_of
+from ._trail import artifact_trail
+from ._user_text import person_texts
+
+__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
+
+SUMMARY_TAG = "compact-proxy-summary"
+_TEXT_HEAD = "What the user wrote in this part, verbatim, oldest first:"
+_TRAIL_HEAD = "Files and commands of this part, exact, newest last:"
+_TEXTS = re.compile(r"<user-text>\n(.*?)\n</user-text>", re.DOTALL)
+_TRAIL = re.compile(r"<artifact-trail>\n(.*?)\n</artifact-trail>", re.DOTALL)
+_STATUS = re.compile(r" \((?:exit -?\d+|failed)\)$")
+#: Trail lines of files the span changed (``_trail``'s verbs).
+_CHANGES = ("wrote ", "edited ")
+
+
+@dataclass(frozen=True)
+class SpanRecord:
+    """The user texts (oldest first) and trail lines (newest last) kept for a span."""
+
+    user_texts: tuple[str, ...] = ()
+    trail: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.user_texts or self.trail)
+
+    def render(self) -> str:
+        """The two sections as they stand in a summary block ("" when both are empty)."""
+        parts: list[str] = []
+        if self.user_texts:
+            parts.append(_TEXT_HEAD + "\n" + "\n".join(
+                f"<user-text>\n{text}\n</user-text>" for text in self.user_texts))
+        if self.trail:
+            parts.append(_TRAIL_HEAD + "\n<artifact-trail>\n" + "\n".join(self.trail)
+                         + "\n</artifact-trail>")
+        return "\n\n".join(parts)
+
+
+def parse_record(text: str) -> SpanRecord:
+    """The sections a summary block's ``text`` carries (see :meth:`SpanRecord.render`)."""
+    texts = tuple(_TEXTS.findall(text))
+    trail = tuple(line for found in _TRAIL.findall(text) for line in found.split("\n") if line)
+    return SpanRecord(texts, trail)
+
+
+def _summary_texts(message: Message) -> list[str]:
+    return [b["text"] for b in blocks_of(message) if b.get("type") == "text"
+            and isinstance(b.get("text"), str) and b["text"].startswith(f"<{SUMMARY_TAG} ")]
+
+
+def _newest_within(items: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
+    kept: list[str] = []
+    used = 0
+    for item in reversed(items):
+        used += count(item)
+        if used > budget:
+            break
+        kept.append(item)
+    return kept[::-1]
+
+
+def budgets(policy: CompactionPolicy) -> tuple[int, int]:
+    """The user-text and trail budgets of ``policy`` in tokens (defaults: a tenth and a
+    twentieth of the soft threshold)."""
+    soft = policy.soft_threshold_tokens
+    texts = policy.user_text_budget_tokens
+    trail = policy.artifact_trail_budget_tokens
+    return (soft // 10 if texts is None else texts, soft // 20 if trail is None else trail)
+
+
+def span_record(span: Iterable[Message], policy: CompactionPolicy,
+                count: Callable[[str], int]) -> SpanRecord:
+    """What ``span`` (the messages dropped or summarised, in order) keeps verbatim: the
+    records of earlier compactions inside it first, then its own; over a budget, the oldest
+    go."""
+    texts: list[str] = []
+    earlier_trail: list[str] = []
+    messages = list(span)
+    for message in messages:
+        for summary in _summary_texts(message):
+            found = parse_record(summary)
+            texts += found.user_texts
+            earlier_trail += found.trail
+        texts += person_texts(message)
+    trail: dict[str, str] = {}
+    for line in [*earlier_trail, *artifact_trail(messages, policy.read_tools)]:
+        key = _STATUS.sub("", line)
+        trail.pop(key, None)
+        trail[key] = line
+    text_budget, trail_budget = budgets(policy)
+    # A text typed again ("continue") is kept once, at its latest place.
+    unique = list(dict.fromkeys(texts[::-1]))[::-1]
+    return SpanRecord(tuple(_newest_within(unique, text_budget, count)),
+                      tuple(_trail_within(list(trail.values()), trail_budget, count)))
+
+
+def _trail_within(lines: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
+    """The trail lines that fit ``budget``, in their order: over it, the oldest reads and
+    commands go first, files written or edited last (what changed matters most later)."""
+    costs = [count(line) for line in lines]
+    total = sum(costs)
+    changed = [line.startswith(_CHANGES) for line in lines]
+    dropped: set[int] = set()
+    for keep_changes in (True, False):
+        for index in range(len(lines)):
+            if total <= budget:
+                return [line for i, line in enumerate(lines) if i not in dropped]
+            if index not in dropped and (not changed[index] or not keep_changes):
+                dropped.add(index)
+                total -= costs[index]
+    return [line for i, line in enumerate(lines) if i not in dropped]

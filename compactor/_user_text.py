@@ -1,0 +1,57 @@
+"""What a person typed: user-role text that is neither a tool result nor injected by the harness.
+
+Claude Code (and agents like it) put their own text into user messages: reminders, echoes of
+slash commands and their output, notices of background tasks, interruption markers. Those are
+recognised by their wrappers, learnt from the corpus and from Claude Code's recorded requests
+(``<system-reminder>``, ``<command-name>``, ``<local-command-stdout>``, ``<task-notification>``,
+``[Request interrupted by user]`` …). Everything else a user message says in a ``text`` block is
+taken as typed by the person, the thing a compaction must not lose (see ``_record``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._blocks import Message, blocks_of
+
+__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
+
+#: Tags a harness wraps its own text in, when they open the text block.
+HARNESS_TAGS = (
+    "system-reminder", "command-name", "command-message", "command-args", "command-contents",
+    "local-command-caveat", "local-command-stdout", "local-command-stderr",
+    "task-notification", "user-prompt-submit-hook", "bash-input", "bash-stdout", "bash-stderr",
+    "ide_opened_file", "ide_selection", "ide_diagnostics", "new-diagnostics",
+    # The proxy's own wrappers: a summary or a record of dropped messages is no person's text.
+    "compact-proxy-summary",
+)
+_OPENING = re.compile(r"\s*<(" + "|".join(re.escape(t) for t in HARNESS_TAGS) + r")[\s>]")
+#: A reminder the harness appends to a person's text: removed before the text is judged.
+_REMINDER = re.compile(r"\s*<system-reminder>.*?</system-reminder>\s*", re.DOTALL)
+#: Claude Code's interruption markers and its "[Image #1]"-style placeholders alone.
+_MARKER = re.compile(r"\s*\[(Request interrupted by user[^\]]*|Image #\d+)\]\s*")
+
+
+def is_injected_text(text: str) -> bool:
+    """True when ``text`` (one text block of a user message) was put there by the harness."""
+    if _OPENING.match(text):
+        return True
+    return _MARKER.fullmatch(text) is not None
+
+
+def person_texts(message: Message) -> list[str]:
+    """The texts a person typed in ``message`` (a user message), in order, each as it
+    stands (a trailing harness reminder removed); empty for any other message."""
+    if message.get("role") != "user":
+        return []
+    found: list[str] = []
+    for block in blocks_of(message):
+        text = block.get("text")
+        if block.get("type") != "text" or not isinstance(text, str) or not text.strip():
+            continue
+        if is_injected_text(text):
+            continue
+        text = _REMINDER.sub("\n", text).strip()
+        if text:
+            found.append(text)
+    return found
