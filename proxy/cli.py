@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     fake.add_argument("--port", type=int, default=8788, help="port to bind (default 8788)")
+    fake.add_argument("--summary-first-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time to its first token (default 0)")
+    fake.add_argument("--summary-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time per output token (default 0)")
+    fake.add_argument("--summary-writes-max-tokens", action="store_true",
+                      help="a summary call takes as long as writing its whole max_tokens")
 
     check = commands.add_parser(
         "check-config", help="validate a config; one OK line (--show: every effective value)"
@@ -368,11 +374,17 @@ def _demo() -> int:
     return int(demo.main())
 
 
-def _fake_upstream(host: str, port: int) -> int:
-    from .fake_upstream import run_fake_upstream
+def _fake_upstream(args: argparse.Namespace) -> int:
+    from .fake_upstream import SummaryTiming, run_fake_upstream
 
     try:
-        run_fake_upstream(host=host, port=port)
+        timing = SummaryTiming(args.summary_first_token_ms / 1000, args.summary_token_ms / 1000,
+                               args.summary_writes_max_tokens)
+    except ValueError as exc:
+        print(f"compact-proxy fake-upstream: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        run_fake_upstream(host=args.host, port=args.port, summary_timing=timing)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -407,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _demo()
     if args.command == "fake-upstream":
-        return _fake_upstream(args.host, args.port)
+        return _fake_upstream(args)
     parser.print_help(sys.stderr)
     return EXIT_CONFIG
 

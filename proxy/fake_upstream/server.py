@@ -59,10 +59,12 @@ from .rules import (
     check_messages_request,
     check_oauth_beta,
 )
-from .scripts import Script, default_script
+from .scripts import Script, default_script, is_summarizer_request
+from .timing import SummaryTiming
 from .wire import MAX_BODY_BYTES, MSG_TOO_LARGE, decode_content, parse_json_strict
 
-__all__ = ["DEFAULT_MODELS", "FakeUpstream", "run_fake_upstream", "start_fake_upstream"]
+__all__ = ["DEFAULT_MODELS", "FakeUpstream", "SummaryTiming", "run_fake_upstream",
+           "start_fake_upstream"]
 
 _log = structlog.get_logger("proxy.fake_upstream")
 
@@ -107,6 +109,8 @@ class FakeUpstream:
         accepted_keys: the credentials the provider knows (``x-api-key`` or the bearer
             token); any other is refused with 401 ``invalid x-api-key`` on every route.
             ``None`` (the default): any non-empty credential is accepted.
+        summary_timing: how long a summary call (fork or separate) takes to be answered, as
+            a model writing it would (:class:`SummaryTiming`; the default answers at once).
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class FakeUpstream:
         self.models: tuple[Mapping[str, Any], ...] = tuple(models)
         self.prompt_cache = PromptCache()
         self.accepted_keys: frozenset[str] | None = None
+        self.summary_timing = SummaryTiming()
         self._request_counter = 0
         self._message_counter = 0
 
@@ -400,6 +405,14 @@ async def _handle_messages(request: web.Request) -> web.StreamResponse:
     )
     message = build_message(reply, message_id=upstream.next_message_id(), model=body["model"],
                             usage=usage)
+    if is_summarizer_request(body):
+        writing = upstream.summary_timing.seconds(body, message["usage"]["output_tokens"])
+        if writing > 0:
+            try:
+                await _pause(request, writing)
+            except ConnectionResetError:
+                upstream.cancelled += 1
+                return web.Response(status=499)
     if body.get("stream") is True:
         return await _stream(request, upstream, reply, message)
     if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
@@ -562,7 +575,7 @@ async def start_fake_upstream(
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def run_fake_upstream(host: str, port: int) -> None:
+def run_fake_upstream(host: str, port: int, summary_timing: SummaryTiming | None = None) -> None:
     """Serve a default :class:`FakeUpstream` until SIGINT or SIGTERM (``compact-proxy
     fake-upstream``); prints ``fake upstream listening on http://host:port`` once started.
 
@@ -573,7 +586,10 @@ def run_fake_upstream(host: str, port: int) -> None:
     async def serve() -> None:
         tune_allocator()  # as the proxy does: no page-fault lottery in what it is measured by
         try:
-            runner, url = await start_fake_upstream(FakeUpstream(), host, port)
+            upstream = FakeUpstream()
+            if summary_timing is not None:
+                upstream.summary_timing = summary_timing
+            runner, url = await start_fake_upstream(upstream, host, port)
         except OSError as exc:
             raise SystemExit(
                 f"fake upstream: cannot listen on http://{host}:{port}: {exc.strerror or exc}"
