@@ -27,6 +27,7 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
+from ._prepared import PreparedSpan, prepare_span
 from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
@@ -55,6 +56,8 @@ from ._state import (
 from ._tokens import CachingCounter, Chars4Counter, TiktokenCounter, TokenCounter, estimate_tokens
 
 __all__ = [
+    "PreparedSpan",
+    "prepare_span",
     "ArtifactPointer",
     "CachingCounter",
     "Chars4Counter",

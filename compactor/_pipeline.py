@@ -34,6 +34,7 @@ from ._l4_summary import (
     summary_cache_key,
     summary_view,
 )
+from ._prepared import PreparedSpan, use_prepared
 from ._protocol import Interaction, ProtocolMemo, check_shape, validate_tool_protocol
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._tokens import CachingCounter, TokenCounter
@@ -102,6 +103,8 @@ class CompactionOptions:
             them, never changes them). None: all made here.
         protocol_memo: walks of the tool protocol kept across calls (one per process): a
             history that extends one validated before is validated from where that ended.
+        prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
+            crossing, L4 asks for that span first and keeps the later messages verbatim.
     """
 
     reserved_tokens: int = 0
@@ -113,6 +116,7 @@ class CompactionOptions:
     facts: Sequence[MessageFact | None] | FactColumns | None = field(default=None, compare=False,
                                                                       repr=False)
     protocol_memo: ProtocolMemo | None = field(default=None, compare=False, repr=False)
+    prepared: PreparedSpan | None = None
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -206,14 +210,14 @@ Steps = Generator[SummaryRequest, "str | None", CompactionResult]
 
 
 def _layers(view: View, interactions: dict[str, Interaction], policy: CompactionPolicy,
-            stop_below: int, summaries: bool,
+            stop_below: int, summaries: bool, prepared: PreparedSpan | None = None,
             ) -> Generator[SummaryRequest, str | None,
                            tuple[View, list[LayerOutcome], SummaryRequest | None]]:
     """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``."""
+    ``stop_below``; L4 tries the ``prepared`` span first."""
     outcomes: list[LayerOutcome] = []
     stale = False
-    entry = view
+    entry, entry_interactions = view, interactions
     before, before_interactions = view, interactions
     for layer in LAYERS:
         if view.total() < stop_below:
@@ -227,6 +231,14 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
         stale = layer.reshapes and changed > 0
     if view.total() < stop_below or not (summaries and policy.summary_enabled):
         return view, outcomes, None
+    if prepared is not None:
+        # The prepared summary on the view as it came, the later messages verbatim.
+        served = yield from use_prepared(entry, entry_interactions, policy, stop_below,
+                                         prepared)
+        if served is not None:
+            cheap = [replace(o, applied=False, detail="superseded by L4") if o.applied else o
+                     for o in outcomes]
+            return served[0], cheap + served[1], served[2]
     # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
     # would have dropped is summarised rather than lost.
     return (yield from _summarise(before, before_interactions, view, policy, outcomes, entry))
@@ -315,7 +327,8 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     summary_request: SummaryRequest | None = None
     if view.total() >= soft:
         view, outcomes, summary_request = yield from _layers(view, interactions, policy,
-                                                             stop_below, summaries)
+                                                             stop_below, summaries,
+                                                             options.prepared)
     layers = tuple(dict.fromkeys([*base_layers, *(o.layer for o in outcomes if o.applied)]))
     new_checkpoint = checkpoint if reused is not None else None
     if options.sticky and layers and view.messages is not messages:
