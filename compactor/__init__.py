@@ -27,7 +27,7 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
-from ._prepared import PreparedSpan, prepare_span
+from ._prepared import PREPARED_DETAIL, PreparedSpan, prefix_print, prepare_span
 from ._protocol import Interaction, ProtocolMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
@@ -56,7 +56,9 @@ from ._state import (
 from ._tokens import CachingCounter, Chars4Counter, TiktokenCounter, TokenCounter, estimate_tokens
 
 __all__ = [
+    "PREPARED_DETAIL",
     "PreparedSpan",
+    "prefix_print",
     "prepare_span",
     "ArtifactPointer",
     "CachingCounter",

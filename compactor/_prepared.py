@@ -30,7 +30,7 @@ from ._view import View
 if TYPE_CHECKING:
     from ._pipeline import LayerOutcome
 
-__all__ = ["PreparedSpan", "prefix_print", "prepare_span"]
+__all__ = ["PREPARED_DETAIL", "PreparedSpan", "prefix_print", "prepare_span"]
 
 #: The detail of L4's outcome when a prepared summary served the crossing.
 PREPARED_DETAIL = "prepared summary"

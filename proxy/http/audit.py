@@ -88,6 +88,9 @@ class RequestRecord(msgspec.Struct):
         usage: the provider's ``usage`` of its answer, when it reported one.
         estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
             / the provider's count, in percent, when both are known.
+        summary_served: at a crossing, how its summary was served: ``prepared``, ``inline``
+            or ``none``.
+        summary_wait_ms: at a crossing, how long the request waited for summaries.
     """
 
     request_id: str
@@ -108,6 +111,8 @@ class RequestRecord(msgspec.Struct):
     arrived: datetime = msgspec.field(default_factory=functools.partial(datetime.now, UTC))
     usage: ProviderUsage | None = None
     estimate_error: float | None = None
+    summary_served: str | None = None
+    summary_wait_ms: float | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -160,7 +165,7 @@ _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
     "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
     "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid"})
+    "request_id", "worker", "pid", "summary_served", "summary_wait_ms"})
 
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
@@ -230,6 +235,8 @@ async def request_context_middleware(request: web.Request, handler: Handler) -> 
             "usage_output": None if usage is None else usage.output,
             "outcome": str(outcome),  # (its value: .value is a Python-level property)
             "duration_ms": duration_ms,
+            "summary_served": record.summary_served,
+            "summary_wait_ms": record.summary_wait_ms,
         }, _OWN_FIELDS)
 
 

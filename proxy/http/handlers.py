@@ -21,7 +21,7 @@ A request that fails any step is answered by :mod:`proxy.http.errors` and never 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -42,6 +42,12 @@ from proxy.http.forward import (
     forward,
     request_body_stream,
     upstream_request_headers,
+)
+from proxy.http.prepared import (
+    TimedSummarizer,
+    observe_crossing,
+    prepared_span,
+    start_preparation,
 )
 from proxy.http.recent import RecentBodies
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
@@ -130,7 +136,8 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
 
 def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
                     may_call_model: bool, body: dict[str, Any],
-                    durable: DurableContext) -> Summarizer:
+                    durable: DurableContext,
+                    billed: Callable[[int], None] | None = None) -> Summarizer:
     provider = app.get(SUMMARIZER) if may_call_model else None
 
     def fork() -> ForkSource:
@@ -149,6 +156,8 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
         app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
+        if billed is not None:
+            billed(usage.input + usage.cache_read + usage.cache_write + usage.output)
 
     return summary_source(
         app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
@@ -183,6 +192,7 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     reserved_scale: float
     reserved: int
     known: Mapping[int, float] | None = None
+    prepared: compactor.PreparedSpan | None = None
 
 
 def _conversation_key(parsed: RequestBody) -> str:
@@ -240,13 +250,14 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     sticky = app[CONFIG].compaction.sticky and durable.store_available
     counter = app[COUNTER]
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
+    timed = TimedSummarizer(_summarizer(app, request, plan.policy, session, may_call_model,
+                                        body, durable))
     try:
         result = await compactor.compact_context_async(
             parsed.messages,
             durable.state,
             policy=plan.policy,
-            summarizer=_summarizer(app, request, plan.policy, session, may_call_model,
-                                   body, durable),
+            summarizer=timed.get(),
             counter=counter,
             options=compactor.CompactionOptions(
                 # The compactor scales all by the messages' factor; the fixed part's own
@@ -254,7 +265,7 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
                 known_tokens=plan.known, facts=measured.facts,
-                protocol_memo=app[PROTOCOL_MEMO]),
+                protocol_memo=app[PROTOCOL_MEMO], prepared=plan.prepared),
             executor=executor,
         )
     except compactor.MessageShapeError as exc:
@@ -267,6 +278,7 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
+    observe_crossing(app, record, session, plan.lane, result, plan.prepared, timed.waited_s)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
@@ -334,8 +346,18 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     durable = await load_durable_context(app, session)
     measured = await run_on(executor, functools.partial(_measure, app, parsed, durable.text))
     plan = _plan(app, request, session, parsed, measured)
+    prepared = await prepared_span(app, session, plan.lane, plan.policy,
+                                   _estimate(plan, measured))
+    if prepared is not None:
+        plan = msgspec.structs.replace(plan, prepared=prepared)
     result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                  may_call_model, measured, executor)
+    if may_call_model:  # (the next summary, made in the background: never for count_tokens)
+        start_preparation(
+            app, session, plan.lane, plan.policy, result, scale=plan.scale,
+            reserved=round(plan.reserved * plan.reserved_scale / plan.scale), executor=executor,
+            source=functools.partial(_summary_source, app, request, session, True, body,
+                                     durable))
 
     headers = _upstream_headers(request)
     headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
@@ -396,6 +418,14 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         summarizer.caller_answered(CallerCredentials.from_headers(headers),
                                    record.upstream_status)
     return response
+
+
+def _estimate(plan: CompactionPlan, measured: Measured) -> int | None:
+    """The history's calibrated size before compaction (None: its facts were not kept)."""
+    facts = measured.facts
+    if facts is None:
+        return None
+    return round(plan.reserved * plan.reserved_scale + sum(facts.tokens) * plan.scale)
 
 
 def _accepted(record: RequestRecord) -> bool:
