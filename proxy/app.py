@@ -269,7 +269,7 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
                                              on_unavailable=config.store.on_unavailable)
     app[CHECKPOINTS] = SessionCheckpoints(backend)
     if config.summary.enabled and config.summary.prepare_at is not None:
-        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.timeout_s)
+        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.max_tokens)
     app[USAGE_LEDGER] = BufferedLedger(backend, unavailable=health.note_unavailable)
     app[AUDIT_LOG] = backend
     app[CALIBRATION] = calibration

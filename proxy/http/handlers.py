@@ -46,8 +46,8 @@ from proxy.http.forward import (
 from proxy.http.prepared import (
     TimedSummarizer,
     observe_crossing,
-    prepared_span,
-    start_preparation,
+    prepare_next,
+    prepared_record,
 )
 from proxy.http.recent import RecentBodies
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
@@ -75,6 +75,7 @@ from proxy.keys import (
 from proxy.logs import bind_request_fields
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
+from proxy.state.prepare import PreparedRecord
 from proxy.state.summarizer import (
     CallerCredentials,
     ForkSource,
@@ -192,7 +193,7 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     reserved_scale: float
     reserved: int
     known: Mapping[int, float] | None = None
-    prepared: compactor.PreparedSpan | None = None
+    prepared: PreparedRecord | None = None
 
 
 def _conversation_key(parsed: RequestBody) -> str:
@@ -265,7 +266,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
                 known_tokens=plan.known, facts=measured.facts,
-                protocol_memo=app[PROTOCOL_MEMO], prepared=plan.prepared),
+                protocol_memo=app[PROTOCOL_MEMO],
+                prepared=plan.prepared.span if plan.prepared is not None else None),
             executor=executor,
         )
     except compactor.MessageShapeError as exc:
@@ -278,7 +280,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.layers = tuple(result.layers_applied)
     record.layer_savings = layer_savings(result.outcomes)
     app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
-    observe_crossing(app, record, session, plan.lane, result, plan.prepared, timed.waited_s)
+    await observe_crossing(app, record, session, plan.lane, result, plan.prepared,
+                           timed.waited_s, forwarded=may_call_model)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
@@ -346,15 +349,15 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
     durable = await load_durable_context(app, session)
     measured = await run_on(executor, functools.partial(_measure, app, parsed, durable.text))
     plan = _plan(app, request, session, parsed, measured)
-    prepared = await prepared_span(app, session, plan.lane, plan.policy,
-                                   _estimate(plan, measured))
-    if prepared is not None:
+    prepared = await prepared_record(app, session, plan.lane, plan.policy,
+                                     _estimate(plan, measured))
+    if prepared is not None and prepared.usable:
         plan = msgspec.structs.replace(plan, prepared=prepared)
     result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                  may_call_model, measured, executor)
     if may_call_model:  # (the next summary, made in the background: never for count_tokens)
-        start_preparation(
-            app, session, plan.lane, plan.policy, result, scale=plan.scale,
+        await prepare_next(
+            app, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
             reserved=round(plan.reserved * plan.reserved_scale / plan.scale), executor=executor,
             source=functools.partial(_summary_source, app, request, session, True, body,
                                      durable))

@@ -1,19 +1,19 @@
 """The request path's side of zero-wait compaction (:mod:`proxy.state.prepare`).
 
 Before compacting, a request whose history nears the threshold reads its lane's preparation
-(:func:`prepared_span`), which the compactor uses at a crossing. Its summarizer is timed
+(:func:`prepared_record`), which the compactor uses at a crossing. Its summarizer is timed
 (:class:`TimedSummarizer`): a crossing logs and counts how its summary was served
 (``summary_served``: ``prepared``, ``inline``, ``none``) and how long the request waited for
 it (``summary_wait_ms``). A ``/v1/messages`` request whose view reached
 ``summary.prepare_at`` of the soft threshold starts the next preparation in the background
-(:func:`start_preparation`), never delaying its own forwarding.
+(:func:`prepare_next`: its record is written before the request is forwarded, the summary
+call runs in the background).
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -26,10 +26,10 @@ from proxy.http.audit import RequestRecord
 from proxy.http.compute import run_on
 from proxy.http.durable import SessionRef
 from proxy.keys import CONFIG, COUNTER, METRICS, PREPARATIONS
-from proxy.state.prepare import served_by
+from proxy.state.prepare import PreparedRecord, served_by
 from proxy.state.summarizer import Summarizer
 
-__all__ = ["TimedSummarizer", "observe_crossing", "prepared_span", "start_preparation"]
+__all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
 
 #: Makes the request's summarizer; ``on_usage`` is told the tokens of every call it makes.
 SourceFactory = Callable[[Callable[[int], None]], Summarizer]
@@ -42,17 +42,17 @@ def _prepare_at(app: web.Application, policy: CompactionPolicy) -> float | None:
     return summary.prepare_at
 
 
-async def prepared_span(app: web.Application, session: SessionRef, lane: str,
-                        policy: CompactionPolicy, estimate: int | None,
-                        ) -> compactor.PreparedSpan | None:
-    """The lane's preparation a crossing may use, read only for a history that has reached
+async def prepared_record(app: web.Application, session: SessionRef, lane: str,
+                          policy: CompactionPolicy, estimate: int | None,
+                          ) -> PreparedRecord | None:
+    """The lane's preparation record, read only for a history that has reached
     ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
     prepare_at = _prepare_at(app, policy)
     if prepare_at is None:
         return None
     if estimate is not None and estimate < prepare_at * policy.soft_threshold_tokens:
         return None
-    return await app[PREPARATIONS].span(session.key, lane)
+    return await app[PREPARATIONS].load(session.key, lane)
 
 
 class TimedSummarizer:
@@ -75,36 +75,51 @@ class TimedSummarizer:
             self.waited_s += time.perf_counter() - started
 
 
-def observe_crossing(app: web.Application, record: RequestRecord, session: SessionRef,
-                     lane: str, result: compactor.CompactionResult,
-                     prepared: compactor.PreparedSpan | None, waited_s: float) -> None:
-    """Log and count how a crossing's summary was served and what it waited; a used
-    preparation is marked spent (in the background)."""
+async def observe_crossing(app: web.Application, record: RequestRecord, session: SessionRef,
+                           lane: str, result: compactor.CompactionResult,
+                           prepared: PreparedRecord | None, waited_s: float, *,
+                           forwarded: bool) -> None:
+    """Log and count how a crossing's summary was served and what it waited; a preparation
+    a forwarded view used is marked spent before the view is forwarded."""
     served = served_by(result.outcomes)
     if served is None:
         return
     record.summary_served = served
     record.summary_wait_ms = round(waited_s * 1000, 1)
+    if not forwarded:
+        return
     app[METRICS].observe_crossing(served, waited_s)
     if served == "prepared" and prepared is not None:
-        in_background(app, functools.partial(app[PREPARATIONS].used, session.key, lane,
-                                             prepared),
-                      failure_event="prepared_summary_not_saved")
+        await app[PREPARATIONS].used(session.key, lane, prepared)
 
 
-def start_preparation(app: web.Application, session: SessionRef, lane: str,
-                      policy: CompactionPolicy, result: compactor.CompactionResult, *,
-                      scale: float, reserved: int, executor: Executor | None,
-                      source: SourceFactory) -> None:
-    """Start preparing the lane's next summary in the background when its forwarded view
-    ``result`` reached ``summary.prepare_at`` of the soft threshold without crossing it."""
+async def prepare_next(app: web.Application, session: SessionRef, lane: str,
+                       prepared: PreparedRecord | None, policy: CompactionPolicy,
+                       result: compactor.CompactionResult, *, scale: float, reserved: int,
+                       executor: Executor | None, source: SourceFactory) -> None:
+    """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
+    threshold without crossing it and needs a preparation, record it and start its summary
+    call in the background (``prepared``: the lane's record as read for this request)."""
     prepare_at = _prepare_at(app, policy)
     if prepare_at is None or result.outcomes:
         return
     if result.tokens_after < prepare_at * policy.soft_threshold_tokens:
         return
+    preparations = app[PREPARATIONS]
+    if prepared is None:  # (not read before compacting: the history's estimate was smaller)
+        prepared = await preparations.load(session.key, lane)
 
-    async def summarize(request: compactor.SummaryRequest) -> tuple[str | None, int]:
+    async def plan_span(work: Callable[[], Any]) -> Any:
+        return await run_on(executor, work)
+
+    found = await preparations.consider(session.key, lane, prepared, policy, result,
+                                        scale=scale, reserved=reserved, counter=app[COUNTER],
+                                        plan_span=plan_span)
+    if found is None:
+        return
+    request, started = found
+
+    async def summarize() -> None:
         billed = 0
 
         def add(tokens: int) -> None:
@@ -112,12 +127,6 @@ def start_preparation(app: web.Application, session: SessionRef, lane: str,
             billed += tokens
 
         text = await source(add)(request)
-        return text, billed
+        await preparations.finish(session.key, lane, started, text, billed)
 
-    async def plan_span(work: Callable[[], Any]) -> Any:
-        return await run_on(executor, work)
-
-    work: Callable[[], Awaitable[None]] = functools.partial(
-        app[PREPARATIONS].consider, session.key, lane, policy, result, scale=scale,
-        reserved=reserved, counter=app[COUNTER], plan_span=plan_span, summarize=summarize)
-    in_background(app, work, failure_event="summary_prepare_failed")
+    in_background(app, summarize, failure_event="summary_prepare_failed")

@@ -1,30 +1,33 @@
 """Zero-wait compaction: the summary the next crossing needs, made before it comes.
 
 When a session's view (calibrated, as the provider counts it) reaches ``summary.prepare_at``
-of its soft threshold, :meth:`Preparations.consider` starts, after the request was forwarded,
-the summary call for the span the next crossing would cut (:func:`compactor.prepare_span`):
-through the request's own summarizer (:func:`proxy.state.summarizer.summary_source`), so the
+of its soft threshold, :meth:`Preparations.consider` decides whether it needs the summary of
+the span the next crossing would cut (:func:`compactor.prepare_span`), asked for in the
+background through the request's own summarizer (:func:`proxy.state.summarizer.summary_source`), so the
 text lands in the store's summary cache under its content key, and one call per span is made
 across every worker and replica (the single flight and its lease). What it covers is a
 *record* of the session's lane in the store (``prepared:<lane>``: the cut, the prefix's
-fingerprint, the cache key, its state), where every replica finds it: :meth:`Preparations.span`
-hands it to the compactor at the crossing (:class:`compactor.CompactionOptions.prepared`).
+fingerprint, the cache key, its state), where every replica finds it; the handler hands it to
+the compactor at the crossing (:class:`compactor.CompactionOptions.prepared`), which reads the
+text from the cache, or joins the call while it still runs.
 
-Never stale: a ready preparation whose verbatim tail has grown too large for the view to land
-below the target (or whose history changed) is replaced by a new one, in the background; the
-replaced one, never used, is counted with its tokens (``unused``). None starts while one is
-running (for ``summary.timeout_s``), and none for ``count_tokens``.
+Never stale: a preparation whose verbatim tail has grown too large for the view to land below
+the target (or whose history changed) is replaced by a new one, in the background; the
+replaced one, never used, is counted with its tokens (``unused``). None starts while a fresh
+one is running, and none for ``count_tokens``. The decision is made, and the new record
+written, before the request that triggers it is forwarded (a store write, once per span):
+so it depends on the session's requests only, never on when a call ended, and every replica
+forwards the same views. The summary call itself runs in the background.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 import msgspec
 import structlog
-from lru import LRU
 
 import compactor
 from policies import CompactionPolicy
@@ -37,12 +40,12 @@ _log = structlog.get_logger("proxy.state.prepare")
 
 #: Record kind in the store: ``prepared:<lane>``.
 PREPARED_RECORD_PREFIX: Final = "prepared:"
-#: Sessions whose cheap layers alone reach the target, remembered to spare the check.
-_MEMO_ENTRIES: Final = 4096
-#: Growth (share of the soft threshold) after which such a session is checked again.
+#: Record kind of what the lane's latest preparation was billed: ``prepared-billed:<lane>``.
+BILLED_RECORD_PREFIX: Final = "prepared-billed:"
+#: Growth (share of the soft threshold) after which a ``cheap`` lane is checked again.
 _RECHECK_SHARE: Final = 0.05
 
-State = Literal["running", "ready", "failed", "used"]
+State = Literal["running", "used", "cheap"]
 
 
 class PreparedRecord(msgspec.Struct, frozen=True):
@@ -52,11 +55,11 @@ class PreparedRecord(msgspec.Struct, frozen=True):
         cut: messages of the view, from the first, the span's plan covers.
         prefix: the fingerprint of those messages (:func:`compactor._prepared.prefix_print`).
         cache_key: the span's summary cache key (the compactor's, without the tenant).
-        state: ``running``, ``ready``, ``failed`` or ``used`` (served a crossing).
+        state: ``running`` (asked for: its text is in the summary cache once made),
+            ``used`` (it served a crossing), or ``cheap`` (no span: the cheap layers alone
+            reach the target).
         started: when it was started (Unix seconds).
-        tokens: what its calls were billed (input, cache and output tokens), when this
-            process made them.
-        summary_tokens: the summary's length in counted tokens, once ready.
+        checked: ``cheap``: the view's size then (checked again once it has grown).
     """
 
     cut: int
@@ -64,13 +67,25 @@ class PreparedRecord(msgspec.Struct, frozen=True):
     cache_key: str
     state: State
     started: float
-    tokens: int = 0
-    summary_tokens: int = 0
+    checked: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether a crossing may use it (the crossing reads its text from the cache, or
+        joins its call while it runs)."""
+        return self.state == "running"
 
     @property
     def span(self) -> compactor.PreparedSpan:
         """What the compactor needs of it."""
         return compactor.PreparedSpan(self.cut, self.prefix, self.cache_key)
+
+
+class _Billed(msgspec.Struct, frozen=True):
+    """What the calls of the preparation of ``cache_key`` were billed (all their tokens)."""
+
+    cache_key: str
+    tokens: int
 
 
 def served_by(outcomes: Sequence[compactor.LayerOutcome]) -> str | None:
@@ -86,26 +101,30 @@ def served_by(outcomes: Sequence[compactor.LayerOutcome]) -> str | None:
 
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODER: Final = msgspec.json.Decoder(PreparedRecord)
+_BILLED_DECODER: Final = msgspec.json.Decoder(_Billed)
 
 
 class Preparations:
     """The preparations of every session lane, in the store (every replica reads them).
 
+    Every decision depends only on the view and the lane's record (written before the
+    request that made it is forwarded), never on timing or on what one process remembers:
+    replicas that serve a session's requests in turn forward the same views.
+
     Args:
         store: where the records live.
         metrics: counts preparations started, used and unused, with their tokens.
-        timeout_s: how long a running preparation holds off another (``summary.timeout_s``).
+        summary_tokens: what a summary is taken to weigh when judging whether a preparation
+            still lands a crossing below its target (``summary.max_tokens``).
     """
 
-    def __init__(self, store: RecordStore, metrics: ProxyMetrics, timeout_s: float) -> None:
+    def __init__(self, store: RecordStore, metrics: ProxyMetrics, summary_tokens: int) -> None:
         self._store = store
         self._metrics = metrics
-        self._timeout_s = timeout_s
-        # (session, lane) -> view tokens when the cheap layers were found to reach the target.
-        self._cheap: LRU[tuple[str, str], int] = LRU(_MEMO_ENTRIES)
+        self._summary_tokens = summary_tokens
 
     async def load(self, session: str, lane: str) -> PreparedRecord | None:
-        """The lane's record, or None (none, unreadable, or from another version)."""
+        """The lane's record, or None (none, or unreadable)."""
         try:
             data = await self._store.get_record(session, PREPARED_RECORD_PREFIX + lane)
             return _DECODER.decode(data) if data else None
@@ -122,94 +141,94 @@ class Preparations:
             return False
         return True
 
-    def _running(self, record: PreparedRecord) -> bool:
-        return record.state == "running" and time.time() - record.started < self._timeout_s
+    async def _billed(self, session: str, lane: str, record: PreparedRecord) -> int:
+        """The tokens billed for ``record``'s summary, when its call has ended."""
+        try:
+            data = await self._store.get_record(session, BILLED_RECORD_PREFIX + lane)
+            billed = _BILLED_DECODER.decode(data) if data else None
+        except (StoreError, msgspec.DecodeError):
+            return 0
+        return billed.tokens if billed is not None and billed.cache_key == \
+            record.cache_key else 0
 
-    async def span(self, session: str, lane: str) -> compactor.PreparedSpan | None:
-        """The span a crossing of this lane may use: a ready or running preparation."""
-        record = await self.load(session, lane)
-        if record is None or not (record.state == "ready" or self._running(record)):
-            return None
-        return record.span
-
-    async def used(self, session: str, lane: str, span: compactor.PreparedSpan) -> None:
-        """A crossing was served by ``span``: its record is spent, its tokens counted used."""
-        record = await self.load(session, lane)
-        if record is None or record.cache_key != span.cache_key:
-            return
-        self._metrics.count_prepared("used", record.tokens)
+    async def used(self, session: str, lane: str, record: PreparedRecord) -> None:
+        """A crossing was served by ``record``: it is spent, its tokens counted used."""
         await self._save(session, lane, msgspec.structs.replace(record, state="used"))
+        self._metrics.count_prepared("used", await self._billed(session, lane, record))
 
-    async def consider(self, session: str, lane: str, policy: CompactionPolicy,
-                       result: compactor.CompactionResult, *, scale: float, reserved: int,
-                       counter: compactor.CachingCounter,
+    async def consider(self, session: str, lane: str, record: PreparedRecord | None,
+                       policy: CompactionPolicy, result: compactor.CompactionResult, *,
+                       scale: float, reserved: int, counter: compactor.CachingCounter,
                        plan_span: Callable[[Callable[[], object]], Awaitable[object]],
-                       summarize: Callable[[compactor.SummaryRequest],
-                                           Awaitable[tuple[str | None, int]]]) -> None:
-        """Start a preparation for the lane's view ``result`` when it needs one, and wait
-        for it (run in the background, after the request was forwarded).
+                       ) -> tuple[compactor.SummaryRequest, PreparedRecord] | None:
+        """Whether the lane's forwarded view ``result`` needs a preparation (it has reached
+        ``prepare_at``; ``record`` is the lane's): if so, the summary to ask for, and its
+        record, saved as ``running`` (so every later request of the session sees it).
 
         Args:
             session, lane: whose view it is.
+            record: the lane's record, as read for this request.
             policy: the request's policy (thresholds, as clamped).
             result: the view as forwarded (below the soft threshold).
             scale, reserved: the compaction's token scale and reserved tokens.
             counter: the app's token counter.
             plan_span: runs a callable off the event loop when the request's work does.
-            summarize: asks for a summary (the request's summarizer), giving its text and
-                the tokens billed for the calls this process made for it.
         """
-        key = (session, lane)
-        memo = self._cheap.get(key)
         soft = policy.soft_threshold_tokens
-        if memo is not None and result.tokens_after < memo + soft * _RECHECK_SHARE:
-            return
-        record = await self.load(session, lane)
-        if record is not None and (self._running(record) or self._fresh(record, policy,
-                                                                        result, scale)):
-            return
         target = max(1, int(soft * policy.compact_to_ratio))
-        found = await plan_span(lambda: compactor.prepare_span(
+        if record is not None:
+            if record.state == "cheap" and \
+                    result.tokens_after < record.checked + soft * _RECHECK_SHARE:
+                return None
+            if self._fresh(record, result, scale, target):
+                return None
+        found = cast("tuple[compactor.SummaryRequest, compactor.PreparedSpan] | None",
+                     await plan_span(lambda: compactor.prepare_span(
             result.messages, policy, counter, fingerprints=result.fingerprints,
-            tokens=result.message_tokens, reserved=reserved, scale=scale, stop_below=target))
-        if found is None:
-            self._cheap[key] = result.tokens_after
-            return
-        self._cheap.pop(key, None)
-        request, span = found  # type: ignore[misc]
+            tokens=result.message_tokens, reserved=reserved, scale=scale, stop_below=target)))
+        if found is None:  # the cheap layers will do: remembered where every replica reads
+            await self._save(session, lane, PreparedRecord(
+                0, 0, "", "cheap", time.time(), checked=result.tokens_after))
+            return None
+        request, span = found
         if record is not None and record.cache_key == span.cache_key:
-            return
-        if record is not None and record.state == "ready":
-            self._metrics.count_prepared("unused", record.tokens)
-            _log.info("prepared_summary_replaced", prepared_tokens=record.tokens)
+            return None
+        if record is not None and record.usable:
+            billed = await self._billed(session, lane, record)
+            self._metrics.count_prepared("unused", billed)
+            _log.info("prepared_summary_replaced", prepared_tokens=billed)
         started = PreparedRecord(span.cut, span.prefix, span.cache_key, "running", time.time())
         if not await self._save(session, lane, started):
-            return
+            return None
         self._metrics.count_prepared("started", 0)
         _log.info("summary_prepare_started", prepared_messages=request.message_count)
-        text, tokens = await summarize(request)
-        if text is None:
-            await self._save(session, lane, msgspec.structs.replace(
-                started, state="failed", tokens=tokens))
-            return
-        await self._save(session, lane, msgspec.structs.replace(
-            started, state="ready", tokens=tokens,
-            summary_tokens=counter.count_value(text)))
-        _log.info("summary_prepared", prepared_tokens=tokens)
+        return request, started
 
-    @staticmethod
-    def _fresh(record: PreparedRecord, policy: CompactionPolicy,
-               result: compactor.CompactionResult, scale: float) -> bool:
-        """Whether a ready (or used) preparation still fits the view: the same history
-        before its cut, and a crossing now would land below the target with it."""
-        if record.state not in ("ready", "used"):
+    async def finish(self, session: str, lane: str, started: PreparedRecord,
+                     text: str | None, tokens: int) -> None:
+        """The summary of ``started`` came back (``text`` None: it failed): what it cost is
+        kept beside its record (never the record itself, which decides what later requests
+        do and is written on their path only)."""
+        if text is None:
+            _log.warning("summary_prepare_failed", prepared_tokens=tokens)
+        else:
+            _log.info("summary_prepared", prepared_tokens=tokens)
+        try:
+            await self._store.put_record(session, BILLED_RECORD_PREFIX + lane,
+                                         _ENCODER.encode(_Billed(started.cache_key, tokens)))
+        except StoreError as exc:
+            _log.warning("prepared_summary_not_saved", error_class=type(exc).__name__)
+
+    def _fresh(self, record: PreparedRecord, result: compactor.CompactionResult,
+               scale: float, target: int) -> bool:
+        """Whether a running preparation still fits the view: the same history
+        before its cut, and a crossing now would land below the target with it (the summary
+        taken at its largest)."""
+        if not record.usable:
             return False
         prints = result.fingerprints
         if len(prints) <= record.cut or \
                 compactor.prefix_print(prints[:record.cut]) != record.prefix:
             return False
-        if record.state == "used":
-            return True  # (the view already starts with its summary)
         covered = round(sum(result.message_tokens[1:record.cut]) * scale)
-        landing = result.tokens_after - covered + record.summary_tokens
-        return landing < int(policy.soft_threshold_tokens * policy.compact_to_ratio)
+        return result.tokens_after - covered + self._summary_tokens < target

@@ -73,7 +73,7 @@ def test_the_crossing_uses_the_summary_prepared_ahead_and_waits_for_none(
     proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any
 ) -> None:
     upstream_server.upstream.summary_timing = SummaryTiming(first_token_s=WRITING_S)
-    proxy = proxy_factory({"compaction": POLICY, "summary": {"prepare_at": 0.5}})
+    proxy = proxy_factory({"compaction": POLICY, "summary": {"prepare_at": 0.5, "max_tokens": 300}})
     sent = _session(proxy.base_url, upstream_server, "zero-wait-1")
     crossing, took = sent[-1]
     assert len(summary_calls(upstream_server)) == 1  # made ahead, not again at the crossing
@@ -90,7 +90,8 @@ def test_without_preparation_the_crossing_waits_for_the_summary_call(
     proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any
 ) -> None:
     upstream_server.upstream.summary_timing = SummaryTiming(first_token_s=WRITING_S)
-    proxy = proxy_factory({"compaction": POLICY, "summary": {"prepare_at": None}})
+    proxy = proxy_factory({"compaction": POLICY,
+                           "summary": {"prepare_at": None, "max_tokens": 300}})
     crossing, took = _session(proxy.base_url, upstream_server, "zero-wait-2")[-1]
     line = completed_line(proxy_log, crossing)
     assert line["summary_served"] == "inline"
@@ -101,7 +102,7 @@ def test_without_preparation_the_crossing_waits_for_the_summary_call(
 def test_count_tokens_never_starts_a_preparation(
     proxy_factory: ProxyFactory, upstream_server: UpstreamServer
 ) -> None:
-    proxy = proxy_factory({"compaction": POLICY, "summary": {"prepare_at": 0.5}})
+    proxy = proxy_factory({"compaction": POLICY, "summary": {"prepare_at": 0.5, "max_tokens": 300}})
     messages: list[Any] = [{"role": "user", "content": "fix the parser"}]
     for index in range(12):
         messages = _turn(messages, index)
