@@ -4,8 +4,9 @@ When a session's view (calibrated, as the provider counts it) reaches ``summary.
 of its soft threshold, :meth:`Preparations.consider` decides whether it needs the summary of
 the span the next crossing would cut (:func:`compactor.prepare_span`), asked for in the
 background through the request's own summarizer
-(:func:`proxy.state.summarizer.summary_source`), so the text lands in the store's summary cache under its content key, and one call per span is made
-across every worker and replica (the single flight and its lease). What it covers is a
+(:func:`proxy.state.summarizer.summary_source`), so the text lands in the store's
+summary cache under its content key, and one call per span is made across every worker and
+replica (the single flight and its lease). What it covers is a
 *record* of the session's lane in the store (``prepared:<lane>``: the cut, the prefix's
 fingerprint, the cache key, its state), where every replica finds it; the handler hands it to
 the compactor at the crossing (:class:`compactor.CompactionOptions.prepared`), which reads the
