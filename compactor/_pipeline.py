@@ -214,7 +214,7 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
             ) -> Generator[SummaryRequest, str | None,
                            tuple[View, list[LayerOutcome], SummaryRequest | None]]:
     """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``; L4 tries the ``prepared`` span first."""
+    ``stop_below``; with a ``prepared`` span, L4 with it comes before L3."""
     outcomes: list[LayerOutcome] = []
     stale = False
     entry, entry_interactions = view, interactions
@@ -222,6 +222,17 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
     for layer in LAYERS:
         if view.total() < stop_below:
             return view, outcomes, None
+        if layer.name == "L3" and prepared is not None and summaries and \
+                policy.summary_enabled:
+            # A summary made ahead for this crossing is used rather than pruning (it is paid
+            # for, and keeps what L3 would drop): on the view as it came, with L1 and L2.
+            served = yield from use_prepared(entry, entry_interactions, policy, stop_below,
+                                             prepared)
+            if served is not None:
+                cheap = [replace(o, applied=False, detail="superseded by L4") if o.applied
+                         else o for o in outcomes]
+                return served[0], cheap + served[1], served[2]
+            prepared = None
         if stale:
             interactions = validate_tool_protocol(view.messages)
         before, before_interactions = view, interactions
@@ -231,14 +242,6 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
         stale = layer.reshapes and changed > 0
     if view.total() < stop_below or not (summaries and policy.summary_enabled):
         return view, outcomes, None
-    if prepared is not None:
-        # The prepared summary on the view as it came, the later messages verbatim.
-        served = yield from use_prepared(entry, entry_interactions, policy, stop_below,
-                                         prepared)
-        if served is not None:
-            cheap = [replace(o, applied=False, detail="superseded by L4") if o.applied else o
-                     for o in outcomes]
-            return served[0], cheap + served[1], served[2]
     # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
     # would have dropped is summarised rather than lost.
     return (yield from _summarise(before, before_interactions, view, policy, outcomes, entry))

@@ -6,9 +6,9 @@ the request L4 would make of the view as it stands, and a :class:`PreparedSpan` 
 messages it covers (how many from the start, and the fingerprints of that prefix). At the
 crossing, :func:`use_prepared` cuts the grown view at the same place: when the view still
 starts with that prefix and the plan gives the same span (the same cache key), the prepared
-summary stands for it and every later message stays verbatim. When that is not below the
-target, the deterministic layers (L1, L2) run on the result; when it still is not, the caller
-goes on as without a preparation (L1 to L4 with a summary made inline).
+summary stands for it and every later message stays (through L1, which truncates oversized
+tool results at any crossing, and L2 when still above the target). When that is not below the
+target, the caller goes on as without a preparation (L1 to L4 with a summary made inline).
 """
 
 from __future__ import annotations
@@ -87,13 +87,15 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
 
 def _cheap_layers_reach(view: View, interactions: dict[str, Interaction],
                         policy: CompactionPolicy, stop_below: int) -> bool:
-    """Whether L1 to L3 take ``view`` below ``stop_below`` (the part they keep, the first
-    message and the recent ones, is about the same size when the view has grown)."""
+    """Whether L1 to L3 would take ``view``, grown to the soft threshold, below
+    ``stop_below``: what they leave of it now, plus the growth still to come (taken as
+    kept whole: the first message and the recent ones are what L3 keeps)."""
     from ._pipeline import LAYERS
 
+    growth = max(0, policy.soft_threshold_tokens - view.total())
     for layer in LAYERS:
         view, changed = layer.run(view, interactions, policy)
-        if view.total() < stop_below:
+        if view.total() + growth < stop_below:
             return True
         if layer.reshapes and changed:
             interactions = validate_tool_protocol(view.messages)
@@ -119,7 +121,8 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                  ) -> Generator[SummaryRequest, str | None,
                                 tuple[View, list[LayerOutcome], SummaryRequest] | None]:
     """``view`` with the prepared span replaced by its summary (yielded for, as L4 does),
-    the later messages verbatim, then L1 and L2 if that is not yet below ``stop_below``.
+    the later messages kept, then L1 (as at any crossing) and L2 if that is not yet below
+    ``stop_below``.
     None: the preparation does not fit this view (another span, no summary, or too large a
     tail): the caller compacts as without it."""
     from ._pipeline import LAYERS, LayerOutcome  # (the pipeline imports this module)
@@ -136,8 +139,11 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                              True, PREPARED_DETAIL)]
     current = summarised
     for layer in LAYERS:
-        if current.total() < stop_below or layer.name not in ("L1", "L2"):
-            break
+        # L1 as at any crossing, L2 while still above the target; never L3 (that would cut
+        # what the summary's verbatim tail is for).
+        if layer.name not in ("L1", "L2") or (layer.name != "L1" and
+                                              current.total() < stop_below):
+            continue
         before = current
         current, changed = layer.run(before, validate_tool_protocol(before.messages), policy)
         outcomes.append(LayerOutcome(layer.name, before.total(), current.total(),

@@ -178,9 +178,9 @@ class Preparations:
         soft = policy.soft_threshold_tokens
         target = max(1, int(soft * policy.compact_to_ratio))
         if record is not None:
-            if record.state == "cheap" and \
-                    result.tokens_after < record.checked + soft * _RECHECK_SHARE:
-                return None
+            if record.state == "cheap" and record.checked <= result.tokens_after < \
+                    record.checked + soft * _RECHECK_SHARE:
+                return None  # (a smaller view was compacted since: checked again)
             if self._fresh(record, result, scale, target):
                 return None
         found = cast("tuple[compactor.SummaryRequest, compactor.PreparedSpan] | None",
