@@ -160,10 +160,14 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
         if billed is not None:
             billed(usage.input + usage.cache_read + usage.cache_write + usage.output)
 
+    def on_window(model: str, maximum: int) -> None:
+        # A refused summary call teaches the window as a refused request does.
+        app[CALIBRATION].learn_window(session.key, model, maximum)
+
     return summary_source(
         app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
-        counter=app[COUNTER], metrics=metrics, on_usage=on_usage)
+        counter=app[COUNTER], metrics=metrics, on_usage=on_usage, on_window=on_window)
 
 
 def _reserved_tokens(app: web.Application, parsed: RequestBody, durable_text: str) -> int:

@@ -113,3 +113,29 @@ def test_count_tokens_never_starts_a_preparation(
     assert counted.input_tokens >= 0.5 * POLICY["soft_threshold_tokens"]
     time.sleep(0.3)
     assert summary_calls(upstream_server) == []
+
+
+def test_a_summary_call_refused_as_too_long_teaches_the_window_and_is_made_in_pieces(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any
+) -> None:
+    """A provider whose window is 6,000 tokens and a 30k-token span: the summary call is
+    refused (``prompt is too long``); the proxy learns the window and summarises the span in
+    pieces that fit, so L4 (not L3's cut) serves the crossing and the provider accepts it."""
+    upstream_server.upstream.context_window = 6_000
+    proxy = proxy_factory({"compaction": {**POLICY, "soft_threshold_tokens": 20_000},
+                           "summary": {"prepare_at": None, "max_tokens": 300}})
+    messages: list[Any] = [{"role": "user", "content": "fix the parser"}]
+    for index in range(40):
+        messages = _turn(messages, index, chars=3_000)
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    with client:
+        raw = client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=256, messages=messages,
+            extra_headers={"x-compact-session-id": "small-window"})
+    assert raw.http_response.status_code == 200
+    assert "L4" in raw.headers["x-compact-layers"].split(",")
+    calls = summary_calls(upstream_server)
+    assert len(calls) >= 3  # the refused one, then pieces and their merge
+    ready = [x for x in log_lines_for(proxy_log, raw.headers["x-compact-request-id"])
+             if x.get("event") == "summary_ready"]
+    assert ready and ready[-1]["pieces"] >= 2
