@@ -268,9 +268,10 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
     app[STORE_HEALTH] = health = StoreHealth(backend,
                                              on_unavailable=config.store.on_unavailable)
     app[CHECKPOINTS] = SessionCheckpoints(backend)
-    if config.summary.enabled and config.summary.prepare_at is not None:
-        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.max_tokens)
     app[USAGE_LEDGER] = BufferedLedger(backend, unavailable=health.note_unavailable)
+    if config.summary.enabled and config.summary.prepare_at is not None:
+        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.max_tokens,
+                                         app[USAGE_LEDGER])
     app[AUDIT_LOG] = backend
     app[CALIBRATION] = calibration
     app[ACCOUNTING] = Accounting()

@@ -82,7 +82,7 @@ from proxy.state.summarizer import (
     Summarizer,
     summary_source,
 )
-from proxy.state.usage import ProviderUsage
+from proxy.state.usage import PREPARED_ROW, ProviderUsage
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
@@ -138,7 +138,8 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
 def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
                     may_call_model: bool, body: dict[str, Any],
                     durable: DurableContext,
-                    billed: Callable[[int], None] | None = None) -> Summarizer:
+                    prepared: Callable[[str, ProviderUsage], None] | None = None,
+                    ) -> Summarizer:
     provider = app.get(SUMMARIZER) if may_call_model else None
 
     def fork() -> ForkSource:
@@ -156,9 +157,11 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
     def on_usage(model: str, usage: ProviderUsage) -> None:
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
-        app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
-        if billed is not None:
-            billed(usage.input + usage.cache_read + usage.cache_write + usage.output)
+        # A summary made ahead has a ledger row of its own (the report tells unused ones).
+        row = session.key if prepared is None else session.key + PREPARED_ROW
+        app[USAGE_LEDGER].add(row, model, Accounting.summary_entry(usage))
+        if prepared is not None:
+            prepared(model, usage)
 
     def on_window(model: str, maximum: int) -> None:
         # A refused summary call teaches the window as a refused request does.

@@ -28,11 +28,13 @@ from proxy.http.durable import SessionRef
 from proxy.keys import CONFIG, COUNTER, METRICS, PREPARATIONS
 from proxy.state.prepare import PreparedRecord, served_by
 from proxy.state.summarizer import Summarizer
+from proxy.state.usage import ProviderUsage
 
 __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
 
-#: Makes the request's summarizer; ``on_usage`` is told the tokens of every call it makes.
-SourceFactory = Callable[[Callable[[int], None]], Summarizer]
+#: Makes the request's summarizer for a preparation; the callback is told the model and
+#: ``usage`` of every call it makes.
+SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
 def _prepare_at(app: web.Application, policy: CompactionPolicy) -> float | None:
@@ -120,13 +122,18 @@ async def prepare_next(app: web.Application, session: SessionRef, lane: str,
     request, started = found
 
     async def summarize() -> None:
-        billed = 0
+        usages: list[ProviderUsage] = []
+        models: list[str] = []
 
-        def add(tokens: int) -> None:
-            nonlocal billed
-            billed += tokens
+        def add(model: str, usage: ProviderUsage) -> None:
+            models.append(model)
+            usages.append(usage)
 
         text = await source(add)(request)
-        await preparations.finish(session.key, lane, started, text, billed)
+        total = ProviderUsage(*(sum(kind) for kind in zip(
+            *((u.input, u.cache_read, u.cache_write, u.output) for u in usages),
+            strict=True))) if usages else ProviderUsage()
+        await preparations.finish(session.key, lane, started, text,
+                                  models[0] if models else "", total)
 
     in_background(app, summarize, failure_event="summary_prepare_failed")

@@ -33,9 +33,13 @@ import structlog
 import compactor
 from policies import CompactionPolicy
 from proxy.metrics import ProxyMetrics
+from proxy.state.accounting import Accounting
+from proxy.state.ledger_buffer import BufferedLedger
 from proxy.state.store import RecordStore, StoreError
+from proxy.state.usage import PREPARED_ROW, PREPARED_USED_ROW, ProviderUsage
 
-__all__ = ["PREPARED_RECORD_PREFIX", "PreparedRecord", "Preparations", "served_by"]
+__all__ = ["PREPARED_RECORD_PREFIX", "PREPARED_ROW", "PreparedRecord", "Preparations",
+           "served_by"]
 
 _log = structlog.get_logger("proxy.state.prepare")
 
@@ -83,10 +87,16 @@ class PreparedRecord(msgspec.Struct, frozen=True):
 
 
 class _Billed(msgspec.Struct, frozen=True):
-    """What the calls of the preparation of ``cache_key`` were billed (all their tokens)."""
+    """What the calls of the preparation of ``cache_key`` were billed, and by which model."""
 
     cache_key: str
-    tokens: int
+    model: str = ""
+    usage: ProviderUsage = ProviderUsage()
+
+    @property
+    def tokens(self) -> int:
+        """All its tokens: input, cache and output."""
+        return self.usage.prompt_tokens + self.usage.output
 
 
 def served_by(outcomes: Sequence[compactor.LayerOutcome]) -> str | None:
@@ -117,12 +127,15 @@ class Preparations:
         metrics: counts preparations started, used and unused, with their tokens.
         summary_tokens: what a summary is taken to weigh when judging whether a preparation
             still lands a crossing below its target (``summary.max_tokens``).
+        ledger: the usage ledger (the used preparations' row).
     """
 
-    def __init__(self, store: RecordStore, metrics: ProxyMetrics, summary_tokens: int) -> None:
+    def __init__(self, store: RecordStore, metrics: ProxyMetrics, summary_tokens: int,
+                 ledger: BufferedLedger | None = None) -> None:
         self._store = store
         self._metrics = metrics
         self._summary_tokens = summary_tokens
+        self._ledger = ledger
 
     async def load(self, session: str, lane: str) -> PreparedRecord | None:
         """The lane's record, or None (none, or unreadable)."""
@@ -142,20 +155,26 @@ class Preparations:
             return False
         return True
 
-    async def _billed(self, session: str, lane: str, record: PreparedRecord) -> int:
-        """The tokens billed for ``record``'s summary, when its call has ended."""
+    async def _billed(self, session: str, lane: str, record: PreparedRecord) -> _Billed:
+        """What ``record``'s summary was billed, once its call has ended (else nothing)."""
         try:
             data = await self._store.get_record(session, BILLED_RECORD_PREFIX + lane)
             billed = _BILLED_DECODER.decode(data) if data else None
         except (StoreError, msgspec.DecodeError):
-            return 0
-        return billed.tokens if billed is not None and billed.cache_key == \
-            record.cache_key else 0
+            return _Billed(record.cache_key)
+        if billed is None or billed.cache_key != record.cache_key:
+            return _Billed(record.cache_key)
+        return billed
 
     async def used(self, session: str, lane: str, record: PreparedRecord) -> None:
-        """A crossing was served by ``record``: it is spent, its tokens counted used."""
+        """A crossing was served by ``record``: it is spent, its tokens counted used (in the
+        metrics, and in the ledger's ``<session>#prepared-used`` row the report reads)."""
         await self._save(session, lane, msgspec.structs.replace(record, state="used"))
-        self._metrics.count_prepared("used", await self._billed(session, lane, record))
+        billed = await self._billed(session, lane, record)
+        self._metrics.count_prepared("used", billed.tokens)
+        if billed.model and self._ledger is not None:
+            self._ledger.add(session + PREPARED_USED_ROW, billed.model,
+                             Accounting.summary_entry(billed.usage))
 
     async def consider(self, session: str, lane: str, record: PreparedRecord | None,
                        policy: CompactionPolicy, result: compactor.CompactionResult, *,
@@ -195,7 +214,7 @@ class Preparations:
         if record is not None and record.cache_key == span.cache_key:
             return None
         if record is not None and record.usable:
-            billed = await self._billed(session, lane, record)
+            billed = (await self._billed(session, lane, record)).tokens
             self._metrics.count_prepared("unused", billed)
             _log.info("prepared_summary_replaced", prepared_tokens=billed)
         started = PreparedRecord(span.cut, span.prefix, span.cache_key, "running", time.time())
@@ -206,17 +225,18 @@ class Preparations:
         return request, started
 
     async def finish(self, session: str, lane: str, started: PreparedRecord,
-                     text: str | None, tokens: int) -> None:
+                     text: str | None, model: str, usage: ProviderUsage) -> None:
         """The summary of ``started`` came back (``text`` None: it failed): what it cost is
         kept beside its record (never the record itself, which decides what later requests
         do and is written on their path only)."""
+        billed = _Billed(started.cache_key, model, usage)
         if text is None:
-            _log.warning("summary_prepare_failed", prepared_tokens=tokens)
+            _log.warning("summary_prepare_failed", prepared_tokens=billed.tokens)
         else:
-            _log.info("summary_prepared", prepared_tokens=tokens)
+            _log.info("summary_prepared", prepared_tokens=billed.tokens)
         try:
             await self._store.put_record(session, BILLED_RECORD_PREFIX + lane,
-                                         _ENCODER.encode(_Billed(started.cache_key, tokens)))
+                                         _ENCODER.encode(billed))
         except StoreError as exc:
             _log.warning("prepared_summary_not_saved", error_class=type(exc).__name__)
 

@@ -84,6 +84,7 @@ def test_the_crossing_uses_the_summary_prepared_ahead_and_waits_for_none(
     text = asyncio.run(metrics_text(proxy))
     assert 'compact_proxy_crossings_total{served="prepared"} 1.0' in text
     assert 'compact_proxy_prepared_summaries_total{outcome="used"} 1.0' in text
+    assert 'compact_proxy_prepared_summary_tokens_total{outcome="used"}' in text
 
 
 def test_without_preparation_the_crossing_waits_for_the_summary_call(
