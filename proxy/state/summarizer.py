@@ -20,7 +20,7 @@ Any failure gives ``None``: the compactor then keeps the history as it is.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
@@ -33,6 +33,7 @@ import compactor
 from proxy.config import SummaryConfig
 from proxy.metrics import ProxyMetrics
 from proxy.state.caller_checks import AcceptedCallers
+from proxy.state.caller_credentials import CallerCredentials
 from proxy.state.flights import SingleFlight, fleet_single_flight
 from proxy.state.store import ReplicaConsistency, StoreError, SummaryCache
 from proxy.state.summary_calls import (
@@ -84,39 +85,6 @@ _NOT_COPIED: Final = frozenset({"accept-encoding", "x-stainless-raw-response",
                                 "____stainless_override_cast_to"})
 # Piece calls made at the same time.
 _PIECE_CONCURRENCY: Final = 4
-
-
-@dataclass(frozen=True)
-class CallerCredentials:
-    """The client's own auth headers, sent as they are with its summary calls.
-
-    Attributes:
-        x_api_key: the ``x-api-key`` header, if sent.
-        authorization: the ``Authorization`` header (e.g. ``Bearer <token>``), if sent.
-    """
-
-    x_api_key: str | None = None
-    authorization: str | None = None
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, str]) -> CallerCredentials:
-        """Pick the auth headers out of a request's headers."""
-        return cls(x_api_key=headers.get("x-api-key") or None,
-                   authorization=headers.get("Authorization") or None)
-
-    @property
-    def present(self) -> bool:
-        """Whether the client sent any credential."""
-        return self.x_api_key is not None or self.authorization is not None
-
-    def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
-        """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
-        return {
-            "X-Api-Key": self.x_api_key if self.x_api_key is not None else anthropic.omit,
-            "Authorization": (
-                self.authorization if self.authorization is not None else anthropic.omit
-            ),
-        }
 
 
 @dataclass(frozen=True)
