@@ -14,7 +14,13 @@ from typing import Any
 import anthropic
 
 from proxy.fake_upstream import SummaryTiming
-from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, log_lines_for
+from tests.conftest import (
+    TEST_API_KEY,
+    ProxyFactory,
+    UpstreamServer,
+    log_lines_for,
+    read_log,
+)
 from tests.proxy.test_e2e_compaction import summary_calls
 from tests.proxy.test_e2e_summary_fork import metrics_text
 
@@ -140,3 +146,21 @@ def test_a_summary_call_refused_as_too_long_teaches_the_window_and_is_made_in_pi
     ready = [x for x in log_lines_for(proxy_log, raw.headers["x-compact-request-id"])
              if x.get("event") == "summary_ready"]
     assert ready and ready[-1]["pieces"] >= 2
+
+
+def test_a_stale_preparation_is_replaced_and_counted_unused(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any
+) -> None:
+    """Prepared early (0.3 of the threshold), the summary's verbatim tail grows until the
+    view would no longer land below the target with it: a newer one replaces it, the old one
+    is counted unused, and the crossing is served by the newer one."""
+    proxy = proxy_factory({"compaction": POLICY,
+                           "summary": {"prepare_at": 0.3, "max_tokens": 300}})
+    crossing, _ = _session(proxy.base_url, upstream_server, "stale-1")[-1]
+    assert completed_line(proxy_log, crossing)["summary_served"] == "prepared"
+    text = asyncio.run(metrics_text(proxy))
+    assert 'compact_proxy_prepared_summaries_total{outcome="unused"}' in text
+    assert 'compact_proxy_prepared_summaries_total{outcome="used"} 1.0' in text
+    replaced = [x for x in read_log(proxy_log) if x.get("event") == "prepared_summary_replaced"
+                and x.get("session_id") == "stale-1"]
+    assert replaced
