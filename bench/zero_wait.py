@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from bench.proxy import (
     BENCH_API_KEY,
@@ -92,7 +93,7 @@ class Meter:
 
     def middleware(self) -> Any:
         @web.middleware
-        async def meter(request: web.Request, handler: Any) -> web.StreamResponse:
+        async def meter(request: web.Request, handler: Handler) -> web.StreamResponse:
             body = await request.read() if request.method == "POST" else b""
             summary = _MARKER in body
             if summary:
@@ -256,10 +257,10 @@ async def run_session(name: str, workdir: Path, *, turns: int, scale: float,
                  meter.summary_of.get(t) not in (None, meter.summary_of.get(t - 1))]
     waits = {t: max(0.0, latencies[t] - meter.provider_s.get(t, 0.0)) * 1000
              for t in crossings if t in latencies}
-    client = meter.client_usage
-    read = sum(u.get("cache_read_input_tokens", 0) for u in client)
+    usages = meter.client_usage
+    read = sum(u.get("cache_read_input_tokens", 0) for u in usages)
     total_in = sum(u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0)
-                   + u.get("cache_creation_input_tokens", 0) for u in client)
+                   + u.get("cache_creation_input_tokens", 0) for u in usages)
     fast_waits = tuple(w for t, w in waits.items()
                        if injected and any(0 <= t - i <= 8 for i in injected))
     row = Row(name, turns, len(crossings), tuple(waits.values()),
@@ -267,7 +268,7 @@ async def run_session(name: str, workdir: Path, *, turns: int, scale: float,
               else SummaryTiming(REAL_FIRST_TOKEN_S * scale, REAL_TOKEN_S * scale)
               .seconds({}, SUMMARY_MAX_TOKENS) * 1000,
               len(meter.summary_s), sum(map(_tokens, meter.summary_usage)),
-              _cost([*client, *meter.summary_usage]), read / total_in if total_in else 0.0,
+              _cost([*usages, *meter.summary_usage]), read / total_in if total_in else 0.0,
               meter.refused, errors, fast_waits)
     return row, injected
 
