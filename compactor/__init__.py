@@ -27,6 +27,7 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
+from ._prepared import PREPARED_DETAIL, PreparedSpan, prefix_print, prepare_span
 from ._protocol import Interaction, ProtocolMemo, StagedMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
@@ -61,6 +62,10 @@ from ._tokens import (
 )
 
 __all__ = [
+    "PREPARED_DETAIL",
+    "PreparedSpan",
+    "prefix_print",
+    "prepare_span",
     "ArtifactPointer",
     "CachingCounter",
     "Chars4Counter",

@@ -35,6 +35,7 @@ from ._l4_summary import (
     summary_cache_key,
     summary_view,
 )
+from ._prepared import PreparedSpan, use_prepared
 from ._protocol import (
     Interaction,
     ProtocolMemo,
@@ -111,6 +112,9 @@ class CompactionOptions:
             them, never changes them). None: all made here.
         protocol_memo: walks of the tool protocol kept across calls (one per process): a
             history that extends one validated before is validated from where that ended.
+        prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
+            crossing the cheap layers do not settle with L1 and L2, L4 asks for that span
+            (instead of L3 pruning) and keeps the later messages (see ``_prepared``).
     """
 
     reserved_tokens: int = 0
@@ -122,6 +126,7 @@ class CompactionOptions:
     facts: Sequence[MessageFact | None] | FactColumns | None = field(default=None, compare=False,
                                                                       repr=False)
     protocol_memo: ProtocolMemo | StagedMemo | None = field(default=None, compare=False, repr=False)
+    prepared: PreparedSpan | None = None
 
     def __post_init__(self) -> None:
         if not (self.token_scale > 0 and self.token_scale < float("inf")):
@@ -218,18 +223,29 @@ Steps = Generator[SummaryRequest, "str | None", CompactionResult]
 
 
 def _layers(view: View, interactions: dict[str, Interaction], policy: CompactionPolicy,
-            stop_below: int, summaries: bool,
+            stop_below: int, summaries: bool, prepared: PreparedSpan | None = None,
             ) -> Generator[SummaryRequest, str | None,
                            tuple[View, list[LayerOutcome], SummaryRequest | None]]:
     """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``."""
+    ``stop_below``; with a ``prepared`` span, L4 with it comes before L3."""
     outcomes: list[LayerOutcome] = []
     stale = False
-    entry = view
+    entry, entry_interactions = view, interactions
     before, before_interactions = view, interactions
     for layer in LAYERS:
         if view.total() < stop_below:
             return view, outcomes, None
+        if layer.name == "L3" and prepared is not None and summaries and \
+                policy.summary_enabled:
+            # A summary made ahead for this crossing is used rather than pruning (it is paid
+            # for, and keeps what L3 would drop): on the view as it came, with L1 and L2.
+            served = yield from use_prepared(entry, entry_interactions, policy, stop_below,
+                                             prepared)
+            if served is not None:
+                cheap = [replace(o, applied=False, detail="superseded by L4") if o.applied
+                         else o for o in outcomes]
+                return served[0], cheap + served[1], served[2]
+            prepared = None
         if stale:
             interactions = validate_tool_protocol(view.messages)
         before, before_interactions = view, interactions
@@ -335,7 +351,8 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     summary_request: SummaryRequest | None = None
     if view.total() >= soft:
         view, outcomes, summary_request = yield from _layers(
-            view, interactions, deeper(policy) if thrash else policy, stop_below, summaries)
+            view, interactions, deeper(policy) if thrash else policy, stop_below, summaries,
+            options.prepared)
     layers = tuple(dict.fromkeys([*base_layers, *(o.layer for o in outcomes if o.applied)]))
     new_checkpoint = checkpoint if reused is not None else None
     if options.sticky and layers and view.messages is not messages:

@@ -62,6 +62,7 @@ from proxy.keys import (
     DURABLE_BLOCKS,
     ENCODED_VIEWS,
     METRICS,
+    PREPARATIONS,
     PROTOCOL_MEMO,
     RECENT_BODIES,
     RESOLVERS,
@@ -85,6 +86,7 @@ from proxy.state.accounting import Accounting
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.ledger_buffer import BufferedLedger
+from proxy.state.prepare import Preparations
 from proxy.state.resolvers import ResolverPool
 from proxy.state.shared_calibration import SharedCalibration
 from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
@@ -282,6 +284,9 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
                                              on_unavailable=config.store.on_unavailable)
     app[CHECKPOINTS] = SessionCheckpoints(backend)
     app[USAGE_LEDGER] = BufferedLedger(backend, unavailable=health.note_unavailable)
+    if config.summary.enabled and config.summary.prepare_at is not None:
+        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.max_tokens,
+                                         app[USAGE_LEDGER])
     app[AUDIT_LOG] = backend
     app[CALIBRATION] = calibration
     app[ACCOUNTING] = Accounting()

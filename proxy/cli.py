@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="tool calls per task with --script tool-loop (default 3)")
     fake.add_argument("--dump", metavar="DIR",
                       help="write each request received to DIR (JSON, and the system text)")
+    fake.add_argument("--summary-first-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time to its first token (default 0)")
+    fake.add_argument("--summary-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time per output token (default 0)")
+    fake.add_argument("--summary-writes-max-tokens", action="store_true",
+                      help="a summary call takes as long as writing its whole max_tokens")
 
     check = commands.add_parser(
         "check-config", help="validate a config; one OK line (--show: every effective value)"
@@ -414,14 +420,20 @@ def _demo() -> int:
 
 
 def _fake_upstream(args: argparse.Namespace) -> int:
-    from .fake_upstream import run_fake_upstream
+    from .fake_upstream import SummaryTiming, run_fake_upstream
     from .fake_upstream.tool_loop import RequestDump, ToolLoopScript
 
     script = ToolLoopScript(args.steps) if args.script == "tool-loop" else None
     dump = RequestDump(Path(args.dump)) if args.dump else None
     try:
+        timing = SummaryTiming(args.summary_first_token_ms / 1000, args.summary_token_ms / 1000,
+                               args.summary_writes_max_tokens)
+    except ValueError as exc:
+        print(f"compact-proxy fake-upstream: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
         run_fake_upstream(host=args.host, port=args.port, provider=args.provider,
-                          script=script, on_record=dump)
+                          script=script, on_record=dump, summary_timing=timing)
     except KeyboardInterrupt:
         pass
     return EXIT_OK

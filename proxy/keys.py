@@ -22,6 +22,7 @@ from proxy.state.audit_log import RequestLog
 from proxy.state.calibration import Calibration
 from proxy.state.checkpoints import SessionCheckpoints
 from proxy.state.ledger_buffer import BufferedLedger
+from proxy.state.prepare import Preparations
 from proxy.state.resolvers import ResolverPool
 from proxy.state.store import StateStore, SummaryCache
 from proxy.state.store_health import StoreHealth
@@ -54,6 +55,7 @@ __all__ = [
     "ROLE_POLICIES",
     "STORE",
     "STORE_HEALTH",
+    "PREPARATIONS",
     "SUMMARIES",
     "SUMMARIZER",
     "TENANTS",
@@ -83,6 +85,9 @@ ROLE_POLICIES: Final = web.AppKey("role_policies", RolePolicies)
 RESOLVERS: Final = web.AppKey("resolvers", ResolverPool)
 #: Sticky-compaction checkpoints per session and role.
 CHECKPOINTS: Final = web.AppKey("checkpoints", SessionCheckpoints)
+#: Summaries made ahead of each session lane's next crossing (absent: ``summary.prepare_at``
+#: null or L4 off).
+PREPARATIONS: Final = web.AppKey("preparations", Preparations)
 #: The app's Prometheus metrics (own registry).
 METRICS: Final = web.AppKey("metrics", ProxyMetrics)
 #: ``session.scope``: whose sessions are separate (every per-session key carries the tenant).

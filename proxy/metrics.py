@@ -171,6 +171,26 @@ class ProxyMetrics:
             "requests of its last one (compacted deeper).",
             registry=self.registry,
         )
+        self.crossings = Counter(
+            "compact_proxy_crossings",
+            "Requests that crossed the soft threshold, by how the summary was served "
+            "(prepared, inline, none).", ("served",), registry=self.registry,
+        )
+        self.summary_wait = Histogram(
+            "compact_proxy_summary_wait_seconds",
+            "Seconds a crossing request waited for summaries before it was forwarded.",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.prepared = Counter(
+            "compact_proxy_prepared_summaries",
+            "Summaries made ahead (summary.prepare_at): started, used, unused (replaced "
+            "before a crossing used them).", ("outcome",), registry=self.registry,
+        )
+        self.prepared_tokens = Counter(
+            "compact_proxy_prepared_summary_tokens",
+            "Tokens billed for summaries made ahead, by whether a crossing used them.",
+            ("outcome",), registry=self.registry,
+        )
         self._requests = _Children(self.requests)
         self._layers = _Children(self.layers)
         self._tokens_saved = _Children(self.tokens_saved)
@@ -225,6 +245,17 @@ class ProxyMetrics:
         errors, self._errors = self._errors, []
         for ratio in errors:
             self.estimate_error.observe(ratio)
+
+    def observe_crossing(self, served: str, wait_s: float) -> None:
+        """Count one crossing by how its summary was served, and the time it waited."""
+        self.crossings.labels(served).inc()
+        self.summary_wait.observe(wait_s)
+
+    def count_prepared(self, outcome: str, tokens: int) -> None:
+        """Count one preparation ``started``, ``used`` or ``unused``, with its tokens."""
+        self.prepared.labels(outcome).inc()
+        if tokens and outcome != "started":
+            self.prepared_tokens.labels(outcome).inc(tokens)
 
     def count_summary(self, outcome: str) -> None:
         """Count one summary asked for: ``ok``, ``failed``, ``empty``, ``cached``, ``joined``."""

@@ -36,6 +36,7 @@ SAFE_KEYS: Final = frozenset({
     "error", "error_class", "error_location", "detail", "traceback",
     # summaries and durable state
     "layer", "saved", "cached", "summary_model", "durable_items", "mode", "pieces", "joined",
+    "summary_served", "summary_wait_ms", "prepared_messages", "prepared_tokens",
     # what the provider answered: its counts (calibration, recovery, billed usage)
     "provider_input_tokens", "estimate_error", "provider_tokens", "provider_maximum",
     "usage_input", "usage_cache_read", "usage_cache_write", "usage_output",

@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from proxy.state.usage import Price, UsageCost, UsageEntry, UsageRow, usage_cost
+from proxy.state.usage import (
+    PREPARED_ROW,
+    PREPARED_USED_ROW,
+    Price,
+    UsageCost,
+    UsageEntry,
+    UsageRow,
+    usage_cost,
+)
 
-__all__ = ["Report", "ReportLine", "build_report"]
+__all__ = ["PreparedSummaries", "Report", "ReportLine", "build_report"]
 
 #: Decimals of the dollar figures in JSON, and in the table.
 JSON_DECIMALS: Final = 6
@@ -67,11 +75,17 @@ class Report:
     lines: tuple[ReportLine, ...]
     total: ReportLine
     unpriced_models: tuple[str, ...]
+    prepared: PreparedSummaries | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """``{"sessions": [...], "total": {...}}``; the total also lists the unpriced models."""
-        return {"sessions": [line.as_json() for line in self.lines],
-                "total": {**self.total.as_json(), "unpriced_models": list(self.unpriced_models)}}
+        """``{"sessions": [...], "total": {...}}``; the total also lists the unpriced models;
+        ``prepared`` says what summaries made ahead cost, when there were any."""
+        out: dict[str, Any] = {
+            "sessions": [line.as_json() for line in self.lines],
+            "total": {**self.total.as_json(), "unpriced_models": list(self.unpriced_models)}}
+        if self.prepared is not None:
+            out["prepared"] = self.prepared.as_json()
+        return out
 
     def as_text(self) -> str:
         """The report as an aligned table, one line per row, then ``TOTAL``."""
@@ -85,13 +99,49 @@ class Report:
         if self.unpriced_models:
             text += (f"n/a: no price for {', '.join(self.unpriced_models)} (add it under "
                      "prices: in the config); its tokens are in the total, not its costs\n")
+        if self.prepared is not None:
+            text += self.prepared.as_text()
         return text
 
 
+@dataclass(frozen=True)
+class PreparedSummaries:
+    """Summaries made ahead (``summary.prepare_at``), all of them paid (their
+    ``<session>#prepared`` rows are in the table and the total), and those no crossing used."""
+
+    all: UsageEntry
+    used: UsageEntry
+
+    @staticmethod
+    def _tokens(entry: UsageEntry) -> int:
+        return (entry.summary_input_tokens + entry.summary_cache_read_tokens
+                + entry.summary_cache_write_tokens + entry.summary_output_tokens)
+
+    def as_json(self) -> dict[str, int]:
+        """Calls and tokens, made and never used."""
+        return {"calls": self.all.summary_calls, "tokens": self._tokens(self.all),
+                "unused_calls": max(0, self.all.summary_calls - self.used.summary_calls),
+                "unused_tokens": max(0, self._tokens(self.all) - self._tokens(self.used))}
+
+    def as_text(self) -> str:
+        """One line."""
+        figures = self.as_json()
+        return (f"summaries made ahead: {figures['calls']:,} calls, {figures['tokens']:,} "
+                f"tokens; never used: {figures['unused_calls']:,} calls, "
+                f"{figures['unused_tokens']:,} tokens\n")
+
+
 def build_report(rows: Iterable[UsageRow], price_for: Callable[[str], Price | None]) -> Report:
-    """Price each row with ``price_for(model)`` and add them up."""
+    """Price each row with ``price_for(model)`` and add them up (the rows of prepared
+    summaries a crossing used repeat paid ones: they only tell the unused ones apart)."""
     lines = []
+    prepared = used = UsageEntry()
     for row in rows:
+        if row.session_key.endswith(PREPARED_USED_ROW):
+            used = used + row.entry
+            continue
+        if row.session_key.endswith(PREPARED_ROW):
+            prepared = prepared + row.entry
         price = price_for(row.model)
         lines.append(ReportLine(row.session_key, row.model, row.entry,
                                 None if price is None else usage_cost(row.entry, price),
@@ -104,7 +154,9 @@ def build_report(rows: Iterable[UsageRow], price_for: Callable[[str], Price | No
         summary=sum(cost.summary for cost in priced),
     )
     unpriced = tuple(sorted({line.model for line in lines if line.cost is None}))
-    return Report(tuple(lines), ReportLine("TOTAL", "", total_entry, total_cost), unpriced)
+    made = PreparedSummaries(prepared, used) if prepared.summary_calls else None
+    return Report(tuple(lines), ReportLine("TOTAL", "", total_entry, total_cost), unpriced,
+                  made)
 
 
 _HEADER: Final = (

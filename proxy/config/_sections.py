@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import field
 from typing import Annotated, Literal
 
-from annotated_types import Ge, Le
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import Strict, model_validator
 
 from policies._compaction import Ratio, Text, Thresholds, invalid
@@ -262,6 +262,12 @@ class SummaryConfig(Section):
         "less max_tokens is made in pieces: parts of the conversation summarised one by one, "
         "then one call merging those summaries."
     )] = 200_000
+    prepare_at: Annotated[float | None, Strict(), Gt(0), Lt(1), doc(
+        "Zero-wait compaction: once a session's view (as the provider counts it) reaches this "
+        "fraction of soft_threshold_tokens, the summary the next crossing needs is made in the "
+        "background (one call per session and span across every replica), so the crossing "
+        "waits for no summary call. null: summaries are made when the threshold is crossed."
+    )] = 0.8
 
     @model_validator(mode="after")
     def _window_holds_an_answer(self) -> SummaryConfig:

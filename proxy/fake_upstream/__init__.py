@@ -30,6 +30,7 @@ from .scripts import (
 )
 from .server import FakeUpstream, run_fake_upstream, start_fake_upstream
 from .signatures import sign_thinking
+from .timing import SummaryTiming
 
 __all__ = [
     "SUMMARIZER_MARKER",
@@ -39,6 +40,7 @@ __all__ = [
     "RecordedRequest",
     "Reply",
     "Script",
+    "SummaryTiming",
     "cache_control_count",
     "check_count_tokens_request",
     "check_messages_request",

@@ -65,10 +65,12 @@ from .rules import (
     check_messages_request,
     check_oauth_beta,
 )
-from .scripts import Script, default_script
+from .scripts import Script, default_script, is_summarizer_request
+from .timing import SummaryTiming
 from .wire import MAX_BODY_BYTES, MSG_TOO_LARGE, decode_content, parse_json_strict
 
-__all__ = ["DEFAULT_MODELS", "FakeUpstream", "run_fake_upstream", "start_fake_upstream"]
+__all__ = ["DEFAULT_MODELS", "FakeUpstream", "SummaryTiming", "run_fake_upstream",
+           "start_fake_upstream"]
 
 _log = structlog.get_logger("proxy.fake_upstream")
 
@@ -114,6 +116,8 @@ class FakeUpstream:
             token); any other is refused with 401 ``invalid x-api-key`` on every route.
             ``None`` (the default): any non-empty credential is accepted.
         on_record: called with each request once recorded (``--dump`` writes it to disk).
+        summary_timing: how long a summary call (fork or separate) takes to be answered, as
+            a model writing it would (:class:`SummaryTiming`; the default answers at once).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class FakeUpstream:
         self.vertex_tokens: set[str] = {TEST_VERTEX_TOKEN}
         self.provider_errors: Callable[[ProviderRuleError, str], web.Response] | None = None
         self.on_record: Callable[[RecordedRequest], None] | None = None
+        self.summary_timing = SummaryTiming()
         self._request_counter = 0
         self._message_counter = 0
 
@@ -454,6 +459,14 @@ async def answer_messages(request: web.Request, body: dict[str, Any],
     )
     message = build_message(reply, message_id=upstream.next_message_id(), model=body["model"],
                             usage=usage)
+    if is_summarizer_request(body):
+        writing = upstream.summary_timing.seconds(body, message["usage"]["output_tokens"])
+        if writing > 0:
+            try:
+                await _pause(request, writing)
+            except ConnectionResetError:
+                upstream.cancelled += 1
+                return web.Response(status=499)
     if body.get("stream") is True:
         return await (dialect.stream or _stream)(request, upstream, reply, message)
     if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
@@ -618,11 +631,12 @@ async def start_fake_upstream(
 
 def run_fake_upstream(host: str, port: int, provider: str = "anthropic",
                       script: Script | None = None,
-                      on_record: Callable[[RecordedRequest], None] | None = None) -> None:
+                      on_record: Callable[[RecordedRequest], None] | None = None,
+                      summary_timing: SummaryTiming | None = None) -> None:
     """Serve a :class:`FakeUpstream` (``script``, the default one when ``None``; also
-    ``provider``'s wire) until SIGINT or SIGTERM (``compact-proxy fake-upstream``), calling
-    ``on_record`` with each request; prints ``fake upstream listening on http://host:port``
-    once started.
+    ``provider``'s wire; summary calls as slow as ``summary_timing``) until SIGINT or SIGTERM
+    (``compact-proxy fake-upstream``), calling ``on_record`` with each request; prints
+    ``fake upstream listening on http://host:port`` once started.
 
     Raises:
         SystemExit: with a one-line message when the address cannot be bound.
@@ -633,6 +647,8 @@ def run_fake_upstream(host: str, port: int, provider: str = "anthropic",
         try:
             upstream = FakeUpstream(script, provider=provider)
             upstream.on_record = on_record
+            if summary_timing is not None:
+                upstream.summary_timing = summary_timing
             runner, url = await start_fake_upstream(upstream, host, port)
         except OSError as exc:
             raise SystemExit(

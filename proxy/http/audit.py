@@ -97,6 +97,9 @@ class RequestRecord(msgspec.Struct):
         path: the URL path of a request forwarded as it came (``passthrough``).
         prefix_reused: whether the view starts with the session's kept (sticky) compaction.
         fixed_tokens: the calibrated tokens of ``system``, ``tools`` and the durable block.
+        summary_served: at a crossing, how its summary was served: ``prepared``, ``inline``
+            or ``none``.
+        summary_wait_ms: at a crossing, how long the request waited for summaries.
     """
 
     request_id: str
@@ -125,6 +128,8 @@ class RequestRecord(msgspec.Struct):
     path: str | None = None
     prefix_reused: bool = False
     fixed_tokens: int | None = None
+    summary_served: str | None = None
+    summary_wait_ms: float | None = None
 
     def response_headers(self) -> dict[str, str]:
         """The ``x-compact-*`` headers this request's response carries."""
@@ -203,7 +208,8 @@ _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
     "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
     "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid", "compacted_because", "reason", "saved"})
+    "request_id", "worker", "pid", "compacted_because", "reason", "saved", "summary_served",
+    "summary_wait_ms"})
 
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
@@ -286,6 +292,9 @@ def completed_fields(record: RequestRecord, method: str, status: int | None, out
             fields["estimate_error"] = record.estimate_error
         fields.update(usage_input=usage.input, usage_cache_read=usage.cache_read,
                       usage_cache_write=usage.cache_write, usage_output=usage.output)
+    if record.summary_served is not None:
+        fields["summary_served"] = record.summary_served
+        fields["summary_wait_ms"] = record.summary_wait_ms
     fields["outcome"] = str(outcome)  # (its value: .value is a Python-level property)
     fields["duration_ms"] = duration_ms
     return fields

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -46,7 +46,21 @@ from proxy.http.forward import (
     request_body_stream,
     upstream_request_headers,
 )
-from proxy.http.measure import Measured, RequestScope, measure
+from proxy.http.plan import (
+    CompactionPlan,
+    Measured,
+    RequestScope,
+    estimate,
+    measure,
+    model_of,
+    plan_compaction,
+)
+from proxy.http.prepared import (
+    TimedSummarizer,
+    observe_crossing,
+    prepare_next,
+    prepared_record,
+)
 from proxy.http.recent import RecentBodies
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.spans import RequestBody, parse_request
@@ -63,11 +77,11 @@ from proxy.keys import (
     CHECKPOINTS,
     COMPUTE,
     CONFIG,
+    COUNTER,
     DECODED_SPANS,
     ENCODED_VIEWS,
     METRICS,
     RECENT_BODIES,
-    ROLE_POLICIES,
     SUMMARIES,
     SUMMARIZER,
     TENANTS,
@@ -85,7 +99,7 @@ from proxy.state.summarizer import (
     summary_key,
     summary_source,
 )
-from proxy.state.usage import ProviderUsage
+from proxy.state.usage import PREPARED_ROW, ProviderUsage
 
 __all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
 
@@ -148,7 +162,9 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
 
 def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
                     may_call_model: bool, body: dict[str, Any], durable: DurableContext,
-                    counter: compactor.CachingCounter) -> Summarizer:
+                    counter: compactor.CachingCounter,
+                    prepared: Callable[[str, ProviderUsage], None] | None = None,
+                    ) -> Summarizer:
     provider = app.get(SUMMARIZER) if may_call_model else None
 
     def fork() -> ForkSource:
@@ -160,7 +176,7 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
             system = compactor.append_to_system(system, durable.text)
         provider = provider_of(request)  # Bedrock, Vertex: the model is in the path
         parts = body if provider is None else provider.fork_parts(
-            request, body, _model_of(request, body), headers)
+            request, body, model_of(request, body), headers)
         return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
@@ -169,51 +185,20 @@ def _summary_source(app: web.Application, request: web.Request, session: Session
     def on_usage(model: str, usage: ProviderUsage) -> None:
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
-        app[USAGE_LEDGER].add(session.key, model, Accounting.summary_entry(usage))
+        # A summary made ahead has a ledger row of its own (the report tells unused ones).
+        row = session.key if prepared is None else session.key + PREPARED_ROW
+        app[USAGE_LEDGER].add(row, model, Accounting.summary_entry(usage))
+        if prepared is not None:
+            prepared(model, usage)
+
+    def on_window(model: str, maximum: int) -> None:
+        # A refused summary call teaches the window as a refused request does.
+        app[CALIBRATION].learn_window(session.key, model, maximum)
 
     return summary_source(
         app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
-        counter=counter, metrics=metrics, on_usage=on_usage)
-
-
-class CompactionPlan(msgspec.Struct, frozen=True):
-    """How one request is compacted: its role and policy (below the model's learnt window),
-    its conversation lane, its model and the calibration factors (of the messages, and of the
-    fixed part: system, tools, durable block)."""
-
-    role: str
-    policy: CompactionPolicy
-    lane: str
-    model: str | None
-    scale: float
-    reserved_scale: float
-    reserved: int
-    known: Mapping[int, float] | None = None
-
-
-def _model_of(request: web.Request, body: dict[str, Any]) -> str | None:
-    """The request's model: its body's, or on a Bedrock or Vertex path the path's."""
-    provider = provider_of(request)
-    model = body.get("model") if provider is None else provider.model_of(request)
-    return model if isinstance(model, str) else None
-
-
-def _plan(app: web.Application, request: web.Request, session: SessionRef, parsed: RequestBody,
-          measured: Measured) -> CompactionPlan:
-    model = _model_of(request, parsed.doc)
-    role, policy = app[ROLE_POLICIES].select(request.headers, model)
-    lane = f"{role}:{measured.conversation}"
-    scale = reserved_scale = 1.0
-    known = None
-    if model is not None:
-        calibration = app[CALIBRATION]
-        policy = clamp_to_window(policy, calibration.window(session.key, model))
-        if app[CONFIG].compaction.calibration:
-            reserved_scale, scale = calibration.factors(session.key, model)
-            known = calibration.known(session.key, model)
-    return CompactionPlan(role, policy, lane, model, scale, reserved_scale, measured.reserved,
-                          known)
+        counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
 
 
 async def _compact(app: web.Application, request: web.Request, record: RequestRecord,
@@ -235,13 +220,14 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
     sticky = app[CONFIG].compaction.sticky and durable.store_available
     checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
+    timed = TimedSummarizer(_summarizer(app, request, plan.policy, session, may_call_model,
+                                        body, durable, scope))
     try:
         result = await compactor.compact_context_async(
             parsed.messages,
             durable.state,
             policy=plan.policy,
-            summarizer=_summarizer(app, request, plan.policy, session, may_call_model,
-                                   body, durable, scope),
+            summarizer=timed.get(),
             counter=scope.counter,
             options=compactor.CompactionOptions(
                 # The compactor scales all by the messages' factor; the fixed part's own
@@ -249,7 +235,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
                 reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
                 known_tokens=plan.known, facts=measured.facts,
-                protocol_memo=scope.memo),
+                protocol_memo=scope.memo,
+                prepared=plan.prepared.span if plan.prepared is not None else None),
             executor=executor,
         )
     except compactor.MessageShapeError as exc:
@@ -272,6 +259,8 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
         # (The request's id, session and tenant are bound to every line it logs.)
         _log.warning("compaction_thrash", tokens_before=result.tokens_before,
                      tokens_after=result.tokens_after)
+    await observe_crossing(app, record, session, plan.lane, result, plan.prepared,
+                           timed.waited_s, forwarded=may_call_model)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
@@ -338,7 +327,7 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
             parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
             RecentBodies.key_of(tenant, named, raw), tenant=tenant))
         body = parsed.doc
-        record.model = _model_of(request, body) or record.model
+        record.model = model_of(request, body) or record.model
         mended = parsed.mended
         if mended:
             _log.warning("lone_surrogates_replaced", replaced=mended)
@@ -350,9 +339,19 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         scope = RequestScope.of(app, parsed, turn)
         measured = await run_on(executor, functools.partial(
             measure, scope.counter, parsed, durable.text))
-        plan = _plan(app, request, session, parsed, measured)
+        plan = plan_compaction(app, request, session, parsed, measured)
+        prepared = await prepared_record(app, session, plan.lane, plan.policy,
+                                         estimate(plan, measured))
+        if prepared is not None and prepared.usable:
+            plan = msgspec.structs.replace(plan, prepared=prepared)
         result, new = await _compact(app, request, record, session, parsed, durable, plan,
                                      may_call_model, measured, scope, executor)
+        if may_call_model:  # (the next summary, made in the background: never for count_tokens)
+            await prepare_next(
+                app, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
+                reserved=round(plan.reserved * plan.reserved_scale / plan.scale),
+                executor=executor, source=functools.partial(
+                    _summary_source, app, request, session, True, body, durable, app[COUNTER]))
 
         headers = _upstream_headers(request)
         headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain

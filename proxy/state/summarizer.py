@@ -20,7 +20,7 @@ Any failure gives ``None``: the compactor then keeps the history as it is.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
@@ -36,6 +36,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.providers.base import Provider
 from proxy.providers.summary import ProviderTransport
 from proxy.state.caller_checks import AcceptedCallers
+from proxy.state.caller_credentials import CallerCredentials
 from proxy.state.flights import SingleFlight, fleet_single_flight
 from proxy.state.store import ReplicaConsistency, StoreError, SummaryCache
 from proxy.state.summary_calls import (
@@ -47,6 +48,7 @@ from proxy.state.summary_calls import (
     plan_calls,
     prompt_tokens,
 )
+from proxy.state.summary_window import Refusal, SummaryWindows, refusal_of
 from proxy.state.usage import ProviderUsage
 
 __all__ = [
@@ -68,6 +70,8 @@ _log = structlog.get_logger("proxy.state.summarizer")
 Summarizer = Callable[[compactor.SummaryRequest], Awaitable[str | None]]
 #: Told the model and the provider's ``usage`` of every summary call made.
 UsageCallback = Callable[[str, ProviderUsage], None]
+#: Told the model and the window a refused summary call showed.
+WindowCallback = Callable[[str, int], None]
 
 # The SDK insists on a credential at construction; calls on a caller's behalf replace it.
 _NO_CREDENTIAL: Final = "compact-proxy-no-credential"
@@ -85,39 +89,6 @@ _NOT_COPIED: Final = frozenset({"accept-encoding", "x-stainless-raw-response",
                                 "____stainless_override_cast_to"})
 # Piece calls made at the same time.
 _PIECE_CONCURRENCY: Final = 4
-
-
-@dataclass(frozen=True)
-class CallerCredentials:
-    """The client's own auth headers, sent as they are with its summary calls.
-
-    Attributes:
-        x_api_key: the ``x-api-key`` header, if sent.
-        authorization: the ``Authorization`` header (e.g. ``Bearer <token>``), if sent.
-    """
-
-    x_api_key: str | None = None
-    authorization: str | None = None
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, str]) -> CallerCredentials:
-        """Pick the auth headers out of a request's headers."""
-        return cls(x_api_key=headers.get("x-api-key") or None,
-                   authorization=headers.get("Authorization") or None)
-
-    @property
-    def present(self) -> bool:
-        """Whether the client sent any credential."""
-        return self.x_api_key is not None or self.authorization is not None
-
-    def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
-        """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
-        return {
-            "X-Api-Key": self.x_api_key if self.x_api_key is not None else anthropic.omit,
-            "Authorization": (
-                self.authorization if self.authorization is not None else anthropic.omit
-            ),
-        }
 
 
 @dataclass(frozen=True)
@@ -154,10 +125,13 @@ class SummaryResult:
 class _NoSummary(Exception):
     """A call gave no summary: why (``error_class``) and the outcome to count."""
 
-    def __init__(self, error_class: str, outcome: str = "failed") -> None:
+    def __init__(self, error_class: str, outcome: str = "failed",
+                 refusal: tuple[Refusal, int] | None = None) -> None:
         super().__init__(error_class)
         self.error_class = error_class
         self.outcome = outcome
+        #: ``prompt is too long``, with the proxy's count of the refused prompt.
+        self.refusal = refusal
 
 
 def _total(usages: Sequence[ProviderUsage]) -> ProviderUsage:
@@ -191,6 +165,7 @@ class _Calls:
     query: dict[str, str]
     on_usage: UsageCallback | None
     usages: list[ProviderUsage]
+    counter: compactor.CachingCounter | None = None
 
 
 class ProviderSummarizer:
@@ -208,6 +183,7 @@ class ProviderSummarizer:
                  provider: Provider | None = None) -> None:
         self.config = config
         self.flights: SingleFlight[str | None] = SingleFlight()
+        self.windows = SummaryWindows(config)
         self._api_key = api_key
         # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
         # credentials when the client sent none (proxy.providers).
@@ -289,7 +265,8 @@ class ProviderSummarizer:
     async def summarize(self, request: compactor.SummaryRequest, caller: CallerCredentials, *,
                         fork: ForkSource | None = None,
                         counter: compactor.CachingCounter | None = None,
-                        on_usage: UsageCallback | None = None) -> SummaryResult:
+                        on_usage: UsageCallback | None = None,
+                        on_window: WindowCallback | None = None) -> SummaryResult:
         """Ask the provider for a summary of ``request``; never raises.
 
         Args:
@@ -299,6 +276,8 @@ class ProviderSummarizer:
             counter: counts prompts against ``summary.context_window_tokens``; ``None`` takes
                 every call as fitting.
             on_usage: told the model and ``usage`` of every call made.
+            on_window: told the model and window M of a call refused as ``prompt is too
+                long: N tokens > M maximum`` (the span is then made in pieces that fit).
         """
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
@@ -306,29 +285,41 @@ class ProviderSummarizer:
                    else self._separate_headers(caller))
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
-        planned = plan_calls(request, source, counter=counter, budget=self.config.prompt_budget)
-        if planned is None:
-            return SummaryResult(None, "failed", mode, error_class="SummaryTooLarge")
+        model = self.config.call_model(source.model if source is not None else None)
         calls = _Calls(
-            model=self.config.call_model(source.model if source is not None else None),
+            model=model,
             headers=headers,
             query=dict(parse_qsl(source.query_string, keep_blank_values=True))
             if source is not None else {},
-            on_usage=on_usage, usages=[])
-        pieces = len(planned) if len(planned) > 1 else 0
-        try:
-            texts = await self._each(planned, calls)
-            text = texts[0]
-            if pieces:
-                merge = merge_call(source, texts)
-                if counter is not None and prompt_tokens(merge, counter) > \
-                        self.config.prompt_budget:
-                    raise _NoSummary("SummaryTooLarge")
-                text = await self._call(merge, calls)
-        except _NoSummary as exc:
-            return SummaryResult(None, exc.outcome, mode, calls.model, pieces,
-                                 _total(calls.usages), exc.error_class)
-        return SummaryResult(text, "ok", mode, calls.model, pieces, _total(calls.usages))
+            on_usage=on_usage, usages=[], counter=counter)
+        pieces = 0
+        for attempt in range(2):  # again in pieces once a refusal taught the window
+            budget = self.windows.budget(model)
+            planned = plan_calls(request, source, counter=counter, budget=budget)
+            if planned is None:
+                return SummaryResult(None, "failed", mode, model, pieces, _total(calls.usages),
+                                     "SummaryTooLarge")
+            pieces = len(planned) if len(planned) > 1 else 0
+            try:
+                texts = await self._each(planned, calls)
+                text = texts[0]
+                if pieces:
+                    merge = merge_call(source, texts)
+                    if counter is not None and prompt_tokens(merge, counter) > budget:
+                        raise _NoSummary("SummaryTooLarge")
+                    text = await self._call(merge, calls)
+            except _NoSummary as exc:
+                if exc.refusal is not None and on_window is not None:
+                    on_window(model, exc.refusal[0].maximum)
+                if exc.refusal is None or attempt or counter is None or \
+                        self.windows.learn(model, *exc.refusal) >= budget:
+                    return SummaryResult(None, exc.outcome, mode, model, pieces,
+                                         _total(calls.usages), exc.error_class)
+                _log.info("summary_window_learnt", provider_maximum=exc.refusal[0].maximum,
+                          provider_tokens=exc.refusal[0].tokens)
+                continue
+            return SummaryResult(text, "ok", mode, model, pieces, _total(calls.usages))
+        raise AssertionError("unreachable")  # (the loop returns)
 
     async def _each(self, planned: Sequence[SummaryCall], calls: _Calls) -> list[str]:
         """The text of every call, made a few at a time; the first failure cancels the rest."""
@@ -368,7 +359,12 @@ class ProviderSummarizer:
             text = "".join(block.text for block in message.content
                            if isinstance(block, anthropic.types.TextBlock)).strip()
         except Exception as exc:  # noqa: BLE001 - any failure means "no summary", never a 500
-            raise _NoSummary(type(exc).__name__) from None
+            refusal = refusal_of(exc) if isinstance(exc, anthropic.BadRequestError) else None
+            counted = (prompt_tokens(call, calls.counter)
+                       if refusal is not None and calls.counter is not None else 0)
+            raise _NoSummary(type(exc).__name__,
+                             refusal=(refusal, counted) if refusal is not None else None) \
+                from None
         calls.usages.append(usage)
         if calls.on_usage is not None:
             calls.on_usage(calls.model, usage)
@@ -388,7 +384,8 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    fork: Callable[[], ForkSource] | None = None,
                    counter: compactor.CachingCounter | None = None,
                    metrics: ProxyMetrics | None = None,
-                   on_usage: UsageCallback | None = None) -> Summarizer:
+                   on_usage: UsageCallback | None = None,
+                   on_window: WindowCallback | None = None) -> Summarizer:
     """The summarizer the compactor gets for one request.
 
     The store's cache is asked first; on a miss ``provider`` (``None``: cache only, as for
@@ -410,6 +407,7 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         metrics: counts every summary asked for, by outcome (``cached``, ``joined``, ``ok``,
             ``failed``, ``empty``).
         on_usage: told the model and ``usage`` of every call made.
+        on_window: told the model and window of a call refused as too long.
     """
 
     def count(outcome: str) -> None:
@@ -457,7 +455,8 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
         assert provider is not None
         result = await provider.summarize(request, caller,
                                           fork=fork() if fork is not None else None,
-                                          counter=counter, on_usage=on_usage)
+                                          counter=counter, on_usage=on_usage,
+                                          on_window=on_window)
         count(result.outcome)
         if result.text is None:
             _log.warning("summary_failed", error_class=result.error_class,

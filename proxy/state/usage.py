@@ -29,6 +29,8 @@ from typing import Any, Final, Protocol
 import msgspec
 
 __all__ = [
+    "PREPARED_ROW",
+    "PREPARED_USED_ROW",
     "Price",
     "ProviderUsage",
     "UsageCost",
@@ -235,3 +237,11 @@ def usage_cost(entry: UsageEntry, price: Price) -> UsageCost:
                            cache_read=entry.summary_cache_read_tokens,
                            output=entry.summary_output_tokens),
     )
+
+
+#: Ledger rows of summaries made ahead (``summary.prepare_at``): ``<session key>#prepared``
+#: holds every preparation's calls (paid, in the totals); ``<session key>#prepared-used``
+#: repeats those a crossing used (left out of the totals: the report's unused ones are the
+#: difference).
+PREPARED_ROW: Final = "#prepared"
+PREPARED_USED_ROW: Final = "#prepared-used"

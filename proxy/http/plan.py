@@ -1,20 +1,29 @@
-"""What a request's body is, counted once, and the caches and compute turn it is counted
-with: the shared token counts and protocol walks, or a large body's staged ones."""
+"""What a request is and how it is compacted: its body measured once (with the shared token
+counts and protocol walks, or a large body's staged ones, and its compute turn), its model,
+and its compaction plan (role, policy below the learnt window, calibration factors)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
 import compactor
+from policies import CompactionPolicy
 from proxy.http.compute import Turn
+from proxy.http.durable import SessionRef
 from proxy.http.spans import RequestBody, remembered
-from proxy.keys import COUNTER, PROTOCOL_MEMO
+from proxy.keys import CALIBRATION, CONFIG, COUNTER, PROTOCOL_MEMO, ROLE_POLICIES
+from proxy.providers import provider_of
+from proxy.state.calibration import clamp_to_window
+from proxy.state.prepare import PreparedRecord
 
-__all__ = ["Measured", "RequestScope", "measure"]
+__all__ = ["CompactionPlan", "Measured", "RequestScope", "estimate", "measure", "model_of",
+           "plan_compaction"]
 
 
 def _reserved_tokens(counter: compactor.CachingCounter, parsed: RequestBody,
@@ -79,3 +88,53 @@ class RequestScope(msgspec.Struct, frozen=True):
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The turn given up meanwhile (a summary call)."""
         return contextlib.nullcontext() if self.turn is None else self.turn.paused()
+
+
+class CompactionPlan(msgspec.Struct, frozen=True):
+    """How one request is compacted: its role and policy (below the model's learnt window),
+    its conversation lane, its model and the calibration factors (of the messages, and of the
+    fixed part: system, tools, durable block)."""
+
+    role: str
+    policy: CompactionPolicy
+    lane: str
+    model: str | None
+    scale: float
+    reserved_scale: float
+    reserved: int
+    known: Mapping[int, float] | None = None
+    prepared: PreparedRecord | None = None
+
+
+def model_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    """The request's model: its body's, or on a Bedrock or Vertex path the path's."""
+    provider = provider_of(request)
+    model = body.get("model") if provider is None else provider.model_of(request)
+    return model if isinstance(model, str) else None
+
+
+def plan_compaction(app: web.Application, request: web.Request, session: SessionRef,
+                    parsed: RequestBody, measured: Measured) -> CompactionPlan:
+    """The request's role and policy (below the model's learnt window), its lane and the
+    calibration factors of its session and model."""
+    model = model_of(request, parsed.doc)
+    role, policy = app[ROLE_POLICIES].select(request.headers, model)
+    lane = f"{role}:{measured.conversation}"
+    scale = reserved_scale = 1.0
+    known = None
+    if model is not None:
+        calibration = app[CALIBRATION]
+        policy = clamp_to_window(policy, calibration.window(session.key, model))
+        if app[CONFIG].compaction.calibration:
+            reserved_scale, scale = calibration.factors(session.key, model)
+            known = calibration.known(session.key, model)
+    return CompactionPlan(role, policy, lane, model, scale, reserved_scale, measured.reserved,
+                          known)
+
+
+def estimate(plan: CompactionPlan, measured: Measured) -> int | None:
+    """The history's calibrated size before compaction (None: its facts were not kept)."""
+    facts = measured.facts
+    if facts is None:
+        return None
+    return round(plan.reserved * plan.reserved_scale + sum(facts.tokens) * plan.scale)

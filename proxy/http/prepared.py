@@ -1,0 +1,139 @@
+"""The request path's side of zero-wait compaction (:mod:`proxy.state.prepare`).
+
+Before compacting, a request whose history nears the threshold reads its lane's preparation
+(:func:`prepared_record`), which the compactor uses at a crossing. Its summarizer is timed
+(:class:`TimedSummarizer`): a crossing logs and counts how its summary was served
+(``summary_served``: ``prepared``, ``inline``, ``none``) and how long the request waited for
+it (``summary_wait_ms``). A ``/v1/messages`` request whose view reached
+``summary.prepare_at`` of the soft threshold starts the next preparation in the background
+(:func:`prepare_next`: its record is written before the request is forwarded, the summary
+call runs in the background).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from aiohttp import web
+
+import compactor
+from policies import CompactionPolicy
+from proxy.background import in_background
+from proxy.http.audit import RequestRecord
+from proxy.http.compute import run_on
+from proxy.http.durable import SessionRef
+from proxy.keys import CONFIG, COUNTER, METRICS, PREPARATIONS
+from proxy.state.prepare import PreparedRecord, served_by
+from proxy.state.summarizer import Summarizer
+from proxy.state.usage import ProviderUsage
+
+__all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
+
+#: Makes the request's summarizer for a preparation; the callback is told the model and
+#: ``usage`` of every call it makes.
+SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
+
+
+def _prepare_at(app: web.Application, policy: CompactionPolicy) -> float | None:
+    summary = app[CONFIG].summary
+    if not (summary.enabled and policy.summary_enabled) or PREPARATIONS not in app:
+        return None
+    return summary.prepare_at
+
+
+async def prepared_record(app: web.Application, session: SessionRef, lane: str,
+                          policy: CompactionPolicy, estimate: int | None,
+                          ) -> PreparedRecord | None:
+    """The lane's preparation record, read only for a history that has reached
+    ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
+    prepare_at = _prepare_at(app, policy)
+    if prepare_at is None:
+        return None
+    if estimate is not None and estimate < prepare_at * policy.soft_threshold_tokens:
+        return None
+    return await app[PREPARATIONS].load(session.key, lane)
+
+
+class TimedSummarizer:
+    """A request's summarizer, timed: how long the request waited for summaries."""
+
+    def __init__(self, inner: Summarizer | None) -> None:
+        self.inner = inner
+        self.waited_s = 0.0
+
+    def get(self) -> Summarizer | None:
+        """The summarizer to give the compactor (None when there is none)."""
+        return None if self.inner is None else self
+
+    async def __call__(self, request: compactor.SummaryRequest) -> str | None:
+        assert self.inner is not None
+        started = time.perf_counter()
+        try:
+            return await self.inner(request)
+        finally:
+            self.waited_s += time.perf_counter() - started
+
+
+async def observe_crossing(app: web.Application, record: RequestRecord, session: SessionRef,
+                           lane: str, result: compactor.CompactionResult,
+                           prepared: PreparedRecord | None, waited_s: float, *,
+                           forwarded: bool) -> None:
+    """Log and count how a crossing's summary was served and what it waited; a preparation
+    a forwarded view used is marked spent before the view is forwarded."""
+    served = served_by(result.outcomes)
+    if served is None:
+        return
+    record.summary_served = served
+    record.summary_wait_ms = round(waited_s * 1000, 1)
+    if not forwarded:
+        return
+    app[METRICS].observe_crossing(served, waited_s)
+    if served == "prepared" and prepared is not None:
+        await app[PREPARATIONS].used(session.key, lane, prepared)
+
+
+async def prepare_next(app: web.Application, session: SessionRef, lane: str,
+                       prepared: PreparedRecord | None, policy: CompactionPolicy,
+                       result: compactor.CompactionResult, *, scale: float, reserved: int,
+                       executor: Executor | None, source: SourceFactory) -> None:
+    """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
+    threshold without crossing it and needs a preparation, record it and start its summary
+    call in the background (``prepared``: the lane's record as read for this request)."""
+    prepare_at = _prepare_at(app, policy)
+    if prepare_at is None or result.outcomes:
+        return
+    if result.tokens_after < prepare_at * policy.soft_threshold_tokens:
+        return
+    preparations = app[PREPARATIONS]
+    if prepared is None:  # (not read before compacting: the history's estimate was smaller)
+        prepared = await preparations.load(session.key, lane)
+
+    async def plan_span(work: Callable[[], Any]) -> Any:
+        return await run_on(executor, work)
+
+    found = await preparations.consider(session.key, lane, prepared, policy, result,
+                                        scale=scale, reserved=reserved, counter=app[COUNTER],
+                                        plan_span=plan_span)
+    if found is None:
+        return
+    request, started = found
+
+    async def summarize() -> None:
+        usages: list[ProviderUsage] = []
+        models: list[str] = []
+
+        def add(model: str, usage: ProviderUsage) -> None:
+            models.append(model)
+            usages.append(usage)
+
+        text = await source(add)(request)
+        total = ProviderUsage(*(sum(kind) for kind in zip(
+            *((u.input, u.cache_read, u.cache_write, u.output) for u in usages),
+            strict=True))) if usages else ProviderUsage()
+        await preparations.finish(session.key, lane, started, text,
+                                  models[0] if models else "", total)
+
+    in_background(app, summarize, failure_event="summary_prepare_failed")

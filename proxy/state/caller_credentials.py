@@ -1,0 +1,43 @@
+"""The client's own credentials, as a summary call made for it sends them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import anthropic
+
+__all__ = ["CallerCredentials"]
+
+
+@dataclass(frozen=True)
+class CallerCredentials:
+    """The client's own auth headers, sent as they are with its summary calls.
+
+    Attributes:
+        x_api_key: the ``x-api-key`` header, if sent.
+        authorization: the ``Authorization`` header (e.g. ``Bearer <token>``), if sent.
+    """
+
+    x_api_key: str | None = None
+    authorization: str | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> CallerCredentials:
+        """Pick the auth headers out of a request's headers."""
+        return cls(x_api_key=headers.get("x-api-key") or None,
+                   authorization=headers.get("Authorization") or None)
+
+    @property
+    def present(self) -> bool:
+        """Whether the client sent any credential."""
+        return self.x_api_key is not None or self.authorization is not None
+
+    def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
+        """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
+        return {
+            "X-Api-Key": self.x_api_key if self.x_api_key is not None else anthropic.omit,
+            "Authorization": (
+                self.authorization if self.authorization is not None else anthropic.omit
+            ),
+        }

@@ -1,0 +1,108 @@
+"""Summaries made ahead: the crossing uses the prepared span's summary and keeps the later
+messages verbatim; a preparation that does not fit the view is never used."""
+
+from __future__ import annotations
+
+from compactor import (
+    CachingCounter,
+    Chars4Counter,
+    CompactionOptions,
+    compact_context,
+    prepare_span,
+    summary_cache_key,
+)
+from compactor._l4_summary import holds_summary
+from compactor._view import View
+from policies import CompactionPolicy
+from proxy.fake_upstream.rules import check_messages_request
+
+from .builders import exchange, user
+
+POLICY = CompactionPolicy(soft_threshold_tokens=6_000, hard_limit_tokens=50_000,
+                          max_tool_result_tokens=2_000, keep_recent_messages=60,
+                          summary_keep_recent=4)
+
+
+def _turns(messages: list, start: int, count: int, chars: int = 1_200) -> list:
+    for n in range(start, start + count):
+        messages = [*messages, *exchange(f"toolu_{n:04d}", f"out {n} " * (chars // 8),
+                                         command=f"step {n}")]
+    return messages
+
+
+def _prepared_at(messages: list, counter: CachingCounter):
+    found = prepare_span(messages, POLICY, counter)
+    assert found is not None
+    return found
+
+
+def test_the_crossing_uses_the_prepared_summary_and_keeps_the_rest_verbatim() -> None:
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 18)
+    request, span = _prepared_at(early, counter)
+    assert View(early, counter).total() < POLICY.soft_threshold_tokens
+    grown = _turns(early, 18, 6)
+    asked: list[str] = []
+
+    def summarise(payload: str) -> str:
+        asked.append(summary_cache_key(payload))
+        return "prepared summary text"
+
+    result = compact_context(grown, policy=POLICY, summarizer=summarise, counter=counter,
+                             options=CompactionOptions(prepared=span))
+    assert asked == [span.cache_key] == [request.cache_key]
+    assert result.tokens_after < POLICY.soft_threshold_tokens
+    l4 = [o for o in result.outcomes if o.layer == "L4"]
+    assert l4 and l4[0].detail == "prepared summary"
+    # Everything after the prepared span is the client's, verbatim.
+    after = grown[span.cut:]
+    assert result.messages[-len(after):] == after
+    assert any(holds_summary(m) for m in result.messages)
+    check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_preparation_for_another_history_is_not_used() -> None:
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 18)
+    _, span = _prepared_at(early, counter)
+    other = _turns([user("Fix the lexer")], 0, 18)
+    asked: list[str] = []
+
+    def summarise(payload: str) -> str:
+        asked.append(summary_cache_key(payload))
+        return "inline"
+
+    result = compact_context(other, policy=POLICY, summarizer=summarise, counter=counter,
+                             options=CompactionOptions(prepared=span))
+    assert span.cache_key not in asked
+    assert result.tokens_after < POLICY.soft_threshold_tokens
+
+
+def test_a_tail_too_large_for_the_target_falls_back_to_inline() -> None:
+    """A session that grew fast past its preparation: not used, the span is summarised now."""
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 6)
+    _, span = _prepared_at(early, counter)
+    grown = _turns(early, 6, 30)
+    asked: list[str] = []
+
+    def summarise(payload: str) -> str:
+        asked.append(summary_cache_key(payload))
+        return "summary"
+
+    result = compact_context(grown, policy=POLICY, summarizer=summarise, counter=counter,
+                             options=CompactionOptions(prepared=span))
+    assert asked[0] == span.cache_key and len(asked) == 2
+    assert result.tokens_after < POLICY.soft_threshold_tokens
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] != ["prepared summary"]
+
+
+def test_no_preparation_when_the_cheap_layers_reach_the_target() -> None:
+    """A crossing L3 alone brings below the target makes no summary: none is prepared."""
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 18)
+    assert prepare_span(early, POLICY, counter, stop_below=4_200) is not None
+    pruning = CompactionPolicy(soft_threshold_tokens=6_000, hard_limit_tokens=50_000,
+                               max_tool_result_tokens=2_000, keep_recent_messages=6,
+                               summary_keep_recent=4)
+    assert prepare_span(early, pruning, counter, stop_below=4_200) is None
