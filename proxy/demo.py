@@ -87,8 +87,14 @@ class Step:
 
 
 def _subagent_plan() -> list[Step]:
-    return [Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
-                 f"subagent reads chapter {n}") for n in range(1, 11)]
+    steps = [Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
+                  f"subagent reads chapter {n}") for n in range(1, 11)]
+    # A file read again: L2 drops the older read of it from the view.
+    steps.append(Step("Read", {"file_path": "docs/chapter_9.md"}, _source_file(109),
+                      "subagent re-reads chapter 9"))
+    steps.extend(Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
+                      f"subagent reads chapter {n}") for n in range(11, 14))
+    return steps
 
 
 def _plan() -> list[Step]:
@@ -305,6 +311,13 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
         out.write(f"ERROR: the report counts {reported} summary calls, the provider saw "
                   f"{len(summaries)}\n")
         return 1
+    # A layer is at work when it saved tokens in a forwarded view, even where a later layer
+    # took its change into a summary (a view's header names only what stayed in it).
+    for line in _audit_lines(logs, "request_completed"):
+        if line.get("outcome") == "forwarded":
+            seen_layers.update(name for name, _, saved in map(
+                lambda entry: str(entry).partition("="), line.get("saved", ()))
+                if name.startswith("L") and saved.isdigit() and int(saved) > 0)
     missing = {"L1", "L2", "L3", "L4"} - seen_layers
     out.write(f"\nlayers seen at work: {', '.join(sorted(seen_layers)) or 'none'}\n")
     if missing:
