@@ -207,13 +207,7 @@ from bench.proxy_parts.report import (
     _name,
     format_report,
 )
-from bench.proxy_parts.run import (
-    BenchResults,
-    MachineMeter,
-    _pid,
-    _progress,
-    run_benchmark,
-)
+from bench.proxy_parts.run import BenchResults, MachineMeter, _pid, _progress, run_benchmark
 from bench.proxy_parts.session import (
     PARSE_FLOOR_EVERY,
     Bucket,
@@ -226,17 +220,8 @@ from bench.proxy_parts.session import (
     _ViewRecord,
     run_session,
 )
-from bench.proxy_parts.streams import (
-    RSS_SAMPLE_S,
-    StreamReport,
-    _burst,
-    measure_streams,
-)
-from bench.proxy_parts.throughput import (
-    Throughput,
-    _closed_loop,
-    measure_throughput,
-)
+from bench.proxy_parts.streams import RSS_SAMPLE_S, StreamReport, _burst, measure_streams
+from bench.proxy_parts.throughput import Throughput, _closed_loop, measure_throughput
 from bench.stamped_upstream import (
     CONTEXT_WINDOW,
     DELAY_HEADER,

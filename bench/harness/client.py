@@ -11,14 +11,8 @@ from typing import Any, Final
 
 import aiohttp
 
-from bench.harness.config import (
-    REQUEST_TIMEOUT_S,
-)
-from bench.stamped_upstream import (
-    PROVIDER_MS_FIELD,
-    PROVIDER_MS_HEADER,
-    STAMP_FIELD,
-)
+from bench.harness.config import REQUEST_TIMEOUT_S
+from bench.stamped_upstream import PROVIDER_MS_FIELD, PROVIDER_MS_HEADER, STAMP_FIELD
 
 _STAMP_RE: Final = re.compile(rb'"' + STAMP_FIELD.encode() + rb'":(\d+)')
 _PROVIDER_MS_RE: Final = re.compile(rb'"' + PROVIDER_MS_FIELD.encode() + rb'":\s*([0-9.]+)')

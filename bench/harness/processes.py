@@ -13,12 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import (
-    AsyncIterator,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +21,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from bench.harness.client import (
-    provider_ms_of,
-)
+from bench.harness.client import provider_ms_of
 from bench.harness.config import (
     BENCH_API_KEY,
     LITELLM_ENV,
@@ -44,19 +37,9 @@ from bench.harness.config import (
     write_litellm_config,
     write_proxy_config,
 )
-from bench.harness.stats import (
-    children,
-    process_cpu_ns,
-)
-from bench.harness.workloads import (
-    history_of_size,
-    request_body,
-    request_headers,
-)
-from bench.stamped_upstream import (
-    PROVIDER_MS_FIELD,
-    PROVIDER_MS_HEADER,
-)
+from bench.harness.stats import children, process_cpu_ns
+from bench.harness.workloads import history_of_size, request_body, request_headers
+from bench.stamped_upstream import PROVIDER_MS_FIELD, PROVIDER_MS_HEADER
 
 
 class ManagedProcess:

@@ -4,9 +4,7 @@ chunks; nothing else), the floor any Python hop costs; served in its own process
 from __future__ import annotations
 
 import sys
-from collections.abc import (
-    AsyncIterator,
-)
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -14,12 +12,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from bench.harness.processes import (
-    ManagedProcess,
-    Service,
-    free_port,
-    wait_until_up,
-)
+from bench.harness.processes import ManagedProcess, Service, free_port, wait_until_up
 from proxy.allocator import tune_allocator
 from proxy.app import READ_BUFSIZE
 from proxy.config import EventLoopName

@@ -10,9 +10,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from typing import Any, Final
 
-from bench.harness.config import (
-    BENCH_API_KEY,
-    MODEL,
-    SESSION_HEADER,
-    SESSION_SEED,
-)
+from bench.harness.config import BENCH_API_KEY, MODEL, SESSION_HEADER, SESSION_SEED
 
 _MODULES: Final = ("parser", "lexer", "ast_nodes", "codegen", "optimizer", "runtime", "cli",
                    "config", "errors", "cache", "io_utils", "scheduler")

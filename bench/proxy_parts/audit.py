@@ -11,24 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.client import (
-    client_session,
-)
-from bench.harness.config import (
-    SESSION_THRESHOLDS,
-    Sizes,
-    Thresholds,
-)
-from bench.harness.processes import (
-    proxy_process,
-    upstream_process,
-)
+from bench.harness.client import client_session
+from bench.harness.config import SESSION_THRESHOLDS, Sizes, Thresholds
+from bench.harness.processes import proxy_process, upstream_process
 from bench.harness.stats import fmt_ms
-from bench.proxy_parts.latency import (
-    LatencyCell,
-    Targets,
-    measure_latency,
-)
+from bench.proxy_parts.latency import LatencyCell, Targets, measure_latency
 from bench.proxy_parts.run import _pid, _progress
 from bench.proxy_parts.throughput import Throughput, measure_throughput
 

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from bench.harness.stats import fmt_kb, safe_ratio
-from bench.proxy_parts.latency import (
-    RELAY_UVLOOP,
-    LatencyCell,
-    cell_cpu,
-)
+from bench.proxy_parts.latency import RELAY_UVLOOP, LatencyCell, cell_cpu
 from bench.proxy_parts.run import BenchResults
 
 

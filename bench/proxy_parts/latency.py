@@ -5,35 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import (
-    Callable,
-    Iterable,
-)
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import aiohttp
 
-from bench.harness.client import (
-    Sample,
-    send,
-)
-from bench.harness.config import (
-    BenchError,
-    Sizes,
-)
-from bench.harness.stats import (
-    Dist,
-    fmt_kb,
-    process_cpu_ns,
-)
-from bench.harness.workloads import (
-    history_of_size,
-    request_body,
-    request_headers,
-    tiny_exchange,
-)
+from bench.harness.client import Sample, send
+from bench.harness.config import BenchError, Sizes
+from bench.harness.stats import Dist, fmt_kb, process_cpu_ns
+from bench.harness.workloads import history_of_size, request_body, request_headers, tiny_exchange
 
+#: The reference relay on uvloop, the proxy's default loop (``listen.event_loop``): a target
+#: of the small cells and of the throughput part, next to the relay on asyncio's own loop.
 RELAY_UVLOOP: Final = "relay-uvloop"
 WARM_BLOCK: Final = 40  # timed requests per session of a warm cell (then a new session)
 COLD_SEED: Final = 7_000_000  # the cold cell's histories: COLD_SEED + round, never seen before

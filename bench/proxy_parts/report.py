@@ -5,40 +5,15 @@ from __future__ import annotations
 import math
 import os
 import platform
-from collections.abc import (
-    Callable,
-    Iterable,
-    Sequence,
-)
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from bench.harness.config import (
-    Thresholds,
-)
-from bench.harness.stats import (
-    Dist,
-    fmt_kb,
-    fmt_ms,
-    fmt_times,
-    safe_ratio,
-)
-from bench.proxy_parts.goals import (
-    added_p50,
-    evaluate_goals,
-    warm_added_flatness,
-    warm_flatness,
-)
-from bench.proxy_parts.latency import (
-    RELAY_UVLOOP,
-    WARM_BLOCK,
-    LatencyCell,
-    cell_cpu,
-)
+from bench.harness.config import Thresholds
+from bench.harness.stats import Dist, fmt_kb, fmt_ms, fmt_times, safe_ratio
+from bench.proxy_parts.goals import added_p50, evaluate_goals, warm_added_flatness, warm_flatness
+from bench.proxy_parts.latency import RELAY_UVLOOP, WARM_BLOCK, LatencyCell, cell_cpu
 from bench.proxy_parts.run import BenchResults
-from bench.proxy_parts.session import (
-    PARSE_FLOOR_EVERY,
-    SessionReport,
-)
+from bench.proxy_parts.session import PARSE_FLOOR_EVERY, SessionReport
 
 BUSY_LOAD: Final = 0.8  # a 1-minute load average above this before the run: say so
 BUSY_OTHERS: Final = 0.10  # others' share of the machine during a part above this: say so

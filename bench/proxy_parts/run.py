@@ -9,22 +9,13 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import (
-    Sequence,
-)
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.client import (
-    client_session,
-)
-from bench.harness.config import (
-    SESSION_THRESHOLDS,
-    BenchError,
-    Sizes,
-    Thresholds,
-)
+from bench.harness.client import client_session
+from bench.harness.config import SESSION_THRESHOLDS, BenchError, Sizes, Thresholds
 from bench.harness.processes import (
     ManagedProcess,
     Service,
@@ -35,14 +26,8 @@ from bench.harness.processes import (
     proxy_process,
     upstream_process,
 )
-from bench.harness.relay import (
-    relay_process,
-)
-from bench.harness.stats import (
-    CLOCK_TICKS,
-    fmt_kb,
-    machine_ticks,
-)
+from bench.harness.relay import relay_process
+from bench.harness.stats import CLOCK_TICKS, fmt_kb, machine_ticks
 from bench.proxy_parts.latency import (
     RELAY_UVLOOP,
     LatencyCell,
@@ -51,10 +36,7 @@ from bench.proxy_parts.latency import (
     measure_latency,
     measure_warm_sizes,
 )
-from bench.proxy_parts.session import (
-    SessionReport,
-    run_session,
-)
+from bench.proxy_parts.session import SessionReport, run_session
 from bench.proxy_parts.streams import StreamReport, measure_streams
 from bench.proxy_parts.throughput import Throughput, measure_throughput
 from compactor import CachingCounter, TiktokenCounter

@@ -7,12 +7,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Iterable,
-    Sequence,
-)
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -20,30 +15,13 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
-from bench.harness.client import (
-    send,
-)
-from bench.harness.config import (
-    Thresholds,
-)
-from bench.harness.processes import (
-    proxy_process,
-)
-from bench.harness.stats import (
-    Dist,
-    percentile,
-)
-from bench.harness.workloads import (
-    AgentSession,
-    request_body,
-    request_headers,
-)
-from bench.proxy_parts.latency import (
-    _header_int,
-)
-from bench.stamped_upstream import (
-    CONTEXT_WINDOW,
-)
+from bench.harness.client import send
+from bench.harness.config import Thresholds
+from bench.harness.processes import proxy_process
+from bench.harness.stats import Dist, percentile
+from bench.harness.workloads import AgentSession, request_body, request_headers
+from bench.proxy_parts.latency import _header_int
+from bench.stamped_upstream import CONTEXT_WINDOW
 from compactor import CachingCounter
 from compactor._fingerprint import strip_cache_control
 from proxy.fake_upstream import (

@@ -4,40 +4,19 @@ peak RSS and the relay latency of the provider's events."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import (
-    Iterable,
-)
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
 
-from bench.harness.client import (
-    Sample,
-    send,
-)
-from bench.harness.config import (
-    Sizes,
-)
-from bench.harness.processes import (
-    Service,
-)
-from bench.harness.stats import (
-    Dist,
-    read_proc_status,
-)
-from bench.harness.workloads import (
-    history_of_size,
-    request_body,
-    request_headers,
-)
-from bench.proxy_parts.latency import (
-    Targets,
-    _round,
-)
-from bench.stamped_upstream import (
-    DELAY_HEADER,
-)
+from bench.harness.client import Sample, send
+from bench.harness.config import Sizes
+from bench.harness.processes import Service
+from bench.harness.stats import Dist, read_proc_status
+from bench.harness.workloads import history_of_size, request_body, request_headers
+from bench.proxy_parts.latency import Targets, _round
+from bench.stamped_upstream import DELAY_HEADER
 
 RSS_SAMPLE_S: Final = 0.005
 

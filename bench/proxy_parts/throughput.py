@@ -10,23 +10,11 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from bench.harness.client import (
-    send,
-)
-from bench.harness.config import (
-    Sizes,
-)
-from bench.harness.stats import (
-    process_cpu_s,
-)
-from bench.harness.workloads import (
-    history_of_size,
-    request_body,
-    request_headers,
-)
-from bench.proxy_parts.latency import (
-    Targets,
-)
+from bench.harness.client import send
+from bench.harness.config import Sizes
+from bench.harness.stats import process_cpu_s
+from bench.harness.workloads import history_of_size, request_body, request_headers
+from bench.proxy_parts.latency import Targets
 
 
 @dataclass(frozen=True)
