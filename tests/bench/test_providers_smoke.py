@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench import providers
-from bench.harness.workloads import history_of_size, request_body
+from bench.proxy import history_of_size, request_body
 
 
 def test_each_provider_gets_the_conversation_in_its_format() -> None:
