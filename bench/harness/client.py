@@ -1,5 +1,8 @@
-"""The benchmarks' HTTP client: one request sent and timed as a :class:`Sample`
-(latency, first byte, stamped stream events, the provider's own reported time)."""
+"""The benchmarks' HTTP client.
+
+One request sent and timed as a :class:`Sample`: latency, first byte, the stamped stream
+events, and the provider's own time as it reported it.
+"""
 
 from __future__ import annotations
 

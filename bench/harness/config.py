@@ -1,6 +1,9 @@
-"""The benchmarks' settings: the model and key they send, timeouts, the work sizes
-(``FULL`` / ``QUICK`` / ``TINY``), the compaction thresholds, and the config files written for
-a benchmark proxy and for LiteLLM."""
+"""The benchmarks' settings, in one place.
+
+The model and key every request carries, timeouts, the work sizes (``FULL`` / ``QUICK`` /
+``TINY``), the compaction thresholds, and the config files written for a benchmark proxy
+(:func:`write_proxy_config`) and for LiteLLM.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Child processes of a benchmark: :class:`ManagedProcess` (started,
-stopped on every exit path, its log kept), free ports, the fake provider, ``proxy.cli serve``,
-LiteLLM, and a baseline commit's source tree in a temporary ``git worktree``."""
+"""Child processes of a benchmark.
+
+:class:`ManagedProcess` (stopped on every way out, its output in a log file), free ports, the
+fake provider, ``proxy.cli serve``, LiteLLM, a baseline commit in a temporary ``git worktree``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The reference relay: a bare aiohttp reverse proxy (read, forward, relay
-chunks; nothing else), the floor any Python hop costs; served in its own process."""
+"""The reference relay, the floor any Python hop costs.
+
+A bare aiohttp reverse proxy (read, forward, relay the chunks; nothing else), served in its own
+process (``bench/proxy.py --null-relay``).
+"""
 
 from __future__ import annotations
 

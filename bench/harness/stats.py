@@ -1,6 +1,9 @@
-"""Numbers from runs: percentiles and distributions, and what a process or the
-machine spent (CPU from ``/proc/<pid>/stat`` and ``schedstat``, RSS from ``/proc/<pid>/status``,
-machine ticks from ``/proc/stat``, a process's children)."""
+"""Numbers from a run.
+
+Percentiles and distributions; what a process or the machine spent (CPU from
+``/proc/<pid>/stat`` and ``schedstat``, RSS from ``/proc/<pid>/status``, machine ticks from
+``/proc/stat``, a process's children); the cells of the printed tables.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""What the benchmarks send: a deterministic coding agent's session
-(:class:`AgentSession`), histories of a given size, the small exchange warm cells grow by, and
-the request body and headers as Claude Code would send them."""
+"""What the benchmarks send.
+
+A deterministic coding agent's session (:class:`AgentSession`), histories of a given size, the
+small exchange warm cells grow by, and the request body and headers as Claude Code sends them.
+"""
 
 from __future__ import annotations
 
