@@ -42,19 +42,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import compactor
-from bench.proxy import (
-    SESSION_THRESHOLDS,
-    _headers,
-    baseline_worktree,
-    client_session,
-    history_of_size,
-    process_cpu_s,
-    proxy_process,
-    relay_process,
-    request_body,
-    send,
-    upstream_process,
-)
+from bench.harness.client import client_session, send
+from bench.harness.config import SESSION_THRESHOLDS
+from bench.harness.processes import baseline_worktree, proxy_process, upstream_process
+from bench.harness.relay import relay_process
+from bench.harness.stats import process_cpu_s
+from bench.harness.workloads import history_of_size, request_body, request_headers
 from proxy.state.store import SQLiteStateStore
 
 #: The variants: a name and what it changes in the config.
@@ -156,13 +149,13 @@ async def measure(size: int, requests: int, pace_s: float, *, block: int = 1,
                         else SESSION for name in services}
             for name, service in services.items():
                 for _ in range(WARMUP):
-                    await send(client, service.url, body, _headers(sessions[name]),
+                    await send(client, service.url, body, request_headers(sessions[name]),
                                stream=False)
             await asyncio.sleep(SETTLE_S)
             before = {name: process_cpu_s(s.process.pid) for name, s in services.items()}
             for _ in range(requests // block):
                 for name, service in services.items():
-                    headers = _headers(sessions[name])
+                    headers = request_headers(sessions[name])
                     for _ in range(block):
                         sample = await send(client, service.url, body, headers, stream=False)
                         if sample.status != 200:
@@ -192,8 +185,8 @@ _BASELINE_REDIS: Final = "baseline-redis-store"
 
 async def seed_durable_state(directory: Path, session_id: str) -> int:
     """Give ``session_id`` a durable state in the store of the proxy whose files are under
-    ``directory`` (:func:`bench.proxy.write_proxy_config`'s layout, written before the proxy
-    starts), with its transcript and artifact in the proxy's roots; returns how many distinct
+    ``directory`` (:func:`bench.harness.config.write_proxy_config`'s layout, written before the
+    proxy starts), with its transcript and artifact in the proxy's roots; returns how many distinct
     pointers the state holds."""
     transcripts = directory / "transcripts"
     artifacts = directory / "artifacts" / session_id

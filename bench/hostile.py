@@ -37,19 +37,11 @@ from typing import Final
 
 import aiohttp
 
-from bench.proxy import (
-    _ROOT,
-    BENCH_API_KEY,
-    Thresholds,
-    baseline_worktree,
-    client_session,
-    history_of_size,
-    percentile,
-    proxy_process,
-    read_proc_status,
-    request_body,
-    upstream_process,
-)
+from bench.harness.client import client_session
+from bench.harness.config import BENCH_API_KEY, ROOT, Thresholds
+from bench.harness.processes import baseline_worktree, proxy_process, upstream_process
+from bench.harness.stats import percentile, read_proc_status
+from bench.harness.workloads import history_of_size, request_body
 
 MODEL: Final = "claude-sonnet-4-5"
 #: A view over this many tokens is refused by the proxy (the hostile bodies all are).
@@ -235,7 +227,7 @@ async def main_async(args: argparse.Namespace) -> str:
     rows: list[tuple[str, Memory, Lag]] = []
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         workdir = Path(tmp)
-        memory, lag = await run_one(workdir, "proxy", _ROOT, size, args.cache_mib)
+        memory, lag = await run_one(workdir, "proxy", ROOT, size, args.cache_mib)
         rows.append(("this tree", memory, lag))
         if args.baseline:
             with baseline_worktree(args.baseline, workdir / "baseline") as source:

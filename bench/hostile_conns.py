@@ -33,7 +33,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.proxy import _ROOT, ManagedProcess, _wait_until_up, free_port
+from bench.harness.config import ROOT
+from bench.harness.processes import ManagedProcess, free_port, wait_until_up
 
 #: ``upstream.read_timeout_s`` of the proxies (bounds the old wait).
 READ_TIMEOUT_S = 30
@@ -66,7 +67,7 @@ async def _start(workdir: Path, name: str, source: Path, upstream_url: str,
     process = ManagedProcess(name, argv, workdir / f"{name}.log", source=source)
     process.start()
     async with aiohttp.ClientSession() as client:
-        await _wait_until_up(client, process, f"{url}/healthz")
+        await wait_until_up(client, process, f"{url}/healthz")
     return process, url
 
 
@@ -183,7 +184,7 @@ async def slow_phase(workdir: Path, source: Path, slow: int, nofile: int,
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both phases; the figures."""
-    source = Path(args.source).resolve() if args.source else _ROOT
+    source = Path(args.source).resolve() if args.source else ROOT
     with tempfile.TemporaryDirectory(prefix="hostile-conns-") as tmp:
         pool = await pool_phase(Path(tmp), source, args.streams, args.read_timeout_s)
         slow = await slow_phase(Path(tmp), source, args.slow, args.nofile, args.hold_s)

@@ -36,21 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bench.proxy import (
-    _ROOT,
-    SESSION_THRESHOLDS,
+from bench.harness.client import client_session, send
+from bench.harness.config import ROOT, SESSION_THRESHOLDS, write_proxy_config
+from bench.harness.processes import (
     ManagedProcess,
-    _headers,
-    _wait_until_up,
     baseline_worktree,
-    client_session,
     free_port,
-    history_of_size,
-    request_body,
-    send,
     upstream_process,
-    write_proxy_config,
+    wait_until_up,
 )
+from bench.harness.workloads import history_of_size, request_body, request_headers
 
 #: Requests per process before the count starts (connections, caches, the session).
 WARMUP: Final = 30
@@ -113,12 +108,12 @@ async def measure(size: int, requests: int, *, baseline: str | None = None,
             upstream = await stack.enter_async_context(upstream_process(client, work))
             port = free_port()
             targets = [("relay", [sys.executable, "-m", "bench.proxy", "--null-relay",
-                                  str(port), upstream.url], _ROOT, port)]
+                                  str(port), upstream.url], ROOT, port)]
             port = free_port()  # the same relay on uvloop, the proxy's default loop
             targets.append(("relay on uvloop", [sys.executable, "-m", "bench.proxy",
                                                 "--null-relay", str(port), upstream.url,
-                                                "--relay-loop", "uvloop"], _ROOT, port))
-            sources = [("proxy", _ROOT)]
+                                                "--relay-loop", "uvloop"], ROOT, port))
+            sources = [("proxy", ROOT)]
             if baseline_source is not None:
                 sources.append((f"baseline {baseline}", baseline_source))
             for name, source in sources:
@@ -129,13 +124,13 @@ async def measure(size: int, requests: int, *, baseline: str | None = None,
                 targets.append((name, [sys.executable, "-m", "proxy.cli", "serve", "--config",
                                        str(config)], source, port))
             body = request_body(history_of_size(size), stream=False)
-            headers = _headers("bench-instructions")
+            headers = request_headers("bench-instructions")
             counts: dict[str, float] = {}
             for index, (name, argv, source, port) in enumerate(targets):
                 process, out = await stack.enter_async_context(
                     _counted(work, f"p{index}", argv, source))
                 url = f"http://127.0.0.1:{port}"
-                await _wait_until_up(client, process, f"{url}/healthz",
+                await wait_until_up(client, process, f"{url}/healthz",
                                      timeout_s=STARTUP_TIMEOUT_S)
                 for _ in range(WARMUP):
                     await send(client, url, body, headers, stream=False)

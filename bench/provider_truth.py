@@ -1,6 +1,6 @@
 """What the provider's own answers teach the proxy, measured: calibration, recovery, and cost.
 
-Two parts, each a long agent session (``bench.proxy.AgentSession``: Claude-Code-like
+Two parts, each a long agent session (``bench.harness.workloads.AgentSession``: Claude-Code-like
 requests with a cached system prompt and tools and a breakpoint moved to the newest message
 every turn) sent with a raw aiohttp client, in one process: the strict fake provider
 (:mod:`proxy.fake_upstream`) and the real proxy app on loopback.
@@ -43,7 +43,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.proxy import MODEL, AgentSession, request_body
+from bench.harness.config import MODEL
+from bench.harness.workloads import AgentSession, request_body
 from proxy.app import start_proxy
 from proxy.config import Config, LoggingConfig
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream

@@ -3,7 +3,7 @@
 One run starts the stamped fake provider, a ``redis-server`` on a free loopback port, one
 proxy on its own SQLite file, one proxy on the Redis server and three more on it
 (``compact-proxy serve`` processes), then plays the same deterministic
-agent session (:class:`bench.proxy.AgentSession`) against each setup, turn by turn
+agent session (:class:`bench.harness.workloads.AgentSession`) against each setup, turn by turn
 interleaved so all see the same machine: the single replica on SQLite, the single replica on
 Redis, and round-robin over the three. Each turn's request latency (client side, start to
 last byte, non-streaming) is recorded; the report is p50 / p99 of each and what Redis, then
@@ -28,20 +28,11 @@ from typing import Any
 
 import yaml
 
-from bench.proxy import (
-    TINY_THRESHOLDS,
-    AgentSession,
-    ManagedProcess,
-    _headers,
-    _wait_until_up,
-    client_session,
-    free_port,
-    percentile,
-    request_body,
-    send,
-    upstream_process,
-    write_proxy_config,
-)
+from bench.harness.client import client_session, send
+from bench.harness.config import TINY_THRESHOLDS, write_proxy_config
+from bench.harness.processes import ManagedProcess, free_port, upstream_process, wait_until_up
+from bench.harness.stats import percentile
+from bench.harness.workloads import AgentSession, request_body, request_headers
 from tests.redis_server import RedisServer
 
 
@@ -81,7 +72,7 @@ async def run(turns: int, workdir: Path) -> dict[str, Any]:
                     process.start()
             for process, url in zip(processes, [u for urls in setups.values() for u in urls],
                                     strict=True):
-                await _wait_until_up(client, process, f"{url}/healthz")
+                await wait_until_up(client, process, f"{url}/healthz")
             session = AgentSession()
             messages = [AgentSession.first_message()]
             times: dict[str, list[float]] = {name: [] for name in setups}
@@ -95,7 +86,7 @@ async def run(turns: int, workdir: Path) -> dict[str, Any]:
                 for name in names[turn % len(names):] + names[:turn % len(names)]:
                     urls = setups[name]
                     sample = await send(client, urls[turn % len(urls)], body,
-                                        _headers(f"bench-{name}"), stream=False)
+                                        request_headers(f"bench-{name}"), stream=False)
                     if sample.status != 200:
                         raise RuntimeError(f"turn {turn}: {name} answered {sample.status}")
                     times[name].append(sample.ms)

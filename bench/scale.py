@@ -40,26 +40,18 @@ from typing import Final
 import aiohttp
 import yaml
 
-from bench.proxy import (
-    SESSION_THRESHOLDS,
-    BenchError,
+from bench.harness.client import client_session, send
+from bench.harness.config import SESSION_THRESHOLDS, BenchError, write_proxy_config
+from bench.harness.processes import (
     ManagedProcess,
     Service,
-    _headers,
-    _machine_ticks,
-    _wait_until_up,
-    children,
-    client_session,
     free_port,
-    history_of_size,
-    process_cpu_s,
-    request_body,
-    send,
-    tree_cpu_s,
     upstream_process,
     wait_for_workers,
-    write_proxy_config,
+    wait_until_up,
 )
+from bench.harness.stats import children, machine_ticks, process_cpu_s, tree_cpu_s
+from bench.harness.workloads import history_of_size, request_body, request_headers
 
 __all__ = ["QUICK", "TINY", "ScaleResults", "ScaleSizes", "format_report", "main", "run_scale"]
 
@@ -158,7 +150,7 @@ async def _proxy(client: aiohttp.ClientSession, workdir: Path, name: str, upstre
     process.start()
     try:
         url = f"http://127.0.0.1:{port}"
-        await _wait_until_up(client, process, f"{url}/healthz")
+        await wait_until_up(client, process, f"{url}/healthz")
         await wait_for_workers(process, workers, name)
         yield Service(url, process)
     finally:
@@ -175,11 +167,11 @@ async def _closed_loop(client: aiohttp.ClientSession, url: str, body: bytes, tot
 
     async def one_client(number: int) -> None:
         nonlocal remaining, failures
-        headers = _headers(f"bench-scale-{tag}-{number}")
+        headers = request_headers(f"bench-scale-{tag}-{number}")
         while remaining > 0:
             remaining -= 1
             if cold:
-                headers = _headers(f"bench-scale-{tag}-{run}-{remaining}")
+                headers = request_headers(f"bench-scale-{tag}-{run}-{remaining}")
             sample = await send(client, url, body, headers, stream=False)
             failures += sample.status != 200
 
@@ -205,7 +197,8 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
                     "workers_2": two.process.pid if two.process else 0}
             processes = {"workers_1": 1, "workers_2": len(children(pids["workers_2"]))}
             body = request_body(history_of_size(sizes.body_bytes), stream=False)
-            probe = await send(client, one.url, body, _headers("bench-scale-probe"), stream=False)
+            probe = await send(client, one.url, body, request_headers("bench-scale-probe"),
+                               stream=False)
             if probe.status != 200:
                 raise BenchError(f"the request got HTTP {probe.status} through the proxy")
             for name, url in urls.items():  # warm connections, caches and sessions, untimed
@@ -223,13 +216,13 @@ async def run_scale(sizes: ScaleSizes = ScaleSizes(), *,
                 for name in (*order, "direct"):
                     before = tree_cpu_s(pids[name]) if name in pids else 0.0
                     others = (process_cpu_s(None), process_cpu_s(provider_pid))
-                    machine = _machine_ticks()
+                    machine = machine_ticks()
                     spent, failed = await _closed_loop(client, urls[name], body,
                                                        sizes.requests, sizes.concurrency, name,
                                                        cold=sizes.cold)
                     if name in pids:
                         cpu[name] += tree_cpu_s(pids[name]) - before
-                    busy, total_ticks = _machine_ticks()
+                    busy, total_ticks = machine_ticks()
                     ticks[name][0] += busy - machine[0]
                     ticks[name][1] += total_ticks - machine[1]
                     shared[name]["client"] += process_cpu_s(None) - others[0]

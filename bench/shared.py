@@ -35,22 +35,18 @@ from typing import Any, Final
 
 import aiohttp
 
-from bench.proxy import (
-    _ROOT,
-    SESSION_THRESHOLDS,
+from bench.harness.client import client_session, send
+from bench.harness.config import ROOT, SESSION_THRESHOLDS
+from bench.harness.processes import (
     Service,
-    _headers,
     baseline_worktree,
-    client_session,
-    history_of_size,
     proxy_process,
-    relay_process,
-    request_body,
-    send,
-    tree_cpu_s,
     upstream_process,
     wait_for_workers,
 )
+from bench.harness.relay import relay_process
+from bench.harness.stats import tree_cpu_s
+from bench.harness.workloads import history_of_size, request_body, request_headers
 from tests.redis_server import RedisServer
 
 #: Each setup: its name and the processes it runs (each a config change), whose requests
@@ -106,7 +102,7 @@ async def measure(size: int, requests: int, rounds: int,
                 upstream = await stack.enter_async_context(upstream_process(client, work))
                 setups: dict[str, list[Service]] = {"relay": [await stack.enter_async_context(
                     relay_process(client, work, upstream.url))]}
-                sources = [("", _ROOT)] + ([("baseline ", baseline_source)]
+                sources = [("", ROOT)] + ([("baseline ", baseline_source)]
                                            if baseline_source is not None else [])
                 for prefix, source in sources:
                     for name, kinds in SETUPS:
@@ -136,7 +132,7 @@ async def _rounds(client: aiohttp.ClientSession, setups: dict[str, list[Service]
         service = processes[sent[name] % len(processes)]
         sent[name] += 1
         session = "bench-shared-" + name.replace(" ", "-")
-        sample = await send(client, service.url, body, _headers(session), stream=False)
+        sample = await send(client, service.url, body, request_headers(session), stream=False)
         if sample.status != 200:
             raise RuntimeError(f"{name}: HTTP {sample.status}")
 

@@ -38,23 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bench.proxy import (
-    SESSION_THRESHOLDS,
+from bench.harness.client import client_session, send
+from bench.harness.config import SESSION_THRESHOLDS, write_proxy_config
+from bench.harness.processes import (
     ManagedProcess,
     Service,
-    _headers,
-    _wait_until_up,
-    client_session,
     free_port,
-    history_of_size,
-    process_cpu_s,
-    request_body,
-    send,
-    signalled_json,
-    tiny_exchange,
     upstream_process,
-    write_proxy_config,
+    wait_until_up,
 )
+from bench.harness.stats import process_cpu_s, signalled_json
+from bench.harness.workloads import history_of_size, request_body, request_headers, tiny_exchange
 
 #: The timed stages: (module, function) as the request path looks them up at call time.
 STAGES: Final = (
@@ -158,7 +152,7 @@ async def measure(sizes: Sequence[int], requests: int, pace_s: float, *,
             process.start()
             try:
                 url = f"http://127.0.0.1:{port}"
-                await _wait_until_up(client, process, f"{url}/healthz")
+                await wait_until_up(client, process, f"{url}/healthz")
                 service = Service(url, process)
                 for size in sizes:
                     results.append(await _one_size(client, service, size, requests, pace_s,
@@ -173,7 +167,7 @@ async def _one_size(client: Any, service: Service, size: int, requests: int, pac
     pid = service.process.pid
     assert pid is not None
     history = history_of_size(size)
-    headers = _headers(f"stages-{size}")
+    headers = request_headers(f"stages-{size}")
     for _ in range(4):  # the crossing, then warm-ups, untimed
         history.extend(tiny_exchange(len(history)))
         await send(client, service.url, request_body(history, stream=False), headers,

@@ -41,22 +41,17 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, Final
 
-from bench.proxy import (
-    SESSION_THRESHOLDS,
+from bench.harness.client import client_session, send
+from bench.harness.config import SESSION_THRESHOLDS, write_proxy_config
+from bench.harness.processes import (
     ManagedProcess,
     Service,
-    _headers,
-    _wait_until_up,
-    client_session,
     free_port,
-    history_of_size,
-    request_body,
-    send,
-    signalled_json,
-    tiny_exchange,
     upstream_process,
-    write_proxy_config,
+    wait_until_up,
 )
+from bench.harness.stats import signalled_json
+from bench.harness.workloads import history_of_size, request_body, request_headers, tiny_exchange
 from proxy.config import EventLoopName
 
 #: Untimed requests per process before the count starts (connections, caches, the session).
@@ -144,7 +139,7 @@ async def _count(client: Any, service: Service, out: Path, bodies: Sequence[byte
                  session: str, *, stream: bool = False) -> Steps:
     pid = service.process.pid
     assert pid is not None
-    headers = _headers(session)
+    headers = request_headers(session)
     for body in bodies[:WARMUP]:
         await send(client, service.url, body, headers, stream=stream)
     await asyncio.sleep(SETTLE_S)
@@ -203,7 +198,7 @@ async def measure(size: int, requests: int, *, grow: bool = False,
                 process.start()
                 try:
                     url = f"http://127.0.0.1:{port}"
-                    await _wait_until_up(client, process, f"{url}/healthz")
+                    await wait_until_up(client, process, f"{url}/healthz")
                     results[name] = await _count(client, Service(url, process), out, bodies,
                                                  f"bench-steps-{name}", stream=stream)
                 finally:
@@ -256,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _traced(lambda: cli_main(["serve", "--config", args.serve[0]]), args.serve[1])
         return 0
     if args.serve_relay is not None:
-        from bench.proxy import serve_null_relay
+        from bench.harness.relay import serve_null_relay
 
         port, upstream, out, loop = args.serve_relay
         _traced(lambda: serve_null_relay(int(port), upstream, loop), out)

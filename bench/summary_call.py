@@ -31,7 +31,9 @@ from typing import Any, Final
 import anthropic
 
 import compactor
-from bench.proxy import BENCH_API_KEY, client_session, upstream_process
+from bench.harness.client import client_session
+from bench.harness.config import BENCH_API_KEY
+from bench.harness.processes import upstream_process
 from proxy.config import SummaryConfig
 from proxy.state.summarizer import CallerCredentials, ProviderSummarizer
 from proxy.state.summary_calls import ForkSource, SummaryCall, fork_call

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import bench.proxy as bench
+from bench.proxy_parts import latency
 from compactor import validate_tool_protocol
 from proxy.fake_upstream import check_messages_request
 
@@ -264,7 +265,7 @@ def test_a_warm_cell_spreads_its_requests_over_sessions_of_a_bounded_length(
 ) -> None:
     """More timed requests than a session may serve: every one is timed, the history stays near
     its nominal size (one block's growth), and the proxy's CPU per request is still read."""
-    monkeypatch.setattr(bench, "WARM_BLOCK", 2)
+    monkeypatch.setattr(latency, "WARM_BLOCK", 2)
     messages = bench.history_of_size(bench.TINY.large_bytes)
 
     async def run() -> bench.LatencyCell:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bench import features
-from bench.proxy import SESSION_THRESHOLDS, write_proxy_config
+from bench.harness.config import SESSION_THRESHOLDS, write_proxy_config
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from bench.proxy import history_of_size, request_body
+from bench.harness.workloads import history_of_size, request_body
 from proxy.fake_upstream import Reply
 from proxy.http.compute import OFFLOAD_FROM_BYTES, ComputeThreads
 from proxy.http.decoded import DecodedSpans, Staged, object_bytes
