@@ -55,7 +55,7 @@ STAGES: Final = (
     ("proxy.http.handlers", "read_body"),
     ("proxy.http.handlers", "parse_request"),
     ("proxy.http.handlers", "load_durable_context"),
-    ("proxy.http.handlers", "_plan"),
+    ("proxy.http.handlers", "plan_compaction"),
     ("proxy.http.handlers", "_compact"),
     ("proxy.state.checkpoints", "SessionCheckpoints.load"),
     ("proxy.http.spans", "RequestBody.facts"),

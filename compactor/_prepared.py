@@ -24,6 +24,7 @@ from policies import CompactionPolicy
 from ._blocks import Message
 from ._l4_summary import SummaryPlan, SummaryRequest, apply_summary, plan_summary
 from ._protocol import Interaction, validate_tool_protocol
+from ._record import span_record
 from ._tokens import CachingCounter
 from ._view import View
 
@@ -133,7 +134,10 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
     text = yield plan.request
     if not isinstance(text, str) or not text.strip():
         return None
-    summarised = apply_summary(view, plan, text)
+    # What the span's user typed and its artifact trail stay verbatim beside the summary, as
+    # with a summary made at the crossing.
+    kept = span_record(plan.middle, policy, view.counter.count_text)
+    summarised = apply_summary(view, plan, text, kept.render())
     outcomes = [LayerOutcome("L4", view.total(), summarised.total(),
                              view.total() - summarised.total(), plan.request.message_count,
                              True, PREPARED_DETAIL)]

@@ -106,3 +106,21 @@ def test_no_preparation_when_the_cheap_layers_reach_the_target() -> None:
                                max_tool_result_tokens=2_000, keep_recent_messages=6,
                                summary_keep_recent=4)
     assert prepare_span(early, pruning, counter, stop_below=4_200) is None
+
+
+def test_what_the_user_typed_in_the_prepared_span_stays_verbatim_beside_its_summary() -> None:
+    """The prepared path keeps the span's user texts and artifact trail as a crossing's own
+    summary does (issue #34 meets #33)."""
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 9)
+    early = _turns([*early, user("Never touch the public parse_* names.")], 9, 9)
+    request, span = _prepared_at(early, counter)
+    grown = _turns(early, 18, 6)
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "prepared summary",
+                             counter=counter, options=CompactionOptions(prepared=span))
+    l4 = [o for o in result.outcomes if o.layer == "L4"]
+    assert l4 and l4[0].detail == "prepared summary"
+    text = repr(result.messages)
+    assert "Never touch the public parse_* names." in text
+    assert "step 3" in text  # a command of the summarised span, in the artifact trail
+    check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
