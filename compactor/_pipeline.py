@@ -63,14 +63,9 @@ AsyncSummarizer = Callable[[SummaryRequest], "Awaitable[str | None]"]
 
 @dataclass(frozen=True)
 class Layer:
-    """One cheap layer.
-
-    Attributes:
-        name: ``L1`` … ``L3``.
-        run: ``(view, interactions, policy) -> (view, how many things it changed)``.
-        reshapes: whether it removes blocks or messages (the interaction map is rebuilt
-            before the next layer).
-    """
+    """One cheap layer: its ``name`` (``L1`` … ``L3``), ``run`` (``(view, interactions,
+    policy) -> (view, how many things it changed)``) and whether it ``reshapes`` (removes
+    blocks or messages: the interaction map is rebuilt before the next layer)."""
 
     name: str
     run: Callable[[View, dict[str, Interaction], CompactionPolicy], tuple[View, int]]
@@ -222,12 +217,16 @@ def _as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter
 Steps = Generator[SummaryRequest, "str | None", CompactionResult]
 
 
+#: What the layers made: the view, each layer's outcome, the summary asked for (if any).
+_Layered = tuple[View, list["LayerOutcome"], "SummaryRequest | None"]
+
+
 def _layers(view: View, interactions: dict[str, Interaction], policy: CompactionPolicy,
-            stop_below: int, summaries: bool, prepared: PreparedSpan | None = None,
-            ) -> Generator[SummaryRequest, str | None,
-                           tuple[View, list[LayerOutcome], SummaryRequest | None]]:
+            stop_below: int, summaries: bool, prepared: PreparedSpan | None = None, *,
+            thrash: bool = False) -> Generator[SummaryRequest, str | None, _Layered]:
     """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``; with a ``prepared`` span, L4 with it comes before L3."""
+    ``stop_below``; with a ``prepared`` span, L4 with it comes before L3. A ``thrash``ing
+    session is not summarised again while the cheap layers keep it under the hard limit."""
     outcomes: list[LayerOutcome] = []
     stale = False
     entry, entry_interactions = view, interactions
@@ -253,7 +252,8 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
         outcomes.append(LayerOutcome(layer.name, before.total(), view.total(),
                                      before.total() - view.total(), changed, changed > 0))
         stale = layer.reshapes and changed > 0
-    if view.total() < stop_below or not (summaries and policy.summary_enabled):
+    if (view.total() < stop_below or not (summaries and policy.summary_enabled)
+            or (thrash and view.total() < policy.hard_limit_tokens)):
         return view, outcomes, None
     # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
     # would have dropped is summarised rather than lost.
@@ -283,8 +283,7 @@ def _as_sent(request: SummaryRequest, base: View, entry: View) -> SummaryRequest
 
 def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
                policy: CompactionPolicy, outcomes: list[LayerOutcome], entry: View,
-               ) -> Generator[SummaryRequest, str | None,
-                              tuple[View, list[LayerOutcome], SummaryRequest | None]]:
+               ) -> Generator[SummaryRequest, str | None, _Layered]:
     """L4: ``base`` with its old middle summarised, if that beats ``pruned`` (L3's view)."""
 
     def unchanged(detail: str) -> None:
@@ -352,7 +351,7 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
     if view.total() >= soft:
         view, outcomes, summary_request = yield from _layers(
             view, interactions, deeper(policy) if thrash else policy, stop_below, summaries,
-            options.prepared)
+            options.prepared, thrash=thrash)
     layers = tuple(dict.fromkeys([*base_layers, *(o.layer for o in outcomes if o.applied)]))
     new_checkpoint = checkpoint if reused is not None else None
     if options.sticky and layers and view.messages is not messages:

@@ -41,24 +41,33 @@ def secret_config(tmp_path: Path) -> Path:
 
 
 def test_check_config_masks_every_password_and_key_in_urls(tmp_path: Path) -> None:
-    """The real command prints no secret, on its OK line nor with ``--show``, and the masked
-    values still name the scheme, user, host, port, path and the query parameters that are
-    not secrets."""
-    ok = run(["check-config", "--config", str(secret_config(tmp_path))], tmp_path)
+    """The real command prints no secret — on its OK line, with ``--show``, nor when the
+    store it probes cannot be reached — and the masked values still name the scheme, user,
+    host, port, path and the query parameters that are not secrets."""
+    # The Redis of this config cannot be reached: check-config says so (exit 2), masked.
+    down = run(["check-config", "--config", str(secret_config(tmp_path))], tmp_path)
+    assert down.returncode == 2, down.stderr
+    assert "redis://cache-user:***@redis.internal:6380/2" in down.stderr
+    # A store that opens (the same URLs, the Redis one unused): the OK line, and --show.
+    sqlite = tmp_path / "sqlite.yaml"
+    sqlite.write_text(secret_config(tmp_path).read_text(encoding="utf-8").replace(
+        "  backend: redis\n", f"  backend: sqlite\n  path: '{tmp_path / 'state.db'}'\n"),
+        encoding="utf-8")
+    result = run(["check-config", "--config", str(sqlite), "--show"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    ok = run(["check-config", "--config", str(sqlite)], tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("OK: listen http://127.0.0.1:8787, upstream https://proxyuser:***@"
-                                "gateway.example.com/v1?api_key=***&region=eu, store redis "
-                                "redis://cache-user:***@redis.internal:6380/2, ")
-    result = run(["check-config", "--config", str(secret_config(tmp_path)), "--show"], tmp_path)
-    assert result.returncode == 0, result.stderr
+                                "gateway.example.com/v1?api_key=***&region=eu, store sqlite ")
     for secret in SECRETS:
-        assert secret not in result.stdout + result.stderr + ok.stdout + ok.stderr
+        assert secret not in (result.stdout + result.stderr + ok.stdout + ok.stderr
+                              + down.stdout + down.stderr)
     printed = shown_values(result.stdout)
     assert printed["store"]["url"] == "redis://cache-user:***@redis.internal:6380/2"
     assert printed["upstream"]["base_url"] == (
         "https://proxyuser:***@gateway.example.com/v1?api_key=***&region=eu")
     assert printed["sources"]["s3"]["endpoint_url"] == "http://minio:***@minio.internal:9000"
-    assert printed["store"]["backend"] == "redis"  # everything else as before
+    assert printed["store"]["backend"] == "sqlite"  # everything else as configured
 
 
 @pytest.mark.parametrize("url", [

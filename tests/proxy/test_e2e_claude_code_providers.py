@@ -96,8 +96,8 @@ def test_claude_code_runs_a_compacted_tool_loop_on_the_provider(
     else:
         settings["vertex_token_env"] = "E2E_VERTEX_TOKEN"
     proxy = proxy_factory({"upstream": settings, "compaction": {
-        "soft_threshold_tokens": 20_000, "hard_limit_tokens": 150_000, "calibration": True,
-        "max_tool_result_tokens": 2_000, "keep_recent_messages": 4, "summary_keep_recent": 2}})
+        "soft_threshold_tokens": 60_000, "hard_limit_tokens": 150_000, "calibration": True,
+        "max_tool_result_tokens": 2_000, "keep_recent_messages": 12, "summary_keep_recent": 2}})
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),

@@ -23,7 +23,7 @@ POLICY = {"soft_threshold_tokens": 4_000, "hard_limit_tokens": 40_000,
 def test_a_thrashing_session_is_logged_counted_and_summarised_less_often(
         proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Path) -> None:
     """Twelve requests of one huge tool result each: the re-crossings are logged and counted,
-    and the summaries are about one every other request, not one per request."""
+    and compacted by the cheap layers, deeper, with no summary paid for each of them."""
     proxy = proxy_factory({"compaction": POLICY})
     upstream = upstream_server.upstream
     logged = len(read_log(proxy_log))
@@ -51,4 +51,4 @@ def test_a_thrashing_session_is_logged_counted_and_summarised_less_often(
     assert f"compact_proxy_compaction_thrash_total {float(len(lines))}" in metrics
     summaries = [r for r in upstream.message_requests
                  if "compact-proxy-summarizer" in str(r.body)]
-    assert 0 < len(summaries) <= 7
+    assert len(summaries) <= 12 - len(lines)

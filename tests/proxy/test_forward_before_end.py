@@ -18,6 +18,7 @@ from proxy.fake_upstream import FakeUpstream
 from proxy.fake_upstream.server import start_fake_upstream
 from proxy.http.audit import RequestRecord
 from proxy.http.forward import forward
+from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
 from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
 from proxy.metrics import ProxyMetrics
@@ -53,6 +54,7 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
     session = aiohttp.ClientSession()
     app[UPSTREAM] = session
     app[UPSTREAM_WAITS] = UpstreamWaits(30.0)
+    app[UPSTREAM_HEALTH] = UpstreamHealth(upstream_url)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
