@@ -72,6 +72,19 @@ def pytest_configure(config: pytest.Config) -> None:
     install()
 
 
+#: The markers of a file that runs for seconds: such files start first (see below).
+_LONG_MARKERS = ("slow", "browser")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files with a slow or browser test first, each file's tests in their order: under
+    ``--dist loadfile`` (``--no-loadscope-reorder``) a worker takes the next file as it frees,
+    so the long files start early and the short ones fill the end of the run on every core."""
+    long_files = {item.path for item in items
+                  if any(item.get_closest_marker(name) for name in _LONG_MARKERS)}
+    items.sort(key=lambda item: item.path not in long_files)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Count the tests that ran a proxy (on the controller, from the workers' reports)."""
     if report.when == "call" and report.nodeid.startswith(_PROXY_TEST_FILES):

@@ -4,6 +4,8 @@ with the markers it names registered."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -34,3 +36,18 @@ def test_the_markers_the_readme_names_are_registered() -> None:
     assert {"slow", "browser", "claude_code"} <= names
     assert "--strict-markers" in options["addopts"]
     assert '-m "not slow"' in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_long_files_go_to_the_workers_first() -> None:
+    """Files go to the workers in collection order (not xdist's most-tests-first), and the
+    collection puts a file with a slow test before the quick files named before it."""
+    options = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["pytest"]["ini_options"]
+    assert "--no-loadscope-reorder" in options["addopts"]
+    quick, long = "tests/test_suite_command.py", "tests/bench/test_steps_smoke.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         quick, long], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    files = list(dict.fromkeys(line.split("::")[0] for line in result.stdout.splitlines()
+                               if "::" in line))
+    assert files == [long, quick]

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from proxy.config import ConfigError, SessionConfig
-from proxy.http.errors import RequestRejected
 
 __all__ = ["NO_TENANT", "TenantScope", "is_tenant", "scoped_key"]
 
@@ -100,6 +99,9 @@ class TenantScope:
         """
         if self.scope == "none":
             return NO_TENANT
+        # Imported here: the CLI's audit and move commands use this module without the
+        # request path (whose imports bring in the anthropic SDK, seconds per command).
+        from proxy.http.errors import RequestRejected
         if self.scope == "credential":
             credential = headers.get("x-api-key") or headers.get("authorization")
             if not credential:

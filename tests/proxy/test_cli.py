@@ -850,7 +850,7 @@ def test_session_unknown_exits_1_with_one_line(tmp_path: Path) -> None:
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr.splitlines() == [UNKNOWN_SESSION_LINE]
     assert not (tmp_path / "state").exists()
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     result = run(["session", "nosuch", "--config", str(path)], tmp_path)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr.splitlines() == [UNKNOWN_SESSION_LINE]
@@ -864,7 +864,7 @@ def test_sessions_prints_a_table_newest_first(tmp_path: Path) -> None:
     """One line per session: id, tenant, last seen, requests, tokens before and after, % saved,
     blocked; --order blocked and --contains change which and in what order."""
     path = _audit_config(tmp_path)
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     result = run(["sessions", "--config", str(path)], tmp_path)
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     lines = result.stdout.splitlines()
@@ -888,7 +888,7 @@ def test_sessions_json_is_the_admin_apis_shape(
 ) -> None:
     """--json: the sessions as SessionSummary.as_json(), the total and the page."""
     path = _audit_config(tmp_path)
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     assert main(["sessions", "--config", str(path), "--json", "--offset", "1"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["total"], data["offset"], data["limit"]) == (3, 1, 50)
@@ -904,7 +904,7 @@ def test_session_shows_requests_state_with_source_statuses_and_changes(tmp_path:
     """session SID: its requests newest first (layers with what each saved), its durable state
     with each pointer's status through the resolver (no content), and its changes."""
     path = _audit_config(tmp_path)
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     (tmp_path / "transcripts").mkdir()
     (tmp_path / "transcripts" / "sess-a.jsonl").write_text(json.dumps(
         {"sequence": 1, "session_id": "sess-a", "event_id": "e1", "text": "keep it"}) + "\n",
@@ -934,7 +934,7 @@ def test_session_json_and_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[s
     """--json carries the entries, the state with each source's status, and the changes;
     --tenant reads that tenant's session."""
     path = _audit_config(tmp_path)
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     assert main(["session", "sess-a", "--config", str(path), "--json", "--limit", "1"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["total"] == 3 and len(data["requests"]) == 1
@@ -968,7 +968,7 @@ def test_blocked_lists_refusals_since_a_time_oldest_first(
     """--since 1h: the refusals of the last hour; 4h (or an ISO time) reaches further; one line
     each: time, session, tenant, reason, tokens before and after, hard limit."""
     path = _audit_config(tmp_path)
-    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db"))
+    _fill_audit(SQLiteStateStore(tmp_path / "state" / "state.db", audit_linger_s=0.01))
     result = run(["blocked", "--since", "1h", "--config", str(path)], tmp_path)
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     lines = result.stdout.splitlines()
@@ -994,7 +994,7 @@ def test_audit_commands_read_a_redis_store(
     path = tmp_path / "redis.yaml"
     path.write_text("upstream: {base_url: 'https://api.anthropic.com'}\n"
                     f"store: {{backend: redis, url: '{url}'}}\n", encoding="utf-8")
-    _fill_audit(RedisStateStore(url))
+    _fill_audit(RedisStateStore(url, audit_linger_s=0.01))
     assert main(["sessions", "--config", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [s["session_id"] for s in data["sessions"]] == ["sess-c", "sess-b", "sess-a"]

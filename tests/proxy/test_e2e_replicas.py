@@ -176,11 +176,11 @@ def run_session(urls: list[str], session: str, tag: str, turns: int,
 def test_a_session_round_robin_over_three_replicas_gets_a_single_replicas_views(
         start_proxy: Start, upstream_server: UpstreamServer, redis_store: dict[str, Any],
         tmp_path: Path) -> None:
-    """100 turns, each on the next of three replicas (one Redis): every forwarded body is
+    """50 turns, each on the next of three replicas (one Redis): every forwarded body is
     the one a single replica (on its own SQLite file) forwards for the same turn, crossing
     the soft threshold with L4 summaries on the way."""
     tag = uuid.uuid4().hex[:12]
-    turns = 100
+    turns = 50
     # The provider counts its own way (1.3 x chars / 4, +-10 % per block): calibration moves
     # the thresholds, so replicas that did not share it would cross on other turns.
     upstream_server.upstream.token_rule = TokenRule(1.3, 0.1)
