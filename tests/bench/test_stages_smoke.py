@@ -21,8 +21,8 @@ def test_every_stage_is_timed_once_per_request_and_the_table_prints() -> None:
     for result in results:
         assert math.isfinite(result.cpu_ms) and result.cpu_ms > 0
         assert set(result.stages) == {name for _, name in stages.STAGES}
-        for name in ("parse_request", "plan_compaction", "_compact", "compact_context_async", "_send",
-                     "_relay", "_learn", "_keep_in_audit_log", "RequestBody.facts"):
+        for name in ("parse_request", "plan_compaction", "_compact", "compact_context_async",
+                     "_send", "_relay", "_learn", "_keep_in_audit_log", "RequestBody.facts"):
             ms, calls = result.stages[name]
             assert calls == 1.0, name
             assert ms >= 0.0
