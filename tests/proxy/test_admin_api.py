@@ -3,10 +3,12 @@ auth, the ETag/If-Match flow, validation errors naming the field, and log hygien
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import logging
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -484,9 +486,24 @@ async def test_corrupt_stored_row_is_a_500_without_details(admin: Admin) -> None
 # --- logs -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """``structlog.testing.capture_logs`` at every level: a configuration another test left
+    in this process (a warning-level filter) must not hide the lines looked for."""
+    before = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+                        cache_logger_on_first_use=False)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(wrapper_class=before["wrapper_class"],
+                            cache_logger_on_first_use=before["cache_logger_on_first_use"])
+
+
 async def test_admin_logs_hold_counts_but_no_content_and_no_token(admin: Admin) -> None:
     """Write/delete log lines name session, version and counts; never the text or the token."""
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await admin.call("PUT", STATE_PATH, headers=AUTH, body=state_body())
         await admin.call("PUT", STATE_PATH, headers=with_auth(If_Match='"1"'),
                          body=state_body(SECRET_FACT + " v2"))
@@ -714,7 +731,7 @@ async def test_tenant_route_needs_the_token_and_checks_the_session_id(admin: Adm
 
 async def test_tenant_writes_are_logged_with_the_tenant(admin: Admin) -> None:
     """The admin log lines name the tenant and the client's session id."""
-    with structlog.testing.capture_logs() as logs:
+    with captured_logs() as logs:
         await admin.call("PUT", TENANT_PATH, headers=AUTH, body=state_body())
         await admin.call("DELETE", TENANT_PATH, headers=AUTH)
     events = {line["event"]: line for line in logs}
