@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = ["RecordedRequest"]
 
@@ -39,3 +42,22 @@ class RecordedRequest:
     raw_length: int = 0
     request_id: str = ""
     api_key: str = ""
+
+
+def api_key_of(request: web.Request) -> str:
+    """The credential a request carries: its ``x-api-key``, else its bearer token."""
+    key = request.headers.get("x-api-key", "")
+    if key:
+        return key
+    authorization = request.headers.get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def copy_headers(request: web.Request) -> dict[str, str]:
+    """The request's headers, names lowercased, repeated ones joined as HTTP joins them."""
+    headers: dict[str, str] = {}
+    for name, value in request.headers.items():
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return headers

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import signal
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -45,17 +44,14 @@ from .credentials import (
     TEST_BEDROCK_API_KEY,
     TEST_VERTEX_TOKEN,
 )
-from .records import RecordedRequest
+from .models import DEFAULT_MODELS, handle_model, handle_models
+from .records import RecordedRequest, api_key_of, copy_headers
 from .replies import (
     MALFORMED_SSE_EVENT,
-    MALFORMED_SSE_TAIL,
-    Fault,
     PromptCache,
     Reply,
     TokenRule,
     build_message,
-    encode_event,
-    stream_events,
 )
 from .rules import (
     ProviderRuleError,
@@ -66,6 +62,7 @@ from .rules import (
     check_oauth_beta,
 )
 from .scripts import Script, default_script, is_summarizer_request
+from .streaming import cut_json, drop_connection, pause, stream
 from .timing import SummaryTiming
 from .wire import MAX_BODY_BYTES, MSG_TOO_LARGE, decode_content, parse_json_strict
 
@@ -77,19 +74,8 @@ _log = structlog.get_logger("proxy.fake_upstream")
 DEFAULT_CONTEXT_WINDOW: Final = 200_000
 RATE_LIMIT_REQUESTS: Final = 4_000
 # How often a pause re-checks whether the client is still connected.
-DISCONNECT_POLL_S: Final = 0.02
 SHUTDOWN_TIMEOUT_S: Final = 2.0
 
-DEFAULT_MODELS: Final[tuple[Mapping[str, Any], ...]] = (
-    {"type": "model", "id": "claude-opus-4-5", "display_name": "Claude Opus 4.5",
-     "created_at": "2025-11-24T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
-    {"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
-     "created_at": "2025-09-29T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
-    {"type": "model", "id": "claude-haiku-4-5", "display_name": "Claude Haiku 4.5",
-     "created_at": "2025-10-15T00:00:00Z", "max_input_tokens": 200_000, "max_tokens": 64_000},
-)
-
-# Status of an aiohttp HTTPException -> the Anthropic error type it is reported as.
 _HTTP_ERROR_TYPES: Final[Mapping[int, str]] = {
     404: "not_found_error",
     405: "not_found_error",
@@ -199,8 +185,8 @@ class FakeUpstream:
         app.on_response_prepare.append(_add_common_headers)
         app.router.add_post("/v1/messages", _handle_messages)
         app.router.add_post("/v1/messages/count_tokens", _handle_count_tokens)
-        app.router.add_get("/v1/models", _handle_models)
-        app.router.add_get("/v1/models/{model_id}", _handle_model)
+        app.router.add_get("/v1/models", handle_models)
+        app.router.add_get("/v1/models/{model_id}", handle_model)
         if self.provider != "anthropic":
             from .providers import add_provider_routes  # (it builds on this module)
 
@@ -228,23 +214,6 @@ PROVIDER_ROUTE: Final = "provider:"
 
 
 # -- request plumbing ---------------------------------------------------------------------------
-
-
-def _api_key(request: web.Request) -> str:
-    key = request.headers.get("x-api-key", "")
-    if key:
-        return key
-    authorization = request.headers.get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-def _copy_headers(request: web.Request) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for name, value in request.headers.items():
-        key = name.lower()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return headers
 
 
 def _decode_body(request: web.Request, raw: bytes) -> tuple[Any, _Body]:
@@ -284,7 +253,7 @@ async def _error_middleware(
     upstream = request.app[UPSTREAM_KEY]
     request_id = upstream.next_request_id()
     request[_REQUEST_ID_KEY] = request_id
-    api_key = _api_key(request)
+    api_key = api_key_of(request)
     raw = b""
     shaped: Callable[[ProviderRuleError, str], web.Response] | None = None
     try:
@@ -294,7 +263,7 @@ async def _error_middleware(
             parsed, request[_BODY_KEY] = _decode_body(request, raw)
             record = RecordedRequest(
                 method=request.method, path=request.path, query_string=request.query_string,
-                headers=_copy_headers(request), body=parsed, raw_length=len(raw),
+                headers=copy_headers(request), body=parsed, raw_length=len(raw),
                 request_id=request_id, api_key=api_key,
             )
             request[_RECORD_KEY] = record
@@ -371,30 +340,6 @@ def _json_object(request: web.Request) -> dict[str, Any]:
 request_json = _json_object
 
 
-async def _pause(request: web.Request, seconds: float) -> None:
-    """Sleep ``seconds``, raising ``ConnectionResetError`` as soon as the client is gone.
-
-    aiohttp only cancels a handler on disconnect when ``handler_cancellation`` is on; polling
-    the transport makes delays and hangs end promptly with either runner setting.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("client disconnected")
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return
-        await asyncio.sleep(min(remaining, DISCONNECT_POLL_S))
-
-
-def _drop_connection(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
 # -- handlers -------------------------------------------------------------------------------------
 
 
@@ -435,11 +380,11 @@ async def answer_messages(request: web.Request, body: dict[str, Any],
 
     fault = reply.fault
     if fault is not None and fault.kind == "close_connection":
-        _drop_connection(request)
+        drop_connection(request)
         return web.Response(status=500)  # never reaches the client: the connection is gone
     if fault is not None and fault.kind in ("hang_before_first_byte", "slow_first_byte"):
         try:
-            await _pause(request, fault.hang_s)
+            await pause(request, fault.hang_s)
         except asyncio.CancelledError:
             upstream.cancelled += 1
             raise
@@ -463,80 +408,18 @@ async def answer_messages(request: web.Request, body: dict[str, Any],
         writing = upstream.summary_timing.seconds(body, message["usage"]["output_tokens"])
         if writing > 0:
             try:
-                await _pause(request, writing)
+                await pause(request, writing)
             except ConnectionResetError:
                 upstream.cancelled += 1
                 return web.Response(status=499)
     if body.get("stream") is True:
-        return await (dialect.stream or _stream)(request, upstream, reply, message)
+        return await (dialect.stream or stream)(request, upstream, reply, message)
     if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
-        return await _cut_json(request, reply, message)
+        return await cut_json(request, reply, message)
     if fault is not None and fault.kind == "malformed_sse":
         return web.Response(body=MALFORMED_SSE_EVENT, status=reply.status, headers={
             **reply.headers, "content-type": "application/json"})
     return web.json_response(message, status=reply.status, headers=reply.headers)
-
-
-async def _cut_json(
-    request: web.Request, reply: Reply, message: Mapping[str, Any]
-) -> web.StreamResponse:
-    """Announce the whole JSON body, send half of it, then drop the connection."""
-    payload = json.dumps(message).encode()
-    response = web.StreamResponse(status=reply.status, headers={
-        **reply.headers, "content-type": "application/json", "content-length": str(len(payload)),
-    })
-    await response.prepare(request)
-    await response.write(payload[: len(payload) // 2])
-    _drop_connection(request)
-    return response
-
-
-async def _stream(
-    request: web.Request, upstream: FakeUpstream, reply: Reply, message: Mapping[str, Any]
-) -> web.StreamResponse:
-    """Write the SSE events one by one, each flushed on its own, honouring delay and faults.
-
-    A client that disconnects mid-stream is counted in ``upstream.cancelled``.
-    """
-    response = web.StreamResponse(status=200, headers={
-        **reply.headers, "content-type": "text/event-stream", "cache-control": "no-cache",
-    })
-    events = stream_events(message)
-    fault: Fault | None = reply.fault
-    stop_at = fault.after_events if fault is not None and fault.kind in (
-        "cut_after_events", "error_event", "malformed_sse", "cut_mid_event") else None
-    try:
-        await response.prepare(request)
-        for index, (name, data) in enumerate(events):
-            if index == stop_at:
-                if fault is not None and fault.kind == "cut_mid_event":
-                    encoded = encode_event(name, data)
-                    await response.write(encoded[: len(encoded) // 2])
-                break
-            if index and reply.event_delay_s:
-                await _pause(request, reply.event_delay_s)
-            await response.write(encode_event(name, data))
-            upstream.events_sent += 1
-        if fault is not None and fault.kind == "error_event":
-            await response.write(encode_event("error", fault.error_payload()))
-            upstream.events_sent += 1
-        if fault is not None and fault.kind == "malformed_sse":
-            await response.write(MALFORMED_SSE_EVENT)
-            await response.write(MALFORMED_SSE_TAIL)
-            upstream.events_sent += 1
-    except asyncio.CancelledError:
-        upstream.cancelled += 1
-        raise
-    except ConnectionResetError:
-        # Re-raising would make aiohttp log a traceback and try a 500 on a dead connection;
-        # returning lets it notice the disconnect and drop the connection quietly.
-        upstream.cancelled += 1
-        return response
-    if fault is not None and fault.kind in ("cut_after_events", "cut_mid_event"):
-        _drop_connection(request)
-        return response
-    await response.write_eof()
-    return response
 
 
 async def _handle_count_tokens(request: web.Request) -> web.StreamResponse:
@@ -545,56 +428,6 @@ async def _handle_count_tokens(request: web.Request) -> web.StreamResponse:
     body = _checked_body(request)
     check_count_tokens_request(body)
     return web.json_response({"input_tokens": upstream.token_rule.measure(body).total})
-
-
-def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ProviderRuleError(f"{name}: Input should be a valid integer") from None
-    if not low <= value <= high:
-        raise ProviderRuleError(f"{name}: Input should be between {low} and {high}")
-    return value
-
-
-async def _handle_models(request: web.Request) -> web.StreamResponse:
-    upstream = request.app[UPSTREAM_KEY]
-    upstream.counts["models"] += 1
-    limit = _int_query(request, "limit", 20, 1, 1000)
-    ids = [str(model["id"]) for model in upstream.models]
-    models = list(upstream.models)
-    after_id = request.query.get("after_id")
-    before_id = request.query.get("before_id")
-    if after_id is not None:
-        start = ids.index(after_id) + 1 if after_id in ids else len(ids)
-        page = models[start:start + limit]
-        has_more = start + limit < len(models)
-    elif before_id is not None:
-        end = ids.index(before_id) if before_id in ids else 0
-        page = models[max(0, end - limit):end]
-        has_more = end - limit > 0
-    else:
-        page = models[:limit]
-        has_more = limit < len(models)
-    return web.json_response({
-        "data": [dict(model) for model in page],
-        "has_more": has_more,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-    })
-
-
-async def _handle_model(request: web.Request) -> web.StreamResponse:
-    upstream = request.app[UPSTREAM_KEY]
-    upstream.counts["models"] += 1
-    model_id = request.match_info["model_id"]
-    for model in upstream.models:
-        if model["id"] == model_id:
-            return web.json_response(dict(model))
-    raise ProviderRuleError(f"model: {model_id}", 404, "not_found_error")
 
 
 async def _handle_not_found(request: web.Request) -> web.StreamResponse:
