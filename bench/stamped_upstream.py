@@ -42,6 +42,7 @@ from typing import Any, Final
 from aiohttp import web
 
 import proxy.fake_upstream.server as fake_server
+import proxy.fake_upstream.streaming as fake_streaming
 from proxy.fake_upstream import (
     FakeUpstream,
     RecordedRequest,
@@ -81,9 +82,10 @@ def _elapsed_ms() -> float | None:
 def stamp_events() -> None:
     """Make the fake server stamp every SSE event with its send time and the provider time so
     far, and every JSON message with the provider time (idempotent)."""
-    # ``_stream`` and ``_handle_messages`` look the names up in their module's globals at every
-    # call, so replacing those globals is enough; the fake provider's own files stay as they are.
-    original: Callable[[str, Mapping[str, Any]], bytes] = getattr(fake_server, _PATCHED)
+    # ``stream`` (in ``streaming``) and ``answer_messages`` look the names up in their
+    # module's globals at every call, so replacing those globals is enough; the fake
+    # provider's own files stay as they are.
+    original: Callable[[str, Mapping[str, Any]], bytes] = getattr(fake_streaming, _PATCHED)
     if getattr(original, _MARK, False):
         return
 
@@ -102,7 +104,7 @@ def stamp_events() -> None:
         return message if elapsed is None else {**message, PROVIDER_MS_FIELD: elapsed}
 
     setattr(encode_event, _MARK, True)
-    setattr(fake_server, _PATCHED, encode_event)
+    setattr(fake_streaming, _PATCHED, encode_event)
     setattr(fake_server, _PATCHED_MESSAGE, build_message)
 
 
