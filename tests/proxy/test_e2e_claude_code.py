@@ -91,7 +91,7 @@ def run_tool_loop(proxy_factory: ProxyFactory, upstream_server: UpstreamServer,
     upstream_server.upstream.token_rule = TokenRule(1.3, 0.1)
     proxy = proxy_factory({"compaction": {
         "soft_threshold_tokens": 60_000, "hard_limit_tokens": 150_000, "calibration": True,
-        "max_tool_result_tokens": 2_000, "keep_recent_messages": 4, "summary_keep_recent": 2}})
+        "max_tool_result_tokens": 2_000, "keep_recent_messages": 12, "summary_keep_recent": 2}})
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
