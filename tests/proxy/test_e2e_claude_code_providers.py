@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
-from proxy.fake_upstream import FakeUpstream, is_summarizer_request, start_fake_upstream
+from proxy.fake_upstream import is_summarizer_request
 from proxy.fake_upstream.credentials import (
     TEST_AWS_ACCESS_KEY,
-    TEST_AWS_SECRET_KEY,
     TEST_VERTEX_TOKEN,
 )
 from proxy.fake_upstream.replies import TokenRule
 from tests.conftest import LoopThread, ProxyFactory, UpstreamServer, read_log
+from tests.proxy.provider_setup import provider_upstream, use_test_credentials
 from tests.proxy.test_e2e_claude_code import CLAUDE, STEPS, ToolLoop
 
 pytestmark = [pytest.mark.slow, pytest.mark.claude_code,
@@ -46,25 +46,13 @@ def provider(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def upstream_server(servers: LoopThread, provider: str) -> Iterator[UpstreamServer]:
     """The strict fake provider speaking ``provider``."""
-    upstream = FakeUpstream(provider=provider)
-    runner, url = servers.run(start_fake_upstream(upstream))
-    try:
-        yield UpstreamServer(upstream, url, int(url.rsplit(":", 1)[1]))
-    finally:
-        servers.run(runner.cleanup())
+    yield from provider_upstream(servers, provider)
 
 
 @pytest.fixture(autouse=True)
 def _proxy_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The proxy's own credentials (the fake's test key pair and token), nothing else."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_AWS_ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_AWS_SECRET_KEY)
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("E2E_VERTEX_TOKEN", TEST_VERTEX_TOKEN)
+    use_test_credentials(monkeypatch, tmp_path, "E2E_VERTEX_TOKEN")
 
 
 def _client_env(provider: str, proxy_url: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,19 +19,17 @@ from botocore.eventstream import EventStreamBuffer
 from yarl import URL
 
 from proxy.fake_upstream import (
-    FakeUpstream,
     Fault,
     Reply,
     is_summarizer_request,
-    start_fake_upstream,
 )
 from proxy.fake_upstream.credentials import (
     TEST_AWS_ACCESS_KEY,
-    TEST_AWS_SECRET_KEY,
     TEST_BEDROCK_API_KEY,
     TEST_VERTEX_TOKEN,
 )
 from tests.conftest import LoopThread, ProxyFactory, UpstreamServer, read_log
+from tests.proxy.provider_setup import provider_upstream, use_test_credentials
 from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, read_turns
 
 MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -51,25 +50,13 @@ def provider(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def upstream_server(servers: LoopThread, provider: str) -> Iterator[UpstreamServer]:
     """The fake provider speaking ``provider`` (overrides the conftest's first-party one)."""
-    upstream = FakeUpstream(provider=provider)
-    runner, url = servers.run(start_fake_upstream(upstream))
-    try:
-        yield UpstreamServer(upstream, url, int(url.rsplit(":", 1)[1]))
-    finally:
-        servers.run(runner.cleanup())
+    yield from provider_upstream(servers, provider)
 
 
 @pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """The proxy's own credentials: the fake's test key pair, the test token."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_AWS_ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_AWS_SECRET_KEY)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("TEST_VERTEX_TOKEN", TEST_VERTEX_TOKEN)
+def _credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The proxy's own credentials (the fake's test key pair and token), nothing else."""
+    use_test_credentials(monkeypatch, tmp_path, "TEST_VERTEX_TOKEN")
 
 
 def _config(provider: str, compaction: dict[str, Any],
