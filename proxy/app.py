@@ -1,9 +1,9 @@
 """The application factory and the server runner.
 
-:func:`create_app` builds everything from an already-validated :class:`~proxy.config.Config`
-(no module globals): the token counter, the role policies, the source resolvers, the metrics,
-the store, and — in cleanup contexts, so they exist only while the app runs — the one
-upstream ``ClientSession`` and the summary client. :func:`start_proxy` serves an app on a
+:func:`create_app` builds the app's :class:`~proxy.http.services.Services` from an
+already-validated :class:`~proxy.config.Config` (no module globals) and hands them to the
+routes and middlewares; cleanup contexts open what needs a running loop (the store, the
+upstream session) and close everything when the app stops. :func:`start_proxy` serves an app on a
 TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy serve`` runs.
 """
 
@@ -19,17 +19,14 @@ from datetime import UTC, datetime
 from typing import Final
 from urllib.parse import urlsplit
 
-import aiohttp
 import structlog
 from aiohttp import web
 
-import compactor
 from proxy.allocator import tune_allocator
-from proxy.auth_throttle import AUTH_THROTTLE, AuthThrottle
 from proxy.config import Config, ConfigError
 from proxy.console import setup_console
 from proxy.event_loop import run as run_loop
-from proxy.http.admin_gate import ADMIN_GATE, AdminGate, admin_gate_middleware
+from proxy.http.admin_gate import admin_gate_middleware
 from proxy.http.audit import request_context_middleware
 from proxy.http.compute import ComputeThreads
 from proxy.http.connections import (
@@ -38,69 +35,22 @@ from proxy.http.connections import (
     connection_cap,
     raise_open_files_limit,
 )
-from proxy.http.durable import DurableBlocks
 from proxy.http.errors import error_middleware
-from proxy.http.fixed_part import FIXED_PART, FixedPartWarnings
-from proxy.http.limits import TENANT_LIMITER, TenantLimiter, tenant_limit_middleware
-from proxy.http.recent import RecentBodies
+from proxy.http.limits import tenant_limit_middleware
 from proxy.http.routes import setup_routes
-from proxy.http.spans import DecodedSpans, EncodedViews
-from proxy.http.tenants import TenantScope
-from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
-from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
-from proxy.http.upstream_waits import UpstreamWaits
-from proxy.keys import (
-    ACCOUNTING,
-    AUDIT_LOG,
-    BACKGROUND,
-    CALIBRATION,
-    CHECKPOINTS,
-    COMPUTE,
-    CONFIG,
-    COUNTER,
-    DECODED_SPANS,
-    DURABLE_BLOCKS,
-    ENCODED_VIEWS,
-    METRICS,
-    PREPARATIONS,
-    PROTOCOL_MEMO,
-    RECENT_BODIES,
-    RESOLVERS,
-    ROLE_POLICIES,
-    STORE,
-    STORE_HEALTH,
-    SUMMARIES,
-    SUMMARIZER,
-    TENANTS,
-    TRANSCRIPTS,
-    UPSTREAM,
-    UPSTREAM_WAITS,
-    USAGE_LEDGER,
-)
+from proxy.http.services import Services, build_services
+from proxy.keys import SERVICES
 from proxy.logs import configure_logging
-from proxy.masking import config_secrets, mask_url
-from proxy.metrics import ProxyMetrics
-from proxy.providers import PROVIDER, make_provider, provider_error_middleware
+from proxy.masking import config_secrets
+from proxy.providers import provider_error_middleware
 from proxy.startup import print_banner
-from proxy.state.accounting import Accounting
-from proxy.state.calibration import Calibration
-from proxy.state.checkpoints import SessionCheckpoints
-from proxy.state.ledger_buffer import BufferedLedger
-from proxy.state.prepare import Preparations
-from proxy.state.resolvers import ResolverPool
-from proxy.state.shared_calibration import SharedCalibration
-from proxy.state.store import CachedStateReads, StoreBackend, StoreError, store_for
+from proxy.state.store import StoreBackend, StoreError, store_for
 from proxy.state.store.revocations import LoginRevocations
-from proxy.state.store_health import StoreHealth
-from proxy.state.summarizer import ProviderSummarizer
-from proxy.state.transcripts import TranscriptRecorder
 
 __all__ = ["create_app", "run_server", "serve", "start_proxy"]
 
 _log = structlog.get_logger("proxy.app")
 
-#: Counts cached across requests (distinct blocks, least recently used evicted).
-COUNTER_CACHE_ENTRIES: Final = 200_000
 #: Seconds shutdown waits for bookkeeping still running.
 BACKGROUND_DRAIN_S: Final = 5.0
 #: Seconds between two trims of the audit log to its retention (also one at startup): each
@@ -120,17 +70,6 @@ async def _shutdown(compute: ComputeThreads) -> None:
     await asyncio.get_running_loop().run_in_executor(None, compute.shutdown)
 
 
-def _token_counter(config: Config) -> compactor.CachingCounter:
-    if config.compaction.token_counter == "chars4":
-        return compactor.CachingCounter(compactor.Chars4Counter(),
-                                        max_entries=COUNTER_CACHE_ENTRIES)
-    try:
-        base = compactor.TiktokenCounter()
-    except RuntimeError as exc:
-        raise ConfigError("compaction.token_counter", str(exc)) from None
-    return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
-
-
 def _store_ctx(store: StoreBackend,
                owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -144,71 +83,51 @@ def _store_ctx(store: StoreBackend,
     return store_ctx
 
 
-async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
-    # Registered after the store's context, so it ends first: bookkeeping still running at
-    # shutdown finishes (bounded) while the store is open.
-    yield
-    await app[AUDIT_LOG].flush()  # the audit entries gathered for a batch: written now
-    tasks = app[BACKGROUND]
-    if tasks:
-        await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
-    await app[USAGE_LEDGER].close()  # the usage summed since its last write
+def _background_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def background_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Registered after the store's context, so it ends first: bookkeeping still running
+        # at shutdown finishes (bounded) while the store is open.
+        yield
+        await s.backend.flush()  # the audit entries gathered for a batch: written now
+        tasks = s.background.tasks
+        if tasks:
+            await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
+        await s.usage_ledger.close()  # the usage summed since its last write
+
+    return background_ctx
 
 
-async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
-    # Registered after the store's context, so the store is open while it runs.
-    async def trim_now_and_then() -> None:
-        while True:
-            try:
-                removed = await app[AUDIT_LOG].trim(datetime.now(UTC))
-            except Exception as exc:  # noqa: BLE001 - retried at the next interval
-                _log.warning("audit_trim_failed", error_class=type(exc).__name__)
-            else:
-                if removed:
-                    _log.info("audit_trimmed", removed=removed)
-            await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
+def _audit_trim_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Registered after the store's context, so the store is open while it runs.
+        async def trim_now_and_then() -> None:
+            while True:
+                try:
+                    removed = await s.backend.trim(datetime.now(UTC))
+                except Exception as exc:  # noqa: BLE001 - retried at the next interval
+                    _log.warning("audit_trim_failed", error_class=type(exc).__name__)
+                else:
+                    if removed:
+                        _log.info("audit_trimmed", removed=removed)
+                await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
 
-    task = asyncio.get_running_loop().create_task(trim_now_and_then())
-    yield
-    task.cancel()
-    # A trim in the middle of a store call may not end at once (redis-py shields giving its
-    # connection back): it must not hold the shutdown; the store is closed right after.
-    await asyncio.wait({task}, timeout=AUDIT_TRIM_STOP_S)
+        task = asyncio.get_running_loop().create_task(trim_now_and_then())
+        yield
+        task.cancel()
+        # A trim in the middle of a store call may not end at once (redis-py shields giving
+        # its connection back): it must not hold the shutdown; the store is closed right after.
+        await asyncio.wait({task}, timeout=AUDIT_TRIM_STOP_S)
 
-
-async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
-    upstream = app[CONFIG].upstream
-    session = aiohttp.ClientSession(
-        # The read timeout is UpstreamWaits' (one sweep, no timer per read). ``connect``
-        # bounds getting a connection: waiting for one of the pool's to be free, and opening
-        # a new one (the TCP connect itself also within ``sock_connect``).
-        timeout=aiohttp.ClientTimeout(
-            total=None, connect=upstream.pool_wait_s, sock_connect=upstream.connect_timeout_s,
-            sock_read=None),
-        # Bodies are relayed as the bytes they are, Content-Encoding included.
-        auto_decompress=False,
-        # Cookies set by the provider belong to the client, never to the next caller.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        connector=aiohttp.TCPConnector(limit=upstream.max_connections, limit_per_host=0),
-    )
-    app[UPSTREAM] = session
-    waits = app[UPSTREAM_WAITS] = UpstreamWaits(upstream.read_timeout_s)
-    sweeping = asyncio.get_running_loop().create_task(waits.run())
-    yield
-    sweeping.cancel()
-    with suppress(asyncio.CancelledError):
-        await sweeping
-    await session.close()
+    return audit_trim_ctx
 
 
-async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
-    config = app[CONFIG]
-    provider = app[PROVIDER]
-    summarizer = ProviderSummarizer(config.summary, config.upstream.require_base_url(),
-                                    config.summary_api_key(), provider=provider)
-    app[SUMMARIZER] = summarizer
-    yield
-    await summarizer.close()
+def _summarizer_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
+        yield
+        if s.summarizer is not None:
+            await s.summarizer.close()
+
+    return summarizer_ctx
 
 
 def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Application:
@@ -224,88 +143,38 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
             encoding missing, an unavailable store backend), naming its key.
     """
     config.upstream.require_base_url()
+    # The request path reads the session's state on every call; the admin API writes
+    # through the same store object, so its changes are seen at once.
+    backend = store if store is not None else store_for(config)
+    s = build_services(config, backend)
     # Request bodies are never decoded by the server (whatever runner serves the app: the
     # handler arguments are the app's): other paths relay the client's compressed bytes with
     # the Content-Encoding and Content-Length that describe them, and /v1/messages and
     # count_tokens decode (under the size limit) in proxy.http.body.read_body.
-    app = web.Application(middlewares=[request_context_middleware, provider_error_middleware,
-                                       error_middleware,
-                                       admin_gate_middleware, body_deadline_middleware,
-                                       tenant_limit_middleware],
-                          handler_args={"auto_decompress": False})
-    app[CONFIG] = config
-    app[PROVIDER] = make_provider(config)
-    app[ADMIN_GATE] = AdminGate(separate=config.admin.listen is not None)
-    app[FORWARD_POLICY] = ForwardPolicy.from_config(config)
-    app[TENANT_LIMITER] = TenantLimiter(config.limits.max_concurrent_per_tenant)
-    admin = config.admin
-    app[AUTH_THROTTLE] = AuthThrottle(admin.failed_auth_limit, admin.lockout_s,
-                                      admin.max_lockout_s)
-    app[TENANTS] = TenantScope.from_config(config.session)
-    app[COUNTER] = _token_counter(config)
-    # The decoded objects kept in all: half for spans by their bytes, half for the last body
-    # of each conversation (the two mostly share objects; together never more than this).
-    app[DECODED_SPANS] = DecodedSpans(config.limits.decoded_cache_bytes // 2)
-    app[DURABLE_BLOCKS] = DurableBlocks()
-    app[FIXED_PART] = FixedPartWarnings()
-    app[UPSTREAM_HEALTH] = UpstreamHealth(mask_url(config.upstream.require_base_url()))
-    app[ENCODED_VIEWS] = EncodedViews()
-    app[RECENT_BODIES] = RecentBodies(max_bytes=config.limits.decoded_cache_bytes // 2)
-    # Large bodies are parsed and compacted there, so the loop serves others meanwhile.
-    compute = app[COMPUTE] = ComputeThreads()
-    app.on_cleanup.append(lambda _app: _shutdown(compute))
-    app[PROTOCOL_MEMO] = compactor.ProtocolMemo()
-    app[ROLE_POLICIES] = config.role_policies()
-    resolvers = ResolverPool(config.sources.transcript_root, config.sources.artifact_root,
-                             config.source_access(), s3=config.sources.s3_settings())
-    app[RESOLVERS] = resolvers
-    if config.sources.record_transcripts:
-        app[TRANSCRIPTS] = TranscriptRecorder(config.sources.transcript_root,
-                                              config.sources.transcript_max_bytes)
+    app = web.Application(middlewares=[
+        request_context_middleware(s), provider_error_middleware(s.provider), error_middleware,
+        admin_gate_middleware(s.admin_gate),
+        body_deadline_middleware(config.listen.body_timeout_s),
+        tenant_limit_middleware(s.tenant_limiter, s.tenants)],
+        handler_args={"auto_decompress": False})
+    app[SERVICES] = s
+    app.on_cleanup.append(lambda _app: _shutdown(s.compute))
     # The object store's client (s3:// roots) is closed with the app.
-    app.on_cleanup.append(lambda _app: resolvers.close())
-    app[METRICS] = ProxyMetrics()
-    # The request path reads the session's state on every call; the admin API writes
-    # through the same object, so its changes are seen at once.
-    backend = store if store is not None else store_for(config)
-    # Per-session calibration: shared through the store when other processes serve from it
-    # (refreshed with each request's state read), else this process's own.
-    ttl = config.compaction.learnt_window_ttl_s
-    calibration = (SharedCalibration(backend, window_ttl_s=ttl) if backend.shared
-                   else Calibration(window_ttl_s=ttl))
-    if isinstance(calibration, SharedCalibration):
-        # The calibration another process wrote comes with the versions: one round trip.
-        app[STORE] = CachedStateReads(backend, listeners=[calibration.refresh],
-                                      fetch=calibration.wanted)
-    else:
-        app[STORE] = CachedStateReads(backend)
-    app[SUMMARIES] = backend
-    app[STORE_HEALTH] = health = StoreHealth(backend,
-                                             on_unavailable=config.store.on_unavailable)
-    app[CHECKPOINTS] = SessionCheckpoints(backend)
-    app[USAGE_LEDGER] = BufferedLedger(backend, unavailable=health.note_unavailable)
-    if config.summary.enabled and config.summary.prepare_at is not None:
-        app[PREPARATIONS] = Preparations(backend, app[METRICS], config.summary.max_tokens,
-                                         app[USAGE_LEDGER])
-    app[AUDIT_LOG] = backend
-    app[CALIBRATION] = calibration
-    app[ACCOUNTING] = Accounting()
-    app[BACKGROUND] = set()
+    app.on_cleanup.append(lambda _app: s.resolvers.close())
     app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
     if config.audit.enabled:
-        app.cleanup_ctx.append(_audit_trim_ctx)
-    app.cleanup_ctx.append(_background_ctx)
-    app.cleanup_ctx.append(_upstream_ctx)
-    if config.summary.enabled:
-        app.cleanup_ctx.append(_summarizer_ctx)
-    setup_routes(app)
+        app.cleanup_ctx.append(_audit_trim_ctx(s))
+    app.cleanup_ctx.append(_background_ctx(s))
+    app.cleanup_ctx.append(s.upstream.running)
+    app.cleanup_ctx.append(_summarizer_ctx(s))
+    setup_routes(app, s)
     # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
-    setup_console(app, token=config.admin_token(), store=app[STORE], log=app[AUDIT_LOG],
-                  resolvers=app[RESOLVERS], policies=app[ROLE_POLICIES],
-                  record_changes=config.audit.enabled, throttle=app[AUTH_THROTTLE],
+    setup_console(app, token=config.admin_token(), store=s.store, log=s.backend,
+                  resolvers=s.resolvers, policies=s.role_policies,
+                  record_changes=config.audit.enabled, throttle=s.auth_throttle,
                   revocations=backend if isinstance(backend, LoginRevocations) else None,
                   cookie_secure=config.admin.cookie_secure, price_for=config.price_for,
-                  summaries=app[SUMMARIES])
+                  summaries=backend)
     return app
 
 
@@ -371,7 +240,7 @@ async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_por
         await runner.cleanup()
         raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
                                                f"{exc.strerror or exc}") from None
-    gate = runner.app[ADMIN_GATE]
+    gate = runner.app[SERVICES].admin_gate
     addresses = runner.addresses[before:]
     gate.ports.update(address[1] for address in addresses)
     host, port = addresses[0][:2]
@@ -398,7 +267,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         token_counter=config.compaction.token_counter,
         summary_enabled=config.summary.enabled,
         admin_enabled=config.admin_token() is not None,
-        admin_port=min(runner.app[ADMIN_GATE].ports, default=None),
+        admin_port=min(runner.app[SERVICES].admin_gate.ports, default=None),
         log_format=config.logging.format,
         allocator=allocator,
         event_loop=_loop_kind(),

@@ -1,7 +1,7 @@
 """Work that runs after a response: bookkeeping a request never waits for.
 
-The audit log's records are written here. Each piece of work is held in the app's
-``BACKGROUND`` set until it ends (so it is not garbage-collected half-way), and the app waits
+The audit log's records are written here. Each piece of work is held by the app's
+:class:`Background` until it ends (so it is not garbage-collected half-way), and the app waits
 for what is still running at shutdown (:mod:`proxy.app`). A failure is one warning line naming
 the error's class; it never reaches the client, whose answer is already on its way.
 
@@ -17,55 +17,59 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import structlog
-from aiohttp import web
 
-from proxy.keys import BACKGROUND, STORE_HEALTH
 from proxy.state.store import StoreUnavailable
+from proxy.state.store_health import StoreHealth
 
-__all__ = ["in_background"]
+__all__ = ["Background"]
 
 _log = structlog.get_logger("proxy.background")
 
 
-def in_background(app: web.Application, start: Callable[[], Awaitable[None]], *,
-                  failure_event: str) -> None:
-    """Start work that runs after the response, never failing the request; held until it
-    ends.
+class Background:
+    """The work under way after responses, held until it ends (the app waits for it at
+    shutdown); a store outage it meets is told to ``health``'s once-a-second line."""
 
-    Args:
-        app: the application whose ``BACKGROUND`` set holds it.
-        start: starts the work: returns a future (watched as it is) or a coroutine (run as a
-            task); what it raises at once is reported like a later failure.
-        failure_event: the warning logged when it fails (``audit_not_recorded``, ...).
-    """
-    try:
-        work = start()
-    except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
-        _report(app, exc, failure_event)
-        return
-    if isinstance(work, asyncio.Future):  # (a C check: asyncio.isfuture is Python code)
-        future: asyncio.Future[None] = work
-    else:
-        future = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
-    tasks = app[BACKGROUND]
-    if future in tasks:
-        return  # a batch's future, watched since its first entry: its failure is told once
-    tasks.add(future)
+    def __init__(self, health: StoreHealth) -> None:
+        self.tasks: set[asyncio.Future[None]] = set()
+        self._health = health
 
-    def done(finished: asyncio.Future[None]) -> None:
-        tasks.discard(finished)
-        if not finished.cancelled():
-            exc = finished.exception()
-            if isinstance(exc, Exception):
-                _report(app, exc, failure_event)
+    def run(self, start: Callable[[], Awaitable[None]], *, failure_event: str) -> None:
+        """Start work that runs after the response, never failing the request; held until
+        it ends.
 
-    future.add_done_callback(done)
+        Args:
+            start: starts the work: returns a future (watched as it is) or a coroutine (run
+                as a task); what it raises at once is reported like a later failure.
+            failure_event: the warning logged when it fails (``audit_not_recorded``, ...).
+        """
+        try:
+            work = start()
+        except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
+            self._report(exc, failure_event)
+            return
+        if isinstance(work, asyncio.Future):  # (a C check: asyncio.isfuture is Python code)
+            future: asyncio.Future[None] = work
+        else:
+            future = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        tasks = self.tasks
+        if future in tasks:
+            return  # a batch's future, watched since its first entry: its failure told once
+        tasks.add(future)
 
+        def done(finished: asyncio.Future[None]) -> None:
+            tasks.discard(finished)
+            if not finished.cancelled():
+                exc = finished.exception()
+                if isinstance(exc, Exception):
+                    self._report(exc, failure_event)
 
-def _report(app: web.Application, exc: Exception, failure_event: str) -> None:
-    if isinstance(exc, StoreUnavailable):
-        # Fails fast while the store is down: counted in the once-a-second line, not one
-        # warning per request.
-        app[STORE_HEALTH].note_unavailable(failure_event, exc)
-    else:
-        _log.warning(failure_event, error_class=type(exc).__name__)
+        future.add_done_callback(done)
+
+    def _report(self, exc: Exception, failure_event: str) -> None:
+        if isinstance(exc, StoreUnavailable):
+            # Fails fast while the store is down: counted in the once-a-second line, not one
+            # warning per request.
+            self._health.note_unavailable(failure_event, exc)
+        else:
+            _log.warning(failure_event, error_class=type(exc).__name__)

@@ -31,7 +31,7 @@ from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
 from proxy.fake_upstream.scripts import default_script, is_summarizer_request
-from proxy.keys import USAGE_LEDGER
+from proxy.keys import SERVICES
 from proxy.logs import configure_logging
 from proxy.report import build_report
 from proxy.state.ledger_buffer import BufferedLedger
@@ -228,7 +228,7 @@ async def _run(out: TextIO) -> int:
         proxy_runner, proxy_url = await start_proxy(config)
         try:
             return await _session(out, agent, upstream, proxy_url, token, root, logs,
-                                  proxy_runner.app[USAGE_LEDGER])
+                                  proxy_runner.app[SERVICES].usage_ledger)
         finally:
             await proxy_runner.cleanup()
             await upstream_runner.cleanup()

@@ -27,7 +27,7 @@ from aiohttp import web
 from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
-from proxy.http.admin_gate import ADMIN_GATE
+from proxy.keys import SERVICES
 from proxy.logs import configure_logging, reset_logging
 from tests.log_tap import LOG_TAP, TapSummary, install
 from tests.paths import CORPUS
@@ -278,8 +278,7 @@ def proxy_factory(
                           secrets=[admin_token] if admin_token else [])
         runner, url = servers.run(start_proxy(config))
         runners.append(runner)
-        gate = runner.app.get(ADMIN_GATE)
-        admin_url = gate.url if gate is not None else None  # admin.listen's, when set
+        admin_url = runner.app[SERVICES].admin_gate.url  # admin.listen's, when set
         return RunningProxy(url, config, state_dir, transcripts, artifacts, admin_token,
                             extras={"admin_url": admin_url} if admin_url else {},
                             app=runner.app)

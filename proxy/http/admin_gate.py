@@ -24,11 +24,11 @@ from typing import Final
 from urllib.parse import unquote
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.http.errors import RequestRejected
 
-__all__ = ["ADMIN_GATE", "AdminGate", "admin_gate_middleware", "is_admin_like"]
+__all__ = ["AdminGate", "admin_gate_middleware", "is_admin_like"]
 
 _SLASHES: Final = re.compile(r"/{2,}")
 #: Percent-decoding rounds before giving up (``%25252f``: anything deeper is refused too).
@@ -76,30 +76,29 @@ class AdminGate:
         return isinstance(sockname, tuple) and len(sockname) >= 2 and sockname[1] in self.ports
 
 
-#: The app's gate (set by :func:`proxy.app.create_app`).
-ADMIN_GATE: Final = web.AppKey("admin_gate", AdminGate)
-
-
 def _not_found() -> RequestRejected:
     return RequestRejected(404, "not_found_error", "not found", reason="not_found")
 
 
-@web.middleware
-async def admin_gate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def admin_gate_middleware(gate: AdminGate) -> Middleware:
     """404 for an admin-like path the router would forward, and for whatever is on the wrong
     listener when ``admin.listen`` is set."""
-    gate = request.app[ADMIN_GATE]
-    forwarded = request.match_info.route.name == _PASSTHROUGH
-    if gate.separate:
-        admin_like = is_admin_like(request.raw_path)
-        if gate.on_admin_listener(request):
-            if forwarded or not admin_like:
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        forwarded = request.match_info.route.name == _PASSTHROUGH
+        if gate.separate:
+            admin_like = is_admin_like(request.raw_path)
+            if gate.on_admin_listener(request):
+                if forwarded or not admin_like:
+                    raise _not_found()
+            elif admin_like or not forwarded and _in_sub_app(request):
                 raise _not_found()
-        elif admin_like or not forwarded and _in_sub_app(request):
+        elif forwarded and is_admin_like(request.raw_path):
             raise _not_found()
-    elif forwarded and is_admin_like(request.raw_path):
-        raise _not_found()
-    return await handler(request)
+        return await handler(request)
+
+    return middleware
 
 
 def _in_sub_app(request: web.Request) -> bool:

@@ -19,19 +19,20 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from compactor import LayerOutcome
-from proxy.background import in_background
-from proxy.keys import AUDIT_LOG, CONFIG, METRICS
 from proxy.logs import log_info, start_request_fields
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from proxy.state.usage import ProviderUsage
+
+if TYPE_CHECKING:
+    from proxy.http.services import Services
 
 __all__ = ["AUDITED_ROUTES", "RECORD", "STICKY", "Outcome", "RequestRecord", "completed_fields",
            "layer_savings", "request_context_middleware", "route_name"]
@@ -234,33 +235,39 @@ def _outcome(record: RequestRecord, status: int | None) -> Outcome:
     return Outcome.OK if status < 400 else Outcome.HTTP_ERROR
 
 
-@web.middleware
-async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The outermost middleware: opens the request's record, closes it with one log line."""
-    record = RequestRecord(request_id=os.urandom(12).hex(), route=route_name(request))
-    request[RECORD] = record
-    start_request_fields(request_id=record.request_id)
-    status: int | None = None
-    try:
-        response = await handler(request)
-        status = response.status
-        if not response.prepared:
-            response.headers.setdefault("x-compact-request-id", record.request_id)
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    except asyncio.CancelledError:
-        record.outcome = record.outcome or Outcome.CLIENT_GONE
-        raise
-    finally:
-        outcome = _outcome(record, status)
-        app = request.app
-        app[METRICS].count_request(record.route, outcome)
-        duration_ms = record.duration_ms()
-        _keep_in_audit_log(app, record, status, outcome, duration_ms)
-        log_info(_log, "request_completed", completed_fields(record, request.method, status,
-                                                             outcome, duration_ms), _OWN_FIELDS)
+def request_context_middleware(s: Services) -> Middleware:
+    """The outermost middleware: opens the request's record, closes it with one log line
+    (and, with ``audit.enabled``, an audit entry)."""
+    audit = s.config.audit.enabled
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        record = RequestRecord(request_id=os.urandom(12).hex(), route=route_name(request))
+        request[RECORD] = record
+        start_request_fields(request_id=record.request_id)
+        status: int | None = None
+        try:
+            response = await handler(request)
+            status = response.status
+            if not response.prepared:
+                response.headers.setdefault("x-compact-request-id", record.request_id)
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            record.outcome = record.outcome or Outcome.CLIENT_GONE
+            raise
+        finally:
+            outcome = _outcome(record, status)
+            s.metrics.count_request(record.route, outcome)
+            duration_ms = record.duration_ms()
+            if audit:
+                _keep_in_audit_log(s, record, status, outcome, duration_ms)
+            log_info(_log, "request_completed", completed_fields(
+                record, request.method, status, outcome, duration_ms), _OWN_FIELDS)
+
+    return middleware
 
 
 def completed_fields(record: RequestRecord, method: str, status: int | None, outcome: Outcome,
@@ -300,13 +307,10 @@ def completed_fields(record: RequestRecord, method: str, status: int | None, out
     return fields
 
 
-def _keep_in_audit_log(app: web.Application, record: RequestRecord, status: int | None,
+def _keep_in_audit_log(s: Services, record: RequestRecord, status: int | None,
                        outcome: Outcome, duration_ms: float) -> None:
-    """Hand the request's entry to the store's audit log after the response (when
-    ``audit.enabled``; the entry is made only then)."""
-    if not app[CONFIG].audit.enabled:
-        return
+    """Hand the request's entry to the store's audit log after the response."""
     entry = record.audit_entry(status, outcome, duration_ms)
     if entry is not None:
-        in_background(app, functools.partial(app[AUDIT_LOG].add_request, entry),
+        s.background.run(functools.partial(s.backend.add_request, entry),
                       failure_event="audit_not_recorded")

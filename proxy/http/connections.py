@@ -22,10 +22,9 @@ from typing import Final, cast
 
 import structlog
 from aiohttp import StreamReader, web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.http.errors import RequestRejected
-from proxy.keys import CONFIG
 
 __all__ = [
     "BodyTimeout",
@@ -67,28 +66,31 @@ def _overdue(content: StreamReader, timeout_s: float) -> None:
         content.set_exception(BodyTimeout(f"request body not received within {timeout_s:g}s"))
 
 
-@web.middleware
-async def body_deadline_middleware(request: web.Request,
-                                   handler: Handler) -> web.StreamResponse:
-    """A body still arriving when its handler starts has ``listen.body_timeout_s`` to end;
-    then 408 and the connection closed. (Inside the error middleware, which answers it.)"""
-    content = request.content
-    if content.is_eof():  # no body, or all of it came with the headers: nothing to wait for
-        return await handler(request)
-    timeout_s = request.app[CONFIG].listen.body_timeout_s
-    timer = asyncio.get_running_loop().call_later(timeout_s, _overdue, content, timeout_s)
-    try:
-        return await handler(request)
-    except BodyTimeout:
-        _log.warning("request_body_timeout", timeout_s=timeout_s)
-        # (aiohttp then reads what follows for a moment and closes the connection: the rest
-        # of the body raises the same timeout.)
-        raise RequestRejected(
-            408, "invalid_request_error",
-            f"request body not received within {timeout_s:g}s (listen.body_timeout_s)",
-            reason="body_timeout", headers={"Connection": "close"}) from None
-    finally:
-        timer.cancel()
+def body_deadline_middleware(timeout_s: float) -> Middleware:
+    """A body still arriving when its handler starts has ``timeout_s``
+    (``listen.body_timeout_s``) to end; then 408 and the connection closed. (Inside the
+    error middleware, which answers it.)"""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        content = request.content
+        if content.is_eof():  # no body, or all of it came with the headers: nothing to wait
+            return await handler(request)
+        timer = asyncio.get_running_loop().call_later(timeout_s, _overdue, content, timeout_s)
+        try:
+            return await handler(request)
+        except BodyTimeout:
+            _log.warning("request_body_timeout", timeout_s=timeout_s)
+            # (aiohttp then reads what follows for a moment and closes the connection: the
+            # rest of the body raises the same timeout.)
+            raise RequestRejected(
+                408, "invalid_request_error",
+                f"request body not received within {timeout_s:g}s (listen.body_timeout_s)",
+                reason="body_timeout", headers={"Connection": "close"}) from None
+        finally:
+            timer.cancel()
+
+    return middleware
 
 
 class _Refused(asyncio.Protocol):

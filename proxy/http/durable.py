@@ -10,16 +10,17 @@ the ``store_unavailable`` log line (once a second at most).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
-from aiohttp import web
 from lru import LRU
 
 import compactor
 from proxy.http.tenants import scoped_key
-from proxy.keys import CONFIG, DURABLE_BLOCKS, RESOLVERS, STORE, STORE_HEALTH
 from proxy.state.store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from proxy.http.services import Services
 
 __all__ = ["DurableBlocks", "DurableContext", "SessionRef", "load_durable_context"]
 
@@ -78,7 +79,7 @@ class DurableBlocks:
         return text
 
 
-async def load_durable_context(app: web.Application, session: SessionRef) -> DurableContext:
+async def load_durable_context(s: Services, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified, rendered for ``system``.
 
     The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
@@ -88,14 +89,14 @@ async def load_durable_context(app: web.Application, session: SessionRef) -> Dur
     """
     session_id = session.session_id
     try:
-        stored = await app[STORE].get_state(session.key)
+        stored = await s.store.get_state(session.key)
     except StoreUnavailable as exc:
-        if app[CONFIG].store.on_unavailable != "forward":
+        if s.config.store.on_unavailable != "forward":
             raise
-        app[STORE_HEALTH].note_unavailable("request", exc)
+        s.store_health.note_unavailable("request", exc)
         return DurableContext(None, "", store_available=False)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolutions = await app[RESOLVERS].resolve(session_id, stored.state, tenant=session.tenant)
+    resolutions = await s.resolvers.resolve(session_id, stored.state, tenant=session.tenant)
     return DurableContext(stored.state,
-                          app[DURABLE_BLOCKS].text(session.key, stored.state, resolutions))
+                          s.durable_blocks.text(session.key, stored.state, resolutions))

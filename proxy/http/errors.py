@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler
 import compactor
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
 from proxy.http.refusals import LIMIT_REASONS, ROUTINE_REASONS, tool_protocol_message
-from proxy.keys import STORE_HEALTH
+from proxy.keys import SERVICES
 from proxy.state.audit_log import LayerSaving
 from proxy.state.store import StoreError, StoreUnavailable
 
@@ -235,9 +235,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # Nothing was forwarded: the session's state could not be read (on_unavailable
         # reject), or the store failed before the forward. A load balancer retries elsewhere.
         _note_outcome(request, Outcome.STORE_ERROR)
-        health = request.app.get(STORE_HEALTH)
-        if health is not None:
-            health.note_unavailable("request", exc)
+        services = request.config_dict.get(SERVICES)
+        if services is not None:
+            services.store_health.note_unavailable("request", exc)
         return error_response(503, "api_error", STORE_UNAVAILABLE_MESSAGE,
                               headers={**_compact_headers(request), "Retry-After": "1"})
     except StoreError as exc:

@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Final
 
 import structlog
-from aiohttp import web
 from cachetools import LRUCache
 
-__all__ = ["FIXED_PART", "NEAR_RATIO", "FixedPartWarnings"]
+__all__ = ["NEAR_RATIO", "FixedPartWarnings"]
 
 _log = structlog.get_logger("proxy.http.fixed_part")
 
@@ -46,5 +45,3 @@ class FixedPartWarnings:
                     + ": raise compaction.soft_threshold_tokens / hard_limit_tokens"))
 
 
-#: The app's :class:`FixedPartWarnings`.
-FIXED_PART: Final = web.AppKey("fixed_part_warnings", FixedPartWarnings)

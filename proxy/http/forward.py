@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import aiohttp
 import structlog
@@ -36,12 +36,13 @@ from proxy.http.connections import BodyTimeout
 from proxy.http.errors import UpstreamFailure
 from proxy.http.sse import SSEFramer, StreamWatch, json_usage, sse_error_event
 from proxy.http.upstream_headers import ForwardPolicy
-from proxy.http.upstream_health import UPSTREAM_HEALTH
 from proxy.http.upstream_waits import UpstreamWaits, read_some
-from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
-from proxy.providers import TOO_LONG_STATUSES, Provider, provider_of
+from proxy.providers import TOO_LONG_STATUSES, Provider
 from proxy.providers.eventstream import CONTENT_TYPE as EVENT_STREAM
 from proxy.providers.eventstream import EventStreamWatch
+
+if TYPE_CHECKING:
+    from proxy.http.services import Services
 
 __all__ = [
     "HOP_BY_HOP",
@@ -233,6 +234,7 @@ def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: flo
 
 
 async def forward(
+    s: Services,
     request: web.Request,
     record: RequestRecord,
     *,
@@ -244,6 +246,7 @@ async def forward(
     """Send the request upstream and relay the answer; the response is already prepared.
 
     Args:
+        s: the app's services (the upstream session, its waits and health, the metrics).
         request: the client's request (method, path, query string are taken from it).
         record: its audit record (``upstream_status``, ``outcome`` and the provider's
             ``usage`` are set here; its ``x-compact-*`` headers are added to the response).
@@ -259,12 +262,11 @@ async def forward(
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
             in time; both before anything was sent to the client.
     """
-    app = request.app
-    waits = app[UPSTREAM_WAITS]
-    upstream = await _send(app, request, record, waits, body, headers)
+    waits = s.upstream.waits
+    upstream = await _send(s, request, record, waits, body, headers)
     held = b""
     try:
-        provider = provider_of(request)
+        provider = s.provider_of(request)
         if retry is not None and upstream.status in TOO_LONG_STATUSES:
             held, whole = await _read_refusal(waits, upstream)
             encoding = upstream.headers.get("Content-Encoding", "")
@@ -275,7 +277,7 @@ async def forward(
             again = None if refusal is None else await retry(refusal)
             if again is not None:
                 _done_with(upstream)
-                upstream, held = await _send(app, request, record, waits, again, headers), b""
+                upstream, held = await _send(s, request, record, waits, again, headers), b""
         return await _relay(request, record, waits, upstream, held, before_end, provider)
     finally:
         _done_with(upstream)
@@ -306,13 +308,13 @@ async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
     return bytes(chunks), False
 
 
-async def _send(app: web.Application, request: web.Request, record: RequestRecord,
+async def _send(s: Services, request: web.Request, record: RequestRecord,
                 waits: UpstreamWaits, body: bytes | AsyncIterable[bytes] | None,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     """Send the request upstream; the provider's response, headers read."""
-    upstream_config = app[CONFIG].upstream
+    upstream_config = s.config.upstream
     url = upstream_url(upstream_config.require_base_url(), request)
-    provider = provider_of(request)
+    provider = s.provider_of(request)
     if provider is not None and (body is None or isinstance(body, bytes)):
         # Signed (Bedrock) or given a token (Vertex) for these exact bytes and this path.
         try:
@@ -324,7 +326,7 @@ async def _send(app: web.Application, request: web.Request, record: RequestRecor
     started = time.perf_counter()
     try:
         # The answer's headers within the read timeout (UpstreamWaits: no timer of its own).
-        upstream = await waits.request(lambda wait: app[UPSTREAM].request(
+        upstream = await waits.request(lambda wait: s.upstream.session.request(
             request.method,
             url,
             data=body if body is None or isinstance(body, bytes) else _touching(
@@ -339,14 +341,14 @@ async def _send(app: web.Application, request: web.Request, record: RequestRecor
             raise stalled from None  # the client's body, not the provider (answered 408)
         timed_out = isinstance(exc, asyncio.TimeoutError)
         record.outcome = Outcome.UPSTREAM_TIMEOUT if timed_out else Outcome.UPSTREAM_UNREACHABLE
-        health = app[UPSTREAM_HEALTH]
+        health = s.upstream.health
         if not timed_out:
             health.unreachable(type(exc).__name__)
         raise _upstream_error(exc, upstream_config.read_timeout_s,
                               upstream_config.connect_timeout_s, upstream_config.pool_wait_s,
                               time.perf_counter() - started, health.url) from None
-    app[UPSTREAM_HEALTH].answered()
-    app[METRICS].observe_upstream(record.route, time.perf_counter() - started)
+    s.upstream.health.answered()
+    s.metrics.observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
     return upstream
 

@@ -24,22 +24,21 @@ import contextlib
 import functools
 from collections.abc import AsyncIterable, Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
-from proxy.background import in_background
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
-from proxy.http.fixed_part import FIXED_PART
 from proxy.http.forward import (
     PromptTooLong,
     forward,
@@ -62,6 +61,7 @@ from proxy.http.prepared import (
     prepared_record,
 )
 from proxy.http.recent import RecentBodies
+from proxy.http.services import Services
 from proxy.http.session import CLAUDE_CODE_SESSION_HEADER, resolve_session_id
 from proxy.http.spans import RequestBody, parse_request
 from proxy.http.thinking import (
@@ -70,26 +70,7 @@ from proxy.http.thinking import (
     merge_beta_header,
     needs_binding_opt_out,
 )
-from proxy.http.upstream_headers import FORWARD_POLICY
-from proxy.keys import (
-    ACCOUNTING,
-    CALIBRATION,
-    CHECKPOINTS,
-    COMPUTE,
-    CONFIG,
-    COUNTER,
-    DECODED_SPANS,
-    ENCODED_VIEWS,
-    METRICS,
-    RECENT_BODIES,
-    SUMMARIES,
-    SUMMARIZER,
-    TENANTS,
-    TRANSCRIPTS,
-    USAGE_LEDGER,
-)
 from proxy.logs import bind_request_fields
-from proxy.providers import provider_of
 from proxy.state.accounting import Accounting
 from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
@@ -101,50 +82,65 @@ from proxy.state.summarizer import (
 )
 from proxy.state.usage import PREPARED_ROW, ProviderUsage
 
-__all__ = ["count_tokens_handler", "messages_handler", "passthrough_handler"]
+__all__ = ["Handlers", "make_handlers"]
 
 _log = structlog.get_logger("proxy.http.handlers")
 
 
-async def messages_handler(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/messages``: compact, inject durable context, forward, relay."""
-    return await _compact_and_forward(request, may_call_model=True)
+class Handlers(NamedTuple):
+    """The request path's route handlers, made over the app's services."""
+
+    #: ``POST /v1/messages``: compact, inject durable context, forward, relay.
+    messages: Handler
+    #: ``POST /v1/messages/count_tokens``: the same view, summaries from the cache only.
+    count_tokens: Handler
+    #: Every other path and method: forwarded untouched, the body streamed as it arrives.
+    passthrough: Handler
 
 
-async def count_tokens_handler(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/messages/count_tokens``: the same view, summaries from the cache only."""
-    return await _compact_and_forward(request, may_call_model=False)
+def make_handlers(s: Services) -> Handlers:
+    """The handlers of the request path, each holding ``s``."""
+
+    async def messages(request: web.Request) -> web.StreamResponse:
+        return await _compact_and_forward(s, request, may_call_model=True)
+
+    async def count_tokens(request: web.Request) -> web.StreamResponse:
+        return await _compact_and_forward(s, request, may_call_model=False)
+
+    async def passthrough(request: web.Request) -> web.StreamResponse:
+        return await _passthrough(s, request)
+
+    return Handlers(messages, count_tokens, passthrough)
 
 
-async def passthrough_handler(request: web.Request) -> web.StreamResponse:
-    """Every other path and method: forwarded untouched, the body streamed as it arrives."""
+async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
     request[RECORD].path = request.path
-    headers = _upstream_headers(request)
+    headers = _upstream_headers(s, request)
     body: bytes | AsyncIterable[bytes] | None = None
-    if provider_of(request) is not None:
+    if s.provider_of(request) is not None:
         # A Bedrock or Vertex path: authorised for its exact bytes, so read whole (small).
-        raw = await read_body(request, request.app[CONFIG].limits.max_body_bytes)
+        raw = await read_body(request, s.config.limits.max_body_bytes)
         headers.popall("Content-Encoding", None)  # read_body decoded it
-        return await forward(request, request[RECORD], body=raw, headers=headers)
+        return await forward(s, request, request[RECORD], body=raw, headers=headers)
     if request.body_exists:
         body = request_body_stream(request)
         if request.content_length is not None:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)
-    return await forward(request, request[RECORD], body=body, headers=headers)
+    return await forward(s, request, request[RECORD], body=body, headers=headers)
 
 
-def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
+def _upstream_headers(s: Services, request: web.Request) -> CIMultiDict[str]:
     """The client's headers as the provider may see them (:mod:`proxy.http.upstream_headers`)."""
-    return upstream_request_headers(request.headers, request.app[FORWARD_POLICY])
+    return upstream_request_headers(request.headers, s.forward_policy)
 
 
-def _summarizer(app: web.Application, request: web.Request, policy: CompactionPolicy,
+def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
                 session: SessionRef, may_call_model: bool, body: dict[str, Any],
                 durable: DurableContext, scope: RequestScope) -> Summarizer | None:
     """The request's L4 summarizer: the summary cache, and (``/v1/messages``) the provider,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
-    if not (app[CONFIG].summary.enabled and policy.summary_enabled):
+    if not (s.config.summary.enabled and policy.summary_enabled):
         return None
     source: Summarizer | None = None
 
@@ -152,7 +148,7 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
         # The source is made when L4 first asks (most requests never do).
         nonlocal source
         if source is None:
-            source = _summary_source(app, request, session, may_call_model, body, durable,
+            source = _summary_source(s, request, session, may_call_model, body, durable,
                                      scope.counter)
         async with scope.paused():
             return await source(summary)
@@ -160,48 +156,48 @@ def _summarizer(app: web.Application, request: web.Request, policy: CompactionPo
     return summarize
 
 
-def _summary_source(app: web.Application, request: web.Request, session: SessionRef,
+def _summary_source(s: Services, request: web.Request, session: SessionRef,
                     may_call_model: bool, body: dict[str, Any], durable: DurableContext,
                     counter: compactor.CachingCounter,
                     prepared: Callable[[str, ProviderUsage], None] | None = None,
                     ) -> Summarizer:
-    provider = app.get(SUMMARIZER) if may_call_model else None
+    provider = s.summarizer if may_call_model else None
 
     def fork() -> ForkSource:
         # Made only when a summary call is (a cached summary needs none).
-        headers = _upstream_headers(request)
+        headers = _upstream_headers(s, request)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
             system = compactor.append_to_system(system, durable.text)
-        provider = provider_of(request)  # Bedrock, Vertex: the model is in the path
+        provider = s.provider_of(request)  # Bedrock, Vertex: the model is in the path
         parts = body if provider is None else provider.fork_parts(
-            request, body, model_of(request, body), headers)
+            request, body, model_of(s, request, body), headers)
         return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
-    metrics = app[METRICS]
+    metrics = s.metrics
 
     def on_usage(model: str, usage: ProviderUsage) -> None:
         # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
         # A summary made ahead has a ledger row of its own (the report tells unused ones).
         row = session.key if prepared is None else session.key + PREPARED_ROW
-        app[USAGE_LEDGER].add(row, model, Accounting.summary_entry(usage))
+        s.usage_ledger.add(row, model, Accounting.summary_entry(usage))
         if prepared is not None:
             prepared(model, usage)
 
     def on_window(model: str, maximum: int) -> None:
         # A refused summary call teaches the window as a refused request does.
-        app[CALIBRATION].learn_window(session.key, model, maximum)
+        s.calibration.learn_window(session.key, model, maximum)
 
     return summary_source(
-        app[SUMMARIES], provider, CallerCredentials.from_headers(_upstream_headers(request)),
+        s.backend, provider, CallerCredentials.from_headers(_upstream_headers(s, request)),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
 
 
-async def _compact(app: web.Application, request: web.Request, record: RequestRecord,
+async def _compact(s: Services, request: web.Request, record: RequestRecord,
                    session: SessionRef, parsed: RequestBody, durable: DurableContext,
                    plan: CompactionPlan, may_call_model: bool, measured: Measured,
                    scope: RequestScope, executor: Executor | None
@@ -214,13 +210,13 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     record.soft_threshold_tokens = policy.soft_threshold_tokens
     record.hard_limit_tokens = policy.hard_limit_tokens
     record.fixed_tokens = round(plan.reserved * plan.reserved_scale)
-    app[FIXED_PART].check((session.tenant, session.session_id, plan.model or ""),
+    s.fixed_part.check((session.tenant, session.session_id, plan.model or ""),
                           record.fixed_tokens, policy.soft_threshold_tokens,
                           policy.hard_limit_tokens)
     # Without the store (store.on_unavailable: forward) nothing sticky is reused or kept.
-    sticky = app[CONFIG].compaction.sticky and durable.store_available
-    checkpoint = await app[CHECKPOINTS].load(session.key, plan.lane) if sticky else None
-    timed = TimedSummarizer(_summarizer(app, request, plan.policy, session, may_call_model,
+    sticky = s.config.compaction.sticky and durable.store_available
+    checkpoint = await s.checkpoints.load(session.key, plan.lane) if sticky else None
+    timed = TimedSummarizer(_summarizer(s, request, plan.policy, session, may_call_model,
                                         body, durable, scope))
     try:
         result = await compactor.compact_context_async(
@@ -253,18 +249,18 @@ async def _compact(app: web.Application, request: web.Request, record: RequestRe
     if result.summary_request is not None and "L4" in result.layers_applied:
         record.summary_key = summary_key(session.tenant, result.summary_request.cache_key)
     record.prefix_reused = result.reused_checkpoint
-    app[METRICS].observe_compaction(o for o in result.outcomes if o.applied)
+    s.metrics.observe_compaction(o for o in result.outcomes if o.applied)
     if result.thrash:
-        app[METRICS].compaction_thrash.inc()
+        s.metrics.compaction_thrash.inc()
         # (The request's id, session and tenant are bound to every line it logs.)
         _log.warning("compaction_thrash", tokens_before=result.tokens_before,
                      tokens_after=result.tokens_after)
-    await observe_crossing(app, record, session, plan.lane, result, plan.prepared,
+    await observe_crossing(s, record, session, plan.lane, result, plan.prepared,
                            timed.waited_s, forwarded=may_call_model)
     return result, result.checkpoint is not None and result.checkpoint is not checkpoint
 
 
-def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
+def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
               result: compactor.CompactionResult, durable: DurableContext,
               headers: CIMultiDict[str]) -> bytes:
     """The body to forward: the client's (spliced from its own bytes where unchanged) with
@@ -278,7 +274,7 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
     if needs_binding_opt_out(candidate, prefix_changed=True):
         apply_binding_opt_out(candidate)
         replaced["thinking"] = candidate["thinking"]
-        provider = provider_of(request)
+        provider = s.provider_of(request)
         if provider is not None and provider.name == "bedrock":  # Bedrock's betas: the body's
             betas = body.get("anthropic_beta")
             listed = betas if isinstance(betas, list) else []
@@ -286,48 +282,47 @@ def _outgoing(app: web.Application, request: web.Request, parsed: RequestBody,
                 () if BINDING_BETA in listed else (BINDING_BETA,))]
         else:
             _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
-    views = app[ENCODED_VIEWS]
+    views = s.encoded_views
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
 
 
-async def _compact_and_forward(request: web.Request, *, may_call_model: bool) -> web.StreamResponse:
-    app = request.app
-    config = app[CONFIG]
+async def _compact_and_forward(s: Services, request: web.Request, *,
+                               may_call_model: bool) -> web.StreamResponse:
+    config = s.config
     large = (request.content_length or 0) >= OFFLOAD_FROM_BYTES
     try:
         raw = await read_body(request, config.limits.max_body_bytes)
         large = len(raw) >= OFFLOAD_FROM_BYTES
         # A large body is worked on by the compute threads; what it decodes is kept only if
         # the provider accepts the request (parsed.commit(), in _succeeded).
-        executor = app[COMPUTE] if large else None
+        executor = s.compute if large else None
         await run_on(executor, functools.partial(check_objects, raw,
                                                  config.limits.max_json_objects))
-        return await _serve(request, raw, executor, may_call_model=may_call_model)
+        return await _serve(s, request, raw, executor, may_call_model=may_call_model)
     finally:
         if large and not _accepted(request[RECORD]):
             # What a large refused body made is all garbage now: its pages go back to the
             # system, not kept by the allocator for a caller who may never come back.
-            app[COMPUTE].give_back_memory()
+            s.compute.give_back_memory()
 
 
-async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
+async def _serve(s: Services, request: web.Request, raw: bytes, executor: Executor | None, *,
                  may_call_model: bool) -> web.StreamResponse:
-    app = request.app
-    config = app[CONFIG]
+    config = s.config
     record = request[RECORD]
-    tenant = app[TENANTS].tenant_of(request.headers)
+    tenant = s.tenants.tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
     # A large body waits its turn to be decoded and worked on: the objects of one at a time
     # make the peak, not those of every large body that arrived at once.
-    turn = app[COMPUTE].turn() if executor is not None else None
+    turn = s.compute.turn() if executor is not None else None
     async with turn or contextlib.nullcontext():
         parsed = await run_on(executor, functools.partial(
-            parse_request, raw, app[DECODED_SPANS], app[RECENT_BODIES],
+            parse_request, raw, s.decoded_spans, s.recent_bodies,
             RecentBodies.key_of(tenant, named, raw), tenant=tenant))
         body = parsed.doc
-        record.model = model_of(request, body) or record.model
+        record.model = model_of(s, request, body) or record.model
         mended = parsed.mended
         if mended:
             _log.warning("lone_surrogates_replaced", replaced=mended)
@@ -335,34 +330,34 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         session = SessionRef(session_id, tenant)
         record.session_id, record.tenant = session_id, tenant
         bind_request_fields(session_id=session_id, tenant=tenant)
-        durable = await load_durable_context(app, session)
-        scope = RequestScope.of(app, parsed, turn)
+        durable = await load_durable_context(s, session)
+        scope = RequestScope.of(s, parsed, turn)
         measured = await run_on(executor, functools.partial(
             measure, scope.counter, parsed, durable.text))
-        plan = plan_compaction(app, request, session, parsed, measured)
-        prepared = await prepared_record(app, session, plan.lane, plan.policy,
+        plan = plan_compaction(s, request, session, parsed, measured)
+        prepared = await prepared_record(s, session, plan.lane, plan.policy,
                                          estimate(plan, measured))
         if prepared is not None and prepared.usable:
             plan = msgspec.structs.replace(plan, prepared=prepared)
-        result, new = await _compact(app, request, record, session, parsed, durable, plan,
+        result, new = await _compact(s, request, record, session, parsed, durable, plan,
                                      may_call_model, measured, scope, executor)
         if may_call_model:  # (the next summary, made in the background: never for count_tokens)
             await prepare_next(
-                app, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
+                s, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
                 reserved=round(plan.reserved * plan.reserved_scale / plan.scale),
                 executor=executor, source=functools.partial(
-                    _summary_source, app, request, session, True, body, durable, app[COUNTER]))
+                    _summary_source, s, request, session, True, body, durable, s.counter))
 
-        headers = _upstream_headers(request)
+        headers = _upstream_headers(s, request)
         headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
         if not result.changed and not durable.text and not mended:
             # Nothing to rewrite: the client's bytes go out as they came.
             outgoing = raw
         else:
             outgoing = await run_on(executor, functools.partial(
-                _outgoing, app, request, parsed, result, durable, headers))
+                _outgoing, s, request, parsed, result, durable, headers))
     if not may_call_model:
-        response = await forward(request, record, body=outgoing, headers=headers)
+        response = await forward(s, request, record, body=outgoing, headers=headers)
         if _accepted(record):
             parsed.commit()
         return response
@@ -378,20 +373,20 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
             return None
         # (Bedrock's, Vertex's wording has no numbers: estimated from the view.)
         tokens, maximum = refusal.counts(result.tokens_after)
-        app[CALIBRATION].learn_window(session.key, plan.model, maximum)
+        s.calibration.learn_window(session.key, plan.model, maximum)
         shown = max(1.0, tokens / max(1, result.tokens_after))
         tighter = msgspec.structs.replace(
             plan, policy=clamp_to_window(plan.policy, maximum),
             scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
-        again, again_new = await _compact(app, request, record, session, parsed, durable,
+        again, again_new = await _compact(s, request, record, session, parsed, durable,
                                           tighter, may_call_model, measured, scope, executor)
         sent = tighter, again, again_new
-        app[METRICS].recompacted.inc()
+        s.metrics.recompacted.inc()
         _log.info("request_recompacted", provider_tokens=refusal.tokens,
                   provider_maximum=refusal.maximum, tokens_before=result.tokens_after,
                   tokens_after=again.tokens_after, layers=list(again.layers_applied))
         return await run_on(executor, functools.partial(
-            _outgoing, app, request, parsed, again, durable, headers))
+            _outgoing, s, request, parsed, again, durable, headers))
 
     learnt = False
 
@@ -400,16 +395,16 @@ async def _serve(request: web.Request, raw: bytes, executor: Executor | None, *,
         # sees the answer end: its next request, on any replica, is planned with it.
         nonlocal learnt
         learnt = True
-        _learn(app, record, session, *sent[:2])
-        await _succeeded(app, record, session, parsed, *sent)
-        await app[CALIBRATION].saved(session.key)
+        _learn(s, record, session, *sent[:2])
+        await _succeeded(s, record, session, parsed, *sent)
+        await s.calibration.saved(session.key)
 
-    response = await forward(request, record, body=outgoing, headers=headers, retry=recompact,
+    response = await forward(s, request, record, body=outgoing, headers=headers, retry=recompact,
                              before_end=learn_before_end)
     if not learnt:  # the answer failed or the client went away: learn what there is
-        _learn(app, record, session, *sent[:2])
-        await _succeeded(app, record, session, parsed, *sent)
-    summarizer = app.get(SUMMARIZER)
+        _learn(s, record, session, *sent[:2])
+        await _succeeded(s, record, session, parsed, *sent)
+    summarizer = s.summarizer
     if summarizer is not None and summarizer.checks_callers:  # (does the provider know them?)
         summarizer.caller_answered(CallerCredentials.from_headers(headers),
                                    record.upstream_status)
@@ -422,7 +417,7 @@ def _accepted(record: RequestRecord) -> bool:
     return status is not None and 200 <= status < 300
 
 
-async def _succeeded(app: web.Application, record: RequestRecord, session: SessionRef,
+async def _succeeded(s: Services, record: RequestRecord, session: SessionRef,
                      parsed: RequestBody, plan: CompactionPlan,
                      result: compactor.CompactionResult, new: bool) -> None:
     """Keep what only an accepted request may leave behind: what its body decoded, and the
@@ -431,17 +426,17 @@ async def _succeeded(app: web.Application, record: RequestRecord, session: Sessi
         return
     parsed.commit()
     if new and result.checkpoint is not None:
-        await app[CHECKPOINTS].save(session.key, plan.lane, result.checkpoint)
-    recorder = app.get(TRANSCRIPTS)
+        await s.checkpoints.save(session.key, plan.lane, result.checkpoint)
+    recorder = s.transcripts
     if recorder is not None:
         # (The client's messages as sent: message n of the session is event n.)
         messages = parsed.messages
-        in_background(app, lambda: recorder.record(session.tenant, session.session_id,
+        s.background.run(lambda: recorder.record(session.tenant, session.session_id,
                                                    messages),
                       failure_event="transcript_not_recorded")
 
 
-def _learn(app: web.Application, record: RequestRecord, session: SessionRef,
+def _learn(s: Services, record: RequestRecord, session: SessionRef,
            plan: CompactionPlan, result: compactor.CompactionResult) -> None:
     """What the provider's answer teaches: its count of the view calibrates the session's
     factor; its usage goes to the log line, the metrics and (off the request) the ledger."""
@@ -451,20 +446,20 @@ def _learn(app: web.Application, record: RequestRecord, session: SessionRef,
     provider = usage.prompt_tokens
     error = (result.tokens_after - provider) / provider
     record.estimate_error = round(error * 100, 2)
-    metrics = app[METRICS]
+    metrics = s.metrics
     metrics.observe_estimate_error(error)
     metrics.observe_provider_usage(usage)
     # The counted view: the messages as counted, and the fixed part as counted (the
     # compactor was given it folded by the ratio of the two factors).
     folded = round(plan.reserved * plan.reserved_scale / plan.scale)
-    app[CALIBRATION].observe(session.key, plan.model,
+    s.calibration.observe(session.key, plan.model,
                              result.counted_after - folded + plan.reserved, provider,
                              plan.reserved, result.fingerprints, result.message_tokens)
     # The client's whole history as the provider would have counted it: the estimate of it
     # at the ratio the provider's count of this view showed to the estimate of the view.
     without = round(result.tokens_before * provider / max(1, result.tokens_after))
-    entry = app[ACCOUNTING].entry(f"{session.key}:{plan.lane}", without, usage)
-    app[USAGE_LEDGER].add(session.key, plan.model, entry)  # summed, written now and then
+    entry = s.accounting.entry(f"{session.key}:{plan.lane}", without, usage)
+    s.usage_ledger.add(session.key, plan.model, entry)  # summed, written now and then
 
 
 def _set_beta(headers: CIMultiDict[str], value: str) -> None:

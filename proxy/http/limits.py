@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Final
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.http.errors import RequestRejected
-from proxy.keys import TENANTS
+from proxy.http.tenants import TenantScope
 
-__all__ = ["LIMITED_ROUTES", "TENANT_LIMITER", "TenantLimiter", "tenant_limit_middleware"]
+__all__ = ["LIMITED_ROUTES", "TenantLimiter", "tenant_limit_middleware"]
 
 
 #: The routes that are forwarded to the provider (the names in :mod:`proxy.http.routes`).
@@ -64,32 +64,31 @@ class TenantLimiter:
             del self._in_flight[tenant]
 
 
-TENANT_LIMITER: Final = web.AppKey("tenant_limiter", TenantLimiter)
-
-
-def _tenant(request: web.Request) -> str:
+def _tenant(tenants: TenantScope, request: web.Request) -> str:
     try:
-        return request.app[TENANTS].tenant_of(request.headers)
+        return tenants.tenant_of(request.headers)
     except RequestRejected:
         return UNKNOWN_TENANT
 
 
-@web.middleware
-async def tenant_limit_middleware(request: web.Request,
-                                  handler: Handler) -> web.StreamResponse:
+def tenant_limit_middleware(limiter: TenantLimiter, tenants: TenantScope) -> Middleware:
     """Hold a slot of the request's tenant while a forwarded request runs; 429 when none is
     free. (Inside :func:`~proxy.http.errors.error_middleware`, which answers the 429.)"""
-    if request.match_info.route.name not in LIMITED_ROUTES:
-        return await handler(request)
-    limiter = request.app[TENANT_LIMITER]
-    tenant = _tenant(request)
-    if not limiter.enter(tenant):
-        raise RequestRejected(
-            429, "rate_limit_error",
-            f"too many concurrent requests for this tenant (at most {limiter.limit} at once, "
-            "limits.max_concurrent_per_tenant); retry when one has finished",
-            reason="tenant_concurrency", headers={"retry-after": str(RETRY_AFTER_S)})
-    try:
-        return await handler(request)
-    finally:
-        limiter.leave(tenant)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.match_info.route.name not in LIMITED_ROUTES:
+            return await handler(request)
+        tenant = _tenant(tenants, request)
+        if not limiter.enter(tenant):
+            raise RequestRejected(
+                429, "rate_limit_error",
+                f"too many concurrent requests for this tenant (at most {limiter.limit} at "
+                "once, limits.max_concurrent_per_tenant); retry when one has finished",
+                reason="tenant_concurrency", headers={"retry-after": str(RETRY_AFTER_S)})
+        try:
+            return await handler(request)
+        finally:
+            limiter.leave(tenant)
+
+    return middleware

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -17,10 +17,11 @@ from policies import CompactionPolicy
 from proxy.http.compute import Turn
 from proxy.http.durable import SessionRef
 from proxy.http.spans import RequestBody, remembered
-from proxy.keys import CALIBRATION, CONFIG, COUNTER, PROTOCOL_MEMO, ROLE_POLICIES
-from proxy.providers import provider_of
 from proxy.state.calibration import clamp_to_window
 from proxy.state.prepare import PreparedRecord
+
+if TYPE_CHECKING:
+    from proxy.http.services import Services
 
 __all__ = ["CompactionPlan", "Measured", "RequestScope", "estimate", "measure", "model_of",
            "plan_compaction"]
@@ -77,10 +78,10 @@ class RequestScope(msgspec.Struct, frozen=True):
     turn: Turn | None = None
 
     @classmethod
-    def of(cls, app: web.Application, parsed: RequestBody, turn: Turn | None) -> RequestScope:
+    def of(cls, s: Services, parsed: RequestBody, turn: Turn | None) -> RequestScope:
         if turn is None:
-            return cls(app[COUNTER], app[PROTOCOL_MEMO])
-        counter, memo = app[COUNTER].staged(), app[PROTOCOL_MEMO].staged()
+            return cls(s.counter, s.protocol_memo)
+        counter, memo = s.counter.staged(), s.protocol_memo.staged()
         parsed.on_commit(counter.commit)
         parsed.on_commit(memo.commit)
         return cls(counter, memo, turn)
@@ -106,26 +107,26 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     prepared: PreparedRecord | None = None
 
 
-def model_of(request: web.Request, body: dict[str, Any]) -> str | None:
+def model_of(s: Services, request: web.Request, body: dict[str, Any]) -> str | None:
     """The request's model: its body's, or on a Bedrock or Vertex path the path's."""
-    provider = provider_of(request)
+    provider = s.provider_of(request)
     model = body.get("model") if provider is None else provider.model_of(request)
     return model if isinstance(model, str) else None
 
 
-def plan_compaction(app: web.Application, request: web.Request, session: SessionRef,
+def plan_compaction(s: Services, request: web.Request, session: SessionRef,
                     parsed: RequestBody, measured: Measured) -> CompactionPlan:
     """The request's role and policy (below the model's learnt window), its lane and the
     calibration factors of its session and model."""
-    model = model_of(request, parsed.doc)
-    role, policy = app[ROLE_POLICIES].select(request.headers, model)
+    model = model_of(s, request, parsed.doc)
+    role, policy = s.role_policies.select(request.headers, model)
     lane = f"{role}:{measured.conversation}"
     scale = reserved_scale = 1.0
     known = None
     if model is not None:
-        calibration = app[CALIBRATION]
+        calibration = s.calibration
         policy = clamp_to_window(policy, calibration.window(session.key, model))
-        if app[CONFIG].compaction.calibration:
+        if s.config.compaction.calibration:
             reserved_scale, scale = calibration.factors(session.key, model)
             known = calibration.known(session.key, model)
     return CompactionPlan(role, policy, lane, model, scale, reserved_scale, measured.reserved,

@@ -15,20 +15,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 import compactor
 from policies import CompactionPolicy
-from proxy.background import in_background
 from proxy.http.audit import RequestRecord
 from proxy.http.compute import run_on
 from proxy.http.durable import SessionRef
-from proxy.keys import CONFIG, COUNTER, METRICS, PREPARATIONS
-from proxy.state.prepare import PreparedRecord, served_by
+from proxy.state.prepare import Preparations, PreparedRecord, served_by
 from proxy.state.summarizer import Summarizer
 from proxy.state.usage import ProviderUsage
+
+if TYPE_CHECKING:
+    from proxy.http.services import Services
 
 __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
 
@@ -37,24 +36,28 @@ __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_reco
 SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
-def _prepare_at(app: web.Application, policy: CompactionPolicy) -> float | None:
-    summary = app[CONFIG].summary
-    if not (summary.enabled and policy.summary_enabled) or PREPARATIONS not in app:
+def _prepare_at(s: Services, policy: CompactionPolicy,
+                ) -> tuple[Preparations, float] | None:
+    """The app's preparations and ``summary.prepare_at``, when the policy summarises."""
+    summary = s.config.summary
+    if (not (summary.enabled and policy.summary_enabled) or s.preparations is None
+            or summary.prepare_at is None):
         return None
-    return summary.prepare_at
+    return s.preparations, summary.prepare_at
 
 
-async def prepared_record(app: web.Application, session: SessionRef, lane: str,
+async def prepared_record(s: Services, session: SessionRef, lane: str,
                           policy: CompactionPolicy, estimate: int | None,
                           ) -> PreparedRecord | None:
     """The lane's preparation record, read only for a history that has reached
     ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
-    prepare_at = _prepare_at(app, policy)
-    if prepare_at is None:
+    preparing = _prepare_at(s, policy)
+    if preparing is None:
         return None
+    preparations, prepare_at = preparing
     if estimate is not None and estimate < prepare_at * policy.soft_threshold_tokens:
         return None
-    return await app[PREPARATIONS].load(session.key, lane)
+    return await preparations.load(session.key, lane)
 
 
 class TimedSummarizer:
@@ -77,7 +80,7 @@ class TimedSummarizer:
             self.waited_s += time.perf_counter() - started
 
 
-async def observe_crossing(app: web.Application, record: RequestRecord, session: SessionRef,
+async def observe_crossing(s: Services, record: RequestRecord, session: SessionRef,
                            lane: str, result: compactor.CompactionResult,
                            prepared: PreparedRecord | None, waited_s: float, *,
                            forwarded: bool) -> None:
@@ -90,24 +93,24 @@ async def observe_crossing(app: web.Application, record: RequestRecord, session:
     record.summary_wait_ms = round(waited_s * 1000, 1)
     if not forwarded:
         return
-    app[METRICS].observe_crossing(served, waited_s)
-    if served == "prepared" and prepared is not None:
-        await app[PREPARATIONS].used(session.key, lane, prepared)
+    s.metrics.observe_crossing(served, waited_s)
+    if served == "prepared" and prepared is not None and s.preparations is not None:
+        await s.preparations.used(session.key, lane, prepared)
 
 
-async def prepare_next(app: web.Application, session: SessionRef, lane: str,
+async def prepare_next(s: Services, session: SessionRef, lane: str,
                        prepared: PreparedRecord | None, policy: CompactionPolicy,
                        result: compactor.CompactionResult, *, scale: float, reserved: int,
                        executor: Executor | None, source: SourceFactory) -> None:
     """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
     threshold without crossing it and needs a preparation, record it and start its summary
     call in the background (``prepared``: the lane's record as read for this request)."""
-    prepare_at = _prepare_at(app, policy)
-    if prepare_at is None or result.outcomes:
+    preparing = _prepare_at(s, policy)
+    if preparing is None or result.outcomes:
         return
+    preparations, prepare_at = preparing
     if result.tokens_after < prepare_at * policy.soft_threshold_tokens:
         return
-    preparations = app[PREPARATIONS]
     if prepared is None:  # (not read before compacting: the history's estimate was smaller)
         prepared = await preparations.load(session.key, lane)
 
@@ -115,7 +118,7 @@ async def prepare_next(app: web.Application, session: SessionRef, lane: str,
         return await run_on(executor, work)
 
     found = await preparations.consider(session.key, lane, prepared, policy, result,
-                                        scale=scale, reserved=reserved, counter=app[COUNTER],
+                                        scale=scale, reserved=reserved, counter=s.counter,
                                         plan_span=plan_span)
     if found is None:
         return
@@ -136,4 +139,4 @@ async def prepare_next(app: web.Application, session: SessionRef, lane: str,
         await preparations.finish(session.key, lane, started, text,
                                   models[0] if models else "", total)
 
-    in_background(app, summarize, failure_event="summary_prepare_failed")
+    s.background.run(summarize, failure_event="summary_prepare_failed")

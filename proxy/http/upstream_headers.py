@@ -18,12 +18,11 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.config import Config
 
-__all__ = ["FORWARD_POLICY", "ForwardPolicy"]
+__all__ = ["ForwardPolicy"]
 
 #: Dropped whatever the configuration.
 _ALWAYS_DROPPED: Final = frozenset({"cookie", "forwarded", "x-real-ip"})
@@ -80,5 +79,3 @@ class ForwardPolicy:
         return hmac.compare_digest(given, self.admin_token)
 
 
-#: The app's policy (set by :func:`proxy.app.create_app`).
-FORWARD_POLICY: Final = web.AppKey("forward_policy", ForwardPolicy)

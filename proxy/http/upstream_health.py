@@ -11,12 +11,10 @@ would not help.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Final
 
 import structlog
-from aiohttp import web
 
-__all__ = ["UPSTREAM_HEALTH", "UpstreamHealth"]
+__all__ = ["UpstreamHealth"]
 
 _log = structlog.get_logger("proxy.http.upstream_health")
 
@@ -48,5 +46,3 @@ class UpstreamHealth:
         return f"unreachable since {since.isoformat(timespec='seconds').replace('+00:00', 'Z')}"
 
 
-#: The app's :class:`UpstreamHealth`.
-UPSTREAM_HEALTH: Final = web.AppKey("upstream_health", UpstreamHealth)

@@ -13,13 +13,12 @@ from __future__ import annotations
 from typing import Final
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.config import Config, ConfigError
 from proxy.providers.base import TOO_LONG_STATUSES, Provider
 
 __all__ = [
-    "PROVIDER",
     "TOO_LONG_STATUSES",
     "Provider",
     "add_provider_routes",
@@ -28,8 +27,6 @@ __all__ = [
     "provider_of",
 ]
 
-#: The app's upstream provider (set by :func:`proxy.app.create_app`).
-PROVIDER: Final = web.AppKey("provider", Provider)
 #: A provider route's name: ``<kind>:<provider>:<n>`` (its audit label is ``<kind>``).
 _SEPARATOR: Final = ":"
 
@@ -61,31 +58,39 @@ def make_provider(config: Config) -> Provider:
     return Provider()
 
 
-def add_provider_routes(app: web.Application, handlers: dict[str, Handler]) -> None:
+def add_provider_routes(app: web.Application, provider: Provider,
+                        handlers: dict[str, Handler]) -> None:
     """The provider's own client paths, each to the handler of its kind."""
-    provider = app[PROVIDER]
     for index, (method, path, kind) in enumerate(provider.routes()):
         app.router.add_route(method, path, handlers[kind],
                              name=f"{kind}{_SEPARATOR}{provider.name}{_SEPARATOR}r{index}")
 
 
-def provider_of(request: web.Request) -> Provider | None:
-    """The provider whose own path the request came on; ``None`` for first-party paths."""
+def provider_of(request: web.Request, provider: Provider) -> Provider | None:
+    """``provider`` (the app's) when the request came on its own path; ``None`` for
+    first-party paths."""
     name = request.match_info.route.name
     if name is None or _SEPARATOR not in name:
         return None
-    provider = request.app.get(PROVIDER)
-    return provider if provider is not None and provider.name != "anthropic" else None
+    return provider if provider.name != "anthropic" else None
 
 
-@web.middleware
-async def provider_error_middleware(request: web.Request,
-                                    handler: Handler) -> web.StreamResponse:
+def provider_error_middleware(provider: Provider) -> Middleware:
     """The proxy's own error answers (never a relayed one: those are streamed) on a
     provider's path, in that provider's shape."""
-    response = await handler(request)
-    provider = provider_of(request) if response.status >= 400 else None
-    if provider is None or not isinstance(response, web.Response) or response.prepared:
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if response.status < 400 or provider_of(request, provider) is None:
+            return response
+        return _shaped(provider, response)
+
+    return middleware
+
+
+def _shaped(provider: Provider, response: web.StreamResponse) -> web.StreamResponse:
+    if not isinstance(response, web.Response) or response.prepared:
         return response
     error = _anthropic_error(response)
     if error is None:

@@ -21,7 +21,7 @@ import anthropic
 import pytest
 
 from proxy.fake_upstream.scripts import is_summarizer_request
-from proxy.keys import AUDIT_LOG
+from proxy.keys import SERVICES
 from proxy.state.audit_log import LayerSaving, RequestEntry
 from tests.conftest import (
     TEST_API_KEY,
@@ -389,7 +389,7 @@ def test_an_invalid_request_shows_as_its_own_outcome(
     with client_for(proxy) as client:
         client.messages.create(model=MODEL, max_tokens=64, messages=turns(1))
     assert proxy.app is not None
-    log = proxy.app[AUDIT_LOG]
+    log = proxy.app[SERVICES].backend
     mistake = RequestEntry(at=datetime.now(UTC), request_id="0badc0ffee0badc0ffee0bad",
                            session_id=SID, tenant="none", route="messages", model=MODEL,
                            tokens_before=900, tokens_after=900,

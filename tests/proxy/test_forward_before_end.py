@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,21 +19,22 @@ from proxy.fake_upstream import FakeUpstream
 from proxy.fake_upstream.server import start_fake_upstream
 from proxy.http.audit import RequestRecord
 from proxy.http.forward import forward
-from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
-from proxy.http.upstream_waits import UpstreamWaits
-from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
-from proxy.metrics import ProxyMetrics
+from proxy.http.services import build_services
+from proxy.state.store import store_for
 from tests.conftest import TEST_API_KEY
 
 HOLD_S = 0.5
 
 
 @pytest.fixture
-async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
+async def relay(tmp_path: Path) -> AsyncIterator[tuple[str, list[Any]]]:
     """A fake provider, and a server at ``/v1/messages`` that forwards to it with a
     ``before_end`` that notes the usage it sees, then holds the end for :data:`HOLD_S`."""
     upstream_runner, upstream_url = await start_fake_upstream(FakeUpstream())
     seen: list[Any] = []
+    config = Config.from_mapping({"upstream": {"base_url": upstream_url},
+                                  "store": {"path": str(tmp_path / "state.db")}})
+    services = build_services(config, store_for(config))  # (the store is never opened)
 
     async def handler(request: web.Request) -> web.StreamResponse:
         record = RequestRecord(request_id="r", route="messages")
@@ -44,17 +46,12 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
 
         headers = CIMultiDict({"x-api-key": TEST_API_KEY, "anthropic-version": "2023-06-01",
                                "content-type": "application/json"})
-        return await forward(request, record, body=await request.read(), headers=headers,
+        return await forward(services, request, record, body=await request.read(), headers=headers,
                              before_end=before_end)
 
     app = web.Application()
-    app[CONFIG] = Config.from_mapping({"upstream": {"base_url": upstream_url}})
-    app[METRICS] = ProxyMetrics()
     app.router.add_post("/v1/messages", handler)
-    session = aiohttp.ClientSession()
-    app[UPSTREAM] = session
-    app[UPSTREAM_WAITS] = UpstreamWaits(30.0)
-    app[UPSTREAM_HEALTH] = UpstreamHealth(upstream_url)
+    app.cleanup_ctx.append(services.upstream.running)  # the upstream session, as the proxy's
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -64,7 +61,6 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
         yield f"http://{host}:{port}", seen
     finally:
         await runner.cleanup()
-        await session.close()
         await upstream_runner.cleanup()
 
 

@@ -24,7 +24,7 @@ from proxy.http.compute import OFFLOAD_FROM_BYTES, ComputeThreads
 from proxy.http.decoded import DecodedSpans, Staged, object_bytes
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import parse_request
-from proxy.keys import COUNTER, DECODED_SPANS, PROTOCOL_MEMO, RECENT_BODIES
+from proxy.keys import SERVICES
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
 
 MODEL = "claude-sonnet-4-5"
@@ -133,7 +133,7 @@ def test_refused_requests_leave_nothing_in_the_proxys_caches(
         proxy_factory: ProxyFactory, upstream_server: UpstreamServer) -> None:
     proxy = proxy_factory(SMALL_HARD)
     assert proxy.app is not None
-    spans, recent = proxy.app[DECODED_SPANS], proxy.app[RECENT_BODIES]
+    spans, recent = proxy.app[SERVICES].decoded_spans, proxy.app[SERVICES].recent_bodies
     # Refused by the proxy: each view is over the hard limit, a new session and key each.
     for index in range(6):
         status, answer = _post(proxy, _tiny_blocks(3_000, f"h{index}"),
@@ -159,7 +159,7 @@ def test_refused_large_bodies_leave_no_token_counts_or_protocol_walks(
     proxy = proxy_factory({**SMALL_HARD, "compaction": {**SMALL_HARD["compaction"],
                                                         "hard_limit_tokens": 30_000}})
     assert proxy.app is not None
-    counter, memo = proxy.app[COUNTER], proxy.app[PROTOCOL_MEMO]
+    counter, memo = proxy.app[SERVICES].counter, proxy.app[SERVICES].protocol_memo
     before = (len(counter), len(memo))
     for index in range(3):  # large (worked on by the compute threads), each refused
         body = _tiny_blocks(12_000, f"L{index}")
@@ -184,7 +184,7 @@ def test_a_body_of_absurdly_many_objects_is_refused_before_it_is_decoded(
     assert answer["error"]["type"] == "request_too_large"
     assert "2002 JSON objects" in answer["error"]["message"]
     assert "limits.max_json_objects" in answer["error"]["message"]
-    assert len(proxy.app[DECODED_SPANS]) == 0
+    assert len(proxy.app[SERVICES].decoded_spans) == 0
     assert _post(proxy, _small_body("well within"))[0] == 200
 
 
