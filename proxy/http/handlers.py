@@ -72,7 +72,6 @@ from proxy.http.thinking import (
 )
 from proxy.logs import bind_request_fields
 from proxy.state.accounting import Accounting
-from proxy.state.calibration import clamp_to_window
 from proxy.state.summarizer import (
     CallerCredentials,
     ForkSource,
@@ -226,9 +225,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
             summarizer=timed.get(),
             counter=scope.counter,
             options=compactor.CompactionOptions(
-                # The compactor scales all by the messages' factor; the fixed part's own
-                # factor is folded into its count.
-                reserved_tokens=round(plan.reserved * plan.reserved_scale / plan.scale),
+                reserved_tokens=plan.folded_reserved,
                 sticky=sticky, checkpoint=checkpoint, copy=False, token_scale=plan.scale,
                 known_tokens=plan.known, facts=measured.facts,
                 protocol_memo=scope.memo,
@@ -344,7 +341,7 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
         if may_call_model:  # (the next summary, made in the background: never for count_tokens)
             await prepare_next(
                 s, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
-                reserved=round(plan.reserved * plan.reserved_scale / plan.scale),
+                reserved=plan.folded_reserved,
                 executor=executor, source=functools.partial(
                     _summary_source, s, request, session, True, body, durable, s.counter))
 
@@ -374,10 +371,7 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
         # (Bedrock's, Vertex's wording has no numbers: estimated from the view.)
         tokens, maximum = refusal.counts(result.tokens_after)
         s.calibration.learn_window(session.key, plan.model, maximum)
-        shown = max(1.0, tokens / max(1, result.tokens_after))
-        tighter = msgspec.structs.replace(
-            plan, policy=clamp_to_window(plan.policy, maximum),
-            scale=plan.scale * shown, reserved_scale=plan.reserved_scale * shown, known=None)
+        tighter = plan.tightened(maximum, shown=max(1.0, tokens / max(1, result.tokens_after)))
         again, again_new = await _compact(s, request, record, session, parsed, durable,
                                           tighter, may_call_model, measured, scope, executor)
         sent = tighter, again, again_new
@@ -449,16 +443,9 @@ def _learn(s: Services, record: RequestRecord, session: SessionRef,
     metrics = s.metrics
     metrics.observe_estimate_error(error)
     metrics.observe_provider_usage(usage)
-    # The counted view: the messages as counted, and the fixed part as counted (the
-    # compactor was given it folded by the ratio of the two factors).
-    folded = round(plan.reserved * plan.reserved_scale / plan.scale)
-    s.calibration.observe(session.key, plan.model,
-                             result.counted_after - folded + plan.reserved, provider,
-                             plan.reserved, result.fingerprints, result.message_tokens)
-    # The client's whole history as the provider would have counted it: the estimate of it
-    # at the ratio the provider's count of this view showed to the estimate of the view.
-    without = round(result.tokens_before * provider / max(1, result.tokens_after))
-    entry = s.accounting.entry(f"{session.key}:{plan.lane}", without, usage)
+    plan.learn(s.calibration, session.key, result, provider)
+    entry = s.accounting.entry(session.key, plan.lane, result.tokens_before,
+                               result.tokens_after, usage)
     s.usage_ledger.add(session.key, plan.model, entry)  # summed, written now and then
 
 

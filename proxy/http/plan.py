@@ -17,7 +17,7 @@ from policies import CompactionPolicy
 from proxy.http.compute import Turn
 from proxy.http.durable import SessionRef
 from proxy.http.spans import RequestBody, remembered
-from proxy.state.calibration import clamp_to_window
+from proxy.state.calibration import Calibration, clamp_to_window
 from proxy.state.prepare import PreparedRecord
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class RequestScope(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, s: Services, parsed: RequestBody, turn: Turn | None) -> RequestScope:
         if turn is None:
-            return cls(s.counter, s.protocol_memo)
+            return s.shared_scope
         counter, memo = s.counter.staged(), s.protocol_memo.staged()
         parsed.on_commit(counter.commit)
         parsed.on_commit(memo.commit)
@@ -105,6 +105,31 @@ class CompactionPlan(msgspec.Struct, frozen=True):
     reserved: int
     known: Mapping[int, float] | None = None
     prepared: PreparedRecord | None = None
+
+    @property
+    def folded_reserved(self) -> int:
+        """The fixed part as the compactor is given it: the compactor scales all by the
+        messages' factor, so the fixed part's own factor is folded into its count."""
+        return round(self.reserved * self.reserved_scale / self.scale)
+
+    def tightened(self, maximum: int, shown: float) -> CompactionPlan:
+        """The plan for compacting again below a refusal's window ``maximum``, with every
+        count scaled by the ratio ``shown`` the refusal showed over the refused view's
+        estimate (the per-message counts behind that estimate are no longer trusted)."""
+        return msgspec.structs.replace(
+            self, policy=clamp_to_window(self.policy, maximum), scale=self.scale * shown,
+            reserved_scale=self.reserved_scale * shown, known=None)
+
+    def learn(self, calibration: Calibration, session_key: str,
+              result: compactor.CompactionResult, provider_tokens: int) -> None:
+        """What the provider's count of the view sent teaches the session's calibration:
+        the messages as counted, and the fixed part as counted (unfolded)."""
+        if self.model is None:
+            return
+        calibration.observe(session_key, self.model,
+                            result.counted_after - self.folded_reserved + self.reserved,
+                            provider_tokens, self.reserved, result.fingerprints,
+                            result.message_tokens)
 
 
 def model_of(s: Services, request: web.Request, body: dict[str, Any]) -> str | None:

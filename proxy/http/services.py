@@ -23,6 +23,7 @@ from proxy.http.compute import ComputeThreads
 from proxy.http.durable import DurableBlocks
 from proxy.http.fixed_part import FixedPartWarnings
 from proxy.http.limits import TenantLimiter
+from proxy.http.plan import RequestScope
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
@@ -94,6 +95,8 @@ class Services:
     preparations: Preparations | None
     summarizer: ProviderSummarizer | None
     transcripts: TranscriptRecorder | None
+    #: What a small body's request works with: the shared counts and walks.
+    shared_scope: RequestScope
 
     def provider_of(self, request: web.Request) -> Provider | None:
         """The provider whose own path (Bedrock's, Vertex's) ``request`` came on; ``None``
@@ -144,6 +147,7 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
     # The decoded objects kept in all: half for spans by their bytes, half for the last body
     # of each conversation (the two mostly share objects; together never more than this).
     decoded_half = config.limits.decoded_cache_bytes // 2
+    counter, memo = _token_counter(config), compactor.ProtocolMemo()
     return Services(
         config=config,
         provider=provider,
@@ -156,8 +160,8 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
                                    admin.max_lockout_s),
         fixed_part=FixedPartWarnings(),
         metrics=metrics,
-        counter=_token_counter(config),
-        protocol_memo=compactor.ProtocolMemo(),
+        counter=counter,
+        protocol_memo=memo,
         decoded_spans=DecodedSpans(decoded_half),
         recent_bodies=RecentBodies(max_bytes=decoded_half),
         encoded_views=EncodedViews(),
@@ -179,4 +183,5 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
         summarizer=summarizer,
         transcripts=(TranscriptRecorder(sources.transcript_root, sources.transcript_max_bytes)
                      if sources.record_transcripts else None),
+        shared_scope=RequestScope(counter, memo),
     )

@@ -30,15 +30,21 @@ class Accounting:
         self._previous: LRU[str, int] = LRU(max_lanes)
         self._lock = threading.Lock()
 
-    def entry(self, lane: str, tokens_without_proxy: int, usage: ProviderUsage) -> UsageEntry:
+    def entry(self, session_key: str, lane: str, history_tokens: int, view_tokens: int,
+              usage: ProviderUsage) -> UsageEntry:
         """The ledger entry of one answered request.
 
         Args:
-            lane: the conversation (tenant, session, role and opener), whose previous request
-                bounds the cache reads of the counterfactual.
-            tokens_without_proxy: the client's whole history as the provider would count it.
+            session_key: the session (tenant and id) and ``lane`` its conversation (role and
+                opener), whose previous request bounds the cache reads of the counterfactual.
+            history_tokens: the client's whole history as the proxy estimated it, and
+                ``view_tokens`` the view it sent as estimated: the history as the provider
+                would have counted it is the estimate at the ratio its count of the view
+                showed.
             usage: what the provider billed for the view it was sent.
         """
+        tokens_without_proxy = round(history_tokens * usage.prompt_tokens / max(1, view_tokens))
+        lane = f"{session_key}:{lane}"
         with self._lock:
             previous = self._previous.get(lane, 0)
             self._previous[lane] = tokens_without_proxy
