@@ -31,7 +31,7 @@ _EXIT = re.compile(r"(?:^|\n)\s*(?:Exit code|exit code|exit status|Exit status)[
 STATUS = re.compile(r" \((?:exit -?\d+|failed)\)$")
 #: What an entry longer than the whole budget keeps of its first line.
 CUT_HEAD_CHARS = 200
-ENTRY_OPEN, ENTRY_CLOSE = "<entry>", "</entry>"
+ENTRY_OPEN, ENTRY_CLOSE = "<trail-entry>", "</trail-entry>"
 
 
 def _result_text(block: dict[str, Any]) -> str:
@@ -100,7 +100,7 @@ def artifact_trail(messages: Iterable[Message], reads: Iterable[ReadToolSpec]) -
 
 def render_entry(entry: str) -> str:
     """``entry`` as it stands in the trail: one line, or a command of several lines between
-    ``<entry>`` lines (so a merge reads it back whole)."""
+    ``<trail-entry>`` lines (so a merge reads it back whole)."""
     return f"{ENTRY_OPEN}\n{entry}\n{ENTRY_CLOSE}" if "\n" in entry else entry
 
 

@@ -156,11 +156,11 @@ def _heredoc(path: str, lines: int) -> str:
 
 def _chars4_within(entries: list[str], budget: int) -> list[str]:
     """The newest of ``entries`` that fit ``budget`` at 4 chars a token, each with its line
-    break (and, spanning lines, its ``<entry>`` lines): the rule the trail promises."""
+    break (and, spanning lines, its ``<trail-entry>`` lines): the rule the trail promises."""
     kept: list[str] = []
     used = 0
     for entry in reversed(entries):
-        rendered = f"<entry>\n{entry}\n</entry>" if "\n" in entry else entry
+        rendered = f"<trail-entry>\n{entry}\n</trail-entry>" if "\n" in entry else entry
         used += (len(rendered) + 1 + 3) // 4
         if used > budget:
             break
