@@ -2,10 +2,10 @@
 and which commands they ran (with the exit status where the result shows it).
 
 Derived from the ``tool_use`` inputs and their results alone, so the paths and commands are
-exact: no model is trusted with them. One entry per artifact, deduplicated (a later call moves
-its entry to the end), newest last; a command is kept whole (a heredoc spans lines). Which
+exact: no model is trusted with them. One entry per file and what was done to it, or per
+command, deduplicated (a later call moves its entry to the end), newest last; a command is kept whole (a heredoc spans lines). Which
 entries fit the budget, and how one longer than the whole budget is cut, is decided here too
-(``render_entry``, ``cut_entry``), so the bench measures the same rule.
+(``entries_within``), so the bench measures the same rule.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def _entry(block: dict[str, Any], reads: Iterable[ReadToolSpec]) -> tuple[str, s
 
 
 def artifact_trail(messages: Iterable[Message], reads: Iterable[ReadToolSpec]) -> list[str]:
-    """The trail of ``messages`` (oldest first): one line per file or command, a repeated one
-    at the place of its latest call, newest last."""
+    """The trail of ``messages`` (oldest first): one entry per file and verb or per command,
+    a repeated one at the place of its latest call, newest last."""
     reads = tuple(reads)
     calls: list[tuple[str, str, str]] = []  # (tool_use id, verb, what)
     results: dict[str, dict[str, Any]] = {}
