@@ -3,9 +3,10 @@ and which commands they ran (with the exit status where the result shows it).
 
 Derived from the ``tool_use`` inputs and their results alone, so the paths and commands are
 exact: no model is trusted with them. One entry per file and what was done to it, or per
-command, deduplicated (a later call moves its entry to the end), newest last; a command is kept whole (a heredoc spans lines). Which
-entries fit the budget, and how one longer than the whole budget is cut, is decided here too
-(``entries_within``), so the bench measures the same rule.
+command, deduplicated (a later call moves its entry to the end), newest last; a command is
+kept whole (a heredoc spans lines). Which entries fit the budget, and how one longer than the
+whole budget is cut, is decided here too (``entries_within``), so the bench measures the same
+rule.
 """
 
 from __future__ import annotations
