@@ -10,29 +10,37 @@ that carries no facts (a lower bound: a real summary may repeat some). For each 
   the newest of them that fit ``user_text_budget_tokens`` (a tenth of the soft threshold);
 * artifacts: the file paths (``file_path``/``path``/``notebook_path``) and commands of the
   ``tool_use`` blocks in those messages, and the share of them found in the view; "in budget"
-  the newest that fit ``artifact_trail_budget_tokens`` (a twentieth of the soft threshold);
+  those whose trail entries are among the newest that fit ``artifact_trail_budget_tokens`` (a
+  twentieth of the soft threshold) by their rendered cost: the trail's rule, with its entries
+  (``artifact_trail``, ``entry_cost``, ``cut_entry``) taken from this tree's
+  ``compactor/_trail.py`` for every tree measured. An entry that alone costs more than the
+  whole budget is cut by the rule and its artifact counts as outside the budget (its cut form
+  still takes its room); an artifact the rule writes no entry for counts as inside;
 * tokens: the view's tokens over the soft threshold, summed over the compacted conversations
   (what keeping them costs).
 
 ``--baseline REF`` runs the same measurement on commit REF's ``compactor/`` and ``policies/``
-(in a subprocess, with this tree's ``_user_text.py`` to tell person text apart) and prints its
-rows first, side by side with this tree's.
+(in a subprocess, with this tree's ``_user_text.py`` to tell person text apart and its
+``_trail.py`` for the trail's rule) and prints its rows first, side by side with this tree's.
 
-    python -m bench.retention --baseline 41301d4
+    python -m bench.retention --baseline 39007a2
     python -m bench.retention --limit 20 --fractions 0.5
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from compactor import Chars4Counter, CompactionOptions, compact_context, estimate_tokens
@@ -43,6 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("COMPACT_PROXY_SHARED", REPO.parent / "shared")) / "corpus" / "real"
 FRACTIONS = (0.5, 0.3, 0.15)
 PATH_KEYS = ("file_path", "path", "notebook_path")
+#: Where the trail's rule is read from (a baseline's subprocess points it at this tree).
+TRAIL_RULE = Path(os.environ.get("COMPACT_PROXY_TRAIL_RULE", REPO / "compactor"))
 
 
 @dataclass
@@ -163,6 +173,39 @@ def _newest_within(texts: list[str], budget: int, counter: Chars4Counter) -> int
     return fitted
 
 
+def trail_rule() -> ModuleType:
+    """``compactor/_trail.py`` of :data:`TRAIL_RULE`, imported apart from the tree measured."""
+    package = sys.modules.get("trail_rule")
+    if package is None:
+        package = types.ModuleType("trail_rule")
+        package.__path__ = [str(TRAIL_RULE)]
+        sys.modules["trail_rule"] = package
+    return importlib.import_module("trail_rule._trail")
+
+
+def artifacts_in_budget(gone: list[dict[str, Any]], artifacts: list[str], budget: int,
+                        policy: CompactionPolicy, counter: Chars4Counter) -> set[str]:
+    """Which of ``artifacts`` the trail must keep: those of the newest entries that fit
+    ``budget`` by their rendered cost (an entry alone over the budget is cut: its artifact is
+    outside, its cut form takes its room), and those the rule writes no entry for."""
+    rule = trail_rule()
+    entries = rule.artifact_trail(gone, policy.read_tools)
+    what = {entry: rule.STATUS.sub("", entry).split(" ", 1)[-1] for entry in entries}
+    inside = set(artifacts) - set(what.values())
+    used = 0
+    for entry in reversed(entries):
+        cost = rule.entry_cost(entry, counter.count_text)
+        whole = cost <= budget
+        if not whole:
+            cost = rule.entry_cost(rule.cut_entry(entry), counter.count_text)
+        used += cost
+        if used > budget:
+            break
+        if whole:
+            inside.add(what[entry])
+    return inside
+
+
 def measure(named: list[tuple[str, list[dict[str, Any]]]], fraction: float, tree: str) -> Row:
     """Compact every session at ``fraction`` of its size; count what the views keep."""
     counter = Chars4Counter()
@@ -199,12 +242,9 @@ def measure(named: list[tuple[str, list[dict[str, Any]]]], fraction: float, tree
         artifacts = list(dict.fromkeys(a for m in gone for a in _artifacts(m)))
         row.artifacts += len(artifacts)
         row.artifacts_kept += sum(a in haystack for a in artifacts)
-        # Each as the longest line a trail writes for it ("edited PATH", "ran CMD (exit N)").
-        fitted = _newest_within([f"edited {a} (exit 1)" for a in artifacts],
-                                max(1, soft // 20), counter)
-        row.artifacts_in_budget += fitted
-        row.artifacts_in_budget_kept += sum(
-            a in haystack for a in artifacts[len(artifacts) - fitted:])
+        inside = artifacts_in_budget(gone, artifacts, max(1, soft // 20), policy, counter)
+        row.artifacts_in_budget += len(inside)
+        row.artifacts_in_budget_kept += sum(a in haystack for a in inside)
     row.summary_calls = len(summaries)
     return row
 
@@ -246,8 +286,8 @@ def baseline_rows(ref: str, fractions: list[float], limit: int | None) -> list[R
                 "--fractions", *map(str, fractions)]
         if limit is not None:
             args += ["--limit", str(limit)]
-        env = {**os.environ, "PYTHONPATH": tmp,
-               "COMPACT_PROXY_SHARED": str(CORPUS.parent.parent)}
+        env = {**os.environ, "PYTHONPATH": tmp, "COMPACT_PROXY_SHARED": str(CORPUS.parent.parent),
+               "COMPACT_PROXY_TRAIL_RULE": str(TRAIL_RULE)}
         out = subprocess.run(args, cwd=tmp, env=env, check=True, capture_output=True,
                              text=True).stdout
     return [Row(**r) for r in json.loads(out)]

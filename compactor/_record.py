@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from policies import CompactionPolicy
 
 from ._blocks import Message, blocks_of
-from ._trail import artifact_trail
+from ._trail import ENTRY_CLOSE, ENTRY_OPEN, STATUS, artifact_trail, entries_within, render_entry
 from ._user_text import person_texts
 
 __all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
@@ -26,9 +26,8 @@ _TEXT_HEAD = "What the user wrote in this part, verbatim, oldest first:"
 _TRAIL_HEAD = "Files and commands of this part, exact, newest last:"
 _TEXTS = re.compile(r"<user-text>\n(.*?)\n</user-text>", re.DOTALL)
 _TRAIL = re.compile(r"<artifact-trail>\n(.*?)\n</artifact-trail>", re.DOTALL)
-_STATUS = re.compile(r" \((?:exit -?\d+|failed)\)$")
-#: Trail lines of files the span changed (``_trail``'s verbs).
-_CHANGES = ("wrote ", "edited ")
+#: One trail entry: a command of several lines between entry lines, or one line.
+_ENTRY = re.compile(rf"^{ENTRY_OPEN}\n(.*?)\n{ENTRY_CLOSE}$|^([^\n]+)$", re.DOTALL | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,16 @@ class SpanRecord:
             parts.append(_TEXT_HEAD + "\n" + "\n".join(
                 f"<user-text>\n{text}\n</user-text>" for text in self.user_texts))
         if self.trail:
-            parts.append(_TRAIL_HEAD + "\n<artifact-trail>\n" + "\n".join(self.trail)
-                         + "\n</artifact-trail>")
+            parts.append(_TRAIL_HEAD + "\n<artifact-trail>\n"
+                         + "\n".join(map(render_entry, self.trail)) + "\n</artifact-trail>")
         return "\n\n".join(parts)
 
 
 def parse_record(text: str) -> SpanRecord:
     """The sections a summary block's ``text`` carries (see :meth:`SpanRecord.render`)."""
     texts = tuple(_TEXTS.findall(text))
-    trail = tuple(line for found in _TRAIL.findall(text) for line in found.split("\n") if line)
+    trail = tuple(whole or line for found in _TRAIL.findall(text)
+                  for whole, line in _ENTRY.findall(found))
     return SpanRecord(texts, trail)
 
 
@@ -101,28 +101,12 @@ def span_record(span: Iterable[Message], policy: CompactionPolicy,
         texts += person_texts(message)
     trail: dict[str, str] = {}
     for line in [*earlier_trail, *artifact_trail(messages, policy.read_tools)]:
-        key = _STATUS.sub("", line)
+        key = STATUS.sub("", line)
         trail.pop(key, None)
         trail[key] = line
     text_budget, trail_budget = budgets(policy)
     # A text typed again ("continue") is kept once, at its latest place.
     unique = list(dict.fromkeys(texts[::-1]))[::-1]
     return SpanRecord(tuple(_newest_within(unique, text_budget, count)),
-                      tuple(_trail_within(list(trail.values()), trail_budget, count)))
+                      tuple(entries_within(list(trail.values()), trail_budget, count)))
 
-
-def _trail_within(lines: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
-    """The trail lines that fit ``budget``, in their order: over it, the oldest reads and
-    commands go first, files written or edited last (what changed matters most later)."""
-    costs = [count(line) for line in lines]
-    total = sum(costs)
-    changed = [line.startswith(_CHANGES) for line in lines]
-    dropped: set[int] = set()
-    for keep_changes in (True, False):
-        for index in range(len(lines)):
-            if total <= budget:
-                return [line for i, line in enumerate(lines) if i not in dropped]
-            if index not in dropped and (not changed[index] or not keep_changes):
-                dropped.add(index)
-                total -= costs[index]
-    return [line for i, line in enumerate(lines) if i not in dropped]

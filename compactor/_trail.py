@@ -2,14 +2,17 @@
 and which commands they ran (with the exit status where the result shows it).
 
 Derived from the ``tool_use`` inputs and their results alone, so the paths and commands are
-exact: no model is trusted with them. One line per artifact, deduplicated (a later call moves
-its line to the end), newest last.
+exact: no model is trusted with them. One entry per file and what was done to it, or per
+command, deduplicated (a later call moves its entry to the end), newest last; a command is
+kept whole (a heredoc spans lines). Which entries fit the budget, and how one longer than the
+whole budget is cut, is decided here too (``entries_within``), so the bench measures the same
+rule.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from policies import ReadToolSpec
@@ -25,8 +28,11 @@ _EDITS = frozenset({"Edit", "MultiEdit", "NotebookEdit", "edit_file", "str_repla
 _EDITOR = {"view": "read", "create": "wrote", "str_replace": "edited", "insert": "edited",
            "undo_edit": "edited"}
 _EXIT = re.compile(r"(?:^|\n)\s*(?:Exit code|exit code|exit status|Exit status)[:\s]+(-?\d+)")
-#: Longest command kept whole; a longer one keeps its start and says it was cut.
-MAX_COMMAND_CHARS = 600
+#: The exit status an entry ends with (``_status``).
+STATUS = re.compile(r" \((?:exit -?\d+|failed)\)$")
+#: What an entry longer than the whole budget keeps of its first line.
+CUT_HEAD_CHARS = 200
+ENTRY_OPEN, ENTRY_CLOSE = "<trail-entry>", "</trail-entry>"
 
 
 def _result_text(block: dict[str, Any]) -> str:
@@ -65,15 +71,13 @@ def _entry(block: dict[str, Any], reads: Iterable[ReadToolSpec]) -> tuple[str, s
             return "edited", path
         return f"{name}:", path
     if isinstance(command, str) and command.strip():
-        if len(command) > MAX_COMMAND_CHARS:
-            command = command[:MAX_COMMAND_CHARS] + " …[cut]"
         return "ran", command
     return None
 
 
 def artifact_trail(messages: Iterable[Message], reads: Iterable[ReadToolSpec]) -> list[str]:
-    """The trail of ``messages`` (oldest first): one line per file or command, a repeated one
-    at the place of its latest call, newest last."""
+    """The trail of ``messages`` (oldest first): one entry per file and verb or per command,
+    a repeated one at the place of its latest call, newest last."""
     reads = tuple(reads)
     calls: list[tuple[str, str, str]] = []  # (tool_use id, verb, what)
     results: dict[str, dict[str, Any]] = {}
@@ -93,3 +97,42 @@ def artifact_trail(messages: Iterable[Message], reads: Iterable[ReadToolSpec]) -
         lines.pop(key, None)
         lines[key] = f"{verb} {what}{status}"
     return list(lines.values())
+
+
+def render_entry(entry: str) -> str:
+    """``entry`` as it stands in the trail: one line, or a command of several lines between
+    ``<trail-entry>`` lines (so a merge reads it back whole)."""
+    return f"{ENTRY_OPEN}\n{entry}\n{ENTRY_CLOSE}" if "\n" in entry else entry
+
+
+def entry_cost(entry: str, count: Callable[[str], int]) -> int:
+    """What ``entry`` costs in the trail: its rendered text and the line break after it."""
+    return count(render_entry(entry) + "\n")
+
+
+def cut_entry(entry: str) -> str:
+    """``entry`` cut to the start of its first line, its exit status kept: what stays of an
+    entry that alone costs more than the whole budget (a heredoc of thousands of chars)."""
+    status = STATUS.search(entry)
+    suffix = status.group(0) if status else ""
+    body = entry[: len(entry) - len(suffix)]
+    head = body.split("\n", 1)[0][:CUT_HEAD_CHARS]
+    return f"{head} …[cut: {len(body) - len(head)} more chars]{suffix}"
+
+
+def entries_within(entries: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
+    """The newest of ``entries`` (oldest first) whose costs fit ``budget`` together, in their
+    order: filled newest first, up to the first that does not fit. An entry that alone costs
+    more than the whole budget competes as its cut form (:func:`cut_entry`)."""
+    kept: list[str] = []
+    used = 0
+    for entry in reversed(entries):
+        cost = entry_cost(entry, count)
+        if cost > budget:
+            entry = cut_entry(entry)
+            cost = entry_cost(entry, count)
+        used += cost
+        if used > budget:
+            break
+        kept.append(entry)
+    return kept[::-1]

@@ -204,7 +204,9 @@ class CompactionConfig(Thresholds, Section):
     artifact_trail_budget_tokens: Annotated[NonNegative | None, doc(
         "The files read, written or edited and the commands run (with their exit status where "
         "shown) by the tool calls of a dropped or summarised span are kept with the summary, "
-        "exactly, deduplicated, newest last, up to this many tokens. null: a twentieth of "
+        "exactly, deduplicated, newest last, up to this many tokens, filled newest first (over "
+        "it the oldest go). A command is kept whole; only one that alone costs more than this "
+        "budget keeps just the start of its first line. null: a twentieth of "
         "soft_threshold_tokens; 0: none kept.", 4000
     )] = None
     calibration: Annotated[Bool, doc(

@@ -11,7 +11,8 @@ from compactor import (
     prepare_span,
     summary_cache_key,
 )
-from compactor._l4_summary import holds_summary
+from compactor._l4_summary import _summary_block, holds_summary
+from compactor._record import SpanRecord, parse_record
 from compactor._view import View
 from policies import CompactionPolicy
 from proxy.fake_upstream.rules import check_messages_request
@@ -123,4 +124,28 @@ def test_what_the_user_typed_in_the_prepared_span_stays_verbatim_beside_its_summ
     text = repr(result.messages)
     assert "Never touch the public parse_* names." in text
     assert "step 3" in text  # a command of the summarised span, in the artifact trail
+    check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_prepared_summary_over_an_earlier_one_keeps_its_trail_whole() -> None:
+    """An earlier summary's trail (two heredoc commands both ending in ``EOF``) is carried into
+    the prepared summary entry by entry, whole and in order, before the span's own entries."""
+    heredocs = [f"cat > /src/{name}.py <<'EOF'\nimport os\nprint(os.getcwd())\nEOF"
+                for name in ("one", "two")]
+    earlier = SpanRecord(("Keep the old API.",), tuple(f"ran {h} (exit 0)" for h in heredocs))
+    summary = {"role": "user", "content": [_summary_block("Earlier work.", 12, earlier.render())]}
+    early = _turns([user("Fix the parser"), summary], 0, 18)
+    request, span = _prepared_at(early, CachingCounter(Chars4Counter()))
+    grown = _turns(early, 18, 6)
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "prepared summary",
+                             counter=CachingCounter(Chars4Counter()),
+                             options=CompactionOptions(prepared=span))
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] == ["prepared summary"]
+    summaries = [b["text"] for m in result.messages for b in m["content"]
+                 if isinstance(b, dict) and "prepared summary" in b.get("text", "")]
+    assert len(summaries) == 1
+    kept = parse_record(summaries[0])
+    assert kept.user_texts[0] == "Keep the old API."
+    assert kept.trail[:3] == (f"ran {heredocs[0]} (exit 0)", f"ran {heredocs[1]} (exit 0)",
+                              "ran step 0")
     check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})

@@ -148,17 +148,97 @@ def test_over_the_budget_the_oldest_user_texts_go() -> None:
     assert kept.trail == ()
 
 
-def test_over_the_trail_budget_edited_files_outlast_commands() -> None:
-    """A long run of commands after an edit: the oldest commands go first, the edit stays."""
+def _heredoc(path: str, lines: int) -> str:
+    """A command writing ``path`` with a heredoc of ``lines`` lines (ending in ``EOF``)."""
+    body = "".join(f"    value_{i} = compute({i})  # for {path}\n" for i in range(lines))
+    return f"cat > {path} <<'EOF'\ndef main():\n{body}EOF"
+
+
+def _chars4_within(entries: list[str], budget: int) -> list[str]:
+    """The newest of ``entries`` that fit ``budget`` at 4 chars a token, each with its line
+    break (and, spanning lines, its ``<trail-entry>`` lines): the rule the trail promises."""
+    kept: list[str] = []
+    used = 0
+    for entry in reversed(entries):
+        rendered = f"<trail-entry>\n{entry}\n</trail-entry>" if "\n" in entry else entry
+        used += (len(rendered) + 1 + 3) // 4
+        if used > budget:
+            break
+        kept.append(entry)
+    return kept[::-1]
+
+
+def test_over_the_trail_budget_the_newest_entries_stay() -> None:
+    """A long run of commands after an edit: the budget is filled newest first, by what each
+    entry costs as written, so the trail is exactly the newest entries that fit; the older
+    edit is the first to go."""
     messages: list[Message] = [user("go")]
-    messages += exchange("e0", "ok", name="Edit", file_path="/src/keep_me.py", old_string="a",
+    messages += exchange("e0", "ok", name="Edit", file_path="/src/old_edit.py", old_string="a",
                          new_string="b")
     for n in range(30):
         messages += exchange(f"b{n}", "z" * 2_000, command=f"pytest -k case{n}")
+    every = artifact_trail(messages[:-4], DEFAULT_READ_TOOLS)
     view, _ = _l3(messages, artifact_trail_budget_tokens=60)
     trail = parse_record(view.messages[1]["content"][0]["text"]).trail
-    assert trail[0] == "edited /src/keep_me.py" and len(trail) > 2
-    assert "ran pytest -k case0" not in trail and trail[-1].startswith("ran pytest -k case2")
+    assert trail == tuple(_chars4_within(every, 60))
+    assert "edited /src/old_edit.py" not in trail and len(trail) > 2
+    _valid(view.messages)
+
+
+def test_a_long_command_within_the_budget_is_kept_whole() -> None:
+    """A heredoc of thousands of characters is one entry, kept verbatim with its exit status
+    when it fits the budget."""
+    command = _heredoc("/src/gen.py", 80)
+    assert len(command) > 3_000
+    messages: list[Message] = [user("go"), *exchange("r0", "x", name="Read", file_path="/a.py")]
+    messages += [assistant(tool_use("h0", "Bash", command=command)),
+                 user(tool_result("h0", "Exit code 0"))]
+    for n in range(8):
+        messages += exchange(f"b{n}", "z" * 2_000, command=f"make step{n}")
+    view, _ = _l3(messages, artifact_trail_budget_tokens=2_000)
+    trail = parse_record(view.messages[1]["content"][0]["text"]).trail
+    assert trail[:2] == ("read /a.py", f"ran {command} (exit 0)")
+    assert f"ran {command} (exit 0)" in _strings(view.messages)
+    _valid(view.messages)
+
+
+def test_a_command_longer_than_the_whole_budget_is_cut_and_the_older_entries_stay() -> None:
+    """Only a command that alone costs more than the whole budget is cut (the start of its
+    first line, its status kept); it costs what its cut form costs, so older entries fit."""
+    command = _heredoc("/src/huge.py", 200)
+    messages: list[Message] = [user("go"), *exchange("r0", "x", name="Read", file_path="/a.py")]
+    messages += [assistant(tool_use("h0", "Bash", command=command)),
+                 user(tool_result("h0", "Exit code 3", is_error=True))]
+    for n in range(8):
+        messages += exchange(f"b{n}", "z" * 2_000, command=f"make step{n}")
+    view, _ = _l3(messages, artifact_trail_budget_tokens=100)
+    trail = parse_record(view.messages[1]["content"][0]["text"]).trail
+    cut = f"ran cat > /src/huge.py <<'EOF' …[cut: {len(command) - 26} more chars] (exit 3)"
+    assert trail[:2] == ("read /a.py", cut)
+    assert "value_1 = compute" not in _strings(view.messages)
+
+
+def test_a_merge_keeps_commands_of_several_lines_whole() -> None:
+    """A second L3 reads the first record's trail back entry by entry: two heredocs that both
+    end in ``EOF`` stay whole and in order, not split into lines and deduplicated."""
+    first_cmd, second_cmd = _heredoc("/src/one.py", 3), _heredoc("/src/two.py", 3)
+    messages: list[Message] = [user("go")]
+    for n, command in enumerate((first_cmd, second_cmd)):
+        messages += [assistant(tool_use(f"h{n}", "Bash", command=command)),
+                     user(tool_result(f"h{n}", "Exit code 0"))]
+    for n in range(8):
+        messages += exchange(f"b{n}", "z" * 2_000, command=f"make step{n}")
+    first, _ = _l3(messages, artifact_trail_budget_tokens=2_000)
+    grown = [*first.messages]
+    for n in range(8, 16):
+        grown += exchange(f"b{n}", "z" * 2_000, command=f"make step{n}")
+    view, _ = _l3(grown, artifact_trail_budget_tokens=2_000)
+    records = [m for m in view.messages if "compact-proxy-summary" in _all_text([m])]
+    assert len(records) == 1
+    trail = parse_record(records[0]["content"][0]["text"]).trail
+    assert trail[:3] == (f"ran {first_cmd} (exit 0)", f"ran {second_cmd} (exit 0)",
+                         "ran make step0")
+    _valid(view.messages)
 
 
 def test_budgets_of_zero_keep_nothing_and_add_no_message() -> None:
