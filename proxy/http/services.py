@@ -100,7 +100,9 @@ class Services:
 
     def provider_of(self, request: web.Request) -> Provider | None:
         """The provider whose own path (Bedrock's, Vertex's) ``request`` came on; ``None``
-        for first-party paths."""
+        for first-party paths (all of them when the provider is Anthropic's own)."""
+        if self.provider.name == "anthropic":
+            return None
         return provider_of(request, self.provider)
 
 
