@@ -48,7 +48,7 @@ from bench.harness.processes import baseline_worktree, proxy_process, upstream_p
 from bench.harness.relay import relay_process
 from bench.harness.stats import process_cpu_s
 from bench.harness.workloads import history_of_size, request_body, request_headers
-from proxy.state.store import SQLiteStateStore
+from proxy.store import SQLiteStateStore
 
 #: The variants: a name and what it changes in the config.
 VARIANTS: Final[tuple[tuple[str, Mapping[str, Any]], ...]] = (

@@ -11,7 +11,7 @@ cell (the same ``--size`` request under the threshold, ``bench/proxy.py``'s conf
 count dumped: every user-space instruction of the process, its threads included, per
 request. Two runs give the same figures within a few tenths of a percent — with the audit log
 off (the default here): its batches are written by the clock
-(``proxy.state.store.audit_batches.AUDIT_LINGER_S``), and under valgrind's slowness a batch
+(``proxy.store.audit_batches.AUDIT_LINGER_S``), and under valgrind's slowness a batch
 holds far fewer requests than at full speed, so with ``--audit`` its commits weigh more than
 they do in production and move from run to run.
 

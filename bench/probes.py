@@ -32,11 +32,11 @@ from typing import Any
 
 import anthropic
 
-from proxy.app import start_proxy
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
 from proxy.fake_upstream.scripts import default_script
-from proxy.logs import configure_logging
+from proxy.server.app import start_proxy
+from proxy.telemetry.logs import configure_logging
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,13 @@ import aiohttp
 
 from bench.harness.config import MODEL
 from bench.harness.workloads import AgentSession, request_body
-from proxy.app import start_proxy
+from proxy.accounting.report import build_report
+from proxy.accounting.usage import ProviderUsage, UsageEntry, usage_cost
 from proxy.config import Config, LoggingConfig
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
-from proxy.logs import configure_logging
-from proxy.report import build_report
-from proxy.state.store import SQLiteStateStore
-from proxy.state.usage import ProviderUsage, UsageEntry, usage_cost
+from proxy.server.app import start_proxy
+from proxy.store import SQLiteStateStore
+from proxy.telemetry.logs import configure_logging
 
 API_KEY = "sk-ant-bench-provider-truth"
 WINDOW = 120_000

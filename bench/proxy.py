@@ -231,10 +231,7 @@ from bench.stamped_upstream import (
 )
 from compactor import CachingCounter, TiktokenCounter
 from compactor._fingerprint import strip_cache_control
-from proxy.allocator import tune_allocator
-from proxy.app import READ_BUFSIZE
 from proxy.config import EventLoopName
-from proxy.event_loop import loop_factory
 from proxy.fake_upstream import (
     FakeUpstream,
     RecordedRequest,
@@ -243,6 +240,9 @@ from proxy.fake_upstream import (
     is_summarizer_request,
     start_fake_upstream,
 )
+from proxy.server.allocator import tune_allocator
+from proxy.server.app import READ_BUFSIZE
+from proxy.server.event_loop import loop_factory
 
 _headers = request_headers
 _wait_until_up = wait_until_up

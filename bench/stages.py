@@ -57,7 +57,7 @@ STAGES: Final = (
     ("proxy.http.handlers", "load_durable_context"),
     ("proxy.http.handlers", "plan_compaction"),
     ("proxy.http.handlers", "_compact"),
-    ("proxy.state.checkpoints", "SessionCheckpoints.load"),
+    ("proxy.store.checkpoints", "SessionCheckpoints.load"),
     ("proxy.http.spans", "RequestBody.facts"),
     ("compactor", "compact_context_async"),
     ("proxy.http.handlers", "_outgoing"),
@@ -103,7 +103,7 @@ def serve_timed(config: str, out: str) -> None:
     sums so far to ``out`` (JSON ``{stage: [ns, calls]}``), SIGUSR2 sets them to zero."""
     import importlib
 
-    from proxy.cli import main as cli_main
+    from proxy.cli.commands import main as cli_main
 
     spent: dict[str, list[int]] = {}
     for module_name, name in STAGES:

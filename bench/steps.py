@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve is not None:
-        from proxy.cli import main as cli_main
+        from proxy.cli.commands import main as cli_main
 
         _traced(lambda: cli_main(["serve", "--config", args.serve[0]]), args.serve[1])
         return 0

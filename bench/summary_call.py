@@ -35,8 +35,8 @@ from bench.harness.client import client_session
 from bench.harness.config import BENCH_API_KEY
 from bench.harness.processes import upstream_process
 from proxy.config import SummaryConfig
-from proxy.state.summarizer import CallerCredentials, ProviderSummarizer
-from proxy.state.summary_calls import ForkSource, SummaryCall, fork_call
+from proxy.summary.calls import ForkSource, SummaryCall, fork_call
+from proxy.summary.summarizer import CallerCredentials, ProviderSummarizer
 
 #: A real Claude Code conversation (the corpus's largest, 590 KB), cut at each size.
 CORPUS: Final = (Path(__file__).resolve().parents[2] / "shared" / "corpus" / "real"

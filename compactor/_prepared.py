@@ -1,7 +1,7 @@
 """Summaries made ahead: the span the next crossing would cut, summarised before it comes.
 
 A session whose view nears the soft threshold gets its L4 summary made off the request path
-(the proxy decides when, :mod:`proxy.state.prepare`). :func:`prepare_span` names the span:
+(the proxy decides when, :mod:`proxy.summary.prepare`). :func:`prepare_span` names the span:
 the request L4 would make of the view as it stands, and a :class:`PreparedSpan` saying which
 messages it covers (how many from the start, and the fingerprints of that prefix). At the
 crossing, :func:`use_prepared` cuts the grown view at the same place: when the view still

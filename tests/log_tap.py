@@ -3,8 +3,8 @@ those lines for secrets (the hooks that use it are in ``tests/conftest.py``).
 
 Every line the proxy logs, through structlog or the standard ``logging`` module, is rendered
 by a structlog ``JSONRenderer`` or ``ConsoleRenderer`` as the last step of the chain that
-:func:`proxy.logs.configure_logging` builds (after the redactor). :func:`install` wraps both
-renderers' ``__call__`` so that each rendered line is also kept in :data:`LOG_TAP`, whichever
+:func:`proxy.telemetry.logs.configure_logging` builds (after the redactor). :func:`install` wraps
+both renderers' ``__call__`` so that each rendered line is also kept in :data:`LOG_TAP`, whichever
 stream it goes to; the reliability fixtures add the stderr of every proxy subprocess they
 start. At the end of the run the lines are scanned for the suite's secrets; the run fails on
 any hit, or when the tap holds fewer lines than tests that ran a proxy (each request logs at

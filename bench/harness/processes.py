@@ -1,7 +1,8 @@
 """Child processes of a benchmark.
 
 :class:`ManagedProcess` (stopped on every way out, its output in a log file), free ports, the
-fake provider, ``proxy.cli serve``, LiteLLM, a baseline commit in a temporary ``git worktree``.
+fake provider, ``proxy.cli.commands serve``, LiteLLM, a baseline commit in a temporary ``git
+worktree``.
 """
 
 from __future__ import annotations

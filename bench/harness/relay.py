@@ -16,10 +16,10 @@ import aiohttp
 from aiohttp import web
 
 from bench.harness.processes import ManagedProcess, Service, free_port, wait_until_up
-from proxy.allocator import tune_allocator
-from proxy.app import READ_BUFSIZE
 from proxy.config import EventLoopName
-from proxy.event_loop import loop_factory
+from proxy.server.allocator import tune_allocator
+from proxy.server.app import READ_BUFSIZE
+from proxy.server.event_loop import loop_factory
 
 # Not forwarded by the reference relay: per-connection headers and the ones aiohttp recomputes.
 _RELAY_DROPPED: Final = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",

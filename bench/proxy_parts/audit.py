@@ -43,7 +43,7 @@ class AuditResults:
 
 async def count_audit_entries(store_path: Path) -> int:
     """How many request entries a proxy's SQLite store holds (read after the run)."""
-    from proxy.state.store import SQLiteStateStore
+    from proxy.store import SQLiteStateStore
 
     store = await SQLiteStateStore(store_path).open()
     try:

@@ -155,7 +155,7 @@ async def run_benchmark(sizes: Sizes, thresholds: Thresholds = SESSION_THRESHOLD
                             client, root, "proxy-baseline", upstream.url, thresholds,
                             sticky=sticky, source=source))))
                         notes.append(f"baseline: {describe_ref(baseline)} (git worktree, its "
-                                     "proxy.cli serve with the same config)")
+                                     "proxy.cli.commands serve with the same config)")
                     if litellm:
                         _progress("LiteLLM: looking for it")
                         hop = await hops.enter_async_context(

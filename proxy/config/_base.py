@@ -31,7 +31,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from policies._compaction import STRICT, Text, invalid
 from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from proxy.config._errors import config_error, shown
-from proxy.masking import mask_url
+from proxy.telemetry.masking import mask_url
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ class Config(Section):
 
     def as_dict(self) -> dict[str, Any]:
         """The effective values as plain YAML-safe data (what ``check-config --show`` prints,
-        masked by :func:`proxy.masking.mask_config`).
+        masked by :func:`proxy.telemetry.masking.mask_config`).
 
         Secrets appear only as the names of their environment variables, but for a URL's own
         password, kept as written here. ``policies.roles`` shows every role's effective

@@ -35,9 +35,9 @@ from proxy.config._base import (
     section,
 )
 from proxy.config._errors import ConfigError
-from proxy.state.s3_roots import S3Settings, is_s3_url, parse_s3_root
+from proxy.sources.s3_roots import S3Settings, is_s3_url, parse_s3_root
 
-#: The event loops a serving process can run on (:mod:`proxy.event_loop`).
+#: The event loops a serving process can run on (:mod:`proxy.server.event_loop`).
 EventLoopName = Literal["uvloop", "asyncio"]
 
 

@@ -36,7 +36,7 @@ from typing import Any, Final
 import structlog
 from aiohttp import web
 
-from proxy.allocator import tune_allocator
+from proxy.server.allocator import tune_allocator
 
 from .credentials import (
     TEST_AWS_ACCESS_KEY,

@@ -8,7 +8,7 @@ would reach the catch-all forwarder, and with it the caller's headers (the admin
 among them) would reach the provider. :func:`admin_gate_middleware` answers those 404.
 
 With ``admin.listen`` the admin API and the console are served on an address of their own
-(:class:`AdminGate`, filled by :func:`proxy.app.start_proxy` once that listener is bound): a
+(:class:`AdminGate`, filled by :func:`proxy.server.app.start_proxy` once that listener is bound): a
 request arriving there is served only when it is for them, and on the main listener nothing
 admin-like is served. A connection's listener is told by its local port (the two ports
 differ: the config checks it).

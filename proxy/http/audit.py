@@ -6,7 +6,7 @@ role, model, token counts and what each layer saved, why it was refused, upstrea
 when the request ends, however it ends, the middleware writes the one ``request_completed``
 line of SPEC section 8, counts the request in the metrics and, for a ``/v1/messages`` or
 ``count_tokens`` request with a session, hands its
-:class:`~proxy.state.audit_log.RequestEntry` to the store's audit log in the background (the
+:class:`~proxy.audit.log.RequestEntry` to the store's audit log in the background (the
 response never waits for it).
 """
 
@@ -27,9 +27,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from compactor import LayerOutcome
-from proxy.logs import log_info, start_request_fields
-from proxy.state.audit_log import LayerSaving, RequestEntry
-from proxy.state.usage import ProviderUsage
+from proxy.accounting.usage import ProviderUsage
+from proxy.audit.log import LayerSaving, RequestEntry
+from proxy.telemetry.logs import log_info, start_request_fields
 
 if TYPE_CHECKING:
     from proxy.http.services import Services
@@ -203,7 +203,7 @@ def layer_savings(outcomes: Iterable[LayerOutcome], *,
 
 #: The fields of the ``request_completed`` line whose values the proxy made itself (its
 #: counts, route and role names, codes, its request id, a worker's index and pid): the
-#: redaction keeps them as they are (:func:`proxy.logs.log_info`); the session id and the
+#: redaction keeps them as they are (:func:`proxy.telemetry.logs.log_info`); the session id and the
 #: method, which the client chose, are cleaned like any line's.
 _OWN_FIELDS: Final = frozenset({
     "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",

@@ -5,7 +5,7 @@ before a byte is read, and a body without one (chunked) is refused as soon as wh
 arrived passes the limit, so a large body is never held in memory whole.
 
 A body sent with a ``Content-Encoding`` is decoded here, as it arrives (the proxy's server
-does not decode request bodies, see :func:`proxy.app.create_app`, so every other path relays
+does not decode request bodies, see :func:`proxy.server.app.create_app`, so every other path relays
 the client's compressed bytes exactly). The decoded size is held to the same limit, so a small
 body that inflates to gigabytes is refused long before it does; what is forwarded is the
 decoded (or rewritten) body, without ``Content-Encoding``, its length computed on the way out.

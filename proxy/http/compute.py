@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Final, ParamSpec, TypeVar
 
-from proxy.allocator import give_back_memory
+from proxy.server.allocator import give_back_memory
 
 __all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "TURNS", "ComputeThreads", "Turn", "run_on"]
 

@@ -1,7 +1,7 @@
 """A request's session and its durable context: the state the admin API pinned, every source
 pointer verified, rendered for ``system`` (SPEC section 4, step 4).
 
-While the store cannot be reached (:class:`~proxy.state.store.StoreUnavailable`),
+While the store cannot be reached (:class:`~proxy.store.StoreUnavailable`),
 ``store.on_unavailable`` decides: ``reject`` lets the error through, so the request is
 answered 503 before anything is forwarded (:mod:`proxy.http.errors`); ``forward`` gives the
 request no durable context (:attr:`DurableContext.store_available` false) and counts it in
@@ -17,7 +17,7 @@ from lru import LRU
 
 import compactor
 from proxy.http.tenants import scoped_key
-from proxy.state.store import StoreUnavailable
+from proxy.store import StoreUnavailable
 
 if TYPE_CHECKING:
     from proxy.http.services import Services

@@ -20,11 +20,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 import compactor
+from proxy.audit.log import LayerSaving
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
 from proxy.http.refusals import LIMIT_REASONS, ROUTINE_REASONS, tool_protocol_message
-from proxy.keys import SERVICES
-from proxy.state.audit_log import LayerSaving
-from proxy.state.store import StoreError, StoreUnavailable
+from proxy.server.keys import SERVICES
+from proxy.store import StoreError, StoreUnavailable
 
 __all__ = [
     "STORE_UNAVAILABLE_MESSAGE",
@@ -248,8 +248,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               headers=_compact_headers(request))
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
         # A bug (in a layer, in the proxy), whatever its class: never blamed on the client.
-        # The traceback goes to the server's log only, as frames (proxy.logs keeps where it
-        # failed, never what the exception said); the client gets a generic 500.
+        # The traceback goes to the server's log only, as frames (proxy.telemetry.logs keeps where
+        # it failed, never what the exception said); the client gets a generic 500.
         _note_outcome(request, Outcome.INTERNAL_ERROR)
         _log.error("request_failed", error_class=type(exc).__name__,
                    error_location=_location(exc), exc_info=exc)

@@ -34,6 +34,8 @@ from multidict import CIMultiDict
 
 import compactor
 from policies import CompactionPolicy
+from proxy.accounting.entries import Accounting
+from proxy.accounting.usage import PREPARED_ROW, ProviderUsage
 from proxy.http.audit import RECORD, RequestRecord, layer_savings
 from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
@@ -70,16 +72,14 @@ from proxy.http.thinking import (
     merge_beta_header,
     needs_binding_opt_out,
 )
-from proxy.logs import bind_request_fields
-from proxy.state.accounting import Accounting
-from proxy.state.summarizer import (
+from proxy.summary.summarizer import (
     CallerCredentials,
     ForkSource,
     Summarizer,
     summary_key,
     summary_source,
 )
-from proxy.state.usage import PREPARED_ROW, ProviderUsage
+from proxy.telemetry.logs import bind_request_fields
 
 __all__ = ["Handlers", "make_handlers"]
 

@@ -14,11 +14,11 @@ from aiohttp import web
 
 import compactor
 from policies import CompactionPolicy
+from proxy.calibration.local import Calibration, clamp_to_window
 from proxy.http.compute import Turn
 from proxy.http.durable import SessionRef
 from proxy.http.spans import RequestBody, remembered
-from proxy.state.calibration import Calibration, clamp_to_window
-from proxy.state.prepare import PreparedRecord
+from proxy.summary.prepare import PreparedRecord
 
 if TYPE_CHECKING:
     from proxy.http.services import Services

@@ -1,4 +1,4 @@
-"""The request path's side of zero-wait compaction (:mod:`proxy.state.prepare`).
+"""The request path's side of zero-wait compaction (:mod:`proxy.summary.prepare`).
 
 Before compacting, a request whose history nears the threshold reads its lane's preparation
 (:func:`prepared_record`), which the compactor uses at a crossing. Its summarizer is timed
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import compactor
 from policies import CompactionPolicy
+from proxy.accounting.usage import ProviderUsage
 from proxy.http.audit import RequestRecord
 from proxy.http.compute import run_on
 from proxy.http.durable import SessionRef
-from proxy.state.prepare import Preparations, PreparedRecord, served_by
-from proxy.state.summarizer import Summarizer
-from proxy.state.usage import ProviderUsage
+from proxy.summary.prepare import Preparations, PreparedRecord, served_by
+from proxy.summary.summarizer import Summarizer
 
 if TYPE_CHECKING:
     from proxy.http.services import Services

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.admin import setup_admin
+from proxy.admin.api import setup_admin
 from proxy.http.handlers import make_handlers
 from proxy.http.services import Services
-from proxy.metrics import CONTENT_TYPE
 from proxy.providers import add_provider_routes
+from proxy.telemetry.metrics import CONTENT_TYPE
 
 __all__ = ["setup_routes"]
 

@@ -1,6 +1,6 @@
 """What the request path works with: one frozen :class:`Services`, built once by
-:func:`build_services` (called by :func:`proxy.app.create_app`) and handed to the handlers and
-middlewares when they are made, instead of a key per service looked up on every request.
+:func:`build_services` (called by :func:`proxy.server.app.create_app`) and handed to the handlers
+and middlewares when they are made, instead of a key per service looked up on every request.
 
 Each collaborator keeps its own arithmetic (calibration plans and learns, accounting keys its
 ledger); the request path only calls them.
@@ -15,10 +15,14 @@ from aiohttp import web
 
 import compactor
 from policies import RolePolicies
-from proxy.auth_throttle import AuthThrottle
-from proxy.background import Background
+from proxy.accounting.entries import Accounting
+from proxy.accounting.ledger_buffer import BufferedLedger
+from proxy.admin.throttle import AuthThrottle
+from proxy.calibration.local import Calibration
+from proxy.calibration.shared import SharedCalibration
 from proxy.config import Config, ConfigError
 from proxy.http.admin_gate import AdminGate
+from proxy.http.background import Background
 from proxy.http.compute import ComputeThreads
 from proxy.http.durable import DurableBlocks
 from proxy.http.fixed_part import FixedPartWarnings
@@ -29,22 +33,18 @@ from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.http.upstream import Upstream
 from proxy.http.upstream_headers import ForwardPolicy
-from proxy.masking import mask_url
-from proxy.metrics import ProxyMetrics
 from proxy.providers import Provider, make_provider, provider_of
-from proxy.state.accounting import Accounting
-from proxy.state.calibration import Calibration
-from proxy.state.checkpoints import SessionCheckpoints
-from proxy.state.ledger_buffer import BufferedLedger
-from proxy.state.prepare import Preparations
-from proxy.state.resolvers import ResolverPool
-from proxy.state.shared_calibration import SharedCalibration
-from proxy.state.store import CachedStateReads, StoreBackend
-from proxy.state.store_health import StoreHealth
-from proxy.state.transcripts import TranscriptRecorder
+from proxy.sources.resolvers import ResolverPool
+from proxy.sources.transcripts import TranscriptRecorder
+from proxy.store import CachedStateReads, StoreBackend
+from proxy.store.checkpoints import SessionCheckpoints
+from proxy.store.health import StoreHealth
+from proxy.summary.prepare import Preparations
+from proxy.telemetry.masking import mask_url
+from proxy.telemetry.metrics import ProxyMetrics
 
 if TYPE_CHECKING:
-    from proxy.state.summarizer import ProviderSummarizer
+    from proxy.summary.summarizer import ProviderSummarizer
 
 __all__ = ["Services", "build_services"]
 
@@ -140,7 +140,7 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
     summary = config.summary
     summarizer = None
     if summary.enabled:
-        from proxy.state.summarizer import ProviderSummarizer
+        from proxy.summary.summarizer import ProviderSummarizer
 
         summarizer = ProviderSummarizer(summary, base_url, config.summary_api_key(),
                                         provider=provider)

@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import msgspec
 
+from proxy.accounting.usage import ProviderUsage
 from proxy.http.body import decoded
-from proxy.state.usage import ProviderUsage
 
 __all__ = ["SSEFramer", "StreamWatch", "json_usage", "sse_error_event"]
 

@@ -1,5 +1,5 @@
 """Smoke test of ``bench/proxy.py``: every part runs at a tiny size against real processes
-(the stamped fake provider and ``proxy.cli serve``) and reports well-formed numbers.
+(the stamped fake provider and ``proxy.cli.commands serve``) and reports well-formed numbers.
 
 Nothing here asserts a timing: the numbers must be present, finite and consistent with each
 other, and the views the proxy forwarded must have been accepted by the strict provider.

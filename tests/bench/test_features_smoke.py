@@ -38,7 +38,7 @@ def test_the_durable_state_is_seeded_and_every_pointer_verifies(tmp_path: Path) 
     """The seeded state is in the proxy's store, and its pointers are all available in the
     proxy's roots (the cell measures verified sources, not refusals)."""
     from compactor import SourcePointerResolver, resolve_durable_sources
-    from proxy.state.store import SQLiteStateStore
+    from proxy.store import SQLiteStateStore
 
     pointers = asyncio.run(features.seed_durable_state(tmp_path, "bench-features"))
 

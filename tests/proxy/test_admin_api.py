@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from compactor import SESSION_ID_RULE, DurableContextState
-from proxy.admin import MAX_ADMIN_BODY_BYTES, setup_admin
-from proxy.state.store import SQLiteStateStore
+from proxy.admin.api import MAX_ADMIN_BODY_BYTES, setup_admin
+from proxy.store import SQLiteStateStore
 from tests.conftest import ProxyFactory, log_lines_for
 
 TOKEN = "tok-7f3a9c1e5b2d4e6f8a0b1c3d5e7f9a2b"

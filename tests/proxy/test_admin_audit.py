@@ -17,10 +17,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from policies import SourceAccessPolicy
-from proxy.admin import setup_admin
-from proxy.state.audit_log import LayerSaving, RequestEntry
-from proxy.state.resolvers import ResolverPool
-from proxy.state.store import SQLiteStateStore
+from proxy.admin.api import setup_admin
+from proxy.audit.log import LayerSaving, RequestEntry
+from proxy.sources.resolvers import ResolverPool
+from proxy.store import SQLiteStateStore
 from tests.proxy.test_admin_api import AUTH, STATE_PATH, TOKEN, assert_error, with_auth
 
 TENANT = "t0123456789abcdef"

@@ -23,7 +23,7 @@ ROUNDS = 20
 # of 128 KiB or more gets its own mapping, so each new body faults its pages in again.
 _CHILD = f"""
 import ctypes, json, resource, sys
-from proxy.allocator import tune_allocator
+from proxy.server.allocator import tune_allocator
 
 def faults_per_body():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from proxy.state.audit_log import RequestEntry
-from proxy.state.store.audit_batches import MAX_AUDIT_BATCH, AuditBatches
+from proxy.audit.log import RequestEntry
+from proxy.store.audit_batches import MAX_AUDIT_BATCH, AuditBatches
 
 
 def entry(index: int) -> RequestEntry:

@@ -1,5 +1,5 @@
-"""Tests for proxy.state.audit_log (the record types' JSON forms and what a state change is
-said to have changed) and proxy.audit_report's ``--since`` times."""
+"""Tests for proxy.audit.log (the record types' JSON forms and what a state change is
+said to have changed) and proxy.audit.report's ``--since`` times."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from compactor import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
-from proxy.audit_report import parse_since
-from proxy.state.audit_log import (
+from proxy.audit.log import (
     LayerSaving,
     RequestEntry,
     SessionSummary,
     StateChange,
     state_change_detail,
 )
-from proxy.state.store._rows import encode_audit
+from proxy.audit.report import parse_since
+from proxy.store._rows import encode_audit
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -181,6 +181,6 @@ def test_since_refuses_anything_else(text: str) -> None:
 def test_an_entry_s_time_is_fixed_width_iso_8601_in_utc(when: datetime) -> None:
     """The stored time is what ``isoformat(timespec="microseconds")`` of the UTC time writes
     (msgspec writes it, in a tenth of the time): a zero fraction and the offset spelt out."""
-    from proxy.state.audit_log import utc_iso
+    from proxy.audit.log import utc_iso
 
     assert utc_iso(when) == when.astimezone(UTC).isoformat(timespec="microseconds")

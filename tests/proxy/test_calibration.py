@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies import CompactionPolicy
-from proxy.state.calibration import (
+from proxy.calibration.local import (
     FIXED_SHARE,
     MAX_FACTOR,
     MIN_COUNTED_TOKENS,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.state.calibration import Calibration
-from proxy.state.shared_calibration import SharedCalibration
-from proxy.state.store import CachedStateReads, SQLiteStateStore
+from proxy.calibration.local import Calibration
+from proxy.calibration.shared import SharedCalibration
+from proxy.store import CachedStateReads, SQLiteStateStore
 
 MODEL = "claude-sonnet-4-5"
 

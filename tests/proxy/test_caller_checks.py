@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import anthropic
 import pytest
 
-from proxy.state.caller_checks import AcceptedCallers
-from proxy.state.summarizer import CallerCredentials
+from proxy.summary.caller_checks import AcceptedCallers
+from proxy.summary.summarizer import CallerCredentials
 from tests.conftest import UpstreamServer
 
 KNOWN = CallerCredentials(x_api_key="sk-ant-known")

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import compactor
-from proxy.state.checkpoints import CHECKPOINT_RECORD_PREFIX, SessionCheckpoints
-from proxy.state.store import CachedStateReads, SQLiteStateStore
+from proxy.store import CachedStateReads, SQLiteStateStore
+from proxy.store.checkpoints import CHECKPOINT_RECORD_PREFIX, SessionCheckpoints
 
 
 def checkpoint(turns: int) -> compactor.CompactionCheckpoint:

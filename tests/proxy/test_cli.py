@@ -1,4 +1,5 @@
-"""Tests for proxy.cli: the compact-proxy command, run as a real process where it matters."""
+"""Tests for proxy.cli.commands: the compact-proxy command, run as a real process where it
+matters."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ import redis.asyncio as aioredis
 import yaml
 
 from compactor import DurableContextState
-from proxy.cli import main
+from proxy.accounting.usage import UsageEntry
+from proxy.audit.log import LayerSaving, RequestEntry, StateChange
+from proxy.cli.commands import main
 from proxy.config import load_config
 from proxy.http.tenants import TenantScope
-from proxy.state.audit_log import LayerSaving, RequestEntry, StateChange
-from proxy.state.store import RedisStateStore, SQLiteStateStore, StoreBackend
-from proxy.state.usage import UsageEntry
+from proxy.store import RedisStateStore, SQLiteStateStore, StoreBackend
 from tests.redis_server import RedisServer, RedisServerUnavailable
 from tests.servers import started
 
@@ -279,9 +280,9 @@ def test_serve_with_bad_config_exits_2_without_starting_anything(tmp_path: Path)
     """serve on a bad config prints one line, exits 2, and never imports or starts the app."""
     code = (
         "import json, sys\n"
-        "from proxy.cli import main\n"
+        "from proxy.cli.commands import main\n"
         f"rc = main(['serve', '--config', {str(bad_config(tmp_path))!r}])\n"
-        "print(json.dumps({'rc': rc, 'app': 'proxy.app' in sys.modules,"
+        "print(json.dumps({'rc': rc, 'app': 'proxy.server.app' in sys.modules,"
         " 'aiohttp': 'aiohttp' in sys.modules}))\n"
     )
     result = subprocess.run(
@@ -313,7 +314,8 @@ def test_serve_without_base_url_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("proxy.app") is None, reason="proxy.app is not written yet"
+    importlib.util.find_spec("proxy.server.app") is None,
+    reason="proxy.server.app is not written yet"
 )
 def test_serve_with_good_config_runs_the_proxy(tmp_path: Path) -> None:
     """serve on a valid config starts the proxy, which answers /healthz on the listen port."""

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import sys
-from proxy.cli import main
+from proxy.cli.commands import main
 code = main(["session", "nosuch", "--config", sys.argv[1]])
 print(code, "anthropic" in sys.modules, "proxy.http.errors" in sys.modules)
 """

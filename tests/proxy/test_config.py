@@ -577,7 +577,7 @@ def test_summary_api_key_comes_from_the_named_env_var() -> None:
 def test_audit_section_defaults_limits_and_store_bounds() -> None:
     """audit: on, 1000 requests per session, 14 days; bounds below 1 are refused naming the
     key; store_for hands the bounds to either backend."""
-    from proxy.state.store import RedisStateStore, SQLiteStateStore, store_for
+    from proxy.store import RedisStateStore, SQLiteStateStore, store_for
 
     audit = Config.from_mapping(UPSTREAM).audit
     assert (audit.enabled, audit.max_requests_per_session, audit.retention_days) == (

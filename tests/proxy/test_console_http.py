@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 from compactor import DurableContextState, DurableFact
-from proxy.console._auth import SESSION_TTL_S, Signer
-from proxy.console._chart import token_chart
-from proxy.console._edits import FormError, apply_edit, parse_version
-from proxy.console._login import _next_path
-from proxy.state.audit_log import LayerSaving, RequestEntry
+from proxy.admin.console._auth import SESSION_TTL_S, Signer
+from proxy.admin.console._chart import token_chart
+from proxy.admin.console._edits import FormError, apply_edit, parse_version
+from proxy.admin.console._login import _next_path
+from proxy.audit.log import LayerSaving, RequestEntry
 from tests.conftest import ProxyFactory
 
 TOKEN = "console-token-5d1e9a7c3b2f4e6a8c0d1b3f"

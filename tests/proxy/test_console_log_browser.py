@@ -20,9 +20,9 @@ from typing import Any
 import anthropic
 import pytest
 
+from proxy.audit.log import LayerSaving, RequestEntry
 from proxy.fake_upstream.scripts import is_summarizer_request
-from proxy.keys import SERVICES
-from proxy.state.audit_log import LayerSaving, RequestEntry
+from proxy.server.keys import SERVICES
 from tests.conftest import (
     TEST_API_KEY,
     LoopThread,

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from proxy.admin.console import _overview
+from proxy.admin.console._range import request_filter
+from proxy.admin.console._totals import request_cost
+from proxy.admin.console._trend import trend
+from proxy.audit.log import RequestEntry
 from proxy.config.prices import DEFAULT_PRICES, price_for
-from proxy.console import _overview
-from proxy.console._range import request_filter
-from proxy.console._totals import request_cost
-from proxy.console._trend import trend
-from proxy.state.audit_log import RequestEntry
-from proxy.state.store import StoreBackend
-from proxy.state.store.redis import RedisStateStore
-from proxy.state.store.sqlite import SQLiteStateStore
+from proxy.store import StoreBackend
+from proxy.store.redis import RedisStateStore
+from proxy.store.sqlite import SQLiteStateStore
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -115,7 +115,7 @@ async def test_revocations_expire_with_their_cookie(
     TTL, SQLite drops expired rows with the next logout (the table stays bounded)."""
     import time
 
-    from proxy.state.store import RedisStateStore, SQLiteStateStore
+    from proxy.store import RedisStateStore, SQLiteStateStore
 
     now = int(time.time())
     if backend == "redis":

@@ -17,11 +17,11 @@ import aiohttp
 import anthropic
 import pytest
 
-from proxy.app import start_proxy
+from proxy.audit.log import RequestEntry
 from proxy.config import Config
-from proxy.logs import configure_logging, reset_logging
-from proxy.state.audit_log import RequestEntry
-from proxy.state.store import SQLiteStateStore, StoreError
+from proxy.server.app import start_proxy
+from proxy.store import SQLiteStateStore, StoreError
+from proxy.telemetry.logs import configure_logging, reset_logging
 from tests.conftest import (
     TEST_API_KEY,
     LoopThread,

@@ -13,8 +13,8 @@ import aiohttp
 import anthropic
 import pytest
 
-from proxy.app import READ_BUFSIZE
 from proxy.fake_upstream import FakeUpstream, Fault, Reply, start_fake_upstream
+from proxy.server.app import READ_BUFSIZE
 from tests.conftest import (
     PROMPT_MARKER,
     TEST_API_KEY,

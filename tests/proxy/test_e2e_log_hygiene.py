@@ -23,7 +23,7 @@ import pytest
 
 from proxy.config import Config
 from proxy.fake_upstream import Fault, Reply
-from proxy.state.store import store_for
+from proxy.store import store_for
 from tests.conftest import (
     PROMPT_MARKER,
     TEST_API_KEY,

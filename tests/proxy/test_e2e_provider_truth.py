@@ -26,7 +26,7 @@ import pytest
 
 from proxy.fake_upstream import Reply
 from proxy.fake_upstream.replies import TokenRule
-from proxy.state.store import SQLiteStateStore
+from proxy.store import SQLiteStateStore
 from tests.conftest import (
     TEST_API_KEY,
     ProxyFactory,

@@ -29,7 +29,7 @@ from proxy.fake_upstream import (
 )
 from proxy.fake_upstream.replies import without_cache_markers
 from proxy.fake_upstream.rules import check_claude_code_identity, check_oauth_beta
-from proxy.state.summary_calls import SUMMARIZER_MARKER
+from proxy.summary.calls import SUMMARIZER_MARKER
 from tests.conftest import (
     TEST_API_KEY,
     ProxyFactory,

@@ -32,7 +32,7 @@ from multidict import CIMultiDict
 from compactor import DurableContextState
 from proxy.fake_upstream import Reply
 from proxy.http.tenants import TenantScope, scoped_key
-from proxy.state.store import RedisStateStore, SQLiteStateStore
+from proxy.store import RedisStateStore, SQLiteStateStore
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer, user_text
 from tests.proxy.test_e2e_compaction import SUMMARY_POLICY, forwarded, read_turns, summary_calls
 

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 
 import compactor
-from proxy.state.transcripts import TranscriptRecorder
+from proxy.sources.transcripts import TranscriptRecorder
 from tests.conftest import TEST_API_KEY, ProxyFactory
 
 MODEL = "claude-sonnet-4-5"

@@ -1,4 +1,4 @@
-"""listen.event_loop: what proxy.event_loop runs a serving process's coroutine on."""
+"""listen.event_loop: what proxy.server.event_loop runs a serving process's coroutine on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from proxy.config import ConfigError
-from proxy.event_loop import run
+from proxy.server.event_loop import run
 
 
 async def _loop_module() -> str:

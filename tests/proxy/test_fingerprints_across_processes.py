@@ -13,7 +13,7 @@ from typing import Any
 
 from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, message_facts
 from compactor._fingerprint import fingerprint
-from proxy.state.calibration import Calibration
+from proxy.calibration.local import Calibration
 from tests.paths import CORPUS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ SCRIPT = """
 import json, sys
 from compactor import CachingCounter, Chars4Counter, CompactionCheckpoint, message_facts
 from compactor._fingerprint import fingerprint
-from proxy.state.calibration import Calibration
+from proxy.calibration.local import Calibration
 
 body = json.load(open(sys.argv[1], encoding="utf-8"))
 messages = body["messages"]

@@ -20,7 +20,7 @@ from proxy.fake_upstream.server import start_fake_upstream
 from proxy.http.audit import RequestRecord
 from proxy.http.forward import forward
 from proxy.http.services import build_services
-from proxy.state.store import store_for
+from proxy.store import store_for
 from tests.conftest import TEST_API_KEY
 
 HOLD_S = 0.5

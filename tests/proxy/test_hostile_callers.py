@@ -24,7 +24,7 @@ from proxy.http.compute import OFFLOAD_FROM_BYTES, ComputeThreads
 from proxy.http.decoded import DecodedSpans, Staged, object_bytes
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import parse_request
-from proxy.keys import SERVICES
+from proxy.server.keys import SERVICES
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
 
 MODEL = "claude-sonnet-4-5"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from proxy.state.ledger_buffer import MAX_HELD, BufferedLedger
-from proxy.state.store import SQLiteStateStore, StoreError
-from proxy.state.usage import UsageEntry, UsageRow
+from proxy.accounting.ledger_buffer import MAX_HELD, BufferedLedger
+from proxy.accounting.usage import UsageEntry, UsageRow
+from proxy.store import SQLiteStateStore, StoreError
 
 
 class _FailingOnce:

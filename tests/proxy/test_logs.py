@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import proxy.http.audit as audit_module
 from proxy.config import LoggingConfig
-from proxy.logs import (
+from proxy.telemetry.logs import (
     SAFE_KEYS,
     Redactor,
     bind_request_fields,
@@ -25,7 +25,7 @@ from proxy.logs import (
     reset_logging,
     start_request_fields,
 )
-from proxy.redaction import _CREDENTIAL, _may_hold_credential
+from proxy.telemetry.redaction import _CREDENTIAL, _may_hold_credential
 
 
 def redact(event: dict[str, Any], secrets: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -281,7 +281,7 @@ def test_a_new_request_keeps_nothing_of_the_one_before_but_its_tasks_keep_theirs
 def test_a_line_s_timestamp_is_structlog_s_iso_utc_text(when: datetime) -> None:
     """The proxy's stamper writes what structlog's TimeStamper(fmt="iso", utc=True) writes:
     ``isoformat()`` of the UTC time with ``Z`` for ``+00:00``."""
-    from proxy.logs import utc_text
+    from proxy.telemetry.logs import utc_text
 
     assert utc_text(when) == when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 

@@ -1,4 +1,4 @@
-"""Tests for proxy.metrics: each recording method counts under the labels it is given."""
+"""Tests for proxy.telemetry.metrics: each recording method counts under the labels it is given."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from compactor import LayerOutcome
+from proxy.accounting.usage import ProviderUsage
 from proxy.http.audit import Outcome
-from proxy.metrics import MAX_HELD, MULTIPROCESS_ENV, ProxyMetrics
-from proxy.state.usage import ProviderUsage
+from proxy.telemetry.metrics import MAX_HELD, MULTIPROCESS_ENV, ProxyMetrics
 
 
 def test_every_sample_is_counted_under_its_own_labels() -> None:

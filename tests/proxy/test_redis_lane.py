@@ -1,4 +1,4 @@
-"""The Redis store's lane (proxy.state.store.redis.lane) against a real ``redis-server``: what
+"""The Redis store's lane (proxy.store.redis.lane) against a real ``redis-server``: what
 redis-py's client guarantees holds on it too — a bound on every call, a retry on a connection
 the server closed, no stale reply after a timeout or a cancel, the server's errors as
 redis-py's — and the store's per-request scripts go by it."""
@@ -14,8 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from proxy.state.store import RecordFetch, RedisStateStore, StoreUnavailable
-from proxy.state.store.redis.lane import Lane
+from proxy.store import RecordFetch, RedisStateStore, StoreUnavailable
+from proxy.store.redis.lane import Lane
 from tests.proxy.test_store_contract import unique_prefix
 from tests.redis_server import free_port
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from proxy.accounting.report import build_report
+from proxy.accounting.usage import PREPARED_ROW, PREPARED_USED_ROW, UsageEntry, UsageRow
 from proxy.config.prices import DEFAULT_PRICES
-from proxy.report import build_report
-from proxy.state.usage import PREPARED_ROW, PREPARED_USED_ROW, UsageEntry, UsageRow
 
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
 MODEL = "claude-sonnet-4-5"

@@ -12,7 +12,7 @@ import pytest
 
 from compactor import DurableContextState, DurableFact
 from policies import SourceAccessPolicy
-from proxy.state.resolvers import ResolverPool, tenant_root
+from proxy.sources.resolvers import ResolverPool, tenant_root
 
 TENANT_A = "t0123456789abcdef"
 TENANT_B = "tfedcba9876543210"

@@ -17,10 +17,10 @@ import pytest
 from compactor import DurableContextState, DurableFact
 from policies import SourceAccessPolicy
 from proxy.http.tenants import scoped_key
-from proxy.state.migrate import MoveRefused, move_session_and_sources
-from proxy.state.resolvers import ResolverPool
-from proxy.state.s3_roots import S3Settings
-from proxy.state.store.sqlite import SQLiteStateStore
+from proxy.sources.migrate import MoveRefused, move_session_and_sources
+from proxy.sources.resolvers import ResolverPool
+from proxy.sources.s3_roots import S3Settings
+from proxy.store.sqlite import SQLiteStateStore
 from tests.proxy.test_s3_sources import (  # noqa: F401  (fixtures)
     REPORT,
     REPORT_SHA,

@@ -30,20 +30,20 @@ from aiohttp import web
 import compactor
 from compactor import DurableContextState, DurableFact, PendingItem
 from policies import SourceAccessPolicy
-from proxy.cli import main as cli_main
+from proxy.cli.commands import main as cli_main
 from proxy.config import Config, ConfigError
 from proxy.fake_upstream import is_summarizer_request
 from proxy.http.tenants import scoped_key
-from proxy.state.resolvers import ResolverPool
-from proxy.state.s3_client import S3ObjectStore
-from proxy.state.s3_roots import S3Root, S3Settings, parse_s3_root
-from proxy.state.s3_sources import (
+from proxy.sources.resolvers import ResolverPool
+from proxy.sources.s3_client import S3ObjectStore
+from proxy.sources.s3_roots import S3Root, S3Settings, parse_s3_root
+from proxy.sources.s3_sources import (
     S3SourceResolver,
     _Body,
     _Located,
     new_outcome_cache,
 )
-from proxy.state.store.sqlite import SQLiteStateStore
+from proxy.store.sqlite import SQLiteStateStore
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.redis_server import free_port
 from tests.s3_server import MotoServer, MotoServerUnavailable

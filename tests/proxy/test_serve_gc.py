@@ -6,8 +6,8 @@ import asyncio
 import gc
 from pathlib import Path
 
-from proxy.app import serve
 from proxy.config import Config
+from proxy.server.app import serve
 from tests.redis_server import free_port
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.state.store import SQLiteStateStore
+from proxy.store import SQLiteStateStore
 from tests.conftest import ProxyFactory
 
 TOKEN = "state-files-admin-token-0123456789abcdef"

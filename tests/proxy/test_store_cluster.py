@@ -13,9 +13,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from proxy.state.audit_log import LayerSaving, RequestEntry, StateChange
-from proxy.state.store import RedisStateStore
-from proxy.state.usage import UsageEntry
+from proxy.accounting.usage import UsageEntry
+from proxy.audit.log import LayerSaving, RequestEntry, StateChange
+from proxy.store import RedisStateStore
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import RedisClusterServers
 

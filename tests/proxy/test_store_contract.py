@@ -23,8 +23,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from compactor import DurableContextState, DurableFact, PendingItem, RetrievalEvidence
-from proxy.state.audit_log import LayerSaving, RequestEntry, SessionSummary, StateChange
-from proxy.state.store import (
+from proxy.accounting.usage import UsageEntry
+from proxy.audit.log import LayerSaving, RequestEntry, SessionSummary, StateChange
+from proxy.store import (
     RecordStore,
     RedisStateStore,
     RequestLog,
@@ -37,7 +38,6 @@ from proxy.state.store import (
     UsageRow,
     VersionConflict,
 )
-from proxy.state.usage import UsageEntry
 
 WHEN = datetime(2025, 3, 1, 12, 30, tzinfo=UTC)
 BACKENDS = ["sqlite", "redis", "redis-cluster"]
@@ -685,7 +685,7 @@ async def test_entries_beyond_the_per_session_bound_go_oldest_first(
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[datetime]:
     """The stores' clock (what "now" is for the retention), set by the test: ``clock[0]``."""
     now = [NOW]
-    for package in ("proxy.state.store.sqlite", "proxy.state.store.redis"):
+    for package in ("proxy.store.sqlite", "proxy.store.redis"):
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
             module = importlib.import_module(f"{package}.{info.name}")
             if hasattr(module, "utc_now"):  # (each module of the backend that reads the clock)

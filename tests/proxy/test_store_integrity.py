@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from proxy.state.audit_log import StateChange
-from proxy.state.store import StoreBackend, VersionConflict
+from proxy.audit.log import StateChange
+from proxy.store import StoreBackend, VersionConflict
 from tests.proxy.test_store_contract import StoreFactory, make_state, store, store_factory
 
 __all__ = ["store", "store_factory"]  # fixtures, re-used

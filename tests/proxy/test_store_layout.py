@@ -1,5 +1,5 @@
 """The stores' layout as shipped: the Redis scripts are package data a wheel carries, and
-each is loaded by :mod:`proxy.state.store.redis.scripts`."""
+each is loaded by :mod:`proxy.store.redis.scripts`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import proxy
-from proxy.state.store.redis import scripts
+from proxy.store.redis import scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = Path(scripts.__file__).parent / "lua"

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from compactor import DurableContextState, DurableFact
-from proxy.state.store import CachedStateReads, SessionVersions, SQLiteStateStore
-from proxy.state.store.read_cache import request_versions
+from proxy.store import CachedStateReads, SessionVersions, SQLiteStateStore
+from proxy.store.read_cache import request_versions
 
 
 def _state(text: str) -> DurableContextState:

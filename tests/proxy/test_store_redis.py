@@ -17,13 +17,13 @@ import anthropic
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.app import start_proxy
-from proxy.cli import main as cli_main
+from proxy.accounting.usage import UsageEntry
+from proxy.cli.commands import main as cli_main
 from proxy.config import Config, ConfigError
-from proxy.state.migrate import migrate_redis_layout
-from proxy.state.store import CorruptStateError, RedisStateStore, StoreError
-from proxy.state.store.redis import redacted_url
-from proxy.state.usage import UsageEntry
+from proxy.server.app import start_proxy
+from proxy.sources.migrate import migrate_redis_layout
+from proxy.store import CorruptStateError, RedisStateStore, StoreError
+from proxy.store.redis import redacted_url
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import free_port
@@ -193,7 +193,7 @@ async def test_a_versions_read_survives_a_server_that_forgot_its_scripts(
         store: RedisStateStore, raw: aioredis.Redis) -> None:
     """The versions read calls EVALSHA itself (every request makes it); a server restarted
     since, which no longer has the script (NOSCRIPT), gets it loaded and the read made."""
-    from proxy.state.store import RecordFetch
+    from proxy.store import RecordFetch
 
     await store.put_versioned_record("s", "calibration:m", b"taught")
     fetch = RecordFetch("calibration:")

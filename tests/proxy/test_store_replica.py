@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from compactor import DurableContextState
-from proxy.state.flights import fleet_single_flight
-from proxy.state.store import (
+from proxy.store import (
     RecordFetch,
     ReplicaConsistency,
     SessionVersions,
     SQLiteStateStore,
 )
+from proxy.summary.flights import fleet_single_flight
 from tests.proxy.test_store_contract import StoreFactory, make_state, store, store_factory
 
 __all__ = ["store", "store_factory"]  # fixtures, re-used

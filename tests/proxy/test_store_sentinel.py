@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.config import Config, ConfigError
-from proxy.state.store import RedisStateStore, StoreUnavailable, store_for
-from proxy.state.store.redis.client import sentinels
+from proxy.store import RedisStateStore, StoreUnavailable, store_for
+from proxy.store.redis.client import sentinels
 from tests.proxy.test_store_contract import make_state, unique_prefix
 from tests.redis_server import RedisSentinel, RedisServer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.state.store import CorruptStateError, SQLiteStateStore, StoreError
+from proxy.store import CorruptStateError, SQLiteStateStore, StoreError
 from tests.proxy.test_store_contract import make_state
 
 
@@ -230,7 +230,7 @@ async def test_the_loops_commits_are_checkpointed_by_the_worker_thread(tmp_path:
     """The loop's connection never checkpoints (a checkpoint syncs the file): every
     CHECKPOINT_EVERY of its commits, the next write goes to the worker thread, which empties
     the log after it. So the log holds at most that many commits, however many are made."""
-    from proxy.state.store.sqlite import CHECKPOINT_EVERY
+    from proxy.store.sqlite import CHECKPOINT_EVERY
 
     store = await CountingHops(tmp_path / "s.db", shared=True).open()
     wal = tmp_path / "s.db-wal"
@@ -254,7 +254,7 @@ async def test_audit_entries_added_together_share_one_batch_and_its_future(
     """Entries added within the linger are one batch: the same future for each (at most
     MAX_AUDIT_BATCH per batch), resolved once their one transaction committed; every entry
     is then read back."""
-    from proxy.state.store.audit_batches import MAX_AUDIT_BATCH
+    from proxy.store.audit_batches import MAX_AUDIT_BATCH
     from tests.proxy.test_store_contract import entry
 
     futures = [store.add_request(entry(index, session=f"s{index % 3}"))
@@ -271,7 +271,7 @@ async def test_audit_entries_added_together_share_one_batch_and_its_future(
 async def test_a_failed_audit_batch_fails_its_one_future(tmp_path: Path) -> None:
     """A batch whose transaction fails hands the error to its future (every caller of the
     batch sees it), and nothing of it is kept."""
-    from proxy.state.audit_log import RequestEntry
+    from proxy.audit.log import RequestEntry
     from tests.proxy.test_store_contract import entry
 
     class Failing(SQLiteStateStore):

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.accounting.usage import ProviderUsage
 from proxy.http.sse import SSEFramer
 from proxy.http.sse import StreamWatch as _StreamWatch
-from proxy.state.usage import ProviderUsage
 
 _EVENT_NAME = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
 _DATA_LINE = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)

@@ -13,8 +13,7 @@ import pytest
 import compactor
 from proxy.fake_upstream import check_messages_request, is_summarizer_request
 from proxy.fake_upstream.rules import cache_control_count
-from proxy.state.flights import SingleFlight
-from proxy.state.summary_calls import (
+from proxy.summary.calls import (
     FORK_INSTRUCTION,
     SUMMARIZER_MARKER,
     SUMMARY_MERGE_SYSTEM_PROMPT,
@@ -27,6 +26,7 @@ from proxy.state.summary_calls import (
     plan_calls,
     prompt_tokens,
 )
+from proxy.summary.flights import SingleFlight
 
 CACHED = {"type": "ephemeral"}
 SYSTEM = [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
@@ -302,7 +302,7 @@ def test_a_summary_call_sends_the_body_the_sdks_create_would(kind: str) -> None:
     """L4's calls go out as bytes encoded by the proxy (``messages.create`` would copy and
     re-encode the whole conversation in Python): the same JSON, field for field, with the
     fields the client did not send left out."""
-    from proxy.state.summarizer import _call_body
+    from proxy.summary.summarizer import _call_body
 
     conversation = [{"role": "user", "content": "Fix the bug in ünïcode.py"},
                     {"role": "assistant", "content": [{"type": "text", "text": "On it 🛠"}]}]
@@ -322,7 +322,7 @@ def test_a_summary_call_that_cannot_be_encoded_fails_as_the_sdks_did() -> None:
     so does the proxy's, before anything is sent; the summary fails (the view is kept), the
     request does not."""
     from proxy.config import SummaryConfig
-    from proxy.state.summarizer import CallerCredentials, ProviderSummarizer
+    from proxy.summary.summarizer import CallerCredentials, ProviderSummarizer
 
     span = "half \ud83d a pair"  # (what L4 was asked to summarise, as separate mode sends it)
     calls = plan_calls(compactor.SummaryRequest(span, "key", 1), None, counter=None,

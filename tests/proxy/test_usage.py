@@ -1,4 +1,4 @@
-"""Tests for proxy.state.usage: the usage counters and the cost arithmetic of the report,
+"""Tests for proxy.accounting.usage: the usage counters and the cost arithmetic of the report,
 checked against figures computed by hand."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from proxy.accounting.usage import ProviderUsage, UsageCost, UsageEntry, usage_cost
 from proxy.config import DEFAULT_PRICES
-from proxy.state.usage import ProviderUsage, UsageCost, UsageEntry, usage_cost
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from proxy.http.tenants import NO_TENANT
-from proxy.state.store import SQLiteStateStore
-from proxy.workers import BACKOFF_FIRST_S, BACKOFF_MAX_S, backoff_s
+from proxy.server.workers import BACKOFF_FIRST_S, BACKOFF_MAX_S, backoff_s
+from proxy.store import SQLiteStateStore
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -635,7 +635,7 @@ async def test_one_worker_serves_in_the_serve_process_itself(upstream: str,
     try:
         started = process.wait_for("proxy_started", timeout_s=START_TIMEOUT_S)[0]
         assert "worker" not in started and "pid" not in started
-        # glibc's thresholds fixed at startup (proxy.allocator), said in the startup line
+        # glibc's thresholds fixed at startup (proxy.server.allocator), said in the startup line
         assert started["allocator"] == ("fixed" if platform.libc_ver()[0] == "glibc"
                                         else "not_glibc")
         assert started["event_loop"] == "uvloop"  # listen.event_loop's default

@@ -14,8 +14,8 @@ import sys
 from datetime import UTC, datetime
 
 from compactor import DurableContextState, DurableFact
-from proxy.state.audit_log import StateChange
-from proxy.state.store import SQLiteStateStore
+from proxy.audit.log import StateChange
+from proxy.store import SQLiteStateStore
 
 
 def facts_for(version: int) -> int:

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from proxy.auth_throttle import AuthThrottle, client_of
+from proxy.admin.throttle import AuthThrottle, client_of
 from tests.conftest import ProxyFactory, UpstreamServer
 from tests.reliability.conftest import RELIABILITY_ADMIN_TOKEN
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.state.store import SQLiteStateStore
+from proxy.store import SQLiteStateStore
 from tests.conftest import ProxyFactory
 from tests.reliability.conftest import PYTHON, RELIABILITY_ADMIN_TOKEN, REPO
 from tests.reliability.store_writer import facts_for

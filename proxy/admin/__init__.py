@@ -1,0 +1,1 @@
+"""The admin side: the admin API, the console, and their authentication throttle."""

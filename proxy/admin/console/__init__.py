@@ -1,0 +1,134 @@
+"""The audit console: server-rendered pages at ``/admin/ui/`` over the audit log and the
+durable state (issue #12).
+
+Routes (a sub-application mounted at ``/admin/ui``, only when the admin token is set; without
+it ``/admin`` and all under it answer 404)::
+
+    GET  /admin/ui/login                                  the login form (field: token)
+    POST /admin/ui/login                                  -> 303 + session cookie | 401 form
+    POST /admin/ui/logout                                 -> 303 to the login form
+    GET  /admin/ui/                                       sessions (?q=, ?sort=, ?page=)
+    GET  /admin/ui/overview                               totals, outcomes, trend (?range=, ?from=)
+    GET  /admin/ui/requests                               every session's requests (the same, ?rid=)
+    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session (the same filters)
+    POST /admin/ui/tenants/{tenant}/sessions/{sid}/fact/{add|edit|delete}
+    POST /admin/ui/tenants/{tenant}/sessions/{sid}/pending/{add|edit|delete|status}
+    GET  /admin/ui/static/console.css
+
+Pages are Jinja2 templates with autoescaping on; there is no JavaScript (the chart is an
+inline SVG drawn on the server). Login, the session cookie and the CSRF tokens:
+:mod:`proxy.admin.console._auth`; what every request goes through:
+:mod:`proxy.admin.console._middleware`;
+the edits: :mod:`proxy.admin.console._edits` and :mod:`proxy.admin.console._pages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from policies import RolePolicies
+from proxy.admin.console._auth import Signer
+from proxy.admin.console._context import CONSOLE, PREFIX, Console
+from proxy.admin.console._edits import EDITS
+from proxy.admin.console._login import login_form, login_submit, logout
+from proxy.admin.console._middleware import console_middlewares
+from proxy.admin.console._overview import overview_page, requests_page
+from proxy.admin.console._pages import edit_handler, session_page, sessions_page
+from proxy.admin.console._totals import PriceFor
+from proxy.admin.throttle import AuthThrottle
+from proxy.audit.log import RequestLog
+from proxy.sources.resolvers import ResolverPool
+from proxy.store import StateStore, SummaryCache
+from proxy.store.revocations import LoginRevocations
+
+__all__ = ["PREFIX", "setup_console"]
+
+_HERE: Final = Path(__file__).parent
+_SESSION: Final = "/tenants/{tenant}/sessions/{sid}"
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _tokens(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+_FILTERS: Final[dict[str, Callable[..., str]]] = {
+    "when": _when, "tokens": _tokens, "percent": _percent, "usd": _usd}
+
+
+def setup_console(app: web.Application, *, token: str | None, store: StateStore,
+                  log: RequestLog | None, resolvers: ResolverPool, policies: RolePolicies,
+                  record_changes: bool = True, throttle: AuthThrottle | None = None,
+                  revocations: LoginRevocations | None = None,
+                  cookie_secure: bool = False, price_for: PriceFor | None = None,
+                  summaries: SummaryCache | None = None) -> None:
+    """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
+
+    Args:
+        app: the proxy's application (not yet frozen); its ``/admin`` sub-app is the admin
+            API, which this more specific prefix is resolved before.
+        token: the admin token (the login's secret); ``None`` or ``""``: no console.
+        store: the durable state, as the request path and the admin API reach it.
+        log: the store's audit log, when it keeps one.
+        resolvers: the request path's source-pointer resolvers.
+        policies: the roles' thresholds.
+        record_changes: whether each change is recorded in ``log`` (``audit.enabled``, as
+            for the admin API).
+        throttle: the failed-auth lockouts shared with the admin API (its own otherwise).
+        revocations: where logouts are kept so that every process refuses the cookie, after
+            a restart too (the state store); ``None``: in this process only.
+        cookie_secure: mark the cookies ``Secure`` even over plain HTTP (``admin.cookie_secure``:
+            TLS ends in front of the proxy).
+        price_for: a model's price (``Config.price_for``) for the cost columns; ``None``:
+            costs show as unknown.
+        summaries: the summary cache, for the text of each request's L4 summary.
+    """
+    if not token:
+        return
+    console = web.Application(middlewares=console_middlewares())
+    console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
+                               signer=Signer(token), record_changes=record_changes,
+                               throttle=throttle if throttle is not None else AuthThrottle(),
+                               revocations=revocations, cookie_secure=cookie_secure,
+                               summaries=summaries,
+                               **({} if price_for is None else {"price_for": price_for}))
+    aiohttp_jinja2.setup(
+        console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        default_helpers=False,
+        filters=_FILTERS,
+    )
+    router = console.router
+    router.add_get("/login", login_form)
+    router.add_post("/login", login_submit)
+    router.add_post("/logout", logout)
+    router.add_get("/", sessions_page)
+    router.add_get("/overview", overview_page)
+    router.add_get("/requests", requests_page)
+    router.add_get(_SESSION, session_page)
+    for kind, operation in EDITS:
+        router.add_post(f"{_SESSION}/{kind}/{operation}", edit_handler(kind, operation))
+    router.add_static("/static/", _HERE / "static")
+    app.add_subapp(PREFIX, console)

@@ -1,0 +1,115 @@
+"""The time range and request-id filter of the request pages, read from the query string.
+
+``?range=1h|24h|7d|30d|all`` picks a preset; ``?from=`` and ``?to=`` (the browser's
+``datetime-local`` form, ``2026-12-05T09:30``, read as UTC, or ISO 8601 with an offset) set
+either end and win over the preset; ``?rid=`` keeps the requests whose id
+(``x-compact-request-id``) contains it. A value that cannot be read is named in
+:attr:`RequestFilter.problem` and ignored. Everything in ``__all__`` gets re-exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from proxy.audit.log import RequestEntry
+
+__all__ = ["PRESETS", "RequestFilter", "request_filter"]
+
+#: The presets, by their query value.
+PRESETS: Final[Mapping[str, timedelta | None]] = {
+    "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7),
+    "30d": timedelta(days=30), "all": None}
+_MINUTE: Final = timedelta(minutes=1)
+_TICK: Final = timedelta(microseconds=1)
+#: The longest request id searched for (an id is 24 hex digits).
+_RID_MAX: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFilter:
+    """Which requests a page shows.
+
+    Attributes:
+        preset: the preset chosen (``""`` when ``from``/``to`` set the range).
+        since: the earliest arrival kept (``None``: no lower bound).
+        until: the latest arrival kept (``None``: no upper bound).
+        request_id: the text the request id must contain (``""``: any).
+        problem: what could not be read, to show next to the form.
+        since_text, until_text: the form's values, as given.
+    """
+
+    preset: str
+    since: datetime | None
+    until: datetime | None
+    request_id: str
+    problem: str | None = None
+    since_text: str = ""
+    until_text: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is filtered out."""
+        return self.since is not None or self.until is not None or bool(self.request_id)
+
+    def keeps(self, entry: RequestEntry) -> bool:
+        """Whether ``entry`` is in the range and matches the request id."""
+        if self.since is not None and entry.at < self.since:
+            return False
+        if self.until is not None and entry.at > self.until:
+            return False
+        return not self.request_id or self.request_id in entry.request_id.lower()
+
+    def query(self) -> dict[str, str]:
+        """The query string that gives this filter back (for links and paging)."""
+        out = {"range": self.preset} if self.preset else {}
+        if self.since_text:
+            out["from"] = self.since_text
+        if self.until_text:
+            out["to"] = self.until_text
+        if self.request_id:
+            out["rid"] = self.request_id
+        return out
+
+
+def _when(name: str, raw: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"{name}: not a time like 2026-12-05T09:30 (UTC)") from None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def request_filter(query: Mapping[str, str], *, default: str = "all",
+                   now: datetime | None = None) -> RequestFilter:
+    """The filter ``query`` asks for (``default``: the preset when it names none)."""
+    now = now or datetime.now(UTC)
+    preset = query.get("range", default)
+    if preset not in PRESETS:
+        preset = default
+    span = PRESETS[preset]
+    since: datetime | None = None if span is None else now - span
+    until: datetime | None = None
+    problems: list[str] = []
+    since_text = query.get("from", "").strip()[:40]
+    until_text = query.get("to", "").strip()[:40]
+    if since_text or until_text:
+        preset, since = "", None
+    for name, text in (("from", since_text), ("to", until_text)):
+        if not text:
+            continue
+        try:
+            when = _when(name, text)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if name == "from":
+            since = when
+        else:  # a time to the minute (the browser's form) ends with that minute
+            until = when + _MINUTE - _TICK if len(text) == len("2026-12-05T09:30") else when
+    rid = "".join(query.get("rid", "").split()).lower()[:_RID_MAX]
+    return RequestFilter(preset=preset, since=since, until=until, request_id=rid,
+                         problem="; ".join(problems) or None, since_text=since_text,
+                         until_text=until_text)

@@ -1,0 +1,1 @@
+"""The audit log: its entries and how the CLI lays them out."""

@@ -1,0 +1,1 @@
+"""What the provider's counts teach: per-session correction factors and learnt windows."""

@@ -1,0 +1,156 @@
+"""The per-session calibration shared by every process serving from one store.
+
+:class:`SharedCalibration` is a :class:`~proxy.calibration.local.Calibration` whose
+per-(session, model) part lives in the store as well, as the versioned record
+``calibration:<model>`` of the session:
+
+- after every answer it learnt from (:meth:`~SharedCalibration.observe`), the session's
+  :meth:`~proxy.calibration.local.Calibration.snapshot` is written (in the background, one
+  write per (session, model) at a time, the newest snapshot winning);
+- on every request, the session's versions arrive with its state read
+  (:class:`~proxy.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`
+  with them, in the same round trip), and a ``calibration:<model>`` record whose version is
+  not the one this process holds is restored before the request is planned. The record
+  comes in that same round trip (:meth:`~SharedCalibration.wanted` tells the read which
+  versions this process holds); only one the store could not hand over so is read again.
+
+So a replica plans each request with the factors and per-message counts the session's last
+answer taught, whichever replica forwarded it. The fleets' medians and the learnt windows
+(both per tenant and model) stay per process (see :mod:`proxy.calibration.local`).
+
+The write follows the answer. For the client's next request to find it on every replica,
+the request path learns from the answer and awaits :meth:`~SharedCalibration.saved` before the
+client can see the answer end (``forward(..., before_end=...)``,
+:data:`proxy.http.forward.BeforeEnd`); learnt after the end instead, a next request sent
+within that one store write may still find the previous calibration (see
+:mod:`proxy.store.checkpoints` for the rule of determinism).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Final
+
+import structlog
+from lru import LRU
+
+from proxy.calibration.local import MAX_SESSIONS, WINDOW_TTL_S, Calibration
+from proxy.store import RecordFetch, ReplicaConsistency, SessionVersions, StoreError
+
+__all__ = ["CALIBRATION_RECORD_PREFIX", "SharedCalibration"]
+
+_log = structlog.get_logger("proxy.calibration.shared")
+
+#: Record kind in the store: ``calibration:<model>``.
+CALIBRATION_RECORD_PREFIX: Final = "calibration:"
+#: A session this process holds no calibration of: every one it has in the store.
+_ALL_CALIBRATIONS: Final = RecordFetch(CALIBRATION_RECORD_PREFIX)
+
+
+class SharedCalibration(Calibration):
+    """Calibration whose per-session part is saved in, and refreshed from, ``store``.
+
+    Used from the event loop (``observe`` schedules the write on the running loop).
+
+    Args:
+        store: the shared store (versioned records).
+        max_sessions, window_ttl_s: as :class:`~proxy.calibration.local.Calibration`.
+    """
+
+    def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS,
+                 window_ttl_s: float = WINDOW_TTL_S) -> None:
+        super().__init__(max_sessions=max_sessions, window_ttl_s=window_ttl_s)
+        self._store = store
+        # session -> model -> the store's version of what this process holds.
+        self._versions: LRU[str, dict[str, int]] = LRU(max_sessions)
+        # (session, model) -> the newest snapshot not yet written; its writer task.
+        self._unsaved: dict[tuple[str, str], bytes] = {}
+        self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def observe(self, session_key: str, model: str, counted: int, provider: int,
+                reserved: int = 0, fingerprints: Sequence[int] = (),
+                tokens: Sequence[int] = ()) -> float | None:
+        """Learn as :meth:`Calibration.observe`, then save the session's calibration."""
+        ratio = super().observe(session_key, model, counted, provider, reserved,
+                                fingerprints, tokens)
+        if ratio is not None:
+            data = self.snapshot(session_key, model)
+            if data is not None:
+                self._save(session_key, model, data)
+        return ratio
+
+    def _save(self, session_key: str, model: str, data: bytes) -> None:
+        key = (session_key, model)
+        self._unsaved[key] = data
+        if key not in self._writers:
+            task = asyncio.get_running_loop().create_task(self._write(key))
+            self._writers[key] = task
+
+    async def _write(self, key: tuple[str, str]) -> None:
+        session_key, model = key
+        try:
+            while (data := self._unsaved.pop(key, None)) is not None:
+                try:
+                    version = await self._store.put_versioned_record(
+                        session_key, CALIBRATION_RECORD_PREFIX + model, data)
+                except StoreError as exc:
+                    _log.warning("calibration_save_failed", error_class=type(exc).__name__)
+                    continue
+                self._held(session_key)[model] = version
+        finally:
+            del self._writers[key]
+
+    def _held(self, session_key: str) -> dict[str, int]:
+        held = self._versions.get(session_key)
+        if held is None:
+            held = self._versions[session_key] = {}
+        return held
+
+    def wanted(self, session_key: str) -> RecordFetch:
+        """The session's calibration records to read with its versions: each one whose
+        version is not the one this process holds (a
+        :data:`~proxy.store.read_cache.RecordsWanted`)."""
+        held = self._versions.get(session_key)
+        if not held:
+            return _ALL_CALIBRATIONS
+        return RecordFetch(CALIBRATION_RECORD_PREFIX, {
+            CALIBRATION_RECORD_PREFIX + model: version for model, version in held.items()
+            if self.holds(session_key, model)})
+
+    async def refresh(self, session_key: str, versions: SessionVersions) -> None:
+        """Restore each of the session's calibrations whose store version is not the one held
+        (a :data:`~proxy.store.read_cache.VersionsListener`)."""
+        for kind, version in versions.records.items():
+            if not kind.startswith(CALIBRATION_RECORD_PREFIX):
+                continue
+            model = kind[len(CALIBRATION_RECORD_PREFIX):]
+            held = self._versions.get(session_key)
+            if ((held is not None and held.get(model) == version
+                 and self.holds(session_key, model))
+                    or (session_key, model) in self._writers):
+                # Held already, or this process's newer answer is being written.
+                continue
+            found = versions.fetched.get(kind)
+            if found is None:  # (not read with the versions)
+                try:
+                    found = await self._store.get_versioned_record(session_key, kind)
+                except StoreError as exc:
+                    _log.warning("calibration_load_failed", error_class=type(exc).__name__)
+                    continue
+                if found is None:
+                    continue
+            stored_version, data = found
+            if self.restore(session_key, model, data):
+                self._held(session_key)[model] = stored_version
+
+    async def saved(self, session_key: str) -> None:
+        """Wait until every snapshot of ``session_key`` taken so far is written (or failed)."""
+        while writers := [task for (key, _), task in self._writers.items()
+                          if key == session_key]:
+            await asyncio.gather(*writers, return_exceptions=True)
+
+    async def flush(self) -> None:
+        """Wait until every snapshot taken so far is written (or failed)."""
+        while self._writers:
+            await asyncio.gather(*self._writers.values(), return_exceptions=True)

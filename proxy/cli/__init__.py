@@ -1,0 +1,1 @@
+"""The ``compact-proxy`` command."""

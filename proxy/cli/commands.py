@@ -1,0 +1,479 @@
+"""The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
+``report`` (what each session cost, and would have cost without the proxy), the audit log's
+``sessions``, ``session`` and ``blocked`` (:mod:`proxy.cli.audit`), and for ``session.scope``:
+``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
+files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
+Redis store's durable states to the hash-tagged key layout (once, after upgrading).
+
+``check-config`` ends with one ``OK`` line (``--show`` prints every effective value first);
+``--version`` prints the package's version.
+
+Configuration problems are reported as one line on stderr with exit code 2, before anything
+is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
+imported only by the subcommand that needs them, so ``check-config`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from proxy.config import CONFIG_ENV_VAR, Config, ConfigError, load_config
+from proxy.telemetry.masking import mask_config
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compact-proxy",
+        description="A context-compacting reverse proxy for the Anthropic Messages API.",
+    )
+    parser.add_argument("--version", action="version", version=f"compact-proxy {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    config_help = f"the YAML config file (default: ${CONFIG_ENV_VAR})"
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", metavar="PATH", help=config_help)
+    serve.add_argument("--workers", type=_positive, metavar="N",
+                       help="processes serving the port together (default: listen.workers)")
+
+    commands.add_parser(
+        "demo", help="offline demo: fake provider + proxy + a scripted agent"
+    )
+
+    fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
+    fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    fake.add_argument("--port", type=int, default=8788, help="port to bind (default 8788)")
+    fake.add_argument("--provider", choices=("anthropic", "bedrock", "vertex"),
+                      default="anthropic",
+                      help="also speak Bedrock's or Vertex's wire (test credentials: "
+                           "docs/bedrock.md, docs/vertex.md)")
+    fake.add_argument("--script", choices=("default", "tool-loop"), default="default",
+                      help="default: one short text; tool-loop: call the request's tools "
+                      "--steps times, then a final text (offline rehearsal of an agent)")
+    fake.add_argument("--steps", type=_count, default=3, metavar="N",
+                      help="tool calls per task with --script tool-loop (default 3)")
+    fake.add_argument("--dump", metavar="DIR",
+                      help="write each request received to DIR (JSON, and the system text)")
+    fake.add_argument("--summary-first-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time to its first token (default 0)")
+    fake.add_argument("--summary-token-ms", type=float, default=0.0, metavar="MS",
+                      help="a summary call's time per output token (default 0)")
+    fake.add_argument("--summary-writes-max-tokens", action="store_true",
+                      help="a summary call takes as long as writing its whole max_tokens")
+
+    check = commands.add_parser(
+        "check-config", help="validate a config; one OK line (--show: every effective value)"
+    )
+    check.add_argument("--config", metavar="PATH", help=config_help)
+    check.add_argument("--show", action="store_true",
+                       help="print every effective value (secrets masked) before the OK line")
+
+    tenant = commands.add_parser(
+        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin"
+    )
+    tenant.add_argument("--config", metavar="PATH", help=config_help)
+
+    move = commands.add_parser(
+        "move-session", help="move a session's durable state and sources to another tenant"
+    )
+    move.add_argument("--config", metavar="PATH", help=config_help)
+    move.add_argument("--session", required=True, metavar="SID", help="the session id")
+    move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
+    move.add_argument("--from-tenant", default="none", metavar="TENANT",
+                      help="the tenant it is under now (default: none)")
+
+    migrate = commands.add_parser(
+        "migrate-redis-keys",
+        help="move the Redis store's durable states to the hash-tagged key layout")
+    migrate.add_argument("--config", metavar="PATH", help=config_help)
+
+    report = commands.add_parser(
+        "report", help="tokens and cost per session, with and without the proxy"
+    )
+    report.add_argument("--config", metavar="PATH", help=config_help)
+    report.add_argument("--json", action="store_true", help="print one JSON object")
+    report.add_argument("--session", metavar="SID",
+                        help="only this session (its id, or its store key)")
+    report.add_argument("--tenant", metavar="TENANT",
+                        help="with --session: only that tenant's session (default: any)")
+
+    sessions = commands.add_parser(
+        "sessions", help="every session in the audit log, newest first, with its totals"
+    )
+    sessions.add_argument("--config", metavar="PATH", help=config_help)
+    sessions.add_argument("--json", action="store_true", help="print one JSON object")
+    sessions.add_argument("--contains", metavar="TEXT",
+                          help="only sessions whose id contains TEXT (any case)")
+    sessions.add_argument("--order", choices=("last_seen", "blocked"), default="last_seen",
+                          help="newest first (default), or most refusals first")
+    sessions.add_argument("--offset", type=_count, default=0, metavar="N",
+                          help="skip the first N sessions")
+    sessions.add_argument("--limit", type=_positive, default=50, metavar="N",
+                          help="show at most N sessions (default 50)")
+
+    session = commands.add_parser(
+        "session", help="one session: its requests, its durable state and the sources' status"
+    )
+    session.add_argument("session_id", metavar="SID", help="the session id")
+    session.add_argument("--tenant", default="none", metavar="TENANT",
+                         help="its tenant (default: none)")
+    session.add_argument("--config", metavar="PATH", help=config_help)
+    session.add_argument("--json", action="store_true", help="print one JSON object")
+    session.add_argument("--limit", type=_positive, default=20, metavar="N",
+                         help="show its N newest requests (default 20)")
+
+    blocked = commands.add_parser("blocked", help="the requests a limit refused since a time")
+    blocked.add_argument("--since", default="24h", metavar="WHEN",
+                         help="30m, 1h, 2d (back from now) or an ISO time (default 24h)")
+    blocked.add_argument("--config", metavar="PATH", help=config_help)
+    blocked.add_argument("--json", action="store_true", help="print one JSON object")
+    blocked.add_argument("--limit", type=_positive, default=1000, metavar="N",
+                         help="show at most N (default 1000)")
+    return parser
+
+
+def _version() -> str:
+    """The installed package's version (``unknown`` when run from a tree never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compact-proxy")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"not an integer >= 0: {text!r}")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not an integer >= 1: {text!r}")
+    return value
+
+
+def _load(path: str | None) -> Config | None:
+    """The config, or ``None`` after printing the one-line error to stderr."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _admin_token_ok(config: Config) -> bool:
+    """Whether the admin token (if set) is usable; else the one-line error is printed."""
+    try:
+        config.admin_token()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return False
+    return True
+
+
+def _serve(path: str | None, workers: int | None = None) -> int:
+    config = _load(path)
+    if config is None or not _admin_token_ok(config):
+        return EXIT_CONFIG
+    if workers is not None:  # --workers overrides listen.workers
+        try:
+            config = dataclasses.replace(
+                config, listen=dataclasses.replace(config.listen, workers=workers))
+        except ConfigError as exc:
+            print(f"serve: --workers: {exc.problem}", file=sys.stderr)
+            return EXIT_CONFIG
+    if config.listen.workers > 1:
+        # The supervisor checks the address and the store before it imports the app.
+        from proxy.server.workers import supervise as run_server
+    else:
+        from proxy.server.app import (
+            run_server,  # imported here: aiohttp and the app only when serving
+        )
+
+    try:
+        code = run_server(config)  # runs until SIGINT / SIGTERM
+    except ConfigError as exc:  # a problem only found at startup (e.g. an unusable store)
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return code
+
+
+def _check_config(path: str | None, show: bool) -> int:
+    config = _load(path)
+    if config is None or not _admin_token_ok(config):
+        return EXIT_CONFIG
+    if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
+        sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
+                                        default_flow_style=False))
+    problem = _store_problem(config)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    print(_config_summary(config, show))
+    return EXIT_OK
+
+
+def _store_problem(config: Config) -> str | None:
+    """Why ``serve`` could not open the store, as one line; ``None`` when it could. Redis is
+    connected to (and closed); SQLite is not created here: the nearest existing folder of
+    ``store.path`` (the file itself, when it exists) must be writable."""
+    if config.store.backend == "redis":
+        from proxy.server.workers import check_store
+
+        try:
+            check_store(config)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    path = Path(config.store.path).expanduser().absolute()
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing == path and not path.is_file():
+        return str(ConfigError("store.path", f"{path} is not a file"))
+    if not os.access(existing, os.W_OK):
+        return str(ConfigError("store.path", f"cannot open the state store: {existing} is "
+                                             "not writable"))
+    return None
+
+
+def _config_summary(config: Config, shown: bool) -> str:
+    """The one ``OK`` line: where it listens, the upstream, the store and main's thresholds."""
+    from proxy.telemetry.masking import mask_url
+
+    main_policy = config.role_policies().policy_for("main")
+    store = (f"sqlite {config.store.path}" if config.store.backend == "sqlite"
+             else f"redis {mask_url(config.store.url or '')}")
+    upstream = mask_url(str(config.upstream.base_url))
+    return (f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
+            f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
+            f"{main_policy.hard_limit_tokens:,} tokens"
+            + ("" if shown else " (--show prints every value)"))
+
+
+def _tenant_id(path: str | None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from proxy.http.tenants import NO_TENANT, TenantScope
+
+    try:
+        scope = TenantScope.from_config(config.session)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    if scope.scope == "none":
+        print(NO_TENANT)
+        return EXIT_OK
+    value = sys.stdin.readline().strip()
+    header = scope.scope.partition(":")[2]
+    what = f"{header} header value" if header else "credential"
+    if not value:
+        print(f"tenant-id: no {what} on stdin (session.scope {scope.scope})", file=sys.stderr)
+        return EXIT_CONFIG
+    tenant = (scope.credential_tenant(value) if scope.scope == "credential"
+              else scope.header_tenant(value))
+    print(tenant)
+    return EXIT_OK
+
+
+def _migrate_redis_keys(path: str | None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    if config.store.backend != "redis":
+        print("migrate-redis-keys: store.backend is not redis: nothing to migrate",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    from proxy.sources.migrate import LayoutMigration, migrate_redis_layout
+    from proxy.store import RedisStateStore, StoreError, store_for
+
+    async def run() -> LayoutMigration:
+        store = await store_for(config).open()
+        try:
+            assert isinstance(store, RedisStateStore)
+            return await migrate_redis_layout(store)
+        finally:
+            await store.close()
+
+    try:
+        done = asyncio.run(run())
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"migrate-redis-keys: {exc}", file=sys.stderr)
+        return 1
+    print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
+    for session_key in done.kept:
+        print(f"kept the old state of {session_key}: a state exists under its new key "
+              "(delete one of the two)")
+    return EXIT_OK
+
+
+def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant: str) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from proxy.sources.migrate import MoveRefused, SessionMoved, move_session_and_sources
+    from proxy.store import StoreError, store_for
+
+    roots = config.sources.transcript_root, config.sources.artifact_root
+
+    async def run() -> SessionMoved:
+        objects = None
+        if any(root.startswith("s3://") for root in roots):
+            from proxy.sources.s3_client import S3ObjectStore
+
+            objects = S3ObjectStore(config.sources.s3_settings())
+        store = await store_for(config).open()
+        try:
+            return await move_session_and_sources(store, roots, session_id, from_tenant,
+                                                  to_tenant, objects=objects)
+        finally:
+            await store.close()
+            if objects is not None:
+                await objects.close()
+
+    try:
+        moved = asyncio.run(run())
+    except (ConfigError, MoveRefused) as exc:
+        print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"move-session: store failed: {exc}", file=sys.stderr)
+        return 1
+    if moved.state is not None:
+        print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
+              f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were "
+              "not moved and are "
+              "rebuilt on its next request")
+    for source, target in moved.sources:
+        print(f"moved {source} -> {target}")
+    return EXIT_OK
+
+
+def _report(path: str | None, as_json: bool, session: str | None,
+            tenant: str | None = None) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG
+    from proxy.accounting.report import build_report
+    from proxy.accounting.usage import UsageRow
+    from proxy.store import StoreError, store_for
+
+    async def read() -> list[UsageRow]:
+        store = await store_for(config).open()
+        try:
+            return await store.usage_rows()
+        finally:
+            await store.close()
+
+    try:
+        # A report reads: it does not create the SQLite file of a proxy that never ran.
+        missing = config.store.backend == "sqlite" and not Path(config.store.path).exists()
+        rows = [] if missing else asyncio.run(read())
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except StoreError as exc:
+        print(f"report: store failed: {exc}", file=sys.stderr)
+        return 1
+    if session is not None and tenant is not None:
+        from proxy.http.tenants import scoped_key
+
+        rows = [row for row in rows if row.session_key == scoped_key(tenant, session)]
+    elif session is not None:
+        rows = [row for row in rows
+                if session in (row.session_key, row.session_key.rpartition("/")[2])]
+    report = build_report(rows, config.price_for)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+    elif not rows:
+        print("no usage recorded yet" if session is None
+              else f"no usage recorded for session {session}")
+    else:
+        sys.stdout.write(report.as_text())
+    return EXIT_OK
+
+
+def _demo() -> int:
+    from proxy.cli import demo
+
+    return int(demo.main())
+
+
+def _fake_upstream(args: argparse.Namespace) -> int:
+    from proxy.fake_upstream import SummaryTiming, run_fake_upstream
+    from proxy.fake_upstream.tool_loop import RequestDump, ToolLoopScript
+
+    script = ToolLoopScript(args.steps) if args.script == "tool-loop" else None
+    dump = RequestDump(Path(args.dump)) if args.dump else None
+    try:
+        timing = SummaryTiming(args.summary_first_token_ms / 1000, args.summary_token_ms / 1000,
+                               args.summary_writes_max_tokens)
+    except ValueError as exc:
+        print(f"compact-proxy fake-upstream: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        run_fake_upstream(host=args.host, port=args.port, provider=args.provider,
+                          script=script, on_record=dump, summary_timing=timing)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``compact-proxy`` command line and return its exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
+    if args.command == "serve":
+        return _serve(args.config, args.workers)
+    if args.command == "check-config":
+        return _check_config(args.config, args.show)
+    if args.command == "tenant-id":
+        return _tenant_id(args.config)
+    if args.command == "move-session":
+        return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
+    if args.command == "migrate-redis-keys":
+        return _migrate_redis_keys(args.config)
+    if args.command == "report":
+        return _report(args.config, args.json, args.session, args.tenant)
+    if args.command in ("sessions", "session", "blocked"):
+        config = _load(args.config)
+        if config is None:
+            return EXIT_CONFIG
+        from proxy.cli.audit import AUDIT_COMMANDS
+
+        return AUDIT_COMMANDS[args.command](config, args)
+    if args.command == "demo":
+        return _demo()
+    if args.command == "fake-upstream":
+        return _fake_upstream(args)
+    parser.print_help(sys.stderr)
+    return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

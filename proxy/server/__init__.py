@@ -1,0 +1,1 @@
+"""The server: the application factory, its workers and event loop."""

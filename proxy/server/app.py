@@ -1,0 +1,327 @@
+"""The application factory and the server runner.
+
+:func:`create_app` builds the app's :class:`~proxy.http.services.Services` from an
+already-validated :class:`~proxy.config.Config` (no module globals) and hands them to the
+routes and middlewares; cleanup contexts open what needs a running loop (the store, the
+upstream session) and close everything when the app stops. :func:`start_proxy` serves an app on a
+TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy serve`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+from datetime import UTC, datetime
+from typing import Final
+from urllib.parse import urlsplit
+
+import structlog
+from aiohttp import web
+
+from proxy.admin.console import setup_console
+from proxy.config import Config, ConfigError
+from proxy.http.admin_gate import admin_gate_middleware
+from proxy.http.audit import request_context_middleware
+from proxy.http.compute import ComputeThreads
+from proxy.http.connections import (
+    CappedTCPSite,
+    body_deadline_middleware,
+    connection_cap,
+    raise_open_files_limit,
+)
+from proxy.http.errors import error_middleware
+from proxy.http.limits import tenant_limit_middleware
+from proxy.http.routes import setup_routes
+from proxy.http.services import Services, build_services
+from proxy.providers import provider_error_middleware
+from proxy.server.allocator import tune_allocator
+from proxy.server.event_loop import run as run_loop
+from proxy.server.keys import SERVICES
+from proxy.server.startup import print_banner
+from proxy.store import StoreBackend, StoreError, store_for
+from proxy.store.revocations import LoginRevocations
+from proxy.telemetry.logs import configure_logging
+from proxy.telemetry.masking import config_secrets
+
+__all__ = ["create_app", "run_server", "serve", "start_proxy"]
+
+_log = structlog.get_logger("proxy.server.app")
+
+#: Seconds shutdown waits for bookkeeping still running.
+BACKGROUND_DRAIN_S: Final = 5.0
+#: Seconds between two trims of the audit log to its retention (also one at startup): each
+#: write trims too, but a session nobody writes to any more only goes this way.
+AUDIT_TRIM_INTERVAL_S: Final = 3600.0
+#: How long a stopping process waits for a trim it cancelled.
+AUDIT_TRIM_STOP_S: Final = 2.0
+#: Bytes of a request body the server buffers before it stops reading the socket until the
+#: handler takes them (aiohttp pauses at twice this); the proxy holds a whole ``/v1/messages``
+#: body anyway. Against aiohttp's default of 64 KiB, a 2.6 MB body took 1.4-1.5 ms of CPU
+#: instead of 1.7-2.1 (allocator fixed in both, see :mod:`proxy.server.allocator`).
+READ_BUFSIZE: Final = 4 * 1024 * 1024
+
+
+async def _shutdown(compute: ComputeThreads) -> None:
+    """Stop the compute threads (a step still running finishes first, off the loop)."""
+    await asyncio.get_running_loop().run_in_executor(None, compute.shutdown)
+
+
+def _store_ctx(store: StoreBackend,
+               owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+        if owned:
+            # A bad store.path or store.url fails here, before the site accepts a connection.
+            await store.open()
+        yield
+        if owned:
+            await store.close()
+
+    return store_ctx
+
+
+def _background_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def background_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Registered after the store's context, so it ends first: bookkeeping still running
+        # at shutdown finishes (bounded) while the store is open.
+        yield
+        await s.backend.flush()  # the audit entries gathered for a batch: written now
+        tasks = s.background.tasks
+        if tasks:
+            await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
+        await s.usage_ledger.close()  # the usage summed since its last write
+
+    return background_ctx
+
+
+def _audit_trim_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Registered after the store's context, so the store is open while it runs.
+        async def trim_now_and_then() -> None:
+            while True:
+                try:
+                    removed = await s.backend.trim(datetime.now(UTC))
+                except Exception as exc:  # noqa: BLE001 - retried at the next interval
+                    _log.warning("audit_trim_failed", error_class=type(exc).__name__)
+                else:
+                    if removed:
+                        _log.info("audit_trimmed", removed=removed)
+                await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
+
+        task = asyncio.get_running_loop().create_task(trim_now_and_then())
+        yield
+        task.cancel()
+        # A trim in the middle of a store call may not end at once (redis-py shields giving
+        # its connection back): it must not hold the shutdown; the store is closed right after.
+        await asyncio.wait({task}, timeout=AUDIT_TRIM_STOP_S)
+
+    return audit_trim_ctx
+
+
+def _summarizer_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
+        yield
+        if s.summarizer is not None:
+            await s.summarizer.close()
+
+    return summarizer_ctx
+
+
+def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Application:
+    """Build the proxy application from a validated config.
+
+    Args:
+        config: the configuration (``upstream.base_url`` must be set).
+        store: a store to use instead of opening ``config.store``; the caller keeps
+            ownership (it is not closed with the app).
+
+    Raises:
+        ConfigError: a setting that cannot work here (no upstream, tiktoken's offline
+            encoding missing, an unavailable store backend), naming its key.
+    """
+    config.upstream.require_base_url()
+    # The request path reads the session's state on every call; the admin API writes
+    # through the same store object, so its changes are seen at once.
+    backend = store if store is not None else store_for(config)
+    s = build_services(config, backend)
+    # Request bodies are never decoded by the server (whatever runner serves the app: the
+    # handler arguments are the app's): other paths relay the client's compressed bytes with
+    # the Content-Encoding and Content-Length that describe them, and /v1/messages and
+    # count_tokens decode (under the size limit) in proxy.http.body.read_body.
+    app = web.Application(middlewares=[
+        request_context_middleware(s), provider_error_middleware(s.provider), error_middleware,
+        admin_gate_middleware(s.admin_gate),
+        body_deadline_middleware(config.listen.body_timeout_s),
+        tenant_limit_middleware(s.tenant_limiter, s.tenants)],
+        handler_args={"auto_decompress": False})
+    app[SERVICES] = s
+    app.on_cleanup.append(lambda _app: _shutdown(s.compute))
+    # The object store's client (s3:// roots) is closed with the app.
+    app.on_cleanup.append(lambda _app: s.resolvers.close())
+    app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
+    if config.audit.enabled:
+        app.cleanup_ctx.append(_audit_trim_ctx(s))
+    app.cleanup_ctx.append(_background_ctx(s))
+    app.cleanup_ctx.append(s.upstream.running)
+    app.cleanup_ctx.append(_summarizer_ctx(s))
+    setup_routes(app, s)
+    # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
+    setup_console(app, token=config.admin_token(), store=s.store, log=s.backend,
+                  resolvers=s.resolvers, policies=s.role_policies,
+                  record_changes=config.audit.enabled, throttle=s.auth_throttle,
+                  revocations=backend if isinstance(backend, LoginRevocations) else None,
+                  cookie_secure=config.admin.cookie_secure, price_for=config.price_for,
+                  summaries=backend)
+    return app
+
+
+async def start_proxy(config: Config, *, store: StoreBackend | None = None,
+                      reuse_port: bool = False) -> tuple[web.AppRunner, str]:
+    """Serve a new app on ``config.listen``; returns the runner and the base URL.
+
+    Clients going away cancel their handler (and so the upstream request); aiohttp's access
+    log is off, the proxy writes its own ``request_completed`` line. ``runner.cleanup()``
+    stops accepting, then waits up to ``listen.drain_timeout_s`` for the requests in flight.
+    ``reuse_port`` binds with ``SO_REUSEPORT`` (a worker sharing the port with others).
+    With ``admin.listen`` a second site of the same app serves the admin API and the console
+    (:mod:`proxy.http.admin_gate`); its URL is the app's ``AdminGate.url``.
+
+    Raises:
+        ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
+            an address cannot be bound (``listen.port``, ``admin.listen.port``).
+    """
+    app = create_app(config, store=store)
+    # keepalive_timeout: a request's headers must come whole within it of the connection's
+    # opening or of its previous answer (proxy.http.connections).
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=config.listen.drain_timeout_s,
+                           read_bufsize=READ_BUFSIZE,
+                           keepalive_timeout=config.listen.header_timeout_s)
+    try:
+        await runner.setup()
+    except StoreError as exc:
+        await runner.cleanup()
+        key = "store.url" if config.store.backend == "redis" else "store.path"
+        raise ConfigError(key, f"cannot open the state store: {exc}") from None
+    site = CappedTCPSite(runner, config.listen.host, config.listen.port,
+                         max_connections=connection_cap(config.listen.max_connections),
+                         reuse_port=True if reuse_port else None)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            "listen.port",
+            f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
+        ) from None
+    host, port = runner.addresses[0][:2]
+    await _start_admin_listener(runner, config, reuse_port)
+    return runner, f"http://{host}:{port}"
+
+
+async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
+    """Bind ``admin.listen`` (when set) on the same app; its ports go to the app's
+    :class:`~proxy.http.admin_gate.AdminGate`, which serves only the admin there.
+
+    Raises:
+        ConfigError: the address cannot be bound (``admin.listen.port``).
+    """
+    listen = config.admin.listen
+    if listen is None:
+        return
+    before = len(runner.addresses)
+    site = web.TCPSite(runner, listen.host, listen.port, reuse_port=True if reuse_port else None)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
+                                               f"{exc.strerror or exc}") from None
+    gate = runner.app[SERVICES].admin_gate
+    addresses = runner.addresses[before:]
+    gate.ports.update(address[1] for address in addresses)
+    host, port = addresses[0][:2]
+    gate.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event | None = None,
+                started: Callable[[], None] | None = None) -> int:
+    """Serve until SIGINT / SIGTERM (or ``stop`` is set), then drain and clean up; returns 0.
+
+    ``started`` is called once the site accepts connections (a worker tells its supervisor).
+    """
+    allocator = tune_allocator()
+    open_files = raise_open_files_limit()
+    runner, base_url = await start_proxy(config, reuse_port=reuse_port)
+    _freeze_startup_objects()
+    upstream = urlsplit(config.upstream.require_base_url())
+    _log.info(
+        "proxy_started",
+        host=config.listen.host,
+        port=int(base_url.rsplit(":", 1)[1]),
+        upstream_host=upstream.hostname,
+        store_backend=config.store.backend,
+        token_counter=config.compaction.token_counter,
+        summary_enabled=config.summary.enabled,
+        admin_enabled=config.admin_token() is not None,
+        admin_port=min(runner.app[SERVICES].admin_gate.ports, default=None),
+        log_format=config.logging.format,
+        allocator=allocator,
+        event_loop=_loop_kind(),
+        open_files_limit=open_files,
+    )
+    if started is None:  # the process serves alone (a worker's supervisor prints it)
+        print_banner(config, int(base_url.rsplit(":", 1)[1]), sys.stdout)
+    cap = connection_cap(config.listen.max_connections)
+    if cap < config.listen.max_connections:
+        _log.warning("connection_cap_lowered", max_connections=cap,
+                     configured=config.listen.max_connections, open_files_limit=open_files)
+    stop = asyncio.Event() if stop is None else stop
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    if started is not None:
+        started()
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        _log.info("proxy_stopped")
+    return 0
+
+
+def _loop_kind() -> str:
+    """The package of the running event loop's class (``uvloop``, ``asyncio``): what the
+    startup line says the process runs on, whatever was asked for."""
+    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what startup made (modules, the app, the config: ~200k objects) out of every
+    later garbage collection: they live as long as the process. A full collection had to
+    walk them all each time (~110 ms of a stalled event loop here, on top of the caches'
+    own objects); now it walks only what was made since. Garbage made by startup goes first.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def run_server(config: Config) -> int:
+    """Run the proxy until SIGINT or SIGTERM; returns the exit code (0).
+
+    With ``listen.workers`` above 1 this process supervises that many worker processes
+    (:func:`proxy.server.workers.supervise`) instead of serving itself.
+
+    Raises:
+        ConfigError: the proxy could not start (see :func:`start_proxy`); nothing is served.
+    """
+    if config.listen.workers > 1:
+        from proxy.server.workers import supervise
+
+        return supervise(config)
+    configure_logging(config.logging, secrets=config_secrets(config), final=True)
+    return run_loop(serve(config), config.listen.event_loop)

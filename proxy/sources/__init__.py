@@ -1,0 +1,1 @@
+"""Source pointers: the resolvers that verify them, transcripts and object-store roots."""

@@ -1,0 +1,234 @@
+"""Source-pointer resolvers kept across requests, one per session.
+
+A :class:`compactor.SourcePointerResolver` remembers what it verified (keyed by the file's
+identity and change stamps), but its authorizer is bound to one requesting session. The proxy
+resolves the same session's pointers on every request, so it keeps one resolver per recent
+session: the second request of a session re-hashes nothing that did not change.
+
+Each tenant has its own roots (:func:`tenant_root`): with a ``session.scope`` on, the
+sources of tenant ``t…`` are ``<root>/t…/<session>.jsonl`` and ``<root>/t…/<session>/<file>``
+(``s3://`` roots likewise, one key prefix per tenant), so a caller naming another tenant's
+session id finds nothing of it; tenant ``none`` (no scope) reads the roots themselves, as
+before tenants. ``compact-proxy move-session`` moves a session's files into its tenant's
+directory (:mod:`proxy.sources.migrate`). The session-access policy then applies within a
+tenant, except that the sources of ``shared_sessions`` (published by the operator for every
+caller) are read from the roots themselves, whatever the tenant.
+
+The roots' scheme chooses the kind: local paths get :class:`compactor.SourcePointerResolver`
+(run in a worker thread: it reads files), ``s3://`` roots get
+:class:`proxy.sources.s3_sources.S3SourceResolver` (awaited on the event loop: one S3 client for
+the pool, and one outcome cache shared by its sessions' resolvers, keyed by pointer and
+object). The two roots may be of different kinds (transcripts on a local disk, artifacts in a
+bucket): each pointer goes to the resolver of its kind's root. :meth:`ResolverPool.resolve`
+and :meth:`ResolverPool.excerpts` hide the difference.
+
+:meth:`ResolverPool.excerpts` serves the operator (``GET /admin/.../state?resolve=true``, the
+``session`` command): each pointer's status and, for an available source, the start of its
+text, through the same resolver (so the same authorization and strict names). Nothing on the
+request path calls it: excerpts never reach a prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import compactor
+from policies import SourceAccessPolicy
+from proxy.sources.s3_roots import S3Settings, is_s3_url, parse_s3_root
+
+if TYPE_CHECKING:
+    from proxy.sources.s3_sources import S3SourceResolver
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "EXCERPT_CHARS", "ResolverPool", "tenant_root"]
+
+_T = TypeVar("_T")
+
+#: Sessions whose resolver (and its verified outcomes) is kept; least recently used go first.
+DEFAULT_MAX_SESSIONS: Final = 1024
+#: The most characters of a source an excerpt shows.
+EXCERPT_CHARS: Final = 500
+#: The tenant of no scope (:data:`proxy.http.tenants.NO_TENANT`; not imported: that module
+#: imports the request path, which imports this one).
+_NO_TENANT: Final = "none"
+#: What a tenant directory's name may be: one path component, never . or .. (tenants are
+#: ``t<16 hex>`` and ``h<16 hex>``).
+_TENANT_DIR: Final = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+
+
+def tenant_root(root: str, tenant: str) -> str:
+    """Where ``tenant``'s sources are under a configured root (a path or an ``s3://`` URL):
+    the root itself for tenant ``none``, else its directory (key prefix) named by the tenant.
+
+    Raises:
+        ValueError: ``tenant`` cannot name a directory.
+    """
+    if tenant == _NO_TENANT:
+        return root
+    if _TENANT_DIR.fullmatch(tenant) is None:
+        raise ValueError(f"not a tenant: {tenant!r}")
+    if is_s3_url(root):
+        return f"{root.rstrip('/')}/{tenant}/"
+    return os.path.join(root, tenant)
+
+
+class ResolverPool:
+    """The resolvers of each recently seen session. Used from the event loop only; the local
+    resolvers themselves are safe to use from worker threads.
+
+    Args:
+        transcript_root: ``sources.transcript_root`` (a path, or an ``s3://`` URL).
+        artifact_root: ``sources.artifact_root`` (a path, or an ``s3://`` URL: either kind,
+            whatever the transcripts' is).
+        access: who may resolve which session's pointers.
+        max_sessions: how many sessions' resolvers to keep.
+        s3: the object store's endpoint and region (``sources.s3``), for ``s3://`` roots.
+
+    Raises:
+        ValueError: a bad ``s3://`` URL.
+    """
+
+    def __init__(self, transcript_root: str, artifact_root: str, access: SourceAccessPolicy,
+                 *, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 s3: S3Settings | None = None) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self._roots = transcript_root, artifact_root
+        self._access = access
+        self._shared = frozenset(access.shared_sessions)
+        # Which kind of source (transcripts, artifacts) is on the object store.
+        self._remote = is_s3_url(transcript_root), is_s3_url(artifact_root)
+        self._s3: _S3Sources | None = None
+        if any(self._remote):
+            self._s3 = _S3Sources(self._roots, self._remote, s3)
+        # (tenant, session id) -> its resolver, created on first use; least recently used
+        # evicted.
+        self._resolvers = functools.lru_cache(maxsize=max_sessions)(self._new_resolver)
+        self._s3_resolvers = functools.lru_cache(maxsize=max_sessions)(self._new_s3_resolver)
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether some of the roots are on an object store (``s3://``)."""
+        return self._s3 is not None
+
+    def for_session(self, session_id: str, *, tenant: str) -> compactor.SourcePointerResolver:
+        """The local resolver that serves ``tenant``'s ``session_id`` (created on first use).
+
+        Raises:
+            RuntimeError: a root is on an object store (use :meth:`resolve`).
+        """
+        if self._s3 is not None:
+            raise RuntimeError("a source root is an s3:// URL: use ResolverPool.resolve")
+        return self._resolvers(tenant, session_id)
+
+    async def resolve(self, session_id: str, state: compactor.DurableContextState, *,
+                      tenant: str) -> tuple[compactor.SourceResolution, ...]:
+        """Each distinct pointer of ``state`` (first-seen order), resolved for ``tenant``'s
+        ``session_id`` in that tenant's roots: the input
+        :func:`compactor.render_durable_context` expects."""
+        return await self._each(
+            tenant, session_id, state.source_pointers(),
+            lambda resolver, pointers: resolver.resolve_all(pointers),
+            lambda resolver, pointers: resolver.resolve_pointers(pointers))
+
+    async def excerpts(self, session_id: str, state: compactor.DurableContextState, *,
+                       tenant: str, max_chars: int = EXCERPT_CHARS
+                       ) -> tuple[compactor.SourceExcerpt, ...]:
+        """Each distinct pointer of ``state`` (first-seen order), resolved for ``tenant``'s
+        ``session_id``, with an excerpt of at most ``max_chars`` characters of each available
+        source."""
+        return await self._each(
+            tenant, session_id, state.source_pointers(),
+            lambda resolver, pointers: tuple(resolver.excerpt(p, max_chars=max_chars)
+                                             for p in pointers),
+            lambda resolver, pointers: resolver.excerpt_pointers(pointers, max_chars=max_chars))
+
+    async def _each(self, tenant: str, session_id: str, pointers: Sequence[str],
+                    local: Callable[[compactor.SourcePointerResolver, list[str]],
+                                    tuple[_T, ...]],
+                    remote: Callable[[S3SourceResolver, list[str]],
+                                     Awaitable[tuple[_T, ...]]]) -> tuple[_T, ...]:
+        """``local`` over the pointers whose kind is on a local root (in a worker thread: it
+        reads files) and ``remote`` over the others (on the loop), each group with the
+        resolver of its roots (:meth:`_route`), in the pointers' order."""
+        routes = [self._route(pointer, tenant) for pointer in pointers]
+        groups: dict[tuple[str, bool], list[str]] = {}
+        for pointer, route in zip(pointers, routes, strict=True):
+            groups.setdefault(route, []).append(pointer)
+
+        async def run(route: tuple[str, bool], group: list[str]) -> tuple[_T, ...]:
+            where, on_store = route
+            if on_store:
+                return await remote(self._s3_resolvers(where, session_id), group)
+            return await asyncio.to_thread(local, self._resolvers(where, session_id), group)
+
+        if len(groups) == 1:  # (the usual case: one kind of root, no shared session)
+            [(route, group)] = groups.items()
+            return await run(route, group)
+        done = await asyncio.gather(*(run(route, group) for route, group in groups.items()))
+        results = {route: iter(found) for route, found in zip(groups, done, strict=True)}
+        return tuple(next(results[route]) for route in routes)
+
+    def _route(self, pointer: str, tenant: str) -> tuple[str, bool]:
+        """Whose roots resolve ``pointer`` (the tenant's; the roots themselves for a session of
+        ``shared_sessions``, which every tenant may read) and whether its kind's root is on
+        the object store. A pointer names its kind first; anything else (refused by any
+        resolver before a lookup) goes with the transcripts."""
+        parts = pointer.split(":", 2)
+        where = _NO_TENANT if len(parts) == 3 and parts[1] in self._shared else tenant
+        return where, self._remote[1] if parts[0] == "artifact" else self._remote[0]
+
+    async def close(self) -> None:
+        """Close the object store's client, if there is one."""
+        if self._s3 is not None:
+            await self._s3.store.close()
+
+    def _new_resolver(self, tenant: str, session_id: str) -> compactor.SourcePointerResolver:
+        # A kind on the object store never reaches this resolver: it is given the other root.
+        transcripts, artifacts = (tenant_root(root, tenant) for root in _of_kind(
+            self._roots, self._remote, remote_wanted=False))
+        return compactor.SourcePointerResolver(transcripts, artifacts,
+                                               self._access.authorizer(session_id))
+
+    def _new_s3_resolver(self, tenant: str, session_id: str) -> S3SourceResolver:
+        assert self._s3 is not None
+        return self._s3.resolver(tenant, self._access.authorizer(session_id))
+
+
+def _of_kind(roots: tuple[str, str], remote: tuple[bool, bool], *,
+             remote_wanted: bool) -> tuple[str, str]:
+    """``roots`` with a root of the other kind replaced by the one of the wanted kind."""
+    transcripts, artifacts = roots
+    if remote[0] != remote_wanted:
+        transcripts = artifacts
+    if remote[1] != remote_wanted:
+        artifacts = transcripts
+    return transcripts, artifacts
+
+
+class _S3Sources:
+    """What the sessions' S3 resolvers share: the roots, the client and the outcome cache.
+    The S3 client library is imported only here, so local roots never need it."""
+
+    def __init__(self, roots: tuple[str, str], remote: tuple[bool, bool],
+                 settings: S3Settings | None) -> None:
+        from proxy.sources import s3_client, s3_sources
+
+        self._module = s3_sources
+        # (a kind on a local root never reaches the S3 resolver: it is given the other root)
+        self.roots = _of_kind(roots, remote, remote_wanted=True)
+        for root in self.roots:
+            parse_s3_root(root)  # (checked now: a bad URL fails at startup)
+        self.store = s3_client.S3ObjectStore(settings or S3Settings())
+        self.cache = s3_sources.new_outcome_cache()
+
+    def resolver(self, tenant: str, authorize: Callable[[compactor.SourcePointer], bool]
+                 ) -> S3SourceResolver:
+        transcripts, artifacts = (parse_s3_root(tenant_root(root, tenant))
+                                  for root in self.roots)
+        return self._module.S3SourceResolver(self.store, transcripts, artifacts, authorize,
+                                             cache=self.cache)

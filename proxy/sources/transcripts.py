@@ -1,0 +1,115 @@
+"""Transcripts the proxy writes itself (``sources.record_transcripts``).
+
+Each accepted request's messages, as the client sent them, are appended to the session's
+transcript, ``<transcript_root>[/<tenant>]/<session_id>.jsonl`` (:func:`tenant_root`), in the
+format the resolver verifies: one JSON event per line, ``sequence`` from 1 (message n of the
+session is event n), the ``session_id``, an ``event_id``, then the message's ``role`` and
+``content``. So a durable fact can cite ``transcript:<sid>:<n>`` and show ``available`` with
+no operator tooling.
+
+* Off the request path: a worker thread appends after the response (``in_background``).
+* Never twice: only messages past the events already in the file are appended (a resent or
+  extended history adds its new messages only); the count is read back from the file, under
+  an exclusive ``flock``, whenever its size is not the one this process last wrote, so several
+  workers share a transcript safely.
+* Bounded: a transcript stops growing at ``sources.transcript_max_bytes``; the messages that
+  would pass it are not written (``transcript_full``, once per transcript and process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Final
+
+import structlog
+
+from compactor import is_session_id
+from proxy.sources.resolvers import tenant_root
+
+__all__ = ["TranscriptRecorder"]
+
+_log = structlog.get_logger("proxy.transcripts")
+
+#: Transcripts whose size and event count this process remembers.
+MAX_KNOWN: Final = 10_000
+_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _event_id(session_id: str, sequence: int, line: bytes) -> str:
+    return hashlib.sha256(b"%s:%d:" % (session_id.encode(), sequence) + line).hexdigest()[:32]
+
+
+def _count_events(fd: int) -> int:
+    count = 0
+    with os.fdopen(os.dup(fd), "rb") as reader:
+        reader.seek(0)
+        for _ in reader:
+            count += 1
+    return count
+
+
+class TranscriptRecorder:
+    """Appends sessions' new messages to their transcripts under ``root`` (a local path)."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()  # path -> (size, events)
+        self._full: set[str] = set()
+
+    def path_of(self, tenant: str, session_id: str) -> str:
+        """The transcript file of ``session_id`` of ``tenant``."""
+        return os.path.join(tenant_root(self.root, tenant), f"{session_id}.jsonl")
+
+    async def record(self, tenant: str, session_id: str,
+                     messages: Sequence[dict[str, Any]]) -> None:
+        """Append the messages of ``messages`` not yet in the transcript (in a thread)."""
+        if not is_session_id(session_id) or not messages:
+            return
+        path = self.path_of(tenant, session_id)
+        known = self._known.get(path)
+        if (known is not None and known[1] >= len(messages)) or path in self._full:
+            return  # nothing new (a resent history), or the transcript is at its bound
+        await asyncio.to_thread(self._append, path, session_id, list(messages))
+
+    def _append(self, path: str, session_id: str, messages: list[dict[str, Any]]) -> None:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, _FLAGS, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            known = self._known.get(path)
+            events = known[1] if known is not None and known[0] == size else _count_events(fd)
+            lines: list[bytes] = []
+            for sequence, message in enumerate(messages[events:], start=events + 1):
+                # (ASCII JSON: a lone surrogate the client sent stays a valid escape.)
+                body = json.dumps({"role": message.get("role"),
+                                   "content": message.get("content")},
+                                  separators=(",", ":")).encode()
+                line = json.dumps({"sequence": sequence, "session_id": session_id,
+                                   "event_id": _event_id(session_id, sequence, body)},
+                                  separators=(",", ":")).encode()[:-1] + b"," + body[1:] + b"\n"
+                if size + len(line) > self.max_bytes:
+                    self._full.add(path)
+                    _log.warning("transcript_full", session_id=session_id, events=sequence - 1)
+                    break
+                lines.append(line)
+                size += len(line)
+            data = memoryview(b"".join(lines))
+            while data:
+                data = data[os.write(fd, data):]
+            self._remember(path, size, events + len(lines))
+        finally:
+            os.close(fd)  # (closing releases the lock)
+
+    def _remember(self, path: str, size: int, events: int) -> None:
+        self._known[path] = (size, events)
+        self._known.move_to_end(path)
+        while len(self._known) > MAX_KNOWN:
+            self._known.popitem(last=False)

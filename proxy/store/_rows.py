@@ -1,0 +1,236 @@
+"""How every backend turns a state (or a usage row) into a stored row and back: one encoding,
+one clock, one memo of decoded rows.
+
+Rows are the canonical JSON of ``DurableContextState.to_dict()`` (the same state always gives
+the same text) with an ISO ``updated_at`` in UTC. Decoding validates the whole state, so it is
+memoised on the row itself: an unchanged row, read on every request, is decoded once. The memo
+is keyed by everything the result is made of (session id, version, JSON, timestamp), so a row
+that changed in any way, by this process or another, is decoded afresh, and a row that does
+not decode raises every time (exceptions are never cached).
+
+Usage rows store each counter of :class:`~proxy.accounting.usage.UsageEntry` as an integer under
+its field name, and ``last_seen`` as an ISO time in UTC with microseconds, so later times
+compare greater as text too.
+
+Audit entries (:class:`~proxy.audit.log.RequestEntry`,
+:class:`~proxy.audit.log.StateChange`) are stored as the compact JSON of their
+``as_json()``, their times in the same fixed-width ISO form; one that does not read back
+raises :class:`CorruptStateError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import msgspec
+
+from compactor import DurableContextState
+from proxy.accounting.usage import UsageEntry, UsageRow
+from proxy.audit.log import RequestEntry, StateChange, utc_iso
+
+from .base import CorruptStateError, StoredState
+
+__all__ = [
+    "audit_stamp",
+    "check_bounds",
+    "check_change",
+    "check_page",
+    "decode_change",
+    "decode_entry",
+    "decode_state",
+    "decode_usage_row",
+    "encode_audit",
+    "encode_state",
+    "retention_cutoff",
+    "usage_stamp",
+    "utc_now",
+]
+
+#: Decoded rows kept, least recently used evicted.
+DECODED_ROWS: Final = 1024
+
+
+def encode_state(state: DurableContextState) -> str:
+    """The canonical JSON text of ``state``, as every backend stores it."""
+    return json.dumps(state.to_dict(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+
+
+def utc_now() -> datetime:
+    """The ``updated_at`` of a write: now, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+def usage_stamp() -> str:
+    """The ``last_seen`` of a usage addition: now, in UTC, as fixed-width ISO text."""
+    return utc_now().isoformat(timespec="microseconds")
+
+
+def audit_stamp(when: datetime) -> str:
+    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text;
+    :func:`proxy.audit.log.utc_iso`)."""
+    return utc_iso(when)
+
+
+def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
+    """Refuse audit bounds no store can keep (a backend's constructor calls this).
+
+    Raises:
+        ValueError: a bound below 1.
+    """
+    if max_requests_per_session < 1:
+        raise ValueError(
+            f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
+    if retention_days < 1:
+        raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+
+
+def check_page(offset: int, limit: int) -> None:
+    """Refuse a page of the audit log no store can read (an offset below 0, a limit below 1).
+
+    Raises:
+        ValueError: either is out of range, or not an integer.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+
+
+def check_change(session_id: str, change: StateChange | None, action: str) -> None:
+    """Refuse a change a state write cannot record with it: not a :class:`StateChange` of
+    ``action``, or of another session than the one written (its tenant and session id make
+    the store key ``session_id``, so its records live with the state: one transaction, one
+    Redis hash slot).
+
+    Raises:
+        TypeError: ``change`` is not a :class:`StateChange` (nor ``None``).
+        ValueError: another action, or another session.
+    """
+    if change is None:
+        return
+    if not isinstance(change, StateChange):
+        raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+    if change.action != action:
+        raise ValueError(f"change: a {action} records a {action!r} change, got "
+                         f"{change.action!r}")
+    key = change.session_id if change.tenant == "none" else f"{change.tenant}/{change.session_id}"
+    if key != session_id:
+        raise ValueError("change: names another session than the one written")
+
+
+def retention_cutoff(now: datetime, retention_days: int) -> datetime:
+    """The oldest time an audit entry may have at ``now``."""
+    return now - timedelta(days=retention_days)
+
+
+_AUDIT_JSON: Final = msgspec.json.Encoder()
+
+
+def encode_audit(item: RequestEntry | StateChange) -> str:
+    """The stored text of an audit entry: the compact JSON of its ``as_json()``.
+
+    That is ``json.dumps(..., ensure_ascii=False, separators=(",", ":"), allow_nan=False)``,
+    which msgspec writes byte for byte, faster, for every entry but one whose float (an
+    entry's only float is a request's ``duration_ms``) ``json.dumps`` writes with an exponent
+    (msgspec writes ``1e16``, not ``1e+16``) or refuses (NaN, infinity: msgspec would write
+    ``null``), or with a string msgspec cannot encode (a lone surrogate): those go through
+    ``json.dumps`` itself.
+    """
+    data = item.as_json()
+    duration = data.get("duration_ms")
+    if not isinstance(duration, float) or duration == 0 or 1e-4 <= abs(duration) < 1e16:
+        try:
+            return _AUDIT_JSON.encode(data).decode()
+        except (TypeError, ValueError, msgspec.EncodeError):
+            pass
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _audit_json(raw: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise CorruptStateError("<audit log>", f"{what} is not a JSON object")
+    return data
+
+
+def decode_entry(raw: str | bytes) -> RequestEntry:
+    """A stored request entry read back, or :class:`CorruptStateError`."""
+    try:
+        return RequestEntry.from_json(_audit_json(raw, "a request entry"))
+    except ValueError as exc:
+        raise CorruptStateError("<audit log>", f"a request entry: {exc}") from None
+
+
+def decode_change(raw: str | bytes) -> StateChange:
+    """A stored state change read back, or :class:`CorruptStateError`."""
+    try:
+        return StateChange.from_json(_audit_json(raw, "a state change"))
+    except ValueError as exc:
+        raise CorruptStateError("<audit log>", f"a state change: {exc}") from None
+
+
+def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],
+                     last_seen: object) -> UsageRow:
+    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`.
+
+    A counter missing from ``counters`` is 0 (a row written before the counter existed);
+    each present one must be an integer >= 0 (or its decimal text, as Redis returns it).
+    """
+    def problem(detail: str) -> CorruptStateError:
+        return CorruptStateError(session_key, f"usage row of model {model!r}: {detail}")
+
+    values: dict[str, int] = {}
+    for name in UsageEntry.field_names():
+        raw = counters.get(name, 0)
+        if isinstance(raw, bytes | str) and raw.isascii() and raw.isdigit():
+            raw = int(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise problem(f"{name} is not an integer >= 0")
+        values[name] = raw
+    if isinstance(last_seen, bytes):
+        last_seen = last_seen.decode("ascii", errors="replace")
+    try:
+        when = datetime.fromisoformat(last_seen) if isinstance(last_seen, str) else None
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise problem("last_seen is not an ISO time with a zone")
+    return UsageRow(session_key=session_key, model=model, entry=UsageEntry(**values),
+                    last_seen=when)
+
+
+@functools.lru_cache(maxsize=DECODED_ROWS)
+def decode_state(session_id: str, version: int, state_json: str | bytes,
+                 updated_at: str) -> StoredState:
+    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
+
+    Whatever the backend's encoding, the state must be a JSON object that validates as a
+    ``DurableContextState`` and ``updated_at`` an ISO time with a zone. The backend checks
+    ``version`` (an integer >= 1) before calling. Results are shared between callers; they
+    are frozen.
+    """
+    try:
+        data = json.loads(state_json)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise CorruptStateError(session_id, f"state is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CorruptStateError(session_id, "state is not a JSON object")
+    try:
+        state = DurableContextState.from_dict(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptStateError(session_id, f"state does not validate: {exc}") from None
+    try:
+        when = datetime.fromisoformat(updated_at)
+    except ValueError:
+        raise CorruptStateError(session_id, "updated_at is not an ISO timestamp") from None
+    if when.tzinfo is None:
+        raise CorruptStateError(session_id, "updated_at has no timezone")
+    return StoredState(session_id=session_id, version=version, state=state, updated_at=when)

@@ -1,0 +1,128 @@
+"""A cache in front of a store's state reads, for the request hot path, never stale.
+
+Every ``/v1/messages`` asks the store for its session's durable state, and most sessions
+have none, and the others rarely change. So each read first asks the store for the session's
+*versions* (:meth:`~proxy.store.base.ReplicaConsistency.session_versions`: the state's
+version and write time, and the version of each versioned record: one small round trip, no
+state text) and re-reads the state only when its version is not the one cached. A state
+written through any process — another replica, another worker, the CLI — is therefore in the
+very next request of every process: there is no time window. A store no other process
+writes is written only through this object: its cached reads are current, and are used
+without asking the store again.
+
+The versions read for a request are also kept for the rest of it (a context variable of the
+request's task, :func:`request_versions`): the checkpoints (:mod:`proxy.store.checkpoints`)
+check their in-memory copies against them without another round trip, and the listeners
+given here (the shared calibration) refresh what changed before the request is planned —
+from the records the same round trip brought back (``fetch``: those another process wrote
+since this one last held them), without one of their own.
+
+Only the durable state goes through here: the summary cache and the records are reached on
+the backend itself, and the backend's owner opens and closes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import Final
+
+from lru import LRU
+
+from compactor import DurableContextState
+from proxy.audit.log import StateChange
+
+from .base import RecordFetch, ReplicaConsistency, SessionVersions, StateStore, StoredState
+
+__all__ = ["CachedStateReads", "RecordsWanted", "VersionsListener", "request_versions"]
+
+DEFAULT_MAX_ENTRIES: Final = 10_000
+
+#: Told each session's versions as read for a request (before the state is returned).
+VersionsListener = Callable[[str, SessionVersions], Awaitable[None]]
+#: The versioned records of a session to read with its versions (``None``: none).
+RecordsWanted = Callable[[str], RecordFetch | None]
+
+# The versions the current task (a request) read: (store, session id, versions).
+_READ: ContextVar[tuple[object, str, SessionVersions] | None] = ContextVar(
+    "compact_proxy_session_versions", default=None)
+
+
+def request_versions(store: object, session_id: str) -> SessionVersions | None:
+    """The versions of ``session_id`` that this request (task) read from ``store`` (its
+    state read comes first on the request path), ``None`` when it read none."""
+    read = _READ.get()
+    if read is None or read[0] is not store or read[1] != session_id:
+        return None
+    return read[2]
+
+
+class CachedStateReads:
+    """A :class:`StateStore` that checks its cached ``get_state`` against the store's version
+    on every read, and writes through.
+
+    Used from the event loop only. Beyond ``max_entries`` sessions the least recently used
+    entry goes. A store without versions (not a
+    :class:`~proxy.store.base.ReplicaConsistency`) is read every time.
+
+    Args:
+        store: the backend.
+        max_entries: how many sessions' states to keep.
+        listeners: told each session's versions on every read.
+        fetch: the records the listeners want read with the versions (one round trip).
+    """
+
+    def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 listeners: Sequence[VersionsListener] = (),
+                 fetch: RecordsWanted | None = None) -> None:
+        self.inner = store
+        self.listeners = list(listeners)
+        self._fetch = fetch
+        self._versioned = store if isinstance(store, ReplicaConsistency) else None
+        self._states: LRU[str, StoredState | None] = LRU(max_entries)
+
+    async def get_state(self, session_id: str) -> StoredState | None:
+        """The session's current state: the cached one while the store's version is its.
+
+        A store no other process writes (:attr:`ReplicaConsistency.shared` false: SQLite with
+        one worker) is written only through this object, so what it cached is current: no
+        round trip at all.
+        """
+        if self._versioned is None:
+            return await self.inner.get_state(session_id)
+        if self._versioned.shared:
+            versions = await self._versioned.session_versions(
+                session_id, None if self._fetch is None else self._fetch(session_id))
+            _READ.set((self._versioned, session_id, versions))
+            for listener in self.listeners:
+                await listener(session_id, versions)
+            if session_id in self._states:
+                cached = self._states[session_id]
+                if versions.same_state(cached):
+                    return cached
+            if versions.state is None:
+                self._states[session_id] = None
+                return None
+        elif session_id in self._states:
+            return self._states[session_id]
+        stored = await self.inner.get_state(session_id)
+        self._states[session_id] = stored
+        return stored
+
+    async def put_state(self, session_id: str, state: DurableContextState,
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Write through (with the change it records), keeping what was written."""
+        self._states.pop(session_id, None)
+        stored = await self.inner.put_state(session_id, state, expected_version, change)
+        self._states[session_id] = stored
+        return stored
+
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete through (with the change it records), forgetting the cached read."""
+        self._states.pop(session_id, None)
+        try:
+            return await self.inner.delete_state(session_id, expected_version, change)
+        finally:
+            self._states.pop(session_id, None)

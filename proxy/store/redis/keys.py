@@ -1,0 +1,166 @@
+"""The Redis store's key layout, and how values are written into keys and members.
+
+*Layout.* Every key starts with ``key_prefix`` (default ``compact-proxy:``), so several
+deployments can share one database, followed by a Redis Cluster *hash tag* in braces: Redis
+(and a cluster's client) hashes only the text between the first ``{`` and the next ``}``,
+so every key of one session lives in the same hash slot, on the same cluster node:
+
+- ``<prefix>{<session key>}:state``: a hash ``{version, state, updated_at}``; ``state`` is the
+  canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
+  ``<prefix>{<session key>}:tombstone``: the last version of a deleted state, which a state
+  created again continues after (:mod:`.state`: versions are never reused);
+- ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``, and
+  ``<prefix>{<session key>}:record-versions``: ``kind -> version`` of the versioned ones;
+- ``<prefix>{<session key>}:usage:<"model">``: a hash of one usage row, each counter of
+  :class:`~proxy.accounting.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
+  the model is a JSON string;
+- ``<prefix>{<session>}:audit:requests``, a sorted set of the session's request entries
+  (their JSON) scored by arrival time (Unix seconds); ``<prefix>{<session>}:audit:totals``, a
+  hash of the session's totals over those entries (``requests``, ``tokens_before``,
+  ``tokens_after``, ``blocked``, ``last_seen`` as ISO text and ``last_score``, the same time
+  as a score); ``<prefix>{<session>}:audit:changes``, a sorted set of its state changes by
+  time. The audit log's ``<session>`` is the session key of ``(tenant, session id)`` (the
+  session id for tenant ``none``, else ``<tenant>/<session id>``: the state's own key);
+- ``<prefix>{<session key>}:record-versions``: a hash ``kind -> version`` of the session's
+  versioned records (:meth:`RedisStateStore.put_versioned_record` bumps it with the record,
+  :meth:`RedisStateStore.session_versions` reads it with the state's version);
+- ``<prefix>{<name>}:lock``: a lock (:meth:`RedisStateStore.lock_key`), taken with
+  ``SET NX PX`` and a token, renewed and released only with that token (one script each).
+
+What belongs to no session has a tag of its own, so each group is in one slot:
+
+- ``<prefix>{summary}:summary:text``: a hash ``key -> summary text``;
+  ``<prefix>{summary}:summary:order``: a sorted set of the same keys scored by insertion
+  sequence, and ``<prefix>{summary}:summary:seq``: the counter handing those numbers out;
+- ``<prefix>{usage}:usage:rows``: the set of every usage row as ``["session key","model"]``,
+  which ``usage_rows`` lists;
+- ``<prefix>{audit}:audit:sessions``: the sessions (``["tenant","session id"]``) scored by
+  ``last_seen``; ``<prefix>{audit}:audit:blocked``: every refused entry (the same JSON) by
+  time; ``<prefix>{audit}:audit:changed``: the sessions that have state changes, scored by
+  their newest.
+
+No two keys collide, whatever a session key holds: a key ends in ``}:`` and one of a fixed
+set of suffixes (none the end of another), or in ``}:usage:`` and a JSON string (whose inner
+quotes are escaped, so it cannot hold ``}:usage:"``). A session key holding ``}`` only makes
+Redis hash a shorter tag, the same one for every key of that session. The prefix may not
+hold a brace (it would become the tag of every key).
+
+*What is atomic.* Redis runs a Lua script atomically: no other client's command runs between
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import cast
+
+from ..base import CorruptStateError
+
+__all__ = ["RedisKeys", "as_bytes", "as_score", "as_text", "listed", "pair_member", "pair_of",
+           "session_key_of"]
+
+
+def as_bytes(value: bytes | str | None) -> bytes | None:
+    # The client is built with decode_responses=False, so replies are bytes; the str branch
+    # only satisfies redis-py's types (which allow both).
+    return value.encode("utf-8") if isinstance(value, str) else value
+
+
+def as_text(value: bytes | str) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def session_key_of(tenant: str, session_id: str) -> str:
+    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it
+    (the audit log's keys share the hash slot of the session's state)."""
+    return session_id if tenant == "none" else f"{tenant}/{session_id}"
+
+
+def pair_member(first: str, second: str) -> str:
+    """An index member (and key suffix) naming two strings: ``["first","second"]`` — a usage
+    row's ``[session key, model]``, an audit session's ``[tenant, session id]``."""
+    return json.dumps([first, second], ensure_ascii=False, separators=(",", ":"))
+
+
+def pair_of(member: bytes | str, where: str) -> tuple[str, str]:
+    """The two strings back from a :func:`pair_member` member of the index ``where``."""
+    try:
+        pair = json.loads(member)
+    except ValueError:
+        pair = None
+    if (not isinstance(pair, list) or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)):
+        raise CorruptStateError(where, "an index member is not a pair of strings")
+    return pair[0], pair[1]
+
+
+def listed(reply: object) -> list[bytes | str]:
+    """A list reply of members (redis-py types every reply as a union of shapes)."""
+    return list(cast("list[bytes | str]", reply))
+
+
+def as_score(when: datetime) -> str:
+    """A time as a sorted-set score: Unix seconds, exact to the microsecond as text."""
+    return repr(when.timestamp())
+
+
+class RedisKeys:
+    """Every key of the store, by what it holds (see the module's docstring)."""
+
+    key_prefix: str
+    _summary_keys: list[str]
+
+    def _key(self, tag: str, suffix: str) -> str:
+        """``<prefix>{<tag>}:<suffix>``: every key with the same tag is in one hash slot."""
+        return f"{self.key_prefix}{{{tag}}}:{suffix}"
+
+    def state_key(self, session_id: str) -> str:
+        """The Redis key of the session's state hash."""
+        return self._key(session_id, "state")
+
+    def record_key(self, session_id: str) -> str:
+        """The Redis key of the session's record hash."""
+        return self._key(session_id, "record")
+
+    def lock_key(self, name: str) -> str:
+        """The Redis key of the lock ``name`` (in the slot of a session named ``name``)."""
+        return self._key(name, "lock")
+
+    def usage_key(self, session_key: str, model: str) -> str:
+        """The Redis key of the usage row of ``(session_key, model)``."""
+        return self._key(session_key, "usage:" + json.dumps(model, ensure_ascii=False))
+
+    @property
+    def usage_index_key(self) -> str:
+        """The Redis key of the set indexing every usage row."""
+        return self._key("usage", "usage:rows")
+
+    @property
+    def summary_keys(self) -> list[str]:
+        """The summary cache's keys: its text hash, its age index, its sequence counter."""
+        return list(self._summary_keys)
+
+    def audit_keys(self, tenant: str, session_id: str) -> list[str]:
+        """The keys of one session's audit log, as the scripts take them: its entries and its
+        totals (in the slot of the session's state)."""
+        tag = session_key_of(tenant, session_id)
+        return [self._key(tag, "audit:requests"), self._key(tag, "audit:totals")]
+
+    def change_keys(self, tenant: str, session_id: str) -> list[str]:
+        """The keys of one session's state changes: its changes (in the session's slot)."""
+        return [self._key(session_key_of(tenant, session_id), "audit:changes")]
+
+    @property
+    def audit_sessions_key(self) -> str:
+        """The index of the audit log's sessions, by ``last_seen``."""
+        return self._key("audit", "audit:sessions")
+
+    @property
+    def audit_blocked_key(self) -> str:
+        """The index of every refused request entry, by time."""
+        return self._key("audit", "audit:blocked")
+
+    @property
+    def audit_changed_key(self) -> str:
+        """The index of the sessions with state changes, by their newest."""
+        return self._key("audit", "audit:changed")

@@ -1,0 +1,191 @@
+"""The Redis store's durable-state writes: each one Lua script with the change it records.
+
+*Versions are never reused.* Deleting a state leaves ``<prefix>{<session key>}:tombstone``
+holding its last version; a state created again starts after it (and the tombstone goes), so
+a writer still holding the ETag of a deleted state gets a conflict, never a silent overwrite.
+
+*A write and its change record are one script.* The change goes into the session's changes
+sorted set (``...:audit:changes``, in the state's hash slot) and the set is trimmed in the
+script that writes the state, so both are kept or neither. Redis does not roll a script back
+when a command in it fails, so the script checks every key's type before its first write.
+The version a ``put`` writes is decided in the script: its change is sent as the JSON text
+before and after the version's value, which the script joins around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Final
+
+import structlog
+from redis.exceptions import ResponseError
+
+from compactor import DurableContextState
+from proxy.audit.log import StateChange
+
+from .._rows import (
+    check_change,
+    decode_state,
+    encode_audit,
+    encode_state,
+    retention_cutoff,
+    utc_now,
+)
+from ..base import CorruptStateError, StoredState, VersionConflict
+from . import scripts
+from .client import FAILURES
+from .connection import RedisConnection
+from .keys import as_bytes, as_score, as_text, pair_member
+
+__all__ = ["RedisState", "delete_change_args", "put_change_args"]
+
+
+class RedisState(RedisConnection):
+    """:class:`~proxy.store.base.StateStore`: the durable state, by compare-and-swap
+    scripts."""
+
+    async def get_state(self, session_id: str) -> StoredState | None:
+        """Return the session's current state, or ``None`` when it has none."""
+        self._check_open()
+        try:
+            values = await self._redis.hmget(
+                self.state_key(session_id), ["version", "state", "updated_at"]
+            )
+        except ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):
+                raise CorruptStateError(session_id, "the state key is not a hash") from None
+            raise self._error("read state", exc) from exc
+        except FAILURES as exc:
+            raise self._error("read state", exc) from exc
+        version, state_json, updated_at = (as_bytes(value) for value in values)
+        if version is None and state_json is None and updated_at is None:
+            return None
+        return self._decode(session_id, version, state_json, updated_at)
+
+    async def put_state(self, session_id: str, state: DurableContextState,
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Compare-and-swap write, with ``change`` in the same script; see
+        :meth:`proxy.store.base.StateStore.put_state`."""
+        if not isinstance(state, DurableContextState):
+            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_change(session_id, change, "put")
+        self._check_open()
+        state_json = encode_state(state)
+        when = utc_now()
+        expected = "" if expected_version is None else str(int(expected_version))
+        args = put_change_args(change, *self._change_bounds(change))
+        try:
+            outcome, version, *newest = await self._script(scripts.PUT_STATE)(
+                keys=self._state_keys(session_id),
+                args=[expected, state_json, when.isoformat(), *args])
+        except FAILURES as exc:
+            raise self._write_error(session_id, "write state", exc) from exc
+        self._check_outcome(session_id, outcome)
+        if outcome == 0:
+            raise VersionConflict(session_id, expected_version, None if version < 0 else version)
+        await self._index_change(session_id, change, newest)
+        return StoredState(session_id=session_id, version=int(version), state=state,
+                           updated_at=when)
+
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete the state, with ``change`` in the same script; see
+        :meth:`proxy.store.base.StateStore.delete_state`."""
+        check_change(session_id, change, "delete")
+        self._check_open()
+        expected = "" if expected_version is None else str(int(expected_version))
+        args = delete_change_args(change, *self._change_bounds(change))
+        try:
+            outcome, current, *newest = await self._script(scripts.DELETE_STATE)(
+                keys=self._state_keys(session_id), args=[expected, *args])
+        except FAILURES as exc:
+            raise self._write_error(session_id, "delete state", exc) from exc
+        self._check_outcome(session_id, outcome)
+        if outcome == 2:
+            raise VersionConflict(session_id, expected_version, int(current))
+        if outcome == 1:
+            await self._index_change(session_id, change, newest)
+        return bool(outcome == 1)
+
+    def _state_keys(self, session_id: str) -> list[str]:
+        """The keys a state write touches: the state, its tombstone, its changes (one slot)."""
+        return [self.state_key(session_id), self._key(session_id, "tombstone"),
+                self._key(session_id, "audit:changes")]
+
+    def _change_bounds(self, change: StateChange | None) -> tuple[str, int, str]:
+        """A change's score, how many a session keeps and the oldest score one may have."""
+        cutoff = retention_cutoff(utc_now(), self.retention_days)
+        return ("" if change is None else as_score(change.at), self.max_requests_per_session,
+                as_score(cutoff))
+
+    @staticmethod
+    def _check_outcome(session_id: str, outcome: int) -> None:
+        if outcome == -1:
+            raise CorruptStateError(session_id, "stored version is not an integer >= 1")
+        if outcome == -2:
+            raise CorruptStateError("<audit log>", "cannot record the state change: a key "
+                                    "does not hold what the audit log keeps there")
+
+    async def _index_change(self, session_id: str, change: StateChange | None,
+                            newest: list[Any]) -> None:
+        """List the session in the index of changed sessions, after a write recorded
+        ``change``. The write and its record are kept already: a failure here is logged,
+        and the next change or ``trim`` lists it again."""
+        if change is None or not newest or not newest[0]:
+            return
+        key = self._key(session_id, "audit:changes")
+        try:
+            await self._index(self.audit_changed_key,
+                              pair_member(change.tenant, change.session_id),
+                              as_text(newest[0]), partial(self._newest_change, key))
+        except FAILURES as exc:
+            structlog.get_logger().warning("state_change_not_indexed",
+                                           error_class=type(exc).__name__)
+
+    def _decode(self, session_id: str, version: bytes | None, state_json: bytes | None,
+                updated_at: bytes | None) -> StoredState:
+        if version is None:
+            raise CorruptStateError(session_id, "field 'version' is missing")
+        if state_json is None:
+            raise CorruptStateError(session_id, "field 'state' is missing")
+        if updated_at is None:
+            raise CorruptStateError(session_id, "field 'updated_at' is missing")
+        try:
+            number = int(version)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise CorruptStateError(session_id, "version is not an integer >= 1")
+        try:
+            stamp = updated_at.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
+        return decode_state(session_id, number, state_json, stamp)
+
+
+_VERSION_FIELD: Final = '"version":null'
+
+
+def delete_change_args(change: StateChange | None, score: str, max_changes: int,
+                       cutoff: str) -> list[Any]:
+    """A delete's change arguments: the change's JSON, its score, the bound and the cutoff
+    (all empty without a change)."""
+    if change is None:
+        return ["", "", "", ""]
+    return [encode_audit(change), score, max_changes, cutoff]
+
+
+def put_change_args(change: StateChange | None, score: str, max_changes: int,
+                    cutoff: str) -> list[Any]:
+    """A put's change arguments: the change's JSON cut where the version written goes, then
+    as :func:`delete_change_args`. ``"version":null`` is found once, and only as the field
+    itself: inside a JSON string every ``"`` is escaped."""
+    if change is None:
+        return ["", "", "", "", ""]
+    text = encode_audit(dataclasses.replace(change, version=None))
+    head, found, tail = text.partition(_VERSION_FIELD)
+    if not found:  # (as_json always writes the field; kept as a loud failure)
+        raise ValueError("a state change's JSON has no version field")
+    return [head + '"version":', tail, score, max_changes, cutoff]

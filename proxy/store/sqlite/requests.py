@@ -1,0 +1,253 @@
+"""The SQLite store's audit log (:class:`~proxy.audit.log.RequestLog`): the
+``audit_request``, ``audit_session`` and ``audit_change`` tables, written in batches and
+trimmed in the same transaction (see :mod:`proxy.store.sqlite`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange
+
+from .._rows import (
+    audit_stamp,
+    check_page,
+    decode_change,
+    decode_entry,
+    encode_audit,
+    retention_cutoff,
+    utc_now,
+)
+from ..base import CorruptStateError, StoreError
+from .connection import SQLiteConnection
+from .state import add_change_on
+
+__all__ = ["SQLiteRequestLog"]
+
+_INSERT_REQUEST = (
+    "INSERT INTO audit_request (tenant, session_id, at, tokens_before, tokens_after, blocked,"
+    " entry) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_ADD_SESSION_TOTALS = (
+    "INSERT INTO audit_session (tenant, session_id, last_seen, requests, tokens_before,"
+    " tokens_after, blocked) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (tenant, session_id) DO UPDATE SET"
+    " last_seen = max(last_seen, excluded.last_seen), requests = requests + excluded.requests,"
+    " tokens_before = tokens_before + excluded.tokens_before,"
+    " tokens_after = tokens_after + excluded.tokens_after, blocked = blocked + excluded.blocked"
+    " RETURNING requests"
+)
+_SUBTRACT_SESSION_TOTALS = (
+    "UPDATE audit_session SET requests = requests - ?, tokens_before = tokens_before - ?,"
+    " tokens_after = tokens_after - ?, blocked = blocked - ? WHERE tenant = ? AND session_id = ?"
+)
+_SESSION_COLUMNS = "tenant, session_id, last_seen, requests, tokens_before, tokens_after, blocked"
+#: ORDER BY of each session order; ties go the same way every time.
+_SESSION_ORDERS: dict[str, str] = {
+    "last_seen": "last_seen DESC, tenant DESC, session_id DESC",
+    "blocked": "blocked DESC, last_seen DESC, tenant DESC, session_id DESC",
+}
+
+
+class SQLiteRequestLog(SQLiteConnection):
+    """:class:`~proxy.audit.log.RequestLog` on SQLite."""
+
+    # -- the audit log (proxy.audit.log.RequestLog) ---------------------------------
+
+    def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
+        """Keep ``entry``, then trim its session (bound and retention).
+
+        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
+        under way, go together in one transaction
+        (:class:`~proxy.store.audit_batches.AuditBatches`): under load one commit serves
+        many requests, and the worker thread encodes them in one loop. Returns the batch's
+        future, done once its transaction committed (or failed with its error).
+
+        Raises:
+            TypeError: ``entry`` is not a :class:`RequestEntry`.
+            StoreError: the store is closed.
+        """
+        if not isinstance(entry, RequestEntry):
+            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        return self._batches.add(entry)
+
+    async def flush(self) -> None:
+        """Write the entries :meth:`add_request` still holds back, now."""
+        await self._batches.flush()
+
+    async def _write_requests(self, entries: list[RequestEntry]) -> None:
+        await self._call(self._add_requests, entries)
+
+    async def add_state_change(self, change: StateChange) -> None:
+        """Keep ``change``, then trim the session's changes and the retention."""
+        if not isinstance(change, StateChange):
+            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+        await self._call(self._add_state_change, change)
+
+    async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
+                       order: SessionOrder = "last_seen",
+                       tenant: str | None = None) -> tuple[list[SessionSummary], int]:
+        """One page of sessions and how many match; see
+        :meth:`proxy.audit.log.RequestLog.sessions`."""
+        check_page(offset, limit)
+        if order not in _SESSION_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(_SESSION_ORDERS)}, got {order!r}")
+        await self._batches.flush()  # this process's entries are read too
+        return await self._call(self._sessions, offset, limit, contains, order, tenant)
+
+    async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
+                               limit: int = 100) -> tuple[list[RequestEntry], int]:
+        """One page of a session's requests, newest first, and how many it has."""
+        check_page(offset, limit)
+        await self._batches.flush()  # this process's entries are read too
+        return await self._call(self._session_requests, tenant, session_id, offset, limit)
+
+    async def state_changes(self, tenant: str, session_id: str, *,
+                            limit: int = 100) -> list[StateChange]:
+        """A session's state changes, newest first."""
+        check_page(0, limit)
+        return await self._call(self._state_changes, tenant, session_id, limit)
+
+    async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
+        """Refused requests that arrived at or after ``since``, oldest first."""
+        check_page(0, limit)
+        await self._batches.flush()  # this process's entries are read too
+        return await self._call(self._blocked_since, audit_stamp(since), limit)
+
+    async def trim(self, now: datetime) -> int:
+        """Drop the audit entries older than the retention at ``now``; returns how many."""
+        return await self._call(self._trim, audit_stamp(
+            retention_cutoff(now, self.retention_days)))
+
+    # -- the audit log, worker-thread side --------------------------------------------------
+
+    def _add_requests(self, batch: list[RequestEntry]) -> None:
+        """Encode a batch of entries and write them in one transaction, then trim each
+        session it touched. An entry that cannot be encoded fails the batch, as a failed
+        write does."""
+        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+        rows = []
+        # (tenant, session id) -> [last_seen, requests, tokens_before, tokens_after, blocked]
+        totals: dict[tuple[str, str], list[Any]] = {}
+        for entry in batch:
+            before, after = entry.tokens_before or 0, entry.tokens_after or 0
+            blocked, when = int(entry.blocked), audit_stamp(entry.at)
+            rows.append((entry.tenant, entry.session_id, when, before, after, blocked,
+                         encode_audit(entry)))
+            sums = totals.setdefault((entry.tenant, entry.session_id), [when, 0, 0, 0, 0])
+            sums[0] = max(sums[0], when)
+            for index, value in enumerate((1, before, after, blocked), start=1):
+                sums[index] += value
+        with self._sqlite_errors("add audit entries") as conn, self._immediate(conn):
+            conn.executemany(_INSERT_REQUEST, rows)
+            for (tenant, session_id), sums in totals.items():
+                (held,) = conn.execute(_ADD_SESSION_TOTALS,
+                                       (tenant, session_id, *sums)).fetchone()
+                if held > self.max_requests_per_session:
+                    self._trim_excess(conn, tenant, session_id,
+                                      held - self.max_requests_per_session)
+                self._trim_older(conn, cutoff, tenant, session_id)
+
+    def _trim_excess(self, conn: sqlite3.Connection, tenant: str, session_id: str,
+                     count: int) -> None:
+        """Delete the session's ``count`` oldest rows, subtracting them from its totals."""
+        excess = conn.execute(
+            "SELECT seq, tokens_before, tokens_after, blocked FROM audit_request"
+            " WHERE tenant = ? AND session_id = ? ORDER BY at, seq LIMIT ?",
+            (tenant, session_id, count)).fetchall()
+        conn.execute(_SUBTRACT_SESSION_TOTALS, (
+            len(excess), sum(row[1] for row in excess), sum(row[2] for row in excess),
+            sum(row[3] for row in excess), tenant, session_id))
+        conn.executemany("DELETE FROM audit_request WHERE seq = ?", [(row[0],) for row in excess])
+
+    def _add_state_change(self, change: StateChange) -> None:
+        with self._sqlite_errors("add state change") as conn, self._immediate(conn):
+            add_change_on(conn, change, *self._change_bounds())
+
+    def _trim_older(self, conn: sqlite3.Connection, cutoff: str,
+                    tenant: str | None = None, session_id: str | None = None) -> int:
+        """Delete the audit rows older than ``cutoff`` (in the caller's transaction) of one
+        session, or of every session, keeping the totals right; returns how many went."""
+        scope, args = ("tenant = ? AND session_id = ? AND ", (tenant, session_id)
+                       ) if session_id is not None else ("", ())
+        gone = conn.execute(
+            "SELECT tenant, session_id, COUNT(*), SUM(tokens_before), SUM(tokens_after),"
+            f" SUM(blocked) FROM audit_request WHERE {scope}at < ? GROUP BY tenant, session_id",
+            (*args, cutoff)).fetchall()
+        removed = 0
+        if gone:
+            conn.executemany(_SUBTRACT_SESSION_TOTALS,
+                             [(count, before, after, blocked, tenant, session_id)
+                              for tenant, session_id, count, before, after, blocked in gone])
+            removed += conn.execute(f"DELETE FROM audit_request WHERE {scope}at < ?",
+                                    (*args, cutoff)).rowcount
+            conn.execute("DELETE FROM audit_session WHERE requests <= 0")
+        removed += conn.execute(f"DELETE FROM audit_change WHERE {scope}at < ?",
+                                (*args, cutoff)).rowcount
+        return removed
+
+    def _trim(self, cutoff: str) -> int:
+        with self._sqlite_errors("trim the audit log") as conn, self._immediate(conn):
+            return self._trim_older(conn, cutoff)
+
+    def _sessions(self, offset: int, limit: int, contains: str | None, order: str,
+                  tenant: str | None) -> tuple[list[SessionSummary], int]:
+        where, args = [], []
+        if contains:
+            where.append("instr(lower(session_id), lower(?)) > 0")
+            args.append(contains)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._sqlite_errors("read audit sessions") as conn:
+            total = conn.execute(f"SELECT COUNT(*) FROM audit_session{clause}",
+                                 args).fetchone()[0]
+            rows = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM audit_session{clause}"
+                f" ORDER BY {_SESSION_ORDERS[order]} LIMIT ? OFFSET ?",
+                (*args, limit, offset)).fetchall()
+        return [_summary(row) for row in rows], int(total)
+
+    def _session_requests(self, tenant: str, session_id: str, offset: int,
+                          limit: int) -> tuple[list[RequestEntry], int]:
+        with self._sqlite_errors("read audit entries") as conn:
+            total = conn.execute(
+                "SELECT COUNT(*) FROM audit_request WHERE tenant = ? AND session_id = ?",
+                (tenant, session_id)).fetchone()[0]
+            rows = conn.execute(
+                "SELECT entry FROM audit_request WHERE tenant = ? AND session_id = ?"
+                " ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?",
+                (tenant, session_id, limit, offset)).fetchall()
+        return [decode_entry(row[0]) for row in rows], int(total)
+
+    def _state_changes(self, tenant: str, session_id: str, limit: int) -> list[StateChange]:
+        with self._sqlite_errors("read state changes") as conn:
+            rows = conn.execute(
+                "SELECT change FROM audit_change WHERE tenant = ? AND session_id = ?"
+                " ORDER BY at DESC, seq DESC LIMIT ?",
+                (tenant, session_id, limit)).fetchall()
+        return [decode_change(row[0]) for row in rows]
+
+    def _blocked_since(self, since: str, limit: int) -> list[RequestEntry]:
+        with self._sqlite_errors("read blocked requests") as conn:
+            rows = conn.execute(
+                "SELECT entry FROM audit_request WHERE blocked = 1 AND at >= ?"
+                " ORDER BY at, seq LIMIT ?", (since, limit)).fetchall()
+        return [decode_entry(row[0]) for row in rows]
+
+
+def _summary(row: tuple[Any, ...]) -> SessionSummary:
+    tenant, session_id, last_seen, requests, before, after, blocked = row
+    try:
+        when = datetime.fromisoformat(last_seen)
+    except (TypeError, ValueError):
+        raise CorruptStateError("<audit log>", "a session's last_seen is not an ISO time"
+                                ) from None
+    return SessionSummary(session_id=str(session_id), tenant=str(tenant), last_seen=when,
+                          requests=int(requests), tokens_before=int(before),
+                          tokens_after=int(after), blocked=int(blocked))

@@ -1,0 +1,48 @@
+"""Console logouts in SQLite (:mod:`proxy.store.revocations`): the ``console_revoked``
+table, created on first use; rows past their expiry are deleted with each new logout."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from .connection import SQLiteConnection
+
+__all__ = ["SQLiteLoginRevocations"]
+
+_TABLE = """CREATE TABLE IF NOT EXISTS console_revoked (
+    nonce TEXT PRIMARY KEY,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID"""
+
+
+class SQLiteLoginRevocations(SQLiteConnection):
+    """:class:`~proxy.store.revocations.LoginRevocations` for
+    :class:`~proxy.store.SQLiteStateStore` (a mixin: its worker thread and connection
+    do the work)."""
+
+    async def revoke_login(self, nonce: str, expires_at: int) -> None:
+        """Keep the revocation; drop the ones whose cookies have expired."""
+        await self._call(self._revoke_login, nonce, int(expires_at), int(time.time()))
+
+    async def login_revoked(self, nonce: str) -> bool:
+        """One indexed read."""
+        return await self._call(self._login_revoked, nonce, int(time.time()))
+
+    def _revoke_login(self, nonce: str, expires_at: int, now: int) -> None:
+        with self._sqlite_errors("revoke login") as conn, self._immediate(conn):
+            conn.execute(_TABLE)
+            conn.execute("DELETE FROM console_revoked WHERE expires_at <= ?", (now,))
+            conn.execute("INSERT INTO console_revoked (nonce, expires_at) VALUES (?, ?)"
+                         " ON CONFLICT (nonce) DO NOTHING", (nonce, expires_at))
+
+    def _login_revoked(self, nonce: str, now: int) -> bool:
+        with self._sqlite_errors("read revoked logins") as conn:
+            try:
+                row = conn.execute("SELECT 1 FROM console_revoked WHERE nonce = ?"
+                                   " AND expires_at > ?", (nonce, now)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):  # nobody ever logged out
+                    return False
+                raise
+        return row is not None

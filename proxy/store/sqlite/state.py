@@ -1,0 +1,164 @@
+"""The SQLite store's durable-state writes, each one transaction with the change it records.
+
+*Versions are never reused.* A deleted state leaves a tombstone, ``state_tombstone``: its
+session and last version. A state created again starts after it (and the tombstone goes), so
+a writer still holding the ETag of the deleted state, or of any earlier one, gets a conflict,
+never a silent overwrite of the new state.
+
+*A write and its change record are one transaction.* The admin API and the console hand the
+:class:`~proxy.audit.log.StateChange` to the write; it is inserted (with the version
+written) and the session's changes trimmed in the write's own transaction, so a crash or a
+failed insert leaves both or neither.
+
+Every ``*_on`` function here runs in the store's worker thread on its connection, inside
+:func:`~.connection.write_transaction` (``BEGIN IMMEDIATE``: the compare-and-swap's read and
+write under SQLite's one write lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+
+from compactor import DurableContextState
+from proxy.audit.log import StateChange
+
+from .._rows import audit_stamp, check_change, decode_state, encode_audit, encode_state, utc_now
+from ..base import CorruptStateError, StoredState, VersionConflict
+from .connection import SQLiteConnection, write_transaction
+
+__all__ = ["SQLiteState", "add_change_on", "delete_state_on", "put_state_on"]
+
+
+class SQLiteState(SQLiteConnection):
+    """:class:`~proxy.store.base.StateStore` on SQLite."""
+
+    async def get_state(self, session_id: str) -> StoredState | None:
+        """Return the session's current state, or ``None`` when it has none."""
+        return await self._call(self._get_state, session_id)
+
+    async def put_state(self, session_id: str, state: DurableContextState,
+                        expected_version: int | None,
+                        change: StateChange | None = None) -> StoredState:
+        """Compare-and-swap write, with ``change`` in the same transaction; see
+        :meth:`proxy.store.base.StateStore.put_state`."""
+        if not isinstance(state, DurableContextState):
+            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_change(session_id, change, "put")
+        # Encode on the loop thread: it is CPU work on the caller's object, and a state that
+        # cannot be encoded fails here, before any lock is taken.
+        return await self._call(self._put_state, session_id, state, encode_state(state),
+                                expected_version, change)
+
+    async def delete_state(self, session_id: str, expected_version: int | None = None,
+                           change: StateChange | None = None) -> bool:
+        """Delete the state, with ``change`` in the same transaction; see
+        :meth:`proxy.store.base.StateStore.delete_state`."""
+        check_change(session_id, change, "delete")
+        return await self._call(self._delete_state, session_id, expected_version, change)
+
+    def _get_state(self, session_id: str) -> StoredState | None:
+        with self._sqlite_errors("read state") as conn:
+            row = conn.execute(
+                "SELECT version, state_json, updated_at FROM session_state WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        version, state_json, updated_at = row
+        if not isinstance(version, int) or version < 1:
+            raise CorruptStateError(session_id, f"version is {version!r}, not an integer >= 1")
+        if not isinstance(state_json, str):
+            raise CorruptStateError(session_id, f"state_json is {type(state_json).__name__}")
+        return decode_state(session_id, version, state_json, str(updated_at))
+
+    def _put_state(self, session_id: str, state: DurableContextState, state_json: str,
+                   expected_version: int | None, change: StateChange | None) -> StoredState:
+        when = utc_now()
+        with self._sqlite_errors("write state") as conn:
+            new_version = put_state_on(conn, session_id, state_json, when.isoformat(),
+                                                 expected_version, change,
+                                                 *self._change_bounds())
+        return StoredState(session_id=session_id, version=new_version, state=state,
+                           updated_at=when)
+
+    def _delete_state(self, session_id: str, expected_version: int | None,
+                      change: StateChange | None) -> bool:
+        with self._sqlite_errors("delete state") as conn:
+            return delete_state_on(conn, session_id, expected_version, change,
+                                             *self._change_bounds())
+
+
+def _current(conn: sqlite3.Connection, session_id: str) -> int | None:
+    row = conn.execute("SELECT version FROM session_state WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def put_state_on(conn: sqlite3.Connection, session_id: str, state_json: str, updated_at: str,
+              expected_version: int | None, change: StateChange | None, max_changes: int,
+              cutoff: str) -> int:
+    """Write the state if its version is ``expected_version``, with ``change`` (its version
+    set to the one written) when given; returns the version written.
+
+    Raises:
+        VersionConflict: the stored version is another; nothing was written.
+    """
+    with write_transaction(conn):
+        current = _current(conn, session_id)
+        if current != expected_version:
+            raise VersionConflict(session_id, expected_version, current)
+        if current is None:
+            row = conn.execute("DELETE FROM state_tombstone WHERE session_id = ?"
+                               " RETURNING version", (session_id,)).fetchone()
+            new_version = 1 if row is None else int(row[0]) + 1
+        else:
+            new_version = current + 1
+        conn.execute(
+            "INSERT INTO session_state (session_id, version, state_json, updated_at)"
+            " VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,"
+            " state_json = excluded.state_json, updated_at = excluded.updated_at",
+            (session_id, new_version, state_json, updated_at))
+        if change is not None:
+            add_change_on(conn, dataclasses.replace(change, version=new_version), max_changes,
+                       cutoff)
+    return new_version
+
+
+def delete_state_on(conn: sqlite3.Connection, session_id: str, expected_version: int | None,
+                 change: StateChange | None, max_changes: int, cutoff: str) -> bool:
+    """Delete the state (if at ``expected_version``, when given), leaving its tombstone, with
+    ``change`` when given; ``False`` when there was none (nothing recorded).
+
+    Raises:
+        VersionConflict: the stored version is another; nothing was deleted.
+    """
+    with write_transaction(conn):
+        current = _current(conn, session_id)
+        if current is None:
+            return False
+        if expected_version is not None and current != expected_version:
+            raise VersionConflict(session_id, expected_version, current)
+        conn.execute("DELETE FROM session_state WHERE session_id = ?", (session_id,))
+        conn.execute("INSERT INTO state_tombstone (session_id, version) VALUES (?, ?)"
+                     " ON CONFLICT (session_id) DO UPDATE SET"
+                     " version = max(version, excluded.version)", (session_id, current))
+        if change is not None:
+            add_change_on(conn, change, max_changes, cutoff)
+    return True
+
+
+def add_change_on(conn: sqlite3.Connection, change: StateChange, max_changes: int,
+               cutoff: str) -> None:
+    """Insert ``change`` and trim its session's changes to the newest ``max_changes`` and
+    those at or after ``cutoff``, in the caller's transaction."""
+    conn.execute("INSERT INTO audit_change (tenant, session_id, at, change) VALUES (?, ?, ?, ?)",
+                 (change.tenant, change.session_id, audit_stamp(change.at),
+                  encode_audit(change)))
+    conn.execute(
+        "DELETE FROM audit_change WHERE seq IN (SELECT seq FROM audit_change"
+        " WHERE tenant = ? AND session_id = ? ORDER BY at DESC, seq DESC LIMIT -1 OFFSET ?)",
+        (change.tenant, change.session_id, max_changes))
+    conn.execute("DELETE FROM audit_change WHERE tenant = ? AND session_id = ? AND at < ?",
+                 (change.tenant, change.session_id, cutoff))

@@ -1,0 +1,497 @@
+"""L4 summaries through the provider, and the summary cache in front of them.
+
+The compactor never calls a model: it hands over a :class:`compactor.SummaryRequest` (the
+span as a JSON transcript, its cache key, and the conversation up to the kept turns).
+:func:`summary_source` turns that into text: the store's summary cache first, then, for
+``/v1/messages`` only, the provider through the anthropic SDK, at most one call per span at a
+time however many requests need it (:mod:`proxy.summary.flights`).
+
+``summary.mode`` says how the call is made (:mod:`proxy.summary.calls`): ``fork`` sends
+the client's own request — its headers, query string, ``system``, ``tools`` and model — with
+the summary asked for in a last user turn, so a credential that only serves the client's own
+requests (a Claude Code subscription login) works and the provider reads the prompt from its
+cache; ``separate`` sends the proxy's own prompt with the caller's credentials (or the key
+named by ``summary.api_key_env``: then only for a caller whose credential the provider has
+accepted, :mod:`proxy.summary.caller_checks`). Either is made in pieces, then merged, when it
+would not fit the model's window. ``count_tokens`` uses the cache only, so it never makes a call.
+Any failure gives ``None``: the compactor then keeps the history as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import parse_qsl
+
+import anthropic
+import httpx2
+import msgspec
+import structlog
+
+import compactor
+from proxy.accounting.usage import ProviderUsage
+from proxy.config import SummaryConfig
+from proxy.providers.base import Provider
+from proxy.providers.summary import ProviderTransport
+from proxy.store import ReplicaConsistency, StoreError, SummaryCache
+from proxy.summary.caller_checks import AcceptedCallers
+from proxy.summary.caller_credentials import CallerCredentials
+from proxy.summary.calls import (
+    SUMMARIZER_MARKER,
+    SUMMARY_SYSTEM_PROMPT,
+    ForkSource,
+    SummaryCall,
+    merge_call,
+    plan_calls,
+    prompt_tokens,
+)
+from proxy.summary.flights import SingleFlight, fleet_single_flight
+from proxy.summary.window import Refusal, SummaryWindows, refusal_of
+from proxy.telemetry.metrics import ProxyMetrics
+
+__all__ = [
+    "SUMMARIZER_MARKER",
+    "SUMMARY_SYSTEM_PROMPT",
+    "CallerCredentials",
+    "ForkSource",
+    "ProviderSummarizer",
+    "SummaryResult",
+    "Summarizer",
+    "UsageCallback",
+    "summary_key",
+    "summary_source",
+]
+
+_log = structlog.get_logger("proxy.summary.summarizer")
+
+#: What the compactor calls to obtain a summary: the text, or ``None`` to skip L4.
+Summarizer = Callable[[compactor.SummaryRequest], Awaitable[str | None]]
+#: Told the model and the provider's ``usage`` of every summary call made.
+UsageCallback = Callable[[str, ProviderUsage], None]
+#: Told the model and the window a refused summary call showed.
+WindowCallback = Callable[[str, int], None]
+
+# The SDK insists on a credential at construction; calls on a caller's behalf replace it.
+_NO_CREDENTIAL: Final = "compact-proxy-no-credential"
+# SDK headers a forked call keeps when the client did not send them: the body is JSON, and
+# the provider needs a version. Every other SDK header the client did not send is omitted.
+_SDK_HEADERS_KEPT: Final = frozenset({"accept", "content-type", "anthropic-version",
+                                      "user-agent"})
+# Set by the SDK per request, outside its default headers.
+_SDK_REQUEST_HEADERS: Final = ("x-stainless-retry-count", "x-stainless-timeout",
+                               "x-stainless-read-timeout")
+# Client headers a forked call does not copy: the SDK's HTTP client decodes the answer, so it
+# asks for the encodings it can decode; and the headers an SDK client sends itself to change
+# how its own SDK returns the answer (they would change ours).
+_NOT_COPIED: Final = frozenset({"accept-encoding", "x-stainless-raw-response",
+                                "____stainless_override_cast_to"})
+# Piece calls made at the same time.
+_PIECE_CONCURRENCY: Final = 4
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    """What asking the provider for one summary gave.
+
+    Attributes:
+        text: the summary, ``None`` when there is none.
+        outcome: ``ok``, ``failed`` (no answer, or a prompt too large) or ``empty`` (an
+            answer without text).
+        mode: ``fork`` or ``separate``: how the calls were made.
+        model: the model they were made with (``None``: no call was made).
+        pieces: the piece calls made before the merge (0: the summary was one call).
+        usage: the provider's ``usage`` of every call, summed.
+        error_class: why there is no summary (an SDK exception's class name,
+            ``EmptySummary``, ``SummaryTooLarge``, ``NoCredentials``), ``None`` with one.
+    """
+
+    text: str | None
+    outcome: str
+    mode: str
+    model: str | None = None
+    pieces: int = 0
+    usage: ProviderUsage = ProviderUsage()
+    error_class: str | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """How the summary was made, for its log line: never text, never a credential."""
+        return {"mode": self.mode, "summary_model": self.model, "pieces": self.pieces,
+                "usage_input": self.usage.input, "usage_cache_read": self.usage.cache_read,
+                "usage_cache_write": self.usage.cache_write, "usage_output": self.usage.output}
+
+
+class _NoSummary(Exception):
+    """A call gave no summary: why (``error_class``) and the outcome to count."""
+
+    def __init__(self, error_class: str, outcome: str = "failed",
+                 refusal: tuple[Refusal, int] | None = None) -> None:
+        super().__init__(error_class)
+        self.error_class = error_class
+        self.outcome = outcome
+        #: ``prompt is too long``, with the proxy's count of the refused prompt.
+        self.refusal = refusal
+
+
+def _total(usages: Sequence[ProviderUsage]) -> ProviderUsage:
+    return ProviderUsage(input=sum(u.input for u in usages),
+                         cache_read=sum(u.cache_read for u in usages),
+                         cache_write=sum(u.cache_write for u in usages),
+                         output=sum(u.output for u in usages))
+
+
+_JSON: Final = msgspec.json.Encoder()
+
+
+def _call_body(call: SummaryCall, model: str, max_tokens: int) -> bytes:
+    """The JSON body of ``call`` as ``messages.create`` sends it (UTF-8; a field that is
+    ``None``, which the client did not send, left out), encoded in C. Raises what the SDK's
+    own encoding raises on a lone surrogate (``UnicodeEncodeError``): the call fails."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": call.messages}
+    for name in ("system", "tools", "tool_choice", "metadata"):
+        value = getattr(call, name)
+        if value is not None:
+            body[name] = value
+    return _JSON.encode(body)
+
+
+@dataclass
+class _Calls:
+    """One summary's calls: where they go and what they cost."""
+
+    model: str
+    headers: dict[str, str | anthropic.Omit]
+    query: dict[str, str]
+    on_usage: UsageCallback | None
+    usages: list[ProviderUsage]
+    counter: compactor.CachingCounter | None = None
+
+
+class ProviderSummarizer:
+    """One SDK client per app (its connection pool shared by every summary call), and the
+    summary calls running in it (:attr:`flights`).
+
+    Args:
+        config: the ``summary`` section.
+        base_url: the upstream provider.
+        api_key: the key from ``summary.api_key_env`` (``separate`` mode); ``None`` uses
+            each caller's own.
+    """
+
+    def __init__(self, config: SummaryConfig, base_url: str, api_key: str | None, *,
+                 provider: Provider | None = None) -> None:
+        self.config = config
+        self.flights: SingleFlight[str | None] = SingleFlight()
+        self.windows = SummaryWindows(config)
+        self._api_key = api_key
+        # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
+        # credentials when the client sent none (proxy.providers).
+        self._signs_calls = provider is not None and provider.signs_calls
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key or _NO_CREDENTIAL,
+            base_url=base_url,
+            max_retries=config.max_retries,
+            timeout=config.timeout_s,
+            http_client=httpx2.AsyncClient(
+                transport=ProviderTransport(provider), timeout=config.timeout_s)
+            if self._signs_calls and provider is not None else None,
+        )
+        self._sdk_headers = frozenset(
+            {name.lower() for name in self._client.default_headers} | set(_SDK_REQUEST_HEADERS)
+        ) - _SDK_HEADERS_KEPT
+        # The operator's key pays for separate calls: only for callers the provider accepted.
+        self._callers = (AcceptedCallers(self._client)
+                         if api_key is not None and config.mode == "separate" else None)
+
+    async def close(self) -> None:
+        """Cancel the summary calls still running, and close the SDK client's connections."""
+        await self.flights.close()
+        if self._callers is not None:
+            await self._callers.close()
+        await self._client.close()
+
+    async def may_call_for(self, caller: CallerCredentials) -> bool:
+        """Whether a summary call may be made for ``caller``: always when it is paid by the
+        caller's own credential; on the operator's key (``summary.api_key_env``, separate
+        mode) only once the provider has accepted the caller's credential."""
+        return self._callers is None or await self._callers.accepted(caller)
+
+    @property
+    def checks_callers(self) -> bool:
+        """Whether callers are checked before the operator's key is spent for them."""
+        return self._callers is not None
+
+    def caller_answered(self, caller: CallerCredentials, status: int | None) -> None:
+        """The provider answered the caller's forwarded request with ``status``: what that
+        says of its credential (:meth:`AcceptedCallers.answered`)."""
+        if self._callers is not None:
+            self._callers.answered(caller, status)
+
+    def _separate_headers(self, caller: CallerCredentials
+                          ) -> dict[str, str | anthropic.Omit] | None:
+        """Per-call auth: the configured key (the client's own), else the caller's headers."""
+        if self._api_key is not None:
+            return {}
+        if self._signs_calls:  # the provider's transport authorises: no SDK credential
+            return caller.as_extra_headers() if caller.present else \
+                CallerCredentials().as_extra_headers()
+        if caller.present:
+            return caller.as_extra_headers()
+        return None
+
+    def _fork_headers(self, source: ForkSource) -> dict[str, str | anthropic.Omit] | None:
+        """The client's headers (repeated ones comma-joined), every SDK header it did not send
+        omitted; ``None`` when it sent no credential."""
+        sent: dict[str, str] = {}
+        names: dict[str, str] = {}
+        for name, value in source.headers:
+            lowered = name.lower()
+            if lowered in _NOT_COPIED:
+                continue
+            if lowered in names:
+                sent[names[lowered]] = f"{sent[names[lowered]]}, {value}"
+            else:
+                names[lowered] = name
+                sent[name] = value
+        if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
+            return None
+        headers: dict[str, str | anthropic.Omit] = {
+            name: anthropic.omit for name in sorted(self._sdk_headers - names.keys())
+        }
+        headers.update(sent)
+        return headers
+
+    async def summarize(self, request: compactor.SummaryRequest, caller: CallerCredentials, *,
+                        fork: ForkSource | None = None,
+                        counter: compactor.CachingCounter | None = None,
+                        on_usage: UsageCallback | None = None,
+                        on_window: WindowCallback | None = None) -> SummaryResult:
+        """Ask the provider for a summary of ``request``; never raises.
+
+        Args:
+            request: the span, and the conversation up to the kept turns.
+            caller: the client's credentials (``separate`` mode).
+            fork: the client's request (``fork`` mode; without it the call is ``separate``).
+            counter: counts prompts against ``summary.context_window_tokens``; ``None`` takes
+                every call as fitting.
+            on_usage: told the model and ``usage`` of every call made.
+            on_window: told the model and window M of a call refused as ``prompt is too
+                long: N tokens > M maximum`` (the span is then made in pieces that fit).
+        """
+        source = fork if self.config.mode == "fork" else None
+        mode = "fork" if source is not None else "separate"
+        headers = (self._fork_headers(source) if source is not None
+                   else self._separate_headers(caller))
+        if headers is None:
+            return SummaryResult(None, "failed", mode, error_class="NoCredentials")
+        model = self.config.call_model(source.model if source is not None else None)
+        calls = _Calls(
+            model=model,
+            headers=headers,
+            query=dict(parse_qsl(source.query_string, keep_blank_values=True))
+            if source is not None else {},
+            on_usage=on_usage, usages=[], counter=counter)
+        pieces = 0
+        for attempt in range(2):  # again in pieces once a refusal taught the window
+            budget = self.windows.budget(model)
+            planned = plan_calls(request, source, counter=counter, budget=budget)
+            if planned is None:
+                return SummaryResult(None, "failed", mode, model, pieces, _total(calls.usages),
+                                     "SummaryTooLarge")
+            pieces = len(planned) if len(planned) > 1 else 0
+            try:
+                texts = await self._each(planned, calls)
+                text = texts[0]
+                if pieces:
+                    merge = merge_call(source, texts)
+                    if counter is not None and prompt_tokens(merge, counter) > budget:
+                        raise _NoSummary("SummaryTooLarge")
+                    text = await self._call(merge, calls)
+            except _NoSummary as exc:
+                if exc.refusal is not None and on_window is not None:
+                    on_window(model, exc.refusal[0].maximum)
+                if exc.refusal is None or attempt or counter is None or \
+                        self.windows.learn(model, *exc.refusal) >= budget:
+                    return SummaryResult(None, exc.outcome, mode, model, pieces,
+                                         _total(calls.usages), exc.error_class)
+                _log.info("summary_window_learnt", provider_maximum=exc.refusal[0].maximum,
+                          provider_tokens=exc.refusal[0].tokens)
+                continue
+            return SummaryResult(text, "ok", mode, model, pieces, _total(calls.usages))
+        raise AssertionError("unreachable")  # (the loop returns)
+
+    async def _each(self, planned: Sequence[SummaryCall], calls: _Calls) -> list[str]:
+        """The text of every call, made a few at a time; the first failure cancels the rest."""
+        if len(planned) == 1:
+            return [await self._call(planned[0], calls)]
+        gate = asyncio.Semaphore(_PIECE_CONCURRENCY)
+
+        async def gated(call: SummaryCall) -> str:
+            async with gate:
+                return await self._call(call, calls)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(gated(call)) for call in planned]
+        except BaseExceptionGroup as failed:
+            first = next((e for e in failed.exceptions if isinstance(e, _NoSummary)), None)
+            if first is None:
+                raise
+            raise first from None
+        return [task.result() for task in tasks]
+
+    async def _call(self, call: SummaryCall, calls: _Calls) -> str:
+        """One call's text (text blocks only).
+
+        Raises:
+            _NoSummary: the call failed, or its answer has no text.
+        """
+        try:
+            # The SDK's own client (its credentials, base URL, timeout, retries, errors and
+            # answer), given the body as bytes: ``messages.create`` would copy the whole
+            # conversation and encode it with ``json`` (~3 ms of CPU for 400 KB).
+            message = await self._client.post(
+                "/v1/messages", cast_to=anthropic.types.Message,
+                content=_call_body(call, calls.model, self.config.max_tokens),
+                options={"headers": calls.headers, "params": calls.query})
+            usage = ProviderUsage.from_usage(message.usage.model_dump())
+            text = "".join(block.text for block in message.content
+                           if isinstance(block, anthropic.types.TextBlock)).strip()
+        except Exception as exc:  # noqa: BLE001 - any failure means "no summary", never a 500
+            refusal = refusal_of(exc) if isinstance(exc, anthropic.BadRequestError) else None
+            counted = (prompt_tokens(call, calls.counter)
+                       if refusal is not None and calls.counter is not None else 0)
+            raise _NoSummary(type(exc).__name__,
+                             refusal=(refusal, counted) if refusal is not None else None) \
+                from None
+        calls.usages.append(usage)
+        if calls.on_usage is not None:
+            calls.on_usage(calls.model, usage)
+        if not text:
+            raise _NoSummary("EmptySummary", "empty")
+        return text
+
+
+def summary_key(tenant: str, cache_key: str) -> str:
+    """The summary cache's key of a span's summary for ``tenant`` (each tenant's own,
+    ``none``'s unprefixed); the audit log keeps it so the console can show the text."""
+    return cache_key if tenant == "none" else f"{tenant}/{cache_key}"
+
+
+def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
+                   caller: CallerCredentials, *, tenant: str = "none",
+                   fork: Callable[[], ForkSource] | None = None,
+                   counter: compactor.CachingCounter | None = None,
+                   metrics: ProxyMetrics | None = None,
+                   on_usage: UsageCallback | None = None,
+                   on_window: WindowCallback | None = None) -> Summarizer:
+    """The summarizer the compactor gets for one request.
+
+    The store's cache is asked first; on a miss ``provider`` (``None``: cache only, as for
+    ``count_tokens``) writes one, which is cached under the request's content hash — within
+    the request's tenant (another tenant's equal span is never answered from this cache).
+    Requests that need a summary another request is already asking for wait for that call
+    (at most ``summary.timeout_s``) instead of making their own; when ``store`` is shared by
+    other processes, the one call is the fleet's (a lease of the store per key, see
+    :func:`proxy.summary.flights.fleet_single_flight`): the others read the cache when it lands.
+
+    Args:
+        store: the summary cache.
+        provider: the summary client, ``None`` for the cache only.
+        caller: the client's credentials (``separate`` mode).
+        tenant: the request's tenant.
+        fork: makes the client's request that ``fork`` mode's calls copy; called only when a
+            call is made (most requests never need one).
+        counter: counts prompts against the model's window (``None``: never in pieces).
+        metrics: counts every summary asked for, by outcome (``cached``, ``joined``, ``ok``,
+            ``failed``, ``empty``).
+        on_usage: told the model and ``usage`` of every call made.
+        on_window: told the model and window of a call refused as too long.
+    """
+
+    def count(outcome: str) -> None:
+        if metrics is not None:
+            metrics.count_summary(outcome)
+
+    # Other processes share the cache: one of them makes each summary (a lease per key).
+    fleet = store if isinstance(store, ReplicaConsistency) and store.shared else None
+
+    async def cached(key: str) -> str | None:
+        try:
+            text = await store.get_summary(key)
+        except StoreError as exc:  # the cache is an optimisation: a summary is still made
+            _log.warning("summary_cache_unreadable", error_class=type(exc).__name__)
+            return None
+        if text:
+            count("cached")
+            _log.info("summary_ready", cached=True)
+            return text
+        return None
+
+    async def call(key: str, request: compactor.SummaryRequest) -> str | None:
+        assert provider is not None
+        # A call that ended while this request read the cache has written it meanwhile.
+        text = await cached(key)
+        if text is not None:
+            return text
+        if fleet is None:
+            return await make(key, request)
+
+        async def made_elsewhere() -> str | None:
+            return await store.get_summary(key) or None
+
+        text, outcome = await fleet_single_flight(
+            fleet, f"summary:{key}", made_elsewhere, lambda: make(key, request),
+            timeout_s=provider.config.timeout_s)
+        if outcome in ("joined", "found"):
+            count("joined")
+            _log.info("summary_ready", cached=True, fleet=outcome)
+        elif outcome == "timeout":
+            _log.warning("summary_failed", error_class="FleetJoinTimeout", joined=True)
+        return text
+
+    async def make(key: str, request: compactor.SummaryRequest) -> str | None:
+        assert provider is not None
+        result = await provider.summarize(request, caller,
+                                          fork=fork() if fork is not None else None,
+                                          counter=counter, on_usage=on_usage,
+                                          on_window=on_window)
+        count(result.outcome)
+        if result.text is None:
+            _log.warning("summary_failed", error_class=result.error_class,
+                         **result.log_fields())
+            return None
+        try:
+            await store.put_summary(key, result.text)
+        except StoreError as exc:  # kept for this view; the next crossing asks again
+            _log.warning("summary_not_cached", error_class=type(exc).__name__)
+        _log.info("summary_ready", cached=False, **result.log_fields())
+        return result.text
+
+    async def summarize(request: compactor.SummaryRequest) -> str | None:
+        key = summary_key(tenant, request.cache_key)
+        flight = provider.flights.running(key) if provider is not None else None
+        if flight is None:
+            text = await cached(key)
+            if text is not None or provider is None:
+                return text
+            if not await provider.may_call_for(caller):
+                count("failed")
+                _log.warning("summary_failed", error_class="CallerNotAccepted",
+                             mode="separate")
+                return None
+            flight = provider.flights.running(key)
+            if flight is None:
+                # Shielded: a client that goes away stops waiting, the call goes on.
+                return await asyncio.shield(provider.flights.start(
+                    key, lambda: call(key, request)))
+        assert provider is not None  # a running call is the provider's
+        count("joined")
+        try:
+            return await asyncio.wait_for(asyncio.shield(flight), provider.config.timeout_s)
+        except TimeoutError:
+            _log.warning("summary_failed", error_class="JoinTimeout", joined=True)
+            return None
+
+    return summarize

@@ -1,0 +1,1 @@
+"""Logs, metrics and what keeps secrets out of them."""
