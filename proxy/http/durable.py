@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 from aiohttp import web
-from lru import LRU
+from cachetools import LRUCache
 
 import compactor
 from proxy.http.tenants import scoped_key
@@ -63,8 +63,8 @@ class DurableBlocks:
     """
 
     def __init__(self, max_sessions: int = DEFAULT_MAX_BLOCKS) -> None:
-        self._last: LRU[str, tuple[compactor.DurableContextState,
-                                   tuple[compactor.SourceResolution, ...], str]] = LRU(
+        self._last: LRUCache[str, tuple[compactor.DurableContextState,
+                                        tuple[compactor.SourceResolution, ...], str]] = LRUCache(
             max(1, max_sessions))
 
     def text(self, session_key: str, state: compactor.DurableContextState,
