@@ -184,7 +184,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         # a new one (the TCP connect itself also within ``sock_connect``).
         timeout=aiohttp.ClientTimeout(
             total=None, connect=upstream.pool_wait_s, sock_connect=upstream.connect_timeout_s,
-            sock_read=None),
+            sock_read=upstream.read_timeout_s),
         # Bodies are relayed as the bytes they are, Content-Encoding included.
         auto_decompress=False,
         # Cookies set by the provider belong to the client, never to the next caller.
