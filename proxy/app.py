@@ -48,7 +48,6 @@ from proxy.http.spans import DecodedSpans, EncodedViews
 from proxy.http.tenants import TenantScope
 from proxy.http.upstream_headers import FORWARD_POLICY, ForwardPolicy
 from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
-from proxy.http.upstream_waits import UpstreamWaits
 from proxy.keys import (
     ACCOUNTING,
     AUDIT_LOG,
@@ -74,7 +73,6 @@ from proxy.keys import (
     TENANTS,
     TRANSCRIPTS,
     UPSTREAM,
-    UPSTREAM_WAITS,
     USAGE_LEDGER,
 )
 from proxy.logs import configure_logging
@@ -179,7 +177,7 @@ async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     upstream = app[CONFIG].upstream
     session = aiohttp.ClientSession(
-        # The read timeout is UpstreamWaits' (one sweep, no timer per read). ``connect``
+        # ``sock_read``: the read timeout, from the end of the upload. ``connect``
         # bounds getting a connection: waiting for one of the pool's to be free, and opening
         # a new one (the TCP connect itself also within ``sock_connect``).
         timeout=aiohttp.ClientTimeout(
@@ -192,12 +190,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         connector=aiohttp.TCPConnector(limit=upstream.max_connections, limit_per_host=0),
     )
     app[UPSTREAM] = session
-    waits = app[UPSTREAM_WAITS] = UpstreamWaits(upstream.read_timeout_s)
-    sweeping = asyncio.get_running_loop().create_task(waits.run())
     yield
-    sweeping.cancel()
-    with suppress(asyncio.CancelledError):
-        await sweeping
     await session.close()
 
 

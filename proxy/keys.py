@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from proxy.http.recent import RecentBodies
     from proxy.http.spans import DecodedSpans, EncodedViews
     from proxy.http.tenants import TenantScope
-    from proxy.http.upstream_waits import UpstreamWaits
 
 __all__ = [
     "ACCOUNTING",
@@ -60,7 +59,6 @@ __all__ = [
     "SUMMARIZER",
     "TENANTS",
     "UPSTREAM",
-    "UPSTREAM_WAITS",
     "USAGE_LEDGER",
 ]
 
@@ -75,8 +73,6 @@ STORE_HEALTH: Final = web.AppKey("store_health", StoreHealth)
 SUMMARIES: Final[web.AppKey[SummaryCache]] = web.AppKey("summaries")
 #: The one upstream HTTP session (created in a cleanup context).
 UPSTREAM: Final = web.AppKey("upstream_session", aiohttp.ClientSession)
-#: The waits for the provider under way, and the sweep that times them out.
-UPSTREAM_WAITS: Final[web.AppKey[UpstreamWaits]] = web.AppKey("upstream_waits")
 #: The one token counter of the app, so counts are cached across requests.
 COUNTER: Final = web.AppKey("token_counter", CachingCounter)
 #: The per-role compaction policies and the rules that pick a role.

@@ -19,8 +19,7 @@ from proxy.fake_upstream.server import start_fake_upstream
 from proxy.http.audit import RequestRecord
 from proxy.http.forward import forward
 from proxy.http.upstream_health import UPSTREAM_HEALTH, UpstreamHealth
-from proxy.http.upstream_waits import UpstreamWaits
-from proxy.keys import CONFIG, METRICS, UPSTREAM, UPSTREAM_WAITS
+from proxy.keys import CONFIG, METRICS, UPSTREAM
 from proxy.metrics import ProxyMetrics
 from tests.conftest import TEST_API_KEY
 
@@ -53,7 +52,6 @@ async def relay() -> AsyncIterator[tuple[str, list[Any]]]:
     app.router.add_post("/v1/messages", handler)
     session = aiohttp.ClientSession()
     app[UPSTREAM] = session
-    app[UPSTREAM_WAITS] = UpstreamWaits(30.0)
     app[UPSTREAM_HEALTH] = UpstreamHealth(upstream_url)
     runner = web.AppRunner(app)
     await runner.setup()
