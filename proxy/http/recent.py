@@ -115,7 +115,7 @@ class RecentBodies:
                         map(operator.itemgetter(0), marks), strict=True))
         cuts.reverse()
         kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
-                           parsed.values, reused=0, _facts=parsed._facts)
+                           parsed.values, reused=0)
         size = (sum(map(operator.attrgetter("size"), parsed.entries))
                 + sum(entry.size for entry in parsed.values.values()))
         if size > self.max_bytes:
@@ -169,7 +169,6 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans,
         messages = before.doc["messages"][:index]
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages
-        facts = before._facts.prefix(index)
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
-                           reused=index, _facts=facts, _hashed=seen.marks, _hashed_upto=start)
+                           reused=index, _hashed=seen.marks, _hashed_upto=start)
     return None
