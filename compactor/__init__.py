@@ -8,7 +8,7 @@ proxy uses and :class:`MessageShapeError` (the one exception a caller answers wi
 """
 
 from ._errors import MessageShapeError, MessageViewLimitExceeded, ToolProtocolError
-from ._facts import FactColumns, MessageFact, message_fact, message_facts
+from ._facts import MessageFact, message_fact, message_facts
 from ._pipeline import (
     CompactionCheckpoint,
     CompactionOptions,
@@ -74,7 +74,6 @@ __all__ = [
     "CompactionResult",
     "DurableContextState",
     "DurableFact",
-    "FactColumns",
     "Interaction",
     "LayerOutcome",
     "MAX_SESSION_ID_CHARS",

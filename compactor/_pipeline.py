@@ -23,7 +23,7 @@ from typing import Any, cast
 from policies import CompactionPolicy
 
 from ._errors import MessageViewLimitExceeded, ToolProtocolError
-from ._facts import FactColumns, MessageFact
+from ._facts import MessageFact
 from ._floor import always_kept_tokens
 from ._l1_truncate import truncate_tool_results
 from ._l2_reads import drop_superseded_reads
@@ -102,9 +102,7 @@ class CompactionOptions:
             messages, so a view whose mix of messages changed is still estimated right.
         facts: the :class:`MessageFact` of each message (made by :func:`message_fact` with
             the same counter), when the caller kept them: those messages are not checked,
-            fingerprinted, counted or searched for markers again; or the same as
-            :class:`FactColumns`, which the pipeline takes without a loop over them (it reads
-            them, never changes them). None: all made here.
+            fingerprinted, counted or searched for markers again. None: all made here.
         protocol_memo: walks of the tool protocol kept across calls (one per process): a
             history that extends one validated before is validated from where that ended.
         prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
@@ -118,8 +116,7 @@ class CompactionOptions:
     copy: bool = True
     token_scale: float = 1.0
     known_tokens: Mapping[int, float] | None = field(default=None, compare=False)
-    facts: Sequence[MessageFact | None] | FactColumns | None = field(default=None, compare=False,
-                                                                      repr=False)
+    facts: Sequence[MessageFact | None] | None = field(default=None, compare=False, repr=False)
     protocol_memo: ProtocolMemo | StagedMemo | None = field(default=None, compare=False, repr=False)
     prepared: PreparedSpan | None = None
 
@@ -369,12 +366,6 @@ def _raw_view(messages: list[dict[str, Any]], counter: CachingCounter,
     facts = options.facts
     if facts is not None and len(facts) != len(messages):
         raise ValueError(f"options.facts has {len(facts)} entries for {len(messages)} messages")
-    if isinstance(facts, FactColumns):
-        # Copies (C loops), so no layer and no later call shares the caller's lists.
-        view = View(messages, counter, options.reserved_tokens, facts.fingerprints[:],
-                    facts.tokens[:], options.token_scale, options.known_tokens)
-        view.marked = facts.marked[:]
-        return view
     if facts is None or not all(facts):  # (a fact is always true: no __eq__ per message)
         check_shape(messages)
         return View(messages, counter, options.reserved_tokens, scale=options.token_scale,

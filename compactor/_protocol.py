@@ -17,11 +17,12 @@ The map this module returns is what lets the layers remove a pair atomically.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Final, Literal, cast
+
+from cachetools import LRUCache
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, SERVER_USES, Message, blocks_of, is_server_result
 from ._errors import MessageShapeError, ProtocolErrorKind, ToolProtocolError
@@ -303,9 +304,10 @@ class ProtocolMemo:
             raise ValueError("max_messages and per_start must be >= 1")
         self.max_messages = max_messages
         self.per_start = per_start
-        # first message's fingerprint -> [(fingerprints walked, where the walk stands)]
-        self._walks: OrderedDict[int, list[tuple[list[int], _Walk]]] = OrderedDict()
-        self._held = 0
+        # first message's fingerprint -> [(fingerprints walked, where the walk stands)],
+        # each charged the messages its walks cover
+        self._walks: LRUCache[int, list[tuple[list[int], _Walk]]] = LRUCache(
+            max_messages, getsizeof=_walked)
         self._lock = threading.Lock()
 
     def validate(self, messages: list[Message],
@@ -320,7 +322,7 @@ class ProtocolMemo:
 
     def __len__(self) -> int:
         """Messages whose walks are held."""
-        return self._held
+        return int(self._walks.currsize)
 
     def staged(self) -> StagedMemo:
         """A memo for one request: it reads the kept walks and keeps its own new ones aside
@@ -349,7 +351,6 @@ class ProtocolMemo:
                 entries = cast("list[tuple[list[int], _Walk]]", kept)
                 entries.remove(base)
                 entries.insert(0, base)
-                self._walks.move_to_end(prints[0])
                 return base[1].finish(), None
         if base is None:
             walk, start = _Walk(None), 0
@@ -370,15 +371,14 @@ class ProtocolMemo:
         if base is not None and any(entry is base for entry in entries):
             # the new walk goes on from it (unless it was dropped meanwhile)
             entries = [entry for entry in entries if entry is not base]
-            self._held -= len(base[0])
         entries.insert(0, (prints, walk))
-        self._held += len(prints)
-        while len(entries) > self.per_start:
-            self._held -= len(entries.pop()[0])
-        self._walks[prints[0]] = entries
-        while self._held > self.max_messages and self._walks:
-            _, dropped = self._walks.popitem(last=False)
-            self._held -= sum(len(entry[0]) for entry in dropped)
+        del entries[self.per_start:]
+        if _walked(entries) <= self.max_messages:  # (else it would go at once)
+            self._walks[prints[0]] = entries
+
+
+def _walked(entries: list[tuple[list[int], _Walk]]) -> int:
+    return sum(len(entry[0]) for entry in entries)
 
 
 class StagedMemo:

@@ -17,9 +17,11 @@ import math
 import os
 import re
 import struct
-from collections import OrderedDict
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
+
+from cachetools import LRUCache
 
 from ._fingerprint import fingerprint
 
@@ -163,8 +165,8 @@ class CachingCounter:
     """Counts messages and blocks with a base counter, caching by content hash.
 
     One instance lives as long as the proxy: counts survive across requests, bounded to
-    ``max_entries`` (least recently used evicted). Safe to share between threads: each
-    cache operation is one call on a C ``OrderedDict``, and a race only costs a count.
+    ``max_entries`` (least recently used evicted). Safe to share between threads: the cache
+    is read and written under a lock (a race between two counts only costs a count).
 
     Messages and values are keyed by their fingerprint; long texts by Python's ``hash()``,
     which a string computes once and keeps: these keys never leave the process.
@@ -174,18 +176,16 @@ class CachingCounter:
         self.base: TokenCounter = base if base is not None else Chars4Counter()
         self.name = self.base.name
         self.max_entries = max_entries
-        self._cache: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._cache: LRUCache[tuple[str, int], int] = LRUCache(max(1, max_entries))
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     # -- cache --------------------------------------------------------------------------
     def _cached(self, key: tuple[str, int]) -> int | None:
-        found = self._cache.get(key)
+        with self._lock:
+            found = self._cache.get(key)
         if found is not None:
-            try:
-                self._cache.move_to_end(key)
-            except KeyError:  # (evicted meanwhile by another thread)
-                pass
             self.hits += 1
         return found
 
@@ -195,12 +195,8 @@ class CachingCounter:
         return tokens
 
     def _put(self, key: tuple[str, int], tokens: int) -> None:
-        self._cache[key] = tokens
-        while len(self._cache) > self.max_entries:
-            try:
-                self._cache.popitem(last=False)
-            except KeyError:  # (emptied meanwhile by another thread)
-                break
+        with self._lock:
+            self._cache[key] = tokens
 
     def _has(self, key: tuple[str, int]) -> bool:
         return key in self._cache
@@ -397,6 +393,6 @@ class StagedCounter(CachingCounter):
 
     def commit(self) -> None:
         """Keep the counts made here in the shared counter (the request was accepted)."""
-        counts, self._cache = self._cache, OrderedDict()
+        counts, self._cache = self._cache, LRUCache(self._cache.maxsize)
         for key, tokens in counts.items():
             self.shared._put(key, tokens)

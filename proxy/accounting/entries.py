@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Final
 
-from lru import LRU
+from cachetools import LRUCache
 
 from proxy.accounting.usage import ProviderUsage, UsageEntry
 
@@ -27,7 +27,7 @@ class Accounting:
     """Builds ledger entries; remembers each lane's previous history size."""
 
     def __init__(self, *, max_lanes: int = MAX_LANES) -> None:
-        self._previous: LRU[str, int] = LRU(max_lanes)
+        self._previous: LRUCache[str, int] = LRUCache(max_lanes)
         self._lock = threading.Lock()
 
     def entry(self, session_key: str, lane: str, history_tokens: int, view_tokens: int,

@@ -8,9 +8,9 @@ with 429 and ``Retry-After`` before its token is even looked at; a right token o
 lockout is over resets its count. A client quiet for :data:`FORGET_AFTER_S` (or twice the
 longest lockout, if longer) starts afresh.
 
-The table is bounded: at most ``max_clients`` addresses, the least recently failed dropped
-first. Each serving process keeps its own table (with ``listen.workers`` N, a client gets
-N times the tries); behind a proxy that terminates connections every client shares its
+The table is bounded: at most ``max_clients`` addresses, the least recently used (failed or
+checked) dropped first. Each serving process keeps its own table (with ``listen.workers`` N,
+a client gets N times the tries); behind a proxy that terminates connections every client shares its
 address, so there one attacker can lock the operator out: the admin listener
 (``admin.listen``) on an address only operators reach avoids both.
 """
@@ -20,12 +20,12 @@ from __future__ import annotations
 import ipaddress
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
+from cachetools import LRUCache
 
 __all__ = ["AUTH_THROTTLE", "FORGET_AFTER_S", "MAX_CLIENTS", "AuthThrottle", "client_of"]
 
@@ -65,7 +65,7 @@ class AuthThrottle:
         self.max_clients = max_clients
         self._forget_after_s = max(FORGET_AFTER_S, 2 * max_lockout_s)
         self._clock = clock
-        self._clients: OrderedDict[str, _Client] = OrderedDict()
+        self._clients: LRUCache[str, _Client] = LRUCache(max_clients)
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -85,9 +85,7 @@ class AuthThrottle:
         entry = self._clients.pop(client, None)
         if entry is None or now - entry.last_failure > self._forget_after_s:
             entry = _Client()
-        while len(self._clients) >= self.max_clients:
-            self._clients.popitem(last=False)
-        self._clients[client] = entry  # the most recently failed last
+        self._clients[client] = entry  # (the least recently used goes beyond max_clients)
         entry.failures += 1
         entry.last_failure = now
         if entry.failures < self.limit:

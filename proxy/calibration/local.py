@@ -60,7 +60,7 @@ from itertools import compress, repeat
 from typing import Final
 
 import msgspec
-from lru import LRU
+from cachetools import LRUCache
 
 from policies import CompactionPolicy
 
@@ -185,15 +185,15 @@ class Calibration:
 
     def __init__(self, *, max_sessions: int = MAX_SESSIONS, window_ttl_s: float = WINDOW_TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._sessions: LRU[tuple[str, str], _Session] = LRU(max_sessions)
+        self._sessions: LRUCache[tuple[str, str], _Session] = LRUCache(max_sessions)
         # (tenant, model) -> what its sessions taught; least recently used go.
-        self._fleet: LRU[tuple[str, str], _Fleet] = LRU(MAX_FLEETS)
+        self._fleet: LRUCache[tuple[str, str], _Fleet] = LRUCache(MAX_FLEETS)
         # A session's messages' counts by fingerprint: a count, once set, never changes (new
         # messages are added; the mapping is replaced when pruned).
-        self._known: LRU[tuple[str, str], dict[int, float]] = LRU(
+        self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
             min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
         # (tenant, model) -> (the window, when it was learnt).
-        self._windows: LRU[tuple[str, str], tuple[int, float]] = LRU(MAX_FLEETS)
+        self._windows: LRUCache[tuple[str, str], tuple[int, float]] = LRUCache(MAX_FLEETS)
         self._window_ttl_s = window_ttl_s
         self._clock = clock
         self._lock = threading.Lock()

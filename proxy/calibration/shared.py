@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import structlog
-from lru import LRU
+from cachetools import LRUCache
 
 from proxy.calibration.local import MAX_SESSIONS, WINDOW_TTL_S, Calibration
 from proxy.store import RecordFetch, ReplicaConsistency, SessionVersions, StoreError
@@ -63,7 +63,7 @@ class SharedCalibration(Calibration):
         super().__init__(max_sessions=max_sessions, window_ttl_s=window_ttl_s)
         self._store = store
         # session -> model -> the store's version of what this process holds.
-        self._versions: LRU[str, dict[str, int]] = LRU(max_sessions)
+        self._versions: LRUCache[str, dict[str, int]] = LRUCache(max_sessions)
         # (session, model) -> the newest snapshot not yet written; its writer task.
         self._unsaved: dict[tuple[str, str], bytes] = {}
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}

@@ -29,7 +29,7 @@ from aiohttp.typedefs import Handler, Middleware
 from compactor import LayerOutcome
 from proxy.accounting.usage import ProviderUsage
 from proxy.audit.log import LayerSaving, RequestEntry
-from proxy.telemetry.logs import log_info, start_request_fields
+from proxy.telemetry.logs import start_request_fields
 
 if TYPE_CHECKING:
     from proxy.http.services import Services
@@ -201,17 +201,6 @@ def layer_savings(outcomes: Iterable[LayerOutcome], *,
     return (*savings, LayerSaving(STICKY, max(0, reused_saved - sum(s.saved for s in savings))))
 
 
-#: The fields of the ``request_completed`` line whose values the proxy made itself (its
-#: counts, route and role names, codes, its request id, a worker's index and pid): the
-#: redaction keeps them as they are (:func:`proxy.telemetry.logs.log_info`); the session id and the
-#: method, which the client chose, are cleaned like any line's.
-_OWN_FIELDS: Final = frozenset({
-    "event", "route", "status", "role", "tenant", "tokens_before", "tokens_after", "layers",
-    "upstream_status", "provider_input_tokens", "estimate_error", "usage_input",
-    "usage_cache_read", "usage_cache_write", "usage_output", "outcome", "duration_ms",
-    "request_id", "worker", "pid", "compacted_because", "reason", "saved", "summary_served",
-    "summary_wait_ms"})
-
 #: The audit record of the request being served.
 RECORD: Final = web.RequestKey("record", RequestRecord)
 
@@ -264,8 +253,8 @@ def request_context_middleware(s: Services) -> Middleware:
             duration_ms = record.duration_ms()
             if audit:
                 _keep_in_audit_log(s, record, status, outcome, duration_ms)
-            log_info(_log, "request_completed", completed_fields(
-                record, request.method, status, outcome, duration_ms), _OWN_FIELDS)
+            _log.info("request_completed", **completed_fields(
+                record, request.method, status, outcome, duration_ms))
 
     return middleware
 

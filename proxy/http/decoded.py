@@ -20,14 +20,15 @@ holds a lock (decoding itself does not).
 
 from __future__ import annotations
 
+import operator
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
 import xxhash
+from cachetools import LRUCache
 
 __all__ = ["DEFAULT_CACHE_BYTES", "Decoded", "DecodedSpans", "Staged", "object_bytes",
            "remembered"]
@@ -115,10 +116,9 @@ class DecodedSpans:
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        # key -> entry, least recently used first. (A C OrderedDict: get + move_to_end run
-        # once per message of every request.)
-        self._entries: OrderedDict[int, Decoded] = OrderedDict()
-        self._bytes = 0
+        # key -> entry, each charged its size.
+        self._entries: LRUCache[int, Decoded] = LRUCache(max(1, max_bytes),
+                                                         getsizeof=operator.attrgetter("size"))
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -127,7 +127,7 @@ class DecodedSpans:
     @property
     def held_bytes(self) -> int:
         """What the kept entries are charged in all."""
-        return self._bytes
+        return int(self._entries.currsize)
 
     def decode(self, span: msgspec.Raw, staged: Staged | None = None) -> Decoded:
         """The decoded value of ``span``, from the cache when these bytes were seen.
@@ -143,9 +143,8 @@ class DecodedSpans:
         entries = self._entries
         with self._lock:
             found = entries.get(key)
-            if found is not None:
-                entries.move_to_end(key)
-                return found
+        if found is not None:
+            return found
         size = object_bytes(span)
         if size > self.max_bytes:
             return Decoded(_VALUE.decode(span), size)
@@ -168,11 +167,8 @@ class DecodedSpans:
         entries = self._entries
         with self._lock:
             for key, entry in new.items():
-                if key not in entries:
+                if key not in entries and entry.size <= self.max_bytes:
                     entries[key] = entry
-                    self._bytes += entry.size
-            while self._bytes > self.max_bytes and entries:
-                self._bytes -= entries.popitem(last=False)[1].size
 
     @staticmethod
     def fresh(span: msgspec.Raw) -> Decoded:

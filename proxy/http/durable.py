@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 import msgspec
-from lru import LRU
+from cachetools import LRUCache
 
 import compactor
 from proxy.http.tenants import scoped_key
@@ -64,8 +64,8 @@ class DurableBlocks:
     """
 
     def __init__(self, max_sessions: int = DEFAULT_MAX_BLOCKS) -> None:
-        self._last: LRU[str, tuple[compactor.DurableContextState,
-                                   tuple[compactor.SourceResolution, ...], str]] = LRU(
+        self._last: LRUCache[str, tuple[compactor.DurableContextState,
+                                        tuple[compactor.SourceResolution, ...], str]] = LRUCache(
             max(1, max_sessions))
 
     def text(self, session_key: str, state: compactor.DurableContextState,

@@ -20,7 +20,7 @@ import functools
 import json
 import re
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -36,7 +36,6 @@ from proxy.http.connections import BodyTimeout
 from proxy.http.errors import UpstreamFailure
 from proxy.http.sse import SSEFramer, StreamWatch, json_usage, sse_error_event
 from proxy.http.upstream_headers import ForwardPolicy
-from proxy.http.upstream_waits import UpstreamWaits, read_some
 from proxy.providers import TOO_LONG_STATUSES, Provider
 from proxy.providers.eventstream import CONTENT_TYPE as EVENT_STREAM
 from proxy.providers.eventstream import EventStreamWatch
@@ -246,7 +245,7 @@ async def forward(
     """Send the request upstream and relay the answer; the response is already prepared.
 
     Args:
-        s: the app's services (the upstream session, its waits and health, the metrics).
+        s: the app's services (the upstream session and its health, the metrics).
         request: the client's request (method, path, query string are taken from it).
         record: its audit record (``upstream_status``, ``outcome`` and the provider's
             ``usage`` are set here; its ``x-compact-*`` headers are added to the response).
@@ -262,13 +261,12 @@ async def forward(
         UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
             in time; both before anything was sent to the client.
     """
-    waits = s.upstream.waits
-    upstream = await _send(s, request, record, waits, body, headers)
+    upstream = await _send(s, request, record, body, headers)
     held = b""
     try:
         provider = s.provider_of(request)
         if retry is not None and upstream.status in TOO_LONG_STATUSES:
-            held, whole = await _read_refusal(waits, upstream)
+            held, whole = await _read_refusal(upstream)
             encoding = upstream.headers.get("Content-Encoding", "")
             refusal = PromptTooLong.from_error_body(held, encoding) if whole else None
             if refusal is None and whole and provider is not None and provider.too_long(
@@ -277,8 +275,8 @@ async def forward(
             again = None if refusal is None else await retry(refusal)
             if again is not None:
                 _done_with(upstream)
-                upstream, held = await _send(s, request, record, waits, again, headers), b""
-        return await _relay(request, record, waits, upstream, held, before_end, provider)
+                upstream, held = await _send(s, request, record, again, headers), b""
+        return await _relay(request, record, upstream, held, before_end, provider)
     finally:
         _done_with(upstream)
 
@@ -292,14 +290,13 @@ def _done_with(upstream: aiohttp.ClientResponse) -> None:
         upstream.close()
 
 
-async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
-                        ) -> tuple[bytes, bool]:
+async def _read_refusal(upstream: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """The start of an error body, and whether it is all of it (a refusal is small: only
     :data:`_MAX_REFUSAL_BYTES` are read; the rest, if any, is relayed as it comes)."""
     chunks = bytearray()
     while len(chunks) <= _MAX_REFUSAL_BYTES:
         try:
-            chunk = await read_some(waits, upstream)
+            chunk = await upstream.content.readany()
         except (TimeoutError, aiohttp.ClientError):
             return bytes(chunks), False
         if not chunk:
@@ -309,7 +306,7 @@ async def _read_refusal(waits: UpstreamWaits, upstream: aiohttp.ClientResponse,
 
 
 async def _send(s: Services, request: web.Request, record: RequestRecord,
-                waits: UpstreamWaits, body: bytes | AsyncIterable[bytes] | None,
+                body: bytes | AsyncIterable[bytes] | None,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
     """Send the request upstream; the provider's response, headers read."""
     upstream_config = s.config.upstream
@@ -325,16 +322,16 @@ async def _send(s: Services, request: web.Request, record: RequestRecord,
                                   reason="upstream_credentials") from None
     started = time.perf_counter()
     try:
-        # The answer's headers within the read timeout (UpstreamWaits: no timer of its own).
-        upstream = await waits.request(lambda wait: s.upstream.session.request(
+        # The answer's headers within the read timeout (the session's ``sock_read``, counted
+        # from when the request's body is sent).
+        upstream = await s.upstream.session.request(
             request.method,
             url,
-            data=body if body is None or isinstance(body, bytes) else _touching(
-                body, waits, wait),
+            data=body,
             headers=headers,
             skip_auto_headers=_AUTO_HEADERS,
             allow_redirects=False,
-        ))
+        )
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         stalled = request.content.exception()
         if isinstance(stalled, BodyTimeout):
@@ -353,16 +350,7 @@ async def _send(s: Services, request: web.Request, record: RequestRecord,
     return upstream
 
 
-async def _touching(body: AsyncIterable[bytes], waits: UpstreamWaits,
-                    wait: int) -> AsyncIterator[bytes]:
-    """``body``, each chunk restarting ``wait`` (for the answer): the provider is not silent
-    while the client is still uploading."""
-    async for chunk in body:
-        waits.touch(wait)
-        yield chunk
-
-
-async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWaits,
+async def _relay(request: web.Request, record: RequestRecord,
                  upstream: aiohttp.ClientResponse, held: bytes = b"",
                  before_end: BeforeEnd | None = None,
                  provider: Provider | None = None) -> web.StreamResponse:
@@ -400,7 +388,7 @@ async def _relay(request: web.Request, record: RequestRecord, waits: UpstreamWai
             chunk, held = held, b""
         else:
             try:
-                chunk = await read_some(waits, upstream)
+                chunk = await upstream.content.readany()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 return await _failed_mid_body(response, record, framer, exc)
         if not chunk:

@@ -58,7 +58,7 @@ class Measured(msgspec.Struct, frozen=True):
 
     conversation: str
     reserved: int
-    facts: compactor.FactColumns | None
+    facts: list[compactor.MessageFact] | None
 
 
 def measure(counter: compactor.CachingCounter, parsed: RequestBody,
@@ -163,4 +163,5 @@ def estimate(plan: CompactionPlan, measured: Measured) -> int | None:
     facts = measured.facts
     if facts is None:
         return None
-    return round(plan.reserved * plan.reserved_scale + sum(facts.tokens) * plan.scale)
+    counted = sum(fact.tokens for fact in facts)
+    return round(plan.reserved * plan.reserved_scale + counted * plan.scale)

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import msgspec
 import xxhash
-from lru import LRU
+from cachetools import LRUCache
 
 from proxy.http.decoded import DEFAULT_CACHE_BYTES, DecodedSpans, Staged
 from proxy.http.spans import _GAP, _SPANS, RequestBody, _distinct
@@ -58,18 +58,16 @@ class RecentBodies:
     def __init__(self, max_entries: int = 1024, *,
                  max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._seen: LRU[object, list[_Seen]] = LRU(max(1, max_entries),
-                                                    callback=self._evicted)
-        self._bytes = 0
-        self._lock = threading.RLock()
+        self.max_entries = max(1, max_entries)
+        # Bounded by bytes (a conversation's bodies charged their size); by count in keep().
+        self._seen: LRUCache[object, list[_Seen]] = LRUCache(max(1, max_bytes),
+                                                             getsizeof=_charged)
+        self._lock = threading.Lock()
 
     @property
     def held_bytes(self) -> int:
         """What the kept bodies are charged in all."""
-        return self._bytes
-
-    def _evicted(self, key: object, seen: list[_Seen]) -> None:
-        self._bytes -= sum(entry.size for entry in seen)
+        return int(self._seen.currsize)
 
     @staticmethod
     def key_of(tenant: str, session: str | None, raw: bytes) -> object:
@@ -117,7 +115,7 @@ class RecentBodies:
                         map(operator.itemgetter(0), marks), strict=True))
         cuts.reverse()
         kept = RequestBody(b"", parsed.doc, parsed.fields, bounds, parsed.entries,
-                           parsed.values, reused=0, _facts=parsed._facts)
+                           parsed.values, reused=0)
         size = (sum(map(operator.attrgetter("size"), parsed.entries))
                 + sum(entry.size for entry in parsed.values.values()))
         if size > self.max_bytes:
@@ -125,12 +123,16 @@ class RecentBodies:
         seen = _Seen(cuts, dict(zip(starts, marks, strict=True)),
                      parsed.raw[bounds[-1][1]:], kept, size)
         with self._lock:
-            previous: list[_Seen] = self._seen.get(key) or []
-            kept_before, dropped = previous[:3], previous[3:]
-            self._bytes += size - sum(entry.size for entry in dropped)
-            self._seen[key] = [seen, *kept_before]  # (replacing: no eviction callback)
-            while self._bytes > self.max_bytes and len(self._seen):
-                self._evicted(*self._seen.popitem(least_recent=True))
+            kept_now = [seen, *(self._seen.get(key) or [])[:3]]
+            while _charged(kept_now) > self.max_bytes:  # (``seen`` alone fits)
+                kept_now.pop()
+            self._seen[key] = kept_now
+            while len(self._seen) > self.max_entries:
+                self._seen.popitem()
+
+
+def _charged(seen: list[_Seen]) -> int:
+    return sum(entry.size for entry in seen)
 
 
 def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans,
@@ -167,7 +169,6 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans,
         messages = before.doc["messages"][:index]
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages
-        facts = before._facts.prefix(index)
         return RequestBody(raw, doc, before.fields, bounds, entries, before.values,
-                           reused=index, _facts=facts, _hashed=seen.marks, _hashed_upto=start)
+                           reused=index, _hashed=seen.marks, _hashed_upto=start)
     return None

@@ -98,9 +98,6 @@ class RequestBody(msgspec.Struct, eq=False):
     values: dict[str, Decoded] = msgspec.field(default_factory=dict)
     mended: int = 0
     reused: int = 0
-    # Filled in place by facts(): shared with the RecentBodies entry kept of this body, so the
-    # next body of the conversation takes the facts of the messages it repeats (list slices).
-    _facts: compactor.FactColumns = msgspec.field(default_factory=compactor.FactColumns)
     # The earlier body's cuts (start -> (xxh3-128 of the bytes before it, the hasher state)),
     # which hold for this body up to _hashed_upto (its bytes there were checked the same):
     # RecentBodies.keep takes them, or goes on from one, instead of hashing the body again.
@@ -135,27 +132,24 @@ class RequestBody(msgspec.Struct, eq=False):
         messages: list[dict[str, Any]] = self.doc["messages"]
         return messages
 
-    def facts(self, counter: compactor.CachingCounter) -> compactor.FactColumns | None:
+    def facts(self, counter: compactor.CachingCounter) -> list[compactor.MessageFact] | None:
         """Each message's facts (:class:`compactor.MessageFact`, made once per decoded message
-        with ``counter``: always pass the same one) as columns, or None on the plain path or
-        when a message is not well shaped (the pipeline's own check names it)."""
-        if self.entries is None:
+        with ``counter``: always pass the same one), or None on the plain path or when a
+        message is not well shaped (the pipeline's own check names it)."""
+        entries = self.entries
+        if entries is None:
             return None
-        columns = self._facts  # those of messages taken from an earlier body came with them
-        if len(columns) < len(self.entries):
-            entries = self.entries[len(columns):]
-            new = [entry for entry in entries if "fact" not in entry.memo]
-            if len(new) > 1:  # (a cold history: its long texts counted in one batch)
-                made = compactor.message_facts([entry.value for entry in new], counter)
-                for entry, fact in zip(new, made, strict=True):
-                    entry.memo["fact"] = fact
-            facts = [remembered(entry.memo, "fact",
-                                functools.partial(compactor.message_fact, entry.value, counter))
-                     for entry in entries]
-            if not all(facts):  # (a fact is always true)
-                return None
-            columns.extend(facts)  # type: ignore[arg-type]  # (all true: no None)
-        return columns
+        new = [entry for entry in entries if "fact" not in entry.memo]
+        if len(new) > 1:  # (a cold history: its long texts counted in one batch)
+            made = compactor.message_facts([entry.value for entry in new], counter)
+            for entry, fact in zip(new, made, strict=True):
+                entry.memo["fact"] = fact
+        facts = [remembered(entry.memo, "fact",
+                            functools.partial(compactor.message_fact, entry.value, counter))
+                 for entry in entries]
+        if not all(facts):  # (a fact is always true)
+            return None
+        return facts  # type: ignore[return-value]  # (all true: no None)
 
     def memo(self, name: str) -> dict[str, Any] | None:
         """The memo of top-level field ``name``'s decoded value (None: none kept)."""

@@ -1,5 +1,5 @@
-"""The provider as the request path reaches it: one HTTP session (its connection pool), the
-waits for answers under way and the provider's reachability (``/healthz``).
+"""The provider as the request path reaches it: one HTTP session (its connection pool) and
+the provider's reachability (``/healthz``).
 
 The session needs a running event loop, so it is opened when the app starts
 (:meth:`Upstream.running`, a cleanup context) and closed when it stops.
@@ -7,22 +7,19 @@ The session needs a running event loop, so it is opened when the app starts
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from contextlib import suppress
 
 import aiohttp
 from aiohttp import web
 
 from proxy.config import UpstreamConfig
 from proxy.http.upstream_health import UpstreamHealth
-from proxy.http.upstream_waits import UpstreamWaits
 
 __all__ = ["Upstream"]
 
 
 class Upstream:
-    """The provider's connection pool, its waits and its health.
+    """The provider's connection pool and its health.
 
     Args:
         config: the ``upstream`` section.
@@ -31,7 +28,6 @@ class Upstream:
 
     def __init__(self, config: UpstreamConfig, masked_url: str) -> None:
         self.config = config
-        self.waits = UpstreamWaits(config.read_timeout_s)
         self.health = UpstreamHealth(masked_url)
         self._session: aiohttp.ClientSession | None = None
 
@@ -43,27 +39,23 @@ class Upstream:
         return self._session
 
     async def running(self, app: web.Application) -> AsyncIterator[None]:
-        """The app's cleanup context: the session and the waits' sweep while it runs."""
+        """The app's cleanup context: the session while the app runs."""
         config = self.config
         self._session = aiohttp.ClientSession(
-            # The read timeout is UpstreamWaits' (one sweep, no timer per read). ``connect``
-            # bounds getting a connection: waiting for one of the pool's to be free, and
-            # opening a new one (the TCP connect itself also within ``sock_connect``).
+            # ``sock_read``: the read timeout, from the end of the upload. ``connect`` bounds
+            # getting a connection: waiting for one of the pool's to be free, and opening a
+            # new one (the TCP connect itself also within ``sock_connect``).
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=config.pool_wait_s, sock_connect=config.connect_timeout_s,
-                sock_read=None),
+                sock_read=config.read_timeout_s),
             # Bodies are relayed as the bytes they are, Content-Encoding included.
             auto_decompress=False,
             # Cookies set by the provider belong to the client, never to the next caller.
             cookie_jar=aiohttp.DummyCookieJar(),
             connector=aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0),
         )
-        sweeping = asyncio.get_running_loop().create_task(self.waits.run())
         try:
             yield
         finally:
-            sweeping.cancel()
-            with suppress(asyncio.CancelledError):
-                await sweeping
             await self._session.close()
             self._session = None

@@ -31,11 +31,13 @@ request path calls it: excerpts never reach a prompt.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import re
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
+
+from cachetools import LRUCache, cached
 
 import compactor
 from policies import SourceAccessPolicy
@@ -107,8 +109,10 @@ class ResolverPool:
             self._s3 = _S3Sources(self._roots, self._remote, s3)
         # (tenant, session id) -> its resolver, created on first use; least recently used
         # evicted.
-        self._resolvers = functools.lru_cache(maxsize=max_sessions)(self._new_resolver)
-        self._s3_resolvers = functools.lru_cache(maxsize=max_sessions)(self._new_s3_resolver)
+        self._resolvers = cached(LRUCache(max_sessions), lock=threading.Lock())(
+            self._new_resolver)
+        self._s3_resolvers = cached(LRUCache(max_sessions), lock=threading.Lock())(
+            self._new_s3_resolver)
 
     @property
     def is_remote(self) -> bool:

@@ -23,11 +23,12 @@ import fcntl
 import hashlib
 import json
 import os
-from collections import OrderedDict
+import threading
 from collections.abc import Sequence
 from typing import Any, Final
 
 import structlog
+from cachetools import LRUCache
 
 from compactor import is_session_id
 from proxy.sources.resolvers import tenant_root
@@ -60,7 +61,9 @@ class TranscriptRecorder:
     def __init__(self, root: str, max_bytes: int) -> None:
         self.root = root
         self.max_bytes = max_bytes
-        self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()  # path -> (size, events)
+        # path -> (size, events); read on the event loop, written by the appending thread.
+        self._known: LRUCache[str, tuple[int, int]] = LRUCache(MAX_KNOWN)
+        self._known_lock = threading.Lock()
         self._full: set[str] = set()
 
     def path_of(self, tenant: str, session_id: str) -> str:
@@ -73,7 +76,8 @@ class TranscriptRecorder:
         if not is_session_id(session_id) or not messages:
             return
         path = self.path_of(tenant, session_id)
-        known = self._known.get(path)
+        with self._known_lock:
+            known = self._known.get(path)
         if (known is not None and known[1] >= len(messages)) or path in self._full:
             return  # nothing new (a resent history), or the transcript is at its bound
         await asyncio.to_thread(self._append, path, session_id, list(messages))
@@ -84,7 +88,8 @@ class TranscriptRecorder:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
-            known = self._known.get(path)
+            with self._known_lock:
+                known = self._known.get(path)
             events = known[1] if known is not None and known[0] == size else _count_events(fd)
             lines: list[bytes] = []
             for sequence, message in enumerate(messages[events:], start=events + 1):
@@ -109,7 +114,5 @@ class TranscriptRecorder:
             os.close(fd)  # (closing releases the lock)
 
     def _remember(self, path: str, size: int, events: int) -> None:
-        self._known[path] = (size, events)
-        self._known.move_to_end(path)
-        while len(self._known) > MAX_KNOWN:
-            self._known.popitem(last=False)
+        with self._known_lock:
+            self._known[path] = (size, events)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 import structlog
-from lru import LRU
+from cachetools import LRUCache
 
 import compactor
 from proxy.store import RecordStore, ReplicaConsistency, StoreError, StoreUnavailable
@@ -67,8 +67,9 @@ class SessionCheckpoints:
         self._store = store
         # (session, lane) -> (the store's version of it, 0: none; its checkpoint or None),
         # least recently used evicted.
-        self._memory: LRU[tuple[str, str],
-                          tuple[int, compactor.CompactionCheckpoint | None]] = LRU(max_entries)
+        self._memory: LRUCache[tuple[str, str],
+                               tuple[int, compactor.CompactionCheckpoint | None]] = LRUCache(
+            max_entries)
 
     async def load(self, session_id: str, lane: str) -> compactor.CompactionCheckpoint | None:
         """The checkpoint to try for this request, or ``None``: the store's current one."""

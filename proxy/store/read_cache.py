@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Final
 
-from lru import LRU
+from cachetools import LRUCache
 
 from compactor import DurableContextState
 from proxy.audit.log import StateChange
@@ -79,7 +79,7 @@ class CachedStateReads:
         self.listeners = list(listeners)
         self._fetch = fetch
         self._versioned = store if isinstance(store, ReplicaConsistency) else None
-        self._states: LRU[str, StoredState | None] = LRU(max_entries)
+        self._states: LRUCache[str, StoredState | None] = LRUCache(max_entries)
 
     async def get_state(self, session_id: str) -> StoredState | None:
         """The session's current state: the cached one while the store's version is its.

@@ -8,8 +8,7 @@ One JSON object per line (or a console rendering) from both structlog and the st
 The request fields are those of the request being served (its id, then its session and
 tenant once known): one dict per request in a context variable, begun by the request
 middleware (:func:`start_request_fields`) and added to by the handler
-(:func:`bind_request_fields`); a field the line sets itself wins. The line every request
-writes goes through :func:`log_info`: the same chain, without structlog's logger around it.
+(:func:`bind_request_fields`); a field the line sets itself wins.
 
 :class:`~proxy.telemetry.redaction.Redactor` (an allow-list: no message text, no credential) runs
 last before the renderer.
@@ -33,7 +32,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from proxy.config import LoggingConfig
 from proxy.telemetry.redaction import SAFE_KEYS, Redactor
 
-__all__ = ["SAFE_KEYS", "Redactor", "bind_request_fields", "configure_logging", "log_info",
+__all__ = ["SAFE_KEYS", "Redactor", "bind_request_fields", "configure_logging",
            "reset_logging", "start_request_fields"]
 
 _HANDLER_NAME: Final = "compact-proxy"
@@ -132,61 +131,6 @@ class _Framing:
         return event_dict
 
 
-class _DirectLines:
-    """The configured chain run without structlog's logger around it (:func:`log_info`):
-    the same steps, then the line written as structlog's ``WriteLogger`` writes it."""
-
-    def __init__(self, processors: list[Processor], out: TextIO, *, enabled: bool,
-                 final: bool, redactor: Redactor | None = None) -> None:
-        self.processors = processors
-        self.enabled = enabled
-        self.final = final
-        self._redactor = redactor
-        self._write = out.write
-        self._flush = out.flush
-
-    def write(self, event: str, fields: dict[str, Any],
-              own: frozenset[str] = frozenset()) -> None:
-        event_dict: Any = fields
-        event_dict["event"] = event
-        redactor = self._redactor if own else None
-        try:
-            for step in self.processors:
-                if step is redactor:
-                    event_dict = redactor.redact_own(event_dict, own)
-                else:
-                    event_dict = step(None, "info", event_dict)
-        except structlog.DropEvent:  # (as structlog's logger does: a step dropped it)
-            return
-        self._write(event_dict + "\n")
-        self._flush()
-
-
-_DIRECT: _DirectLines | None = None
-
-
-def log_info(logger: Any, event: str, fields: dict[str, Any],
-             own: frozenset[str] = frozenset()) -> None:
-    """``logger.info(event, **fields)``, for the line every request writes: the configured
-    chain's own steps run on ``fields`` (which become the line), without structlog's logger
-    around them (it copies the fields three times, a third of the line's time); the same
-    line, to the same stream. The steps are structlog's own list, which a test's
-    ``capture_logs`` changes in place. Goes through ``logger`` when logging is not
-    configured, or was configured with another list since (a process configured with
-    ``final`` is not configured again).
-
-    ``own``: the fields whose values the proxy made itself (counts, its own names and codes,
-    ``None``; also those of the request and the process the framing adds): the redaction
-    keeps them as they are and cleans only the others (:meth:`Redactor.redact_own`). The
-    allow-list of field names holds for every field."""
-    direct = _DIRECT
-    if direct is None or not (
-            direct.final or structlog.get_config()["processors"] is direct.processors):
-        logger.info(event, **fields)
-    elif direct.enabled:
-        direct.write(event, fields, own)
-
-
 def configure_logging(
     config: LoggingConfig, *, stream: TextIO | None = None, secrets: Iterable[str] = (),
     fields: Mapping[str, int | str] | None = None, final: bool = False,
@@ -201,10 +145,8 @@ def configure_logging(
             field the line sets itself wins.
         final: the process will not configure logging again (a server's own process, not
             a supervisor that forks, not a test): each logger is then bound to this
-            configuration on its first line and not looked up again on every line, and
-            :func:`log_info` no longer checks that this configuration is still in place.
+            configuration on its first line and not looked up again on every line.
     """
-    global _DIRECT
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
     framing = _Framing(fields)
@@ -219,8 +161,6 @@ def configure_logging(
         context_class=dict,
         cache_logger_on_first_use=final,
     )
-    _DIRECT = _DirectLines(processors, out, enabled=level <= logging.INFO, final=final,
-                           redactor=redactor)
     # Foreign (stdlib) records: aiohttp's and asyncio's own errors, in the same format.
     handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
@@ -239,8 +179,6 @@ def configure_logging(
 
 def reset_logging() -> None:
     """Undo :func:`configure_logging`: structlog's defaults, the stdlib handler removed."""
-    global _DIRECT
-    _DIRECT = None
     structlog.reset_defaults()
     _remove_handler(logging.getLogger())
 

@@ -132,7 +132,6 @@ class Redactor:
         self._safe_keys = safe_keys
         self._trusted = trusted & safe_keys
         self._cleaned = _CleanedStrings(self._checked)
-        self._skips: dict[frozenset[str], frozenset[str]] = {}  # own -> own | trusted
 
     def _clean_str(self, value: str) -> str:
         return self._cleaned[value]
@@ -171,39 +170,23 @@ class Redactor:
             return self._all_safe(event_dict)
         return self._field_by_field(event_dict)
 
-    def redact_own(self, event_dict: EventDict, own: frozenset[str]) -> EventDict:
-        """:meth:`__call__` for a line whose fields named in ``own`` hold what the proxy made
-        itself (its counts, its own names and codes, ``None``): those are kept as they are,
-        only the others are cleaned (the request line: its session id and method, of ~20
-        fields)."""
-        if event_dict.keys() <= self._safe_keys:
-            skip = self._skips.get(own)
-            if skip is None:
-                skip = self._skips[own] = own | self._trusted
-            return self._all_safe(event_dict, skip)
-        return self._field_by_field(event_dict)
-
-    def _all_safe(self, event_dict: EventDict, skip: frozenset[str] | None = None) -> EventDict:
+    def _all_safe(self, event_dict: EventDict) -> EventDict:
         """:meth:`__call__` for an event whose fields are all allowed (most events): a copy
         with the framing fields first, in which the strings are replaced by their cleaned
         forms from the cache of cleaned strings (:class:`_CleanedStrings`, which cleans those
         it does not hold) and the other values that are not plain are cleaned one by one; a
         value that cannot be kept sends the event field by field. One plain loop that
         writes only what it changes: timed, it beats chains of C iterators (``map``,
-        ``compress``, sets), whose objects cost more than the steps they save. ``skip``:
-        the fields kept as they are (default: the trusted ones), left out of the loop."""
+        ``compress``, sets), whose objects cost more than the steps they save. The trusted
+        fields are kept as they are."""
         if event_dict.keys() >= _LEADING_KEYS:  # (every line of the chain)
             out = dict.fromkeys(_LEADING)
         else:
             out = dict.fromkeys(key for key in _LEADING if key in event_dict)
         out.update(event_dict)
         cleaned = self._cleaned
-        if skip is None:
-            skip = self._trusted
-            items: Iterable[tuple[str, Any]] = event_dict.items()
-        else:
-            items = [(key, event_dict[key]) for key in event_dict.keys() - skip]
-        for key, value in items:
+        skip = self._trusted
+        for key, value in event_dict.items():
             kind = type(value)
             if kind is str:
                 if key not in skip:

@@ -13,7 +13,6 @@ from compactor import (
     Chars4Counter,
     CompactionCheckpoint,
     CompactionOptions,
-    FactColumns,
     MessageShapeError,
     TiktokenCounter,
     compact_context,
@@ -73,56 +72,6 @@ def test_a_session_with_facts_forwards_exactly_what_one_without_them_does() -> N
     assert kept is not None and kept.layers  # it did cross, and reuse
 
 
-def test_columns_carried_from_turn_to_turn_forward_exactly_what_no_facts_do() -> None:
-    """As the proxy hands them: the previous turn's columns cut where the histories part (the
-    marker moved off the old last message), plus the new messages' facts. The pipeline reads
-    the columns and never changes them."""
-    counter = CachingCounter(Chars4Counter())
-    plain = kept = None
-    columns = FactColumns()
-    previous: list[dict[str, Any]] = []
-    for turns in range(2, 40):
-        messages = _marked(_history(turns), -1)
-        same = 0
-        while same < min(len(previous), len(messages)) and previous[same] == messages[same]:
-            same += 1
-        columns = columns.prefix(same)
-        columns.extend(f for f in (message_fact(m, counter) for m in messages[same:])
-                       if f is not None)
-        assert columns.facts() == [message_fact(m, counter) for m in messages]
-        before = (columns.fingerprints[:], columns.tokens[:], columns.marked[:])
-        without = compact_context(messages, None, policy=POLICY, counter=counter,
-                                  summarizer=lambda payload: "the summary",
-                                  options=CompactionOptions(sticky=True, checkpoint=plain,
-                                                            copy=False))
-        given = compact_context(messages, None, policy=POLICY, counter=counter,
-                                summarizer=lambda payload: "the summary",
-                                options=CompactionOptions(sticky=True, checkpoint=kept,
-                                                          copy=False, facts=columns))
-        assert given.messages == without.messages
-        assert (given.tokens_before, given.tokens_after, given.layers_applied,
-                given.fingerprints, given.message_tokens) == (
-            without.tokens_before, without.tokens_after, without.layers_applied,
-            without.fingerprints, without.message_tokens)
-        assert (columns.fingerprints, columns.tokens, columns.marked) == before
-        plain, kept, previous = without.checkpoint, given.checkpoint, messages
-    assert kept is not None and kept.layers  # it did cross, and reuse
-
-
-def test_a_prefix_of_columns_is_a_copy_cut_at_its_length() -> None:
-    counter = CachingCounter(Chars4Counter())
-    messages = _marked(_marked(_history(3), 2), -1)
-    facts = [message_fact(m, counter) for m in messages]
-    assert all(facts)
-    columns = FactColumns(f for f in facts if f is not None)
-    assert (len(columns), columns.marked) == (len(messages), [2, len(messages) - 1])
-    cut = columns.prefix(3)
-    assert cut.facts() == facts[:3] and cut.marked == [2]
-    assert columns.prefix(2).marked == [] and columns.prefix(99).facts() == facts
-    cut.extend([facts[0]])
-    assert len(columns) == len(messages) and columns.facts() == facts  # untouched
-
-
 def test_facts_of_another_length_are_a_mistake() -> None:
     counter = CachingCounter(Chars4Counter())
     messages = _history(2)
@@ -130,10 +79,6 @@ def test_facts_of_another_length_are_a_mistake() -> None:
     with pytest.raises(ValueError, match="facts"):
         compact_context(messages, None, policy=POLICY, counter=counter,
                         options=CompactionOptions(facts=facts))
-    with pytest.raises(ValueError, match="facts"):
-        compact_context(messages, None, policy=POLICY, counter=counter,
-                        options=CompactionOptions(facts=FactColumns(
-                            f for f in facts if f is not None)))
 
 
 def test_a_message_of_the_wrong_shape_has_no_fact_and_is_named_by_its_index() -> None:

@@ -116,7 +116,7 @@ def test_the_memo_holds_at_most_its_bound_and_stays_right_beyond_it() -> None:
     sessions = [[user(f"task {n}"), *long_session(10)[1:]] for n in range(12)]
     for session in sessions:
         assert memo.validate(session, _prints(session)) == validate_tool_protocol(session)
-        assert memo._held <= 100
+        assert len(memo) <= 100
     first = sessions[0]
     assert memo.validate(first, _prints(first)) == validate_tool_protocol(first)
 

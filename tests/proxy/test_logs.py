@@ -14,14 +14,12 @@ import structlog
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import proxy.http.audit as audit_module
 from proxy.config import LoggingConfig
 from proxy.telemetry.logs import (
     SAFE_KEYS,
     Redactor,
     bind_request_fields,
     configure_logging,
-    log_info,
     reset_logging,
     start_request_fields,
 )
@@ -316,74 +314,25 @@ _REQUEST_LINE = {
 }
 
 
-@pytest.mark.parametrize("fmt", ["json", "console"])
 @pytest.mark.parametrize("final", [False, True])
-def test_the_request_line_written_directly_is_the_line_structlog_writes(
-        fmt: str, final: bool) -> None:
-    """:func:`log_info` runs the configured chain without structlog's logger: the very line
-    ``logger.info`` writes (framing, request and process fields, redaction, a NaN, text
-    outside ASCII, a field outside the allow-list), in either format."""
+def test_the_request_line_is_framed_redacted_and_ordered(final: bool) -> None:
+    """The request middleware's line (structlog's logger, the configured chain): request
+    and process fields, a NaN, text outside ASCII, secrets blanked, a field outside the
+    allow-list dropped and named, the framing fields first."""
     def run(log: Any) -> None:
         start_request_fields(request_id="req-1", session_id=None)
         bind_request_fields(session_id="sess-0", tenant="t1")
         log.info("request_completed", **_REQUEST_LINE)
-        log_info(log, "request_completed", dict(_REQUEST_LINE))
 
-    via_structlog, direct = _written(fmt, final, run, secrets=["tok-123"],
-                                     fields={"worker": 2, "pid": 7})
-    assert direct == via_structlog
-    assert "tok-123" not in direct and "never written" not in direct and "sk-ant" not in direct
-    if fmt == "json":
-        line = json.loads(direct)
-        assert list(line)[:4] == ["timestamp", "level", "event", "route"]
-        assert list(line)[-4:] == ["request_id", "worker", "pid", "redacted"]
-        assert (line["session_id"], line["tenant"], line["redacted"]) == ("sess-1", "none",
-                                                                          ["prompt"])
-
-
-@pytest.mark.parametrize("final", [False, True])
-def test_the_request_line_with_its_own_fields_is_the_same_line(final: bool) -> None:
-    """The request middleware's line names the fields the proxy made itself: they are kept
-    as they are, the others still cleaned, so a line of clean own values is the very line
-    structlog writes; a credential in the session id or the method is still blanked, and a
-    field outside the allow-list still dropped."""
-    own = audit_module._OWN_FIELDS
-    line = {**_REQUEST_LINE, "layers": ["L1", "L3"], "estimate_error": 1.5,
-            "session_id": "sk-ant-api03-abcdefghijklmnop", "method": "tok-123"}
-
-    def run(log: Any) -> None:
-        start_request_fields(request_id="req-1", session_id=None)
-        bind_request_fields(session_id="sess-0", tenant="t1")
-        log.info("request_completed", **line)
-        log_info(log, "request_completed", dict(line), own)
-
-    via_structlog, direct = _written("json", final, run, secrets=["tok-123"],
-                                     fields={"worker": 2, "pid": 7})
-    assert direct == via_structlog
-    written = json.loads(direct)
-    assert (written["session_id"], written["method"]) == ("[redacted]", "[redacted]")
-    assert written["redacted"] == ["prompt"] and "prompt" not in written
-    assert written["layers"] == ["L1", "L3"] and written["worker"] == 2
-
-
-def test_the_request_line_follows_the_level_and_a_later_configuration() -> None:
-    """Below the configured level nothing is written; a configuration made since (a test's
-    ``capture_logs``) sees the line; without any configuration it goes through the logger."""
-    stream = io.StringIO()
-    configure_logging(LoggingConfig(format="json", level="warning"), stream=stream)
-    try:
-        log_info(structlog.get_logger("test"), "request_completed", {"status": 200})
-        assert stream.getvalue() == ""
-        configure_logging(LoggingConfig(format="json", level="info"), stream=stream)
-        with structlog.testing.capture_logs() as captured:
-            log_info(structlog.get_logger("test"), "request_completed", {"status": 200})
-        assert captured == [{"event": "request_completed", "status": 200, "log_level": "info"}]
-        assert stream.getvalue() == ""
-    finally:
-        reset_logging()
-    with structlog.testing.capture_logs() as captured:
-        log_info(structlog.get_logger("test"), "request_completed", {"status": 201})
-    assert captured == [{"event": "request_completed", "status": 201, "log_level": "info"}]
+    [written] = _written("json", final, run, secrets=["tok-123"],
+                         fields={"worker": 2, "pid": 7})
+    assert "tok-123" not in written and "never written" not in written
+    assert "sk-ant" not in written
+    line = json.loads(written)
+    assert list(line)[:4] == ["timestamp", "level", "event", "route"]
+    assert list(line)[-4:] == ["request_id", "worker", "pid", "redacted"]
+    assert (line["session_id"], line["tenant"], line["redacted"]) == ("sess-1", "none",
+                                                                      ["prompt"])
 
 
 @pytest.mark.parametrize("value", [float("nan"), [1.0, float("inf")], (float("-inf"),)])

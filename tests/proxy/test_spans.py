@@ -102,7 +102,7 @@ def test_a_message_seen_before_is_not_decoded_again() -> None:
         assert second.messages[index] is first.messages[index]
         assert second.entries[index].memo["fact"] is first.entries[index].memo["fact"]
     assert second.messages[2] is not first.messages[2]  # its bytes changed: the marker
-    changed, before = second_facts.facts()[2], first_facts.facts()[2]
+    changed, before = second_facts[2], first_facts[2]
     assert changed.fingerprint == before.fingerprint  # a marker is not content
     assert changed.marked and not before.marked
     assert second.messages == grown
@@ -291,11 +291,8 @@ def test_a_growing_conversation_is_read_from_where_it_stops_repeating() -> None:
         assert parsed.entries is not None
         assert all(message is entry.value
                    for message, entry in zip(parsed.messages, parsed.entries, strict=True))
-        # The repeated messages' facts came with them: only the new ones are looked up.
-        assert len(parsed._facts) == parsed.reused
-        columns, whole_columns = parsed.facts(counter), whole.facts(compactor.CachingCounter())
-        assert columns is not None and whole_columns is not None
-        assert columns.facts() == whole_columns.facts()
+        facts, whole_facts = parsed.facts(counter), whole.facts(compactor.CachingCounter())
+        assert facts is not None and facts == whole_facts
         view = [*parsed.messages[:3], {"role": "assistant", "content": "summary"},
                 *parsed.messages[5:]]
         twin = [*whole.messages[:3], {"role": "assistant", "content": "summary"},
