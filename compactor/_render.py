@@ -1,35 +1,12 @@
 """Render the durable context state as one text block and append it to ``system``.
 
-The text is a pure function of the state and the resolutions: same inputs, same bytes. That
-matters beyond tidiness, because the block sits at the end of ``system`` and any byte that
-changes between turns invalidates the prompt cache and, on newer models, the prefix that
-earlier thinking blocks are bound to. So there is no clock, no dict-order dependence and no
-locale in here.
-
-Layout (one item per line, sections in state order, empty sections left out)::
-
-    <durable_context>
-    Operator-maintained durable context: ... not a summary ...
-    facts:
-    - fact_id="f1" content="..." source_pointer="transcript:s1:3" last_confirmed_at=<UTC>
-      source_status=available evidence_sha256=<64 hex>
-    pending_items:
-    - item_id="p1" description="..." source_pointer="..." last_confirmed_at=<UTC>
-      status=open source_status=missing evidence_unavailable=true
-    retrieval_evidence:
-    - memory_id="m1" source_id="..." source_type="..." source_title="..." captured_at=<UTC>
-      score=0.870 rank=1 conflict_winner=<key> source_status=...
-    </durable_context>
-
-(each item is really one line; it is wrapped here only to fit.) A pending item's ``status``
-(``open``, ``blocked``, ``done``) is the operator's: the state only changes through the admin
-API, so nothing the model or a summary says can mark an item done.
-
-Every free-text value is written as a JSON string literal (so quotes, backslashes and
-newlines are escaped) with, in addition, every control, line-separator and invisible format
-character and ``<``/``>`` written as ``\\uXXXX``: a hostile fact stays on its one line
-inside its quotes and cannot forge a section, an item or the closing tag. Excerpts and
-source text are never rendered; the state does not even hold them.
+The text is a pure function of the state and the resolutions (no clock, no dict order, no
+locale): the block sits at the end of ``system``, and any byte that changes between turns
+would invalidate the prompt cache and the prefix earlier thinking blocks are bound to.
+Every free-text value is a JSON string literal with controls, invisible format characters
+and ``<``/``>`` escaped too, so a hostile fact stays on its line and cannot forge a section,
+an item or the closing tag. A pending item's ``status`` is the operator's alone. Excerpts and
+source text are never rendered. The block's layout, for operators: docs/admin.md.
 
 Everything in ``__all__`` gets re-exported.
 """

@@ -1,51 +1,15 @@
 """Resolve source pointers against the transcript and artifact roots: the only part of
 ``compactor`` that reads files.
 
-Theory of operation. ``resolve`` never raises for a bad pointer or a bad file; it returns
-one of five statuses:
-
-- ``unsupported``: the scheme is unknown;
-- ``denied``: the pointer is malformed (a traversal attempt is just a malformed pointer),
-  the authorizer said no (or failed), a symbolic link beneath the root (never followed), or
-  the OS refused;
-- ``missing``: no such file, a transcript too short, a file removed while being read;
-- ``corrupt``: the file exists but is not what the pointer promises (wrong digest, a broken
-  transcript line, a directory or device where a regular file should be, a file replaced
-  while being read);
-- ``available``: verified; ``evidence_sha256`` is the 64-hex digest of the evidence (the
-  whole artifact, or the target transcript line without its line ending).
-
-The order is fixed: parse, then authorize, then touch the disk. An authorizer that says no
-costs no system call at all.
-
-Containment: the file is opened beneath the root's directory descriptor with no symbolic
-link followed (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``, or an
-``O_NOFOLLOW`` walk: :mod:`compactor._source_files`), so no component swapped in meanwhile
-is ever followed; a link beneath the root is ``denied``, wherever it points. It is opened
-``O_NONBLOCK`` (a FIFO cannot hang the request), and ``fstat`` decides whether it is a
-regular file *before* a byte is read from that descriptor. A non-regular file inside the
-root is ``corrupt``: it is not an escape, just not a valid source. After reading, the path
-is looked up again the same way: gone means ``missing``, a different inode means ``corrupt``
-(the bytes read are no longer what the path names).
-
-Both kinds of file are streamed: transcripts line by line up to the target (each line
-capped at ``max_line_bytes``), artifacts in ``chunk_size`` chunks into one reused buffer.
-
-:meth:`SourcePointerResolver.excerpt` is for an operator's eyes (the admin API, the CLI): the
-resolution, then, for an available source, the start of its text (the transcript event's
-``text``, or the artifact's first characters), at most ``max_chars``. It resolves first (so
-the same parse, authorization, strict names and containment apply), then reads the file once
-more and shows the excerpt only if what it read has the digest just verified. Excerpts are
-never rendered: :func:`render_durable_context` takes resolutions, which hold no text.
-
-The proxy resolves the same pointers on every request, so outcomes read from a file are
-remembered, keyed by the pointer and the file's identity and change stamps (device, inode,
-size, mtime, ctime; ctime cannot be set back by ``touch``). A hit skips the read, never the
-authorization or the open. A request's pointers are resolved as one batch
-(:meth:`SourcePointerResolver.resolve_all`): the roots' descriptors, the open and the
-``fstat`` of a file are made once for all the pointers that name it (a session's
-facts mostly point into its one transcript), not once per pointer; and a pointer string is
-parsed once per process (parsing is a pure function of the string).
+``resolve`` never raises for a bad pointer or file: it returns ``unsupported``, ``denied``,
+``missing``, ``corrupt`` or ``available`` (with ``evidence_sha256``). The order is fixed:
+parse, authorize, then touch the disk, so a refused pointer costs no system call. A file is
+opened beneath the root's descriptor with no symbolic link followed
+(:mod:`compactor._source_files`), ``O_NONBLOCK``, and checked to be a regular file before a
+byte is read; files are streamed. Outcomes are remembered by the file's identity and change
+stamps, and :meth:`SourcePointerResolver.resolve_all` opens each file once for all of a
+request's pointers that name it. :meth:`SourcePointerResolver.excerpt` is for an operator's
+eyes only: excerpts are never rendered.
 
 Everything in ``__all__`` gets re-exported.
 """

@@ -1,63 +1,16 @@
 """The admin API (SPEC section 6): the only way a session's durable state changes.
 
-A sub-application mounted at ``/admin``. Routes, when an admin token is configured::
-
-    GET    /admin/sessions/{sid}/state   -> 200 state + ETag: "<version>"   | 404
-    PUT    /admin/sessions/{sid}/state   -> 201 created | 200 replaced       (+ ETag)
-    DELETE /admin/sessions/{sid}/state   -> 204 | 404
-
-    GET | PUT | DELETE /admin/sessions/{sid}/state?tenant=<tenant>     (the same, per tenant;
-        also as /admin/tenants/{tenant}/sessions/{sid}/state)
-
-    GET /admin/sessions/{sid}/state?resolve=true   -> the state plus "sources": each pointer's
-        status and, for an available source, an excerpt of at most 500 characters
-
-and the audit log's read routes (:mod:`proxy.admin.audit_routes`: ``/admin/sessions``, a
-session's ``requests`` and ``changes``).
-
-``/admin/sessions/{sid}/state`` is tenant ``none``'s session (``session.scope`` none, and
-every store written before tenants existed); the tenant route names any tenant
-(``none``, ``t<16 hex>``, ``h<16 hex>``: :mod:`proxy.http.tenants`; ``compact-proxy
-tenant-id`` prints a caller's) and reads and writes the store key
-:func:`~proxy.http.tenants.scoped_key` gives. A tenant is a hash, so there is no credential
-here to reveal; a tenant never seen yet may be written. Its bodies carry ``"tenant"`` next to
-``"session_id"``; the legacy route's bodies keep their shape.
-
-Every call needs ``Authorization: Bearer <token>``; anything else gets one and the same 401,
-from the sub-app's middleware, before any route (known or not) is looked at. A client address
-that presented too many wrong tokens gets 429 ``rate_limit_error`` with ``Retry-After`` until
-its lockout ends (:mod:`proxy.admin.throttle`). Without a token the sub-app has no routes and
-answers 404 to ``/admin`` and everything under it. Either way the sub-app owns the whole
-``/admin`` prefix, so the proxy's catch-all forwarder never sends an admin call upstream (nor
-a path that only looks like it: :mod:`proxy.http.admin_gate`).
-
-Preconditions (optimistic concurrency on the store's version):
-
-- ``PUT`` of an existing state needs ``If-Match: "<version>"``; without it: 428. A version
-  that is not the current one: 409 ``conflict_error``.
-- ``PUT`` without ``If-Match`` creates; it gets 428 if a state already exists.
-- ``If-Match`` naming a version when no state exists is also a stale version: 409 (we answer
-  every failed precondition with 409, as SPEC says for "stale", never 412).
-- ``If-Match: *`` is refused (400): it would be a blind overwrite.
-- ``DELETE`` honours ``If-Match`` when given (stale: 409) and deletes unconditionally
-  otherwise.
-
-Every ``PUT`` and ``DELETE`` that changes a state is recorded in the audit log as a
-:class:`~proxy.audit.log.StateChange` by ``admin-api`` (``admin-api:<name>`` when the
-caller sends ``X-Compact-Actor: <name>``), its detail the ids and statuses that changed
-(:func:`~proxy.audit.log.state_change_detail`). The store keeps the change with the
-write, atomically: a change it cannot record fails the write (500), nothing changed.
-Versions are never reused: a state created again after a ``DELETE`` continues the numbering,
-so an ``If-Match`` read before the delete gets 409. Excerpts are for the operator: they
-are read through the session's resolver (its authorization, its strict names) and never reach
-a prompt.
-
-Refusals are raised as :class:`~proxy.http.errors.RequestRejected` and answered, in the Anthropic
-shape, by :func:`~proxy.http.errors.error_middleware`: the sub-app carries its own, so it answers
-the same wherever it is mounted (under the proxy, the parent's middlewares wrap it: the
-request record and its ``request_completed`` line). Bodies are read and parsed by
-:mod:`proxy.http.body` (size limit, content codings, strict JSON). Logs name the session, version
-and item counts, never the state's text or the token.
+A sub-application mounted at ``/admin``: ``GET``/``PUT``/``DELETE
+/admin/sessions/{sid}/state`` (tenant ``none``) and ``/admin/tenants/{tenant}/sessions/{sid}/state``
+(``?resolve=true`` adds each source's status and an excerpt), plus the audit log's read routes
+(:mod:`proxy.admin.audit_routes`). Its own middleware answers every call without the bearer
+token with one 401 before any route is looked at (lockouts: :mod:`proxy.admin.throttle`);
+without a token it has no routes. It owns the whole prefix, so nothing under ``/admin`` is
+ever forwarded (:mod:`proxy.http.admin_gate`). Writes are optimistic: ``If-Match`` on the
+store's version, every failed precondition a 409; each change is recorded with the write,
+atomically (:class:`~proxy.audit.log.StateChange`). Errors go through its own
+:func:`~proxy.http.errors.error_middleware`, so it answers alike wherever it is mounted.
+Routes and preconditions for operators: docs/admin.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,17 @@
 """Calibrated counting: what the provider's own counts teach about the proxy's estimates.
 
-Every answer of the provider carries the truth about the view it was sent: ``usage`` says how
-many input tokens the provider counted (``input + cache_read + cache_write``). The proxy
-counts with a local tokenizer (cl100k or characters / 4), which differs from the provider's by
-tens of percent on code and non-English text. :class:`Calibration` keeps, per session and
-model, the ratio *provider's count / counted estimate* of the views it forwarded, and the
-compactor compares its thresholds with the counted tokens times that factor
-(:attr:`compactor.CompactionOptions.token_scale`).
+The proxy counts with a local tokenizer, which differs from the provider's on code and
+non-English text. :class:`Calibration` keeps, per session and model, the ratio *provider's
+count / estimate* of the views it forwarded, and the compactor scales its counts by it
+(:attr:`compactor.CompactionOptions.token_scale`). The last view predicts the next best, so
+the factor is the latest ratio near the session's median (one odd answer is not followed);
+a new session starts from its tenant's fleet for that model, so one caller never moves
+another's. A refusal ``prompt is too long: N tokens > M maximum`` also teaches the window M
+(:func:`clamp_to_window`), forgotten after a while or once a larger view is accepted.
 
-An agent's next view is its last one plus a little, so the last view's ratio predicts the next
-one best: the factor is the session's latest ratio that lies within :data:`OUTLIER_SPREAD` of
-the median of its last :data:`SESSION_WINDOW` ratios (one odd answer is not followed; a shift
-that persists moves the median and is followed after a few answers). A ratio outside
-[:data:`MIN_FACTOR`, :data:`MAX_FACTOR`] is ignored (a broken count is never followed). What a
-session has not taught yet comes from its tenant's fleet for that model: the medians of the
-last :data:`FLEET_WINDOW` ratios (whole view, fixed part, messages) of every session of that
-tenant and model. Per tenant, so that one caller's traffic (text the provider counts far above
-the estimate, or a made-up count) never moves where another caller's new session starts;
-without a scope every session is tenant ``none``'s, one fleet per model as before.
-
-A refusal ``prompt is too long: N tokens > M maximum`` teaches two things: the ratio of that
-view (N over its estimate) and the context window M of that tenant and model (a window
-depends on the caller's account and beta headers, not on the model alone).
-:func:`clamp_to_window` keeps later thresholds below it. A learnt window is forgotten after
-``window_ttl_s`` (the next refusal teaches it again, at the cost of one refused call), and at
-once when the provider accepts a view larger than it: a clamp never outlives the evidence.
-
-All of this lives in the process's memory, bounded (least recently used sessions go): it is
-relearnt from the first answer after a restart.
-
-Across replicas
----------------
-Thresholds depend on the factors, so two processes serving one session must hold the same
-ones to cross the soft threshold on the same turn. :meth:`Calibration.snapshot` and
-:meth:`Calibration.restore` turn what one (session, model) taught — its ratios, its fixed
-part's ratio and its messages' own counts — into bytes and back, exactly (floats bit for bit);
-:class:`proxy.calibration.shared.SharedCalibration` saves them in the store after every
-answer and loads them, when their version changed, with the request's state read. The
-messages' counts are keyed by their fingerprints (:func:`compactor._fingerprint.fingerprint`),
-which are the same in every process: replicas need no common ``PYTHONHASHSEED``.
-
-What stays per process: the fleets' medians (a session's starting point before it taught
-anything of its own) and the learnt context windows (from refusals).
+All of it is bounded process memory; :meth:`Calibration.snapshot` and :meth:`~Calibration.restore`
+turn a session's part into bytes exactly, which :mod:`proxy.calibration.shared` shares through
+the store. The rule in operators' words: docs/how-it-works.md, "Calibration".
 """
 
 from __future__ import annotations

@@ -1,76 +1,15 @@
 """``compact-proxy serve --workers N``: N processes serving one port, and the supervisor.
 
-Theory of operation
--------------------
-*One port, N processes.* The process ``serve`` started (the supervisor) serves no request.
-It binds the address once with ``SO_REUSEPORT`` and keeps that socket bound, never listening:
-a bad ``listen.port`` fails here, before anything starts, port 0 becomes one port that every
-worker shares, and nobody else can take the port while a worker restarts. It opens the store
-once (a bad ``store.path`` or ``store.url`` fails here too, and the SQLite file is created in
-WAL mode before several processes race to do it) and imports the app's modules, then forks N
-workers (pre-fork, as gunicorn does: a worker starts, or restarts, in milliseconds and shares
-the imported code's memory). The supervisor runs no event loop and no thread when it forks.
-Each worker runs the ordinary server (:func:`proxy.server.app.serve`) with its own listening socket
-on the port (``SO_REUSEPORT``): the kernel spreads new connections over the workers. Every
-log line of a worker carries ``worker`` (its index, 0..N-1) and ``pid``; the supervisor's
-carry its ``pid``.
-
-*Supervision.* Each worker holds the write end of a pipe whose read end the supervisor
-watches: the worker writes one line when it accepts connections, and the pipe's end-of-file
-is its death, whatever killed it. A worker that dies is logged (``worker_exited``: index, pid,
-exit code or signal, uptime) and started again after a backoff that doubles with each death
-in a row of a worker that ran less than :data:`BACKOFF_RESET_S` (:data:`BACKOFF_FIRST_S` up to
-:data:`BACKOFF_MAX_S`). A worker that dies before the first start of all of them completed
-fails the start: the others are stopped and ``serve`` exits with its code (2 for a problem of
-the configuration), since starting it again would fail again. A second pipe goes the other
-way: its end-of-file means the supervisor is gone (even killed with SIGKILL), and the worker
-stops as on SIGTERM, so no worker outlives its supervisor. A worker that hangs without dying
-is not detected.
-
-*Stopping.* SIGTERM or SIGINT on the supervisor is sent on as SIGTERM to every worker, which
-closes its listening socket and lets the requests and streams in flight finish (aiohttp's
-graceful shutdown, bounded by ``listen.drain_timeout_s``), writes what it buffered (usage
-ledger, audit entries) and exits 0. The supervisor waits for them all — a worker still running
-:data:`STOP_MARGIN_S` after the drain timeout is killed — and exits 0 (1 if it had to kill).
-Workers that die while stopping are not restarted.
-
-What the workers share, and what each keeps for itself
-------------------------------------------------------
-- *The store* (the SQLite file or Redis): durable state, summaries, checkpoints, the usage
-  ledger and the audit log. SQLite runs in WAL mode with a busy timeout; every write takes
-  the write lock up front (``BEGIN IMMEDIATE``), so the compare-and-swap of ``put_state`` has
-  exactly one winner per version across processes, as Redis's scripts have.
-- *The usage ledger* is summed in each worker's memory and added to the store's row once a
-  second and at shutdown; rows are added to, never overwritten, so workers neither lose nor
-  double-count each other's figures (a worker killed with SIGKILL loses at most its last
-  second, as one process does). *The audit log*: each worker writes its own entries (one row
-  per request) and adds them to the session's totals in the same transaction or script. Each
-  worker also runs the hourly retention trim, which is idempotent.
-- *The console's cookies* are signed with a key derived from the admin token (never a random
-  key per process), so a login on one worker is valid on every other. A logout revokes the
-  cookie's nonce in the store (:mod:`proxy.store.revocations`), which every worker
-  reads: a copy of the cookie kept elsewhere is refused everywhere, after a restart too.
-- *``/metrics``* is the sum over every worker, including workers that died: see
-  :mod:`proxy.telemetry.metrics` (prometheus_client's multi-process mode, in a directory the
-  supervisor
-  creates and removes; a supervisor killed with SIGKILL leaves it in the temporary directory).
-- *Coherent through the store* (as for replicas, issue #11): a durable state is checked
-  against the store's version on every request (:mod:`proxy.store.read_cache`), so a
-  write through one worker is in the next request on every other; the in-memory checkpoints
-  are checked against the store's versions too; a session's calibration is a versioned record
-  (:mod:`proxy.calibration.shared`); a summary is made once per crossing across the
-  processes (a lease of the store, :mod:`proxy.summary.flights`).
-- *Per worker, in memory only:* caches that are exact whoever fills them (token counts,
-  decoded messages), the fleet-wide medians of the calibration, the admin failed-auth
-  lockouts (:mod:`proxy.admin.throttle`), and
-  the accounting's previous request per conversation (:mod:`proxy.accounting.entries`). That
-  last one is an estimate that workers make worse: the ledger's "without the proxy"
-  counterfactual lets a request read from the provider's cache what the conversation's
-  previous request sent, and a worker knows only the previous request *it* served, so with
-  a conversation spread over N workers the counterfactual's cache reads come out lower and
-  its cost, hence the saving ``compact-proxy report`` shows, higher than with one process
-  (billed figures are exact). The workers are forks of one process, so they share its hash
-  seed.
+The supervisor serves nothing: it binds the port once (``SO_REUSEPORT``, kept bound so a bad
+port fails before anything starts and nobody takes it during a restart), opens the store once
+and imports the app, then forks N workers (pre-fork, as gunicorn does: fast restarts, shared
+code pages). Each worker runs :func:`proxy.server.app.serve` on its own socket on that port;
+the kernel spreads connections. A pipe per worker tells the supervisor it started and, by its
+end-of-file, that it died (restarted after a backoff); a second pipe tells the worker its
+supervisor is gone, so no worker outlives it. SIGTERM / SIGINT is passed on for a graceful
+drain. Workers share everything through the store (:mod:`proxy.store`) and ``/metrics``
+through prometheus_client's multi-process mode (:mod:`proxy.telemetry.metrics`); what each
+keeps in memory and what operators see: docs/operations.md, "Several processes".
 """
 
 from __future__ import annotations

@@ -1,53 +1,15 @@
 """Source pointers resolved against an S3-compatible object store (``s3://`` roots).
 
-Replicas on several hosts share no disk, so ``sources.transcript_root`` and
-``sources.artifact_root`` may name a bucket and prefix (:mod:`proxy.sources.s3_roots`). This is
-the object-store twin of :class:`compactor.SourcePointerResolver`, with the same contract and
-the same five states, through aiobotocore (an async client on the proxy's own event loop: no
-worker thread waits on the network).
-
-Theory of operation. :meth:`S3SourceResolver.resolve` never raises for a bad pointer or a
-bad object. The order is fixed: parse (:func:`compactor.parse_source_pointer`, the strict
-names), then authorize (no request at all for a pointer the authorizer refuses), then ``HEAD``
-the one key the pointer names, then ``GET`` it with ``If-Match`` on the ETag just seen, and
-stream it: an artifact is hashed chunk by chunk (never held whole), a transcript is read line
-by line up to the target (each line capped, every line before it checked as the local
-resolver checks it). Keys are built from the root's prefix and the parsed names only, and
-checked to lie under the session's own prefix before any request (a defence in depth: the
-pointer grammar already refuses ``/``, ``..``, percent-encoded separators, controls).
-
-Statuses, the local resolver's plus what only a network store can do:
-
-- ``denied``: a malformed pointer, the authorizer said no (or raised), a key outside the
-  session's prefix, the store refused (403, any other 4xx but 404/412: bad or expired
-  credentials, a forged signature), no credentials at all, or *any redirect*. Redirects are
-  never followed: the HTTP layer does not follow ``Location`` (``allow_redirects`` off) and
-  botocore's region redirector may not re-send a request (a re-sent request is refused
-  before it is signed), so a 3xx is an answer, and that answer is ``denied``.
-- ``missing``: no such key or bucket (404), a transcript too short, or the store could not be
-  reached or failed (connection refused, timeout, 5xx, an answer cut short): the source
-  cannot be verified now. Such a failure is not remembered.
-- ``corrupt``: the digest does not match, a broken transcript line, or the object was
-  replaced between the ``HEAD`` and the ``GET`` (412 on ``If-Match``; not remembered).
-- ``available``: verified; ``evidence_sha256`` as locally.
-- ``unsupported``: an unknown pointer scheme.
-
-Pointers carry names only (``artifact:<session>:<file>:<sha256>``), never URLs, so a
-presigned URL cannot reach the resolver; requests are signed by the client with the
-configured credentials (the standard AWS variables and files), and a forged or expired
-credential is refused by the store: ``denied``.
-
-Outcomes read from an object are remembered (an LRU shared by every session's resolver, keyed
-by the pointer, bucket, key, ETag, Last-Modified, size and version id), so an unchanged
-object is not read again: a hit still costs the parse, the authorization and the ``HEAD``,
-never the ``GET``. Any write to the object changes its ETag or Last-Modified, so it misses.
-
-:meth:`S3SourceResolver.excerpt` is for an operator (the admin API, the console): the
-resolution, then, for an available source, the start of its text from a second read shown
-only when that read has the digest just verified. Excerpts never reach a prompt.
-
-Everything here runs on the event loop that first used the store: one client per
-:class:`S3ObjectStore`, created on first use, closed by :meth:`S3ObjectStore.close`.
+Replicas on several hosts share no disk, so the roots may name a bucket and prefix
+(:mod:`proxy.sources.s3_roots`). This is the object-store twin of
+:class:`compactor.SourcePointerResolver`: the same contract and five statuses, through
+aiobotocore on the proxy's own event loop. :meth:`S3SourceResolver.resolve` never raises for a
+bad pointer or object; the order is fixed: parse, authorize (no request for a refused
+pointer), check the key lies under the session's prefix, ``HEAD``, then ``GET`` with
+``If-Match`` on that ETag, streamed (an artifact hashed chunk by chunk). Redirects are never
+followed (``denied``); an unreachable store is ``missing`` and not remembered. Verified
+outcomes are remembered by ETag and Last-Modified, so an unchanged object costs a ``HEAD``.
+Statuses for operators: docs/admin.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,17 @@
 """The per-session store interfaces, one per kind of caller, and the errors they raise.
 
-A backend (``proxy.store.sqlite``, ``proxy.store.redis``) is one class per engine that
-implements all of them (:class:`StoreBackend`); each caller depends only on the part it uses:
+A backend (``proxy.store.sqlite``, ``proxy.store.redis``) implements them all
+(:class:`StoreBackend`, plus ``open`` and ``close``); each caller depends only on its part:
+:class:`StateStore` (the durable state), :class:`SummaryCache`, :class:`RecordStore` (the
+sticky checkpoints), :class:`UsageLedger`, :class:`~proxy.audit.log.RequestLog` (the audit
+log) and :class:`ReplicaConsistency` (versions and leases across processes).
 
-- :class:`StateStore`: the durable state with compare-and-swap writes, for the request path
-  (behind :class:`~proxy.store.read_cache.CachedStateReads`) and the admin API;
-- :class:`SummaryCache`: the content-addressed summary cache, for the summariser;
-- :class:`RecordStore`: opaque per-session records, for the sticky-compaction checkpoints;
-- :class:`UsageLedger`: the per-(session, model) usage counters, for ``compact-proxy report``;
-- :class:`~proxy.audit.log.RequestLog`: the audit log (one entry per request, one per
-  change of a durable state), for the admin API, the console and the ``sessions`` /
-  ``session`` / ``blocked`` commands;
-- :class:`ReplicaConsistency`: versioned records, a session's versions in one round trip, and
-  leases, so that several processes sharing the store give the same answers;
-- :class:`StoreBackend`: all six plus :meth:`~StoreBackend.open` (connect and verify, what
-  startup calls) and :meth:`~StoreBackend.close`, for whoever owns the backend.
-
-Theory of operation
--------------------
-Each session has at most one durable state, stored with an integer ``version``. The first write
-creates version 1; every later write must name the version it replaces (compare-and-swap) and
-produces ``version + 1``. A writer that names a version other than the current one gets
-:class:`VersionConflict` and nothing is written, so of several writers racing from the same
-version exactly one wins. This is what backs the admin API's ``ETag``/``If-Match``. A session's
-versions are never reused: a state deleted and created again continues after the deleted
-one's version (the backend keeps a tombstone of it), so an ``If-Match`` read before the delete
-can never match the new state. A write may carry the audit log's record of it (a
-:class:`~proxy.audit.log.StateChange`): both are kept in one atomic step, or neither.
-
-Besides the durable state, the store keeps two caches for the compaction layer. Neither is
-durable context; losing them only costs a recomputation:
-
-- a content-addressed summary cache (``key`` -> summary text), bounded: once it holds more
-  than the backend's limit, the oldest entries are evicted;
-- opaque per-session records (``(session_id, kind)`` -> bytes), overwritten on each put.
-
-The usage ledger is neither: one row of additive counters
-(:class:`~proxy.accounting.usage.UsageEntry`) per ``(session key, model)``. Adding to a row is one
-atomic step on the backend, so concurrent additions, from any number of processes, are never
-lost; nothing else ever changes a row.
-
-The audit log is append-only within bounds: each session keeps its newest
-``max_requests_per_session`` request entries and nothing older than ``retention_days``
-(trimmed on every write, and by ``trim``), with running totals per session kept in the same
-atomic step as the entries they add up, so a page of sessions never scans the entries.
+The durable state is versioned with compare-and-swap: a write names the version it replaces,
+and of several racing writers exactly one wins (:class:`VersionConflict` for the others);
+this backs the admin API's ``If-Match``. Versions are never reused, and a write's audit
+record is kept in the same atomic step. Summaries and records are caches (losing them costs a
+recomputation); usage rows are only added to, atomically; the audit log is bounded per
+session, with running totals kept alongside.
 """
 
 from __future__ import annotations

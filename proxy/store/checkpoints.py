@@ -1,33 +1,17 @@
 """Sticky-compaction checkpoints per session and lane: in memory first, the store behind.
 
-A *lane* is one conversation within a session: the role plus the conversation's key
-(:meth:`compactor.CompactionCheckpoint.conversation_key`), so a subagent — or several in
-parallel — sharing its parent's session id keeps a checkpoint of its own.
+A *lane* is one conversation within a session (the role plus
+:meth:`compactor.CompactionCheckpoint.conversation_key`), so subagents sharing their parent's
+session id keep checkpoints of their own. A checkpoint holds the compacted view so far; while
+the history only grows, the next request reuses that exact prefix, so the prompt cache keeps
+hitting. Checkpoints are an optimisation: a store failure is logged and compaction starts
+afresh.
 
-A checkpoint (:class:`compactor.CompactionCheckpoint`) holds the compacted view of a session's
-history so far; while the history only grows, the next request reuses that exact prefix (so
-the provider's prompt cache keeps hitting) instead of compacting afresh. The store's copy
-survives a restart and is what every replica sharing the store reuses: it holds the covered
-messages' fingerprints, which are the same in every process (any ``PYTHONHASHSEED``).
-Checkpoints are an optimisation only: a store failure is logged and compaction starts afresh.
-
-Any replica, the same view
---------------------------
-Compaction is deterministic: **the same history, the same policy (after the calibrated
-thresholds), the same summaries (the store's summary cache, content-addressed per tenant), the
-same calibration inputs (the session's factors and per-message counts, shared through the
-store) and the same checkpoint give the same bytes**, in any process. The checkpoint is the
-one input a replica could hold privately, so each copy in memory is kept with the store's
-*version* of that (session, lane) record (written with
-:meth:`~proxy.store.base.ReplicaConsistency.put_versioned_record`, which bumps the
-version in the same atomic step) and is used only while the store's current version is that
-one. The current versions come with the request's state read
-(:func:`proxy.store.read_cache.request_versions`: one round trip for the state, every
-lane's checkpoint and the calibration); the checkpoint itself is read only when its version
-changed. A miss (no checkpoint) is remembered the same way — against "the store has no
-version" — so a checkpoint another replica wrote since is never hidden. When the store is not
-shared (SQLite with one worker, :attr:`~proxy.store.base.ReplicaConsistency.shared`),
-this process writes every checkpoint and its memory stays authoritative.
+Compaction is deterministic, and the checkpoint is the one input a replica could hold
+privately, so each copy in memory is used only while the store's version of that (session,
+lane) record is the one it was kept with (versions come with the request's state read,
+:func:`proxy.store.read_cache.request_versions`); a miss is remembered the same way. When the
+store is not shared, this process's memory is authoritative.
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """Prometheus metrics of one app, in the app's own registry (no process-global collectors).
 
-Names:
-
-- ``compact_proxy_requests_total{route, outcome}`` — every request, by how it ended;
-- ``compact_proxy_layers_applied_total{layer}`` — how often each compaction layer ran;
-- ``compact_proxy_tokens_saved_total{layer}`` — tokens each layer removed from forwarded views;
-- ``compact_proxy_upstream_latency_seconds{route}`` — time until the provider's response
-  headers arrived (streamed bodies continue after that);
-- ``compact_proxy_provider_tokens_total{kind}`` — tokens the provider billed for the clients'
-  requests, by kind (``input``, ``cache_read``, ``cache_write``, ``output``);
-- ``compact_proxy_summary_calls_total{outcome}`` — L4 summaries asked for, by how each was
-  obtained (``ok``, ``failed``, ``empty``: a call; ``cached``: from the store; ``joined``: a
-  concurrent request's call awaited);
-- ``compact_proxy_summary_tokens_total{kind}`` — tokens the provider billed for summary calls;
-- ``compact_proxy_estimate_error_ratio`` — (calibrated estimate − provider's count) / the
-  provider's count of each forwarded view the provider counted;
-- ``compact_proxy_requests_recompacted_total`` — requests the provider refused as too long and
-  the proxy compacted again and retried;
-- ``compact_proxy_compaction_thrash_total`` — compactions of a session that crossed the soft
-  threshold again within a few requests of its last one (compacted deeper).
-
-With several worker processes (``listen.workers``) the supervisor gives every worker the same
-empty directory in ``PROMETHEUS_MULTIPROC_DIR`` before it starts, so prometheus_client keeps
-each process's values in files there, and ``/metrics`` — whichever worker the connection
-lands on — renders the sum over all of them (a worker that died still counts what it
-counted). Without that variable, as with one process, the app's own registry is rendered.
-
-In one process, what every request records (its count, the provider's latency and tokens,
-the estimate's error) is gathered in plain dicts and lists, and applied to the collectors
-when the registry is read (``/metrics``, or any ``registry.collect()``), or once
-:data:`MAX_HELD` observations wait: prometheus_client's ``inc`` and ``observe`` take a lock
-and, for a histogram, walk its buckets in Python, on every call. Every read sees every
-request recorded before it. With several processes each record is applied at once (another
-worker's ``/metrics`` reads the files, not this process's dicts).
+The metric names and what each counts are listed in docs/operations.md, "Metrics and health".
+With several workers, each keeps its values in files under ``PROMETHEUS_MULTIPROC_DIR`` (the
+supervisor's), and ``/metrics`` renders the sum over all of them. In one process, what every
+request records is held in plain dicts and applied to the collectors when the registry is
+read or once :data:`MAX_HELD` observations wait, since prometheus_client takes a lock (and
+walks a histogram's buckets in Python) on every call; every read sees every request before it.
 """
 
 from __future__ import annotations

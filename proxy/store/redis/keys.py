@@ -1,51 +1,11 @@
 """The Redis store's key layout, and how values are written into keys and members.
 
-*Layout.* Every key starts with ``key_prefix`` (default ``compact-proxy:``), so several
-deployments can share one database, followed by a Redis Cluster *hash tag* in braces: Redis
-(and a cluster's client) hashes only the text between the first ``{`` and the next ``}``,
-so every key of one session lives in the same hash slot, on the same cluster node:
-
-- ``<prefix>{<session key>}:state``: a hash ``{version, state, updated_at}``; ``state`` is the
-  canonical JSON of ``DurableContextState.to_dict()``, ``updated_at`` an ISO timestamp (UTC);
-  ``<prefix>{<session key>}:tombstone``: the last version of a deleted state, which a state
-  created again continues after (:mod:`.state`: versions are never reused);
-- ``<prefix>{<session key>}:record``: a hash ``kind -> bytes``, and
-  ``<prefix>{<session key>}:record-versions``: ``kind -> version`` of the versioned ones;
-- ``<prefix>{<session key>}:usage:<"model">``: a hash of one usage row, each counter of
-  :class:`~proxy.accounting.usage.UsageEntry` under its field name plus ``last_seen`` (ISO, UTC);
-  the model is a JSON string;
-- ``<prefix>{<session>}:audit:requests``, a sorted set of the session's request entries
-  (their JSON) scored by arrival time (Unix seconds); ``<prefix>{<session>}:audit:totals``, a
-  hash of the session's totals over those entries (``requests``, ``tokens_before``,
-  ``tokens_after``, ``blocked``, ``last_seen`` as ISO text and ``last_score``, the same time
-  as a score); ``<prefix>{<session>}:audit:changes``, a sorted set of its state changes by
-  time. The audit log's ``<session>`` is the session key of ``(tenant, session id)`` (the
-  session id for tenant ``none``, else ``<tenant>/<session id>``: the state's own key);
-- ``<prefix>{<session key>}:record-versions``: a hash ``kind -> version`` of the session's
-  versioned records (:meth:`RedisStateStore.put_versioned_record` bumps it with the record,
-  :meth:`RedisStateStore.session_versions` reads it with the state's version);
-- ``<prefix>{<name>}:lock``: a lock (:meth:`RedisStateStore.lock_key`), taken with
-  ``SET NX PX`` and a token, renewed and released only with that token (one script each).
-
-What belongs to no session has a tag of its own, so each group is in one slot:
-
-- ``<prefix>{summary}:summary:text``: a hash ``key -> summary text``;
-  ``<prefix>{summary}:summary:order``: a sorted set of the same keys scored by insertion
-  sequence, and ``<prefix>{summary}:summary:seq``: the counter handing those numbers out;
-- ``<prefix>{usage}:usage:rows``: the set of every usage row as ``["session key","model"]``,
-  which ``usage_rows`` lists;
-- ``<prefix>{audit}:audit:sessions``: the sessions (``["tenant","session id"]``) scored by
-  ``last_seen``; ``<prefix>{audit}:audit:blocked``: every refused entry (the same JSON) by
-  time; ``<prefix>{audit}:audit:changed``: the sessions that have state changes, scored by
-  their newest.
-
-No two keys collide, whatever a session key holds: a key ends in ``}:`` and one of a fixed
-set of suffixes (none the end of another), or in ``}:usage:`` and a JSON string (whose inner
-quotes are escaped, so it cannot hold ``}:usage:"``). A session key holding ``}`` only makes
-Redis hash a shorter tag, the same one for every key of that session. The prefix may not
-hold a brace (it would become the tag of every key).
-
-*What is atomic.* Redis runs a Lua script atomically: no other client's command runs between
+Every key is ``<prefix>{<tag>}:<suffix>``: Redis Cluster hashes only the text in the braces,
+so every key of one session (its state, tombstone, records, usage rows, audit entries and
+totals) lives in one slot and one script can change them together. What belongs to no session
+has a tag per group (``{summary}``, ``{usage}``, ``{audit}``). Keys never collide: each ends in
+``}:`` and one of a fixed set of suffixes, or ``}:usage:`` and a JSON string; the prefix may
+not hold a brace. The full table is in docs/operations.md, "Redis keys".
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
-"""Connections of the Redis store's own for the scripts every request runs.
+"""Connections of the Redis store's own for the two scripts every request runs.
 
-Each request runs two small scripts (its session's versions read, and the save of what its
-answer taught the calibration). Through redis-py's client the command is packed in Python,
-the pool takes a lock, records its own metrics and asks the socket whether it holds stray
-data, the send runs in a task of its own (``asyncio.wait_for`` around it on Python 3.11) and
-the reply goes through the client's dispatch. A :class:`Lane` sends the same command on one
-of redis-py's own connections, packed by hiredis (in C), and reads the reply with the
-connection's own parser: what that saves a request is in bench/README.md ("Twins in the
-stores"). It keeps what the client guarantees:
-
-- a bound on every call: the connection has no socket timeout of its own; the send and the
-  read together are bounded by the client's (``socket_timeout``: the store's ``timeout_s``,
-  unless the URL says otherwise), and so is a new connection's connect and handshake (the
-  connect timeout holds within it); one that runs out raises redis-py's ``TimeoutError``,
-  never retried (a script may have run);
-- a retry, once and at once, on a connection error (a connection the server closed while it
-  was idle), as the client's ``Retry`` does;
-- a connection that failed or was interrupted (a timeout, a cancelled request) is closed by
-  redis-py itself before it is used again: the next call connects anew;
-- errors the server answers (``NOSCRIPT``, a script's error) are redis-py's exceptions.
-
-The connections are the pool's own kind, made with its settings: in ``sentinel`` mode
-redis-py's Sentinel-managed connections, which ask the Sentinels for the primary when they
-connect and, told by the old primary that it is now a replica, disconnect and raise a
-connection error — the lane's retry then connects to the new primary. A cluster routes each
-key to its node: the store keeps the client's path there.
-
-Used from the event loop only.
+A :class:`Lane` sends a request's versions read and its calibration save on one of redis-py's
+own connections, packed by hiredis and read with the connection's parser, skipping the
+client's pool lock, metrics and per-command task (what that saves: bench/README.md, "Twins in
+the stores"). It keeps what the client guarantees: every call bounded by the store's timeout
+(a timeout is never retried: a script may have run), one immediate retry on a connection
+error, a failed or interrupted connection closed before reuse, server errors as redis-py's
+exceptions. In ``sentinel`` mode the connections follow a failover as redis-py's do; a
+cluster keeps the client's path. Used from the event loop only.
 """
 
 from __future__ import annotations
