@@ -22,7 +22,7 @@ class MessageShapeError(ValueError):
     """``messages`` does not have the shape of the Messages API: not a list, a message or a
     block that is not an object, a content of the wrong type, a tool call without its id.
 
-    A ``ValueError`` (as before it existed), but its own class, so a caller can refuse the
+    A ``ValueError`` (what callers already catch), but its own class, so a caller can refuse the
     request for it alone and treat any other ``ValueError`` as the bug it is.
 
     Attributes:

@@ -1,13 +1,12 @@
 """Usage-ledger additions summed in memory and written to the store once in a while.
 
 Every answered request adds a :class:`~proxy.accounting.usage.UsageEntry` to its session's row;
-written one by one that is a store transaction per request (measured: most of the proxy's
-added CPU per request at the ledger's debut). The entries are sums, so they can be summed
-first: :meth:`BufferedLedger.add` keeps the entry with the others of its (session, model) and
-returns at once (they are summed when written, or every :data:`MAX_HELD` entries); a task
-writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes what is left at
-shutdown. A failed write keeps its totals for the next one. What a crash loses is at most the
-last interval's figures — the ledger is a report, not durable context.
+written one by one that would be a store transaction per request. The entries are sums, so
+they can be summed first: :meth:`BufferedLedger.add` keeps the entry with the others of its
+(session, model) and returns at once (they are summed when written, or every :data:`MAX_HELD`
+entries); a task writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes
+what is left at shutdown. A failed write keeps its totals for the next one. What a crash
+loses is at most the last interval's figures — the ledger is a report, not durable context.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Failed-auth throttling for the admin API and the console login (issue #31).
+"""Failed-auth throttling for the admin API and the console login.
 
 Each client address (an IPv6 address by its /64, which one host commonly holds whole) may
 present ``limit`` wrong admin tokens; the next wrong one locks it out for ``lockout_s``,

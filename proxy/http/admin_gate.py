@@ -1,4 +1,4 @@
-"""Where ``/admin`` is served, and that nothing like it is ever forwarded (issue #31).
+"""Where ``/admin`` is served, and that nothing like it is ever forwarded.
 
 A path is *admin-like* when, percent-decoded (until it no longer changes), with backslashes
 read as slashes, runs of slashes collapsed, dot segments resolved and case folded, it starts

@@ -5,9 +5,8 @@ A span (one message's or one top-level field's bytes) seen before is not decoded
 gateway shared by callers it has not judged yet:
 
 - **Bounded by memory, not by JSON bytes.** Python objects take several times the JSON they
-  come from (a two-character text block is 26 bytes of JSON and ~300 bytes of objects), so
-  each entry is charged :func:`object_bytes`, a safe over-estimate made from a few byte
-  counts of the span (C scans, no walk over the objects).
+  come from, so each entry is charged :func:`object_bytes`, a safe over-estimate made from a
+  few byte counts of the span (C scans, no walk over the objects).
 - **Nothing kept for a refused request.** A request decodes into a :class:`Staged` set of its
   own; the entries join the cache only when the request's answer was a success
   (:meth:`DecodedSpans.commit`).

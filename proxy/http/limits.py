@@ -7,7 +7,7 @@ connection (``upstream.max_connections``) or all of the process's memory from th
 Only forwarded routes count (``/v1/messages``, ``count_tokens``, every passthrough path); the
 proxy's own routes (``/healthz``, ``/metrics``, ``/admin``) do not. A request whose tenant
 cannot be told (no credential under ``session.scope: credential``) counts in one shared
-bucket; its handler answers the 401 as before.
+bucket; its handler still answers the 401.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The client headers the provider never sees (issue #31), besides the hop-by-hop ones.
+"""The client headers the provider never sees, besides the hop-by-hop ones.
 
 - The proxy's own: the session header (``session.header``), the header ``session.scope:
   header:<name>`` takes the tenant from, and every ``x-compact-*``: the proxy consumed them.

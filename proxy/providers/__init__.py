@@ -1,5 +1,5 @@
 """Upstream providers other than the first-party Messages API: Amazon Bedrock and Google
-Vertex AI (``upstream.provider``; issue #36).
+Vertex AI (``upstream.provider``).
 
 The body inside their requests is the Messages API's, so the request path is the same; the
 hooks it calls are here: :func:`provider_of` (the request's provider, from its route), the

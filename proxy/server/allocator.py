@@ -5,9 +5,8 @@ at the top of its heap back to the kernel once more than a threshold of it is fr
 thresholds move with what the process happens to free first. A proxy that reads a 2.6 MB
 body in chunks, joins it, decodes it and frees it all on every request so lands, depending
 on its first requests, either where that memory is reused or where every request maps fresh
-pages again: measured, about half of the processes started took 600-1,300 page faults and
-2.5-4 ms more CPU per 2.6 MB request than the others (0-3 faults). Fixing the thresholds
-once at startup removes that lottery: no process started with them took the slow way.
+pages again, at a cost in page faults and CPU on every large request (bench/README.md,
+"Figures the README used to quote"). Fixing the thresholds once at startup removes that lottery.
 
 The cost is memory the kernel does not get back at once: up to :data:`TRIM_THRESHOLD`
 bytes free at the top of the heap stay with the process, and blocks up to

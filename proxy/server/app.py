@@ -60,8 +60,7 @@ AUDIT_TRIM_INTERVAL_S: Final = 3600.0
 AUDIT_TRIM_STOP_S: Final = 2.0
 #: Bytes of a request body the server buffers before it stops reading the socket until the
 #: handler takes them (aiohttp pauses at twice this); the proxy holds a whole ``/v1/messages``
-#: body anyway. Against aiohttp's default of 64 KiB, a 2.6 MB body took 1.4-1.5 ms of CPU
-#: instead of 1.7-2.1 (allocator fixed in both, see :mod:`proxy.server.allocator`).
+#: body anyway, so fewer, larger reads cost less CPU than aiohttp's default of 64 KiB.
 READ_BUFSIZE: Final = 4 * 1024 * 1024
 
 
@@ -303,8 +302,8 @@ def _loop_kind() -> str:
 def _freeze_startup_objects() -> None:
     """Leave what startup made (modules, the app, the config: ~200k objects) out of every
     later garbage collection: they live as long as the process. A full collection had to
-    walk them all each time (~110 ms of a stalled event loop here, on top of the caches'
-    own objects); now it walks only what was made since. Garbage made by startup goes first.
+    walk them all each time, stalling the event loop; frozen, it walks only what was made
+    since. Garbage made by startup goes first.
     """
     gc.collect()
     gc.freeze()

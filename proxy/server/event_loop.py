@@ -3,8 +3,8 @@
 ``uvloop`` (the default) is libuv's loop, written in C: each iteration, its timers and its
 callbacks cost no Python bytecode, where asyncio's own loop runs them all in Python. A
 request crosses the loop dozens of times (the client's socket, the provider's, the answer's
-chunks): uvloop saves ~0.04 ms of CPU per request, 4% of the proxy's and 7% of a bare relay's
-(``bench/proxy.py``, part 5, times the relay on both loops). ``asyncio`` is the standard library's
+chunks), so uvloop saves CPU on every request (bench/README.md, "Figures the README used to
+quote"; ``bench/proxy.py`` times the relay on both loops). ``asyncio`` is the standard library's
 loop, for a platform uvloop does not support or to rule it out when debugging.
 
 Everything above the loop is the same on both: the proxy uses asyncio's interfaces only, and

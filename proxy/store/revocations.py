@@ -1,4 +1,4 @@
-"""Console logouts every process sees, and that outlive a restart (issue #31).
+"""Console logouts every process sees, and that outlive a restart.
 
 A console cookie is signed, not stored (:mod:`proxy.admin.console._auth`), so a logout is kept as
 the cookie's nonce, revoked until the cookie would have expired anyway; every worker and

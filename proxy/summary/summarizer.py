@@ -350,7 +350,7 @@ class ProviderSummarizer:
         try:
             # The SDK's own client (its credentials, base URL, timeout, retries, errors and
             # answer), given the body as bytes: ``messages.create`` would copy the whole
-            # conversation and encode it with ``json`` (~3 ms of CPU for 400 KB).
+            # conversation and encode it again with ``json``.
             message = await self._client.post(
                 "/v1/messages", cast_to=anthropic.types.Message,
                 content=_call_body(call, calls.model, self.config.max_tokens),

@@ -1,5 +1,5 @@
 """The audit console: server-rendered pages at ``/admin/ui/`` over the audit log and the
-durable state (issue #12).
+durable state.
 
 Routes (a sub-application mounted at ``/admin/ui``, only when the admin token is set; without
 it ``/admin`` and all under it answer 404)::

@@ -37,7 +37,7 @@ class RedisConsistency(RedisConnection):
                               args: Sequence[Any]) -> Any:
         """Run the script ``text`` on ``keys`` (one session's, or one lease's) with ``args``:
         EVALSHA itself, on the lane where there is one (the versions read and the calibration
-        save run on every request: bench/README.md, "Twins in the stores"); a server that
+        save run on every request: bench/README.md, "The stores' twins"); a server that
         does not hold the script (NOSCRIPT: restarted, or a new node) gets it through
         redis-py's script object, which loads it."""
         script = self._script(text)

@@ -2,8 +2,8 @@
 
 A :class:`Lane` sends a request's versions read and its calibration save on one of redis-py's
 own connections, packed by hiredis and read with the connection's parser, skipping the
-client's pool lock, metrics and per-command task (what that saves: bench/README.md, "Twins in
-the stores"). It keeps what the client guarantees: every call bounded by the store's timeout
+client's pool lock, metrics and per-command task (what that saves: bench/README.md, "The
+stores' twins"). It keeps what the client guarantees: every call bounded by the store's timeout
 (a timeout is never retried: a script may have run), one immediate retry on a connection
 error, a failed or interrupted connection closed before reuse, server errors as redis-py's
 exceptions. In ``sentinel`` mode the connections follow a failover as redis-py's do; a
