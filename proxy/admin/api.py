@@ -1,13 +1,13 @@
 """The admin API (SPEC section 6): the only way a session's durable state changes.
 
-A sub-application mounted at ``/admin``: ``GET``/``PUT``/``DELETE
-/admin/sessions/{sid}/state`` (tenant ``none``) and ``/admin/tenants/{tenant}/sessions/{sid}/state``
-(``?resolve=true`` adds each source's status and an excerpt), plus the audit log's read routes
+A sub-application mounted at ``/admin``: GET, PUT and DELETE of ``/admin/sessions/{sid}/state``
+(tenant ``none``) and ``/admin/tenants/{tenant}/sessions/{sid}/state`` (``?resolve=true`` adds
+each source's status and an excerpt), plus the audit log's read routes
 (:mod:`proxy.admin.audit_routes`). Its own middleware answers every call without the bearer
 token with one 401 before any route is looked at (lockouts: :mod:`proxy.admin.throttle`);
 without a token it has no routes. It owns the whole prefix, so nothing under ``/admin`` is
 ever forwarded (:mod:`proxy.http.admin_gate`). Writes are optimistic: ``If-Match`` on the
-store's version, every failed precondition a 409; each change is recorded with the write,
+store's version, a stale one a 409 (never 412); each change is recorded with the write,
 atomically (:class:`~proxy.audit.log.StateChange`). Errors go through its own
 :func:`~proxy.http.errors.error_middleware`, so it answers alike wherever it is mounted.
 Routes and preconditions for operators: docs/admin.md.
