@@ -1,24 +1,11 @@
 """The admin API's read side of the audit log (mounted by :func:`proxy.admin.api.setup_admin`).
 
-Routes, under ``/admin``, with the admin bearer token::
-
-    GET /sessions?offset=&limit=&contains=&order=last_seen|blocked
-        -> {"sessions": [SessionSummary], "total", "offset", "limit", "order", "contains"}
-    GET /sessions/{sid}/requests?offset=&limit=
-        -> {"session_id", "requests": [RequestEntry], "total", "offset", "limit"}
-    GET /sessions/{sid}/changes?limit=
-        -> {"session_id", "changes": [StateChange]}
-
-    GET /tenants/{tenant}/sessions, /tenants/{tenant}/sessions/{sid}/requests | changes
-        (the same, for one tenant; the bodies carry "tenant")
-
-Sessions come newest first (``order=blocked``: most refusals first, then newest); a
-session's requests and changes newest first. Each item is the ``as_json()`` of its
-:mod:`proxy.audit.log` type (a listed session also its ``requests_path``).
-A session is addressed by its id and tenant: ``/sessions/{sid}/...?tenant=<tenant>`` (or
-``/tenants/{tenant}/sessions/{sid}/...``); without a tenant it is tenant ``none``'s, as for
-the state routes. ``/sessions`` lists every tenant's (``?tenant=`` only one's). A bad
-``offset``, ``limit``, ``order``, ``contains`` or ``tenant`` is a 400 naming it.
+``GET /admin/sessions`` (every tenant's, newest first, or ``order=blocked``), and a session's
+``/requests`` and ``/changes`` (newest first), addressed by id and tenant as the state routes
+are (``?tenant=``, or ``/admin/tenants/{tenant}/...``; none given: tenant ``none``). Each item
+is the ``as_json()`` of its :mod:`proxy.audit.log` type; a bad ``offset``, ``limit``,
+``order``, ``contains`` or ``tenant`` is a 400 naming it. The bodies, for operators:
+docs/admin.md, "Reading the audit log".
 """
 
 from __future__ import annotations

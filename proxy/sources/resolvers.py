@@ -1,31 +1,17 @@
 """Source-pointer resolvers kept across requests, one per session.
 
-A :class:`compactor.SourcePointerResolver` remembers what it verified (keyed by the file's
-identity and change stamps), but its authorizer is bound to one requesting session. The proxy
-resolves the same session's pointers on every request, so it keeps one resolver per recent
-session: the second request of a session re-hashes nothing that did not change.
+A :class:`compactor.SourcePointerResolver` remembers what it verified, but its authorizer is
+bound to one requesting session; the proxy resolves the same session's pointers on every
+request, so it keeps one resolver per recent session and re-hashes nothing that did not change.
 
-Each tenant has its own roots (:func:`tenant_root`): with a ``session.scope`` on, the
-sources of tenant ``t…`` are ``<root>/t…/<session>.jsonl`` and ``<root>/t…/<session>/<file>``
-(``s3://`` roots likewise, one key prefix per tenant), so a caller naming another tenant's
-session id finds nothing of it; tenant ``none`` (no scope) reads the roots themselves, as
-before tenants. ``compact-proxy move-session`` moves a session's files into its tenant's
-directory (:mod:`proxy.sources.migrate`). The session-access policy then applies within a
-tenant, except that the sources of ``shared_sessions`` (published by the operator for every
-caller) are read from the roots themselves, whatever the tenant.
-
-The roots' scheme chooses the kind: local paths get :class:`compactor.SourcePointerResolver`
-(run in a worker thread: it reads files), ``s3://`` roots get
-:class:`proxy.sources.s3_sources.S3SourceResolver` (awaited on the event loop: one S3 client for
-the pool, and one outcome cache shared by its sessions' resolvers, keyed by pointer and
-object). The two roots may be of different kinds (transcripts on a local disk, artifacts in a
-bucket): each pointer goes to the resolver of its kind's root. :meth:`ResolverPool.resolve`
-and :meth:`ResolverPool.excerpts` hide the difference.
-
-:meth:`ResolverPool.excerpts` serves the operator (``GET /admin/.../state?resolve=true``, the
-``session`` command): each pointer's status and, for an available source, the start of its
-text, through the same resolver (so the same authorization and strict names). Nothing on the
-request path calls it: excerpts never reach a prompt.
+Each tenant has its own roots (:func:`tenant_root`: ``<root>/<tenant>/``, one key prefix per
+tenant for ``s3://``), so a caller naming another tenant's session id finds nothing of it;
+tenant ``none`` reads the roots themselves, and so does every tenant for the operator's
+``shared_sessions``. The roots' scheme chooses the kind: local paths get
+:class:`compactor.SourcePointerResolver` (in a worker thread: it reads files), ``s3://`` roots
+:class:`proxy.sources.s3_sources.S3SourceResolver` (on the event loop); each pointer goes to its
+root's kind. :meth:`ResolverPool.excerpts` serves the operator only: excerpts never reach a
+prompt.
 """
 
 from __future__ import annotations
