@@ -1,29 +1,15 @@
 """The per-session calibration shared by every process serving from one store.
 
 :class:`SharedCalibration` is a :class:`~proxy.calibration.local.Calibration` whose
-per-(session, model) part lives in the store as well, as the versioned record
-``calibration:<model>`` of the session:
-
-- after every answer it learnt from (:meth:`~SharedCalibration.observe`), the session's
-  :meth:`~proxy.calibration.local.Calibration.snapshot` is written (in the background, one
-  write per (session, model) at a time, the newest snapshot winning);
-- on every request, the session's versions arrive with its state read
-  (:class:`~proxy.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`
-  with them, in the same round trip), and a ``calibration:<model>`` record whose version is
-  not the one this process holds is restored before the request is planned. The record
-  comes in that same round trip (:meth:`~SharedCalibration.wanted` tells the read which
-  versions this process holds); only one the store could not hand over so is read again.
-
-So a replica plans each request with the factors and per-message counts the session's last
-answer taught, whichever replica forwarded it. The fleets' medians and the learnt windows
-(both per tenant and model) stay per process (see :mod:`proxy.calibration.local`).
-
-The write follows the answer. For the client's next request to find it on every replica,
-the request path learns from the answer and awaits :meth:`~SharedCalibration.saved` before the
-client can see the answer end (``forward(..., before_end=...)``,
-:data:`proxy.http.forward.BeforeEnd`); learnt after the end instead, a next request sent
-within that one store write may still find the previous calibration (see
-:mod:`proxy.store.checkpoints` for the rule of determinism).
+per-(session, model) part also lives in the store, as the session's versioned record
+``calibration:<model>``: after every answer it learnt from, the snapshot is written (in the
+background, newest wins); on every request the session's versions arrive with its state read
+(:class:`~proxy.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`,
+the record riding the same round trip), and a version this process does not hold is restored
+before the request is planned. So a replica plans each request with what the session's last
+answer taught, whichever replica forwarded it. The request path awaits
+:meth:`~SharedCalibration.saved` before the client sees the answer end, so the next request
+finds it on every replica. The fleets' medians and learnt windows stay per process.
 """
 
 from __future__ import annotations

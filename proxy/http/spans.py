@@ -1,29 +1,16 @@
 """The request body as raw spans: each message kept as the bytes the client sent, decoded
 once per process, and the forwarded body spliced from bytes.
 
-An agent's request is its previous request plus a message or two, so most of a body's bytes
-were decoded before. The body is scanned once by ``msgspec`` into the raw bytes of each
-top-level field and of each message (:class:`msgspec.Raw`, no objects made); each span is
-keyed by a 128-bit hash of its bytes (xxh3, memory speed), and a span seen before — by any
-request of any session — is not decoded again: :class:`DecodedSpans` hands back the same
-decoded object, its fingerprint already made. A message whose bytes changed (the
-``cache_control`` marker Claude Code moves every turn) is decoded anew, and compared by its
-marker-insensitive fingerprint like any other.
-
-Shared decoded objects are read-only: the compactor never mutates its input, the proxy builds
-new objects for what it rewrites, and a body that needs mending (a lone surrogate, see
-:mod:`proxy.http.body`) takes the plain path, whose objects are its own. Within one request
-every message is a distinct object (a message sent twice is decoded twice), since the
-compactor tells messages apart by identity.
-
-The forwarded body is spliced (:meth:`RequestBody.encode`): the client's own bytes for every
-field and message the proxy did not change, one encoder (``msgspec``) for what it rewrote.
-The output is strict JSON, and the same for the same request and checkpoint in every process:
-whether a message goes out as the client's bytes depends only on the view, never on what a
-cache held.
-
-Anything the fast decoder refuses takes the plain path (:func:`proxy.http.body.parse_body`),
-which names the problem exactly, or accepts what the fast decoder is stricter about.
+An agent's request is its previous request plus a message or two, so ``msgspec`` scans the
+body once into the raw bytes of each top-level field and message, each keyed by an xxh3
+128-bit hash; a span seen before, by any request, is not decoded again (:class:`DecodedSpans`
+hands back the same object, its fingerprint made). Shared decoded objects are read-only: the
+compactor never mutates its input, and a body that needs mending takes the plain path. Within
+one request every message is a distinct object, since the compactor tells messages apart by
+identity. :meth:`RequestBody.encode` splices the client's own bytes for what the proxy did
+not change and ``msgspec`` for what it rewrote: strict JSON, the same in every process
+whatever a cache held. Anything the fast decoder refuses takes
+:func:`proxy.http.body.parse_body`, which names the problem exactly.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """A cache in front of a store's state reads, for the request hot path, never stale.
 
-Every ``/v1/messages`` asks the store for its session's durable state, and most sessions
-have none, and the others rarely change. So each read first asks the store for the session's
-*versions* (:meth:`~proxy.store.base.ReplicaConsistency.session_versions`: the state's
-version and write time, and the version of each versioned record: one small round trip, no
-state text) and re-reads the state only when its version is not the one cached. A state
-written through any process — another replica, another worker, the CLI — is therefore in the
-very next request of every process: there is no time window. A store no other process
-writes is written only through this object: its cached reads are current, and are used
-without asking the store again.
-
-The versions read for a request are also kept for the rest of it (a context variable of the
-request's task, :func:`request_versions`): the checkpoints (:mod:`proxy.store.checkpoints`)
-check their in-memory copies against them without another round trip, and the listeners
-given here (the shared calibration) refresh what changed before the request is planned —
-from the records the same round trip brought back (``fetch``: those another process wrote
-since this one last held them), without one of their own.
-
-Only the durable state goes through here: the summary cache and the records are reached on
-the backend itself, and the backend's owner opens and closes it.
+Most sessions have no durable state and the others rarely change, so each read first asks
+the store for the session's *versions* (``ReplicaConsistency.session_versions``: one small
+round trip, no state text) and re-reads the state only when its version changed: a
+state written through any process is in the very next request everywhere. A store no other
+process writes skips even that. The versions are kept for the rest of the request
+(:func:`request_versions`), so the checkpoints (:mod:`proxy.store.checkpoints`) and the
+listeners given here (the shared calibration, fed the records the same round trip brought)
+check their copies without another round trip. Only the durable state goes through here.
 """
 
 from __future__ import annotations

@@ -2,26 +2,14 @@
 only for them.
 
 In ``summary.mode: separate`` with ``summary.api_key_env`` the operator's key pays for the
-summaries, but the provider judges the caller's own credential only when the request is
-forwarded, after its summary was made. So a summary call on that key is made only for a
-caller whose credential the provider has accepted, known one of two ways:
-
-- from an answer: a forwarded request the provider answered with a 2xx marks its credential
-  accepted; a 401 or 403 forgets it (a revoked key spends nothing more after its first
-  refusal);
-- else checked when a summary call is first needed: ``GET /v1/models?limit=1`` with the
-  caller's own credential only (no body, nothing billed, nothing of the operator's). A 2xx
-  accepts it; anything else (401, 403, no answer) means no summary call this time, and the
-  request goes on without one. Concurrent checks of one credential are one call.
-
-Why not only learn from answers (forward first, deterministic layers only)? A request that
-only a summary brings under the hard limit is refused before it is forwarded, so a new caller
-with a long history would never be answered, hence never accepted.
-
-Credentials are remembered by a keyed BLAKE2b digest (the key random per process: neither the
-credential nor a digest that outlives the process is kept), at most
-:data:`MAX_ACCEPTED` of them, each for :data:`ACCEPTED_TTL_S`. Per process: a replica learns
-its callers itself.
+summaries, but the provider judges the caller's own credential only once the request is
+forwarded, after its summary. So a credential counts as accepted after a 2xx to a forwarded
+request (a 401 or 403 forgets it), or else after a ``GET /v1/models?limit=1`` with that
+credential alone when a summary is first needed (nothing billed; concurrent checks are one
+call). Learning from answers alone would never accept a new caller whose long history needs a
+summary before it can be forwarded. Credentials are remembered by a keyed BLAKE2b digest
+(the key random per process), at most :data:`MAX_ACCEPTED`, each for :data:`ACCEPTED_TTL_S`;
+each process learns its callers itself.
 """
 
 from __future__ import annotations

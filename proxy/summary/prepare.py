@@ -1,24 +1,15 @@
 """Zero-wait compaction: the summary the next crossing needs, made before it comes.
 
-When a session's view (calibrated, as the provider counts it) reaches ``summary.prepare_at``
-of its soft threshold, :meth:`Preparations.consider` decides whether it needs the summary of
-the span the next crossing would cut (:func:`compactor.prepare_span`), asked for in the
-background through the request's own summarizer
-(:func:`proxy.summary.summarizer.summary_source`), so the text lands in the store's
-summary cache under its content key, and one call per span is made across every worker and
-replica (the single flight and its lease). What it covers is a
-*record* of the session's lane in the store (``prepared:<lane>``: the cut, the prefix's
-fingerprint, the cache key, its state), where every replica finds it; the handler hands it to
-the compactor at the crossing (:class:`compactor.CompactionOptions.prepared`), which reads the
-text from the cache, or joins the call while it still runs.
-
-Never stale: a preparation whose verbatim tail has grown too large for the view to land below
-the target (or whose history changed) is replaced by a new one, in the background; the
-replaced one, never used, is counted with its tokens (``unused``). None starts while a fresh
-one is running, and none for ``count_tokens``. The decision is made, and the new record
-written, before the request that triggers it is forwarded (a store write, once per span):
-so it depends on the session's requests only, never on when a call ended, and every replica
-forwards the same views. The summary call itself runs in the background.
+When a session's calibrated view reaches ``summary.prepare_at`` of its soft threshold,
+:meth:`Preparations.consider` asks, in the background through the request's own summarizer,
+for the summary of the span the next crossing would cut (:func:`compactor.prepare_span`); the
+text lands in the store's summary cache, one call per span across the fleet (the single
+flight). What it covers is a record of the session's lane (``prepared:<lane>``), which every
+replica finds and the compactor uses at the crossing (``CompactionOptions.prepared``), reading
+the text from the cache or joining the call. A preparation whose tail grew too large, or whose
+history changed, is replaced (the old one counted ``unused``). The decision and the record are
+made before the triggering request is forwarded, so they depend on the session's requests
+only, never on when a call ended: every replica forwards the same views.
 """
 
 from __future__ import annotations

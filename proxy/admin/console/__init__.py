@@ -1,25 +1,14 @@
 """The audit console: server-rendered pages at ``/admin/ui/`` over the audit log and the
 durable state.
 
-Routes (a sub-application mounted at ``/admin/ui``, only when the admin token is set; without
-it ``/admin`` and all under it answer 404)::
-
-    GET  /admin/ui/login                                  the login form (field: token)
-    POST /admin/ui/login                                  -> 303 + session cookie | 401 form
-    POST /admin/ui/logout                                 -> 303 to the login form
-    GET  /admin/ui/                                       sessions (?q=, ?sort=, ?page=)
-    GET  /admin/ui/overview                               totals, outcomes, trend (?range=, ?from=)
-    GET  /admin/ui/requests                               every session's requests (the same, ?rid=)
-    GET  /admin/ui/tenants/{tenant}/sessions/{sid}        one session (the same filters)
-    POST /admin/ui/tenants/{tenant}/sessions/{sid}/fact/{add|edit|delete}
-    POST /admin/ui/tenants/{tenant}/sessions/{sid}/pending/{add|edit|delete|status}
-    GET  /admin/ui/static/console.css
-
-Pages are Jinja2 templates with autoescaping on; there is no JavaScript (the chart is an
-inline SVG drawn on the server). Login, the session cookie and the CSRF tokens:
+A sub-application mounted at ``/admin/ui`` when the admin token is set: the login form and
+logout, the sessions list, the overview, every session's requests, one session's page, the
+fact and pending-item edits (``POST .../tenants/{tenant}/sessions/{sid}/fact|pending/...``),
+and its stylesheet. Pages are Jinja2 templates with autoescaping on and no JavaScript (the
+chart is inline SVG drawn on the server). Login, the cookie and CSRF:
 :mod:`proxy.admin.console._auth`; what every request goes through:
-:mod:`proxy.admin.console._middleware`;
-the edits: :mod:`proxy.admin.console._edits` and :mod:`proxy.admin.console._pages`.
+:mod:`proxy.admin.console._middleware`; the edits: :mod:`proxy.admin.console._edits` and
+:mod:`proxy.admin.console._pages`. What operators see: docs/admin.md, "The audit console".
 """
 
 from __future__ import annotations
