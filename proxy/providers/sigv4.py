@@ -6,7 +6,7 @@ algorithm for the one shape the proxy signs: the method, the path as sent (canon
 as botocore does it: dot segments removed, then percent-encoded once more), the query string,
 and the signed headers ``host``, ``x-amz-date`` (and ``x-amz-security-token``), over the
 SHA-256 of the exact body. The strict fake provider recomputes every signature with botocore
-itself (tests/fake_upstream/test_providers.py, tests/proxy/test_e2e_providers.py).
+itself (tests/fake_upstream/test_providers.py, tests/proxy/e2e/test_e2e_providers.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 content with its ``cache_control`` markers moved or gone (whatever its keys' order),
 different for different content (types included), for any JSON value, lone surrogates
 included; derived from the canonical JSON bytes alone (the same in every process: see
-``tests/proxy/test_fingerprints_across_processes.py``)."""
+``tests/proxy/server/test_fingerprints_across_processes.py``)."""
 
 from __future__ import annotations
 
