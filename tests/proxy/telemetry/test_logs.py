@@ -106,7 +106,7 @@ def test_exception_info_becomes_the_class_and_the_frames_only(form: str) -> None
     assert out["error_class"] == "ValueError"
     frames = out["traceback"]
     assert frames[-1] == "ValueError"
-    assert any(f.startswith("proxy/test_logs.py:") and f.endswith(" in "
+    assert any(f.startswith("telemetry/test_logs.py:") and f.endswith(" in "
                "test_exception_info_becomes_the_class_and_the_frames_only") for f in frames)
     assert "message text" not in repr(out)
 
