@@ -17,6 +17,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from proxy.http.audit import RECORD
 from proxy.http.errors import RequestRejected
 from proxy.http.tenants import TenantScope
 
@@ -77,7 +78,7 @@ def tenant_limit_middleware(limiter: TenantLimiter, tenants: TenantScope) -> Mid
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.route.name not in LIMITED_ROUTES:
+        if request[RECORD].route not in LIMITED_ROUTES:  # (a provider's path: its kind)
             return await handler(request)
         tenant = _tenant(tenants, request)
         if not limiter.enter(tenant):

@@ -472,3 +472,38 @@ def test_a_bedrock_stream_that_ends_early_gets_an_exception_frame(
     assert last.headers[":message-type"] == "exception"
     assert b"before message_stop" in last.payload
     assert _completed(proxy_log, seen)["outcome"] == "stream_failed"
+
+
+def test_the_tenant_limit_holds_on_the_providers_own_paths(
+        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
+    """``limits.max_concurrent_per_tenant`` counts a request on a Bedrock or Vertex path as
+    on ``/v1/messages``: with a limit of one, a request whose body is still coming holds the
+    slot and the next one is answered 429 at once, before its body."""
+    import asyncio
+
+    proxy = proxy_factory({**_config(provider, L1_POLICY),
+                           "limits": {"max_concurrent_per_tenant": 1}})
+    path = (f"/model/{MODEL}/invoke" if provider == "bedrock" else
+            f"/projects/proj/locations/us-east5/publishers/anthropic/models/{VERTEX_MODEL}"
+            ":rawPredict")
+    host, port = proxy.base_url.removeprefix("http://").split(":")
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            "content-length: 100000\r\n\r\n").encode()
+
+    async def go() -> bytes:
+        holder = await asyncio.open_connection(host, int(port))
+        holder[1].write(head)  # its body never comes: it holds the tenant's one slot
+        await holder[1].drain()
+        await asyncio.sleep(0.3)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head)
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        finally:
+            writer.close()
+            holder[1].close()
+
+    answer = asyncio.run(go())
+    assert answer.startswith(b"HTTP/1.1 429 "), answer
+    assert upstream_server.upstream.requests == []
