@@ -31,7 +31,8 @@ from ._view import View
 if TYPE_CHECKING:
     from ._pipeline import LayerOutcome
 
-__all__ = ["PREPARED_DETAIL", "PreparedSpan", "prefix_print", "prepare_span"]
+__all__ = ["PREPARED_DETAIL", "PreparedSpan", "prefix_print", "prepare_span",
+           "prepared_request"]
 
 #: The detail of L4's outcome when a prepared summary served the crossing.
 PREPARED_DETAIL = "prepared summary"
@@ -101,6 +102,20 @@ def _cheap_layers_reach(view: View, interactions: dict[str, Interaction],
         if layer.reshapes and changed:
             interactions = validate_tool_protocol(view.messages)
     return False
+
+
+def prepared_request(messages: list[Message], prepared: PreparedSpan,
+                counter: CachingCounter | None = None, *,
+                fingerprints: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
+                reserved: int = 0, scale: float = 1.0) -> SummaryRequest | None:
+    """The summary request of ``prepared``'s span, made again from ``messages`` (the view
+    grown since): to ask again for a preparation whose call was lost. None when the view
+    no longer holds that span."""
+    view = View(messages, counter if counter is not None else CachingCounter(None), reserved,
+                fingerprints=list(fingerprints) if fingerprints is not None else None,
+                tokens=list(tokens) if tokens is not None else None, scale=scale)
+    plan = _plan_at(view, validate_tool_protocol(messages), prepared)
+    return None if plan is None else plan.request
 
 
 def _plan_at(view: View, interactions: Mapping[str, Interaction],

@@ -44,6 +44,13 @@ def _prepare_at(app: web.Application, policy: CompactionPolicy) -> float | None:
     return summary.prepare_at
 
 
+def _lifetime_s(app: web.Application) -> float:
+    """How long a preparation's call may run before it is taken as lost: every try of it
+    (``summary.timeout_s`` each) has ended by then, unless its process died."""
+    summary = app[CONFIG].summary
+    return summary.timeout_s * (summary.max_retries + 1)
+
+
 async def prepared_record(app: web.Application, session: SessionRef, lane: str,
                           policy: CompactionPolicy, estimate: int | None,
                           ) -> PreparedRecord | None:
@@ -116,7 +123,7 @@ async def prepare_next(app: web.Application, session: SessionRef, lane: str,
 
     found = await preparations.consider(session.key, lane, prepared, policy, result,
                                         scale=scale, reserved=reserved, counter=app[COUNTER],
-                                        plan_span=plan_span)
+                                        plan_span=plan_span, lifetime_s=_lifetime_s(app))
     if found is None:
         return
     request, started = found
