@@ -7,7 +7,7 @@ messages it covers (how many from the start, and the fingerprints of that prefix
 crossing, :func:`use_prepared` cuts the grown view at the same place: when the view still
 starts with that prefix and the plan gives the same span (the same cache key), the prepared
 summary stands for it and every later message stays (through L1, which truncates oversized
-tool results at any crossing, and L2 when still above the target). When that is not below the
+tool results at any crossing, and L2). When that is not below the
 target, the caller goes on as without a preparation (L1 to L4 with a summary made inline).
 """
 
@@ -79,12 +79,33 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
     interactions = validate_tool_protocol(messages)
     if stop_below is not None and _cheap_layers_reach(view, interactions, policy, stop_below):
         return None
-    plan = plan_summary(view, interactions, policy.summary_keep_recent)
+    plan = plan_summary(view, interactions, keep_for_crossing(view, policy))
     if plan is None:
         return None
     cut = len(plan.request.conversation)
     return plan.request, PreparedSpan(cut, prefix_print(view.fingerprints[:cut]),
                                       plan.request.cache_key)
+
+
+def keep_for_crossing(view: View, policy: CompactionPolicy) -> int:
+    """How many recent messages a preparation of ``view`` keeps verbatim: so few that, with
+    the growth still to come before the crossing (up to the soft threshold), the crossing's
+    verbatim tail weighs what an inline summary keeps (its ``summary_keep_recent`` last
+    messages), so it lands where an inline crossing would and the next crossing is as far.
+    At least one (:func:`~compactor._l4_summary.plan_summary` keeps the whole last exchange,
+    and the protected opening of the turn in progress)."""
+    keep = max(1, policy.summary_keep_recent)
+    tokens = view.tokens
+    scale = view.scale or 1.0
+    growth = max(0, policy.soft_threshold_tokens - view.total()) / scale
+    budget = sum(tokens[-keep:]) - growth
+    kept = 0
+    for size in reversed(tokens[-keep:]):
+        budget -= size
+        if budget < 0:
+            break
+        kept += 1
+    return max(1, kept)
 
 
 def _cheap_layers_reach(view: View, interactions: dict[str, Interaction],
@@ -137,8 +158,7 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                  ) -> Generator[SummaryRequest, str | None,
                                 tuple[View, list[LayerOutcome], SummaryRequest] | None]:
     """``view`` with the prepared span replaced by its summary (yielded for, as L4 does),
-    the later messages kept, then L1 (as at any crossing) and L2 if that is not yet below
-    ``stop_below``.
+    the later messages kept, then L1 and L2 (as at any crossing).
     None: the preparation does not fit this view (another span, no summary, or too large a
     tail): the caller compacts as without it."""
     from ._pipeline import LAYERS, LayerOutcome  # (the pipeline imports this module)
@@ -158,10 +178,9 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                              True, PREPARED_DETAIL)]
     current = summarised
     for layer in LAYERS:
-        # L1 as at any crossing, L2 while still above the target; never L3 (that would cut
-        # what the summary's verbatim tail is for).
-        if layer.name not in ("L1", "L2") or (layer.name != "L1" and
-                                              current.total() < stop_below):
+        # L1 and L2 as at an inline crossing (which runs them before L4); never L3 (that
+        # would cut what the summary's verbatim tail is for).
+        if layer.name not in ("L1", "L2"):
             continue
         before = current
         current, changed = layer.run(before, validate_tool_protocol(before.messages), policy)

@@ -124,3 +124,49 @@ def test_what_the_user_typed_in_the_prepared_span_stays_verbatim_beside_its_summ
     assert "Never touch the public parse_* names." in text
     assert "step 3" in text  # a command of the summarised span, in the artifact trail
     check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_preparation_keeps_only_what_an_inline_crossing_would_keep_less_the_growth_to_come(
+) -> None:
+    """Prepared at 0.8 of the threshold, the growth still to come is more than an inline
+    summary keeps verbatim (``summary_keep_recent``): the span ends at the last exchange, so
+    the crossing's verbatim tail is what was added since, and it lands nearer where an
+    inline crossing lands (before: the span left ``summary_keep_recent`` more behind)."""
+    counter = CachingCounter(Chars4Counter())
+    early = [user("Fix the parser")]
+    index = 0
+    while View(early, counter).total() < 0.8 * POLICY.soft_threshold_tokens:
+        early = _turns(early, index, 1)
+        index += 1
+    _, span = _prepared_at(early, counter)
+    assert span.cut == len(early) - 2  # the last exchange, whole
+    grown = early
+    while View(grown, counter).total() < POLICY.soft_threshold_tokens:
+        grown = _turns(grown, index, 1)
+        index += 1
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "summary",
+                             counter=counter, options=CompactionOptions(prepared=span))
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] == ["prepared summary"]
+    assert result.messages[-(len(grown) - span.cut):] == grown[span.cut:]
+    check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_preparation_near_the_threshold_keeps_what_inline_keeps_less_the_growth() -> None:
+    """Prepared just below the threshold (one exchange's growth to come), the span keeps
+    what an inline summary keeps less about that exchange; far from it, the last exchange."""
+    counter = CachingCounter(Chars4Counter())
+    policy = CompactionPolicy(soft_threshold_tokens=6_000, hard_limit_tokens=50_000,
+                              max_tool_result_tokens=2_000, keep_recent_messages=60,
+                              summary_keep_recent=8)
+    early = [user("Fix the parser")]
+    index = 0
+    while View(_turns(early, index, 1), counter).total() < policy.soft_threshold_tokens:
+        early = _turns(early, index, 1)
+        index += 1
+    found = prepare_span(early, policy, counter)
+    assert found is not None
+    assert len(early) - found[1].cut == 6
+    far = _turns([user("Fix the parser")], 0, 6)
+    found = prepare_span(far, policy, counter)
+    assert found is not None
+    assert len(far) - found[1].cut == 2
