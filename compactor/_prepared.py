@@ -14,7 +14,7 @@ target, the caller goes on as without a preparation (L1 to L4 with a summary mad
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import xxhash
@@ -26,6 +26,7 @@ from ._l4_summary import SummaryPlan, SummaryRequest, apply_summary, plan_summar
 from ._protocol import Interaction, validate_tool_protocol
 from ._record import span_record
 from ._tokens import CachingCounter
+from ._turns import has_tool_result
 from ._view import View
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["PREPARED_DETAIL", "PreparedSpan", "prefix_print", "prepare_span",
            "prepared_request"]
+
+#: A message's tokens beside its tool result's text (an estimate of one cut by L1).
+_MESSAGE_TOKENS: Final = 50
 
 #: The detail of L4's outcome when a prepared summary served the crossing.
 PREPARED_DETAIL = "prepared summary"
@@ -79,7 +83,8 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
     interactions = validate_tool_protocol(messages)
     if stop_below is not None and _cheap_layers_reach(view, interactions, policy, stop_below):
         return None
-    plan = plan_summary(view, interactions, keep_for_crossing(view, policy))
+    keep = keep_for_crossing(view, policy)
+    plan = plan_summary(view, interactions, keep, to_end=keep == 0)
     if plan is None:
         return None
     cut = len(plan.request.conversation)
@@ -89,23 +94,29 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
 
 def keep_for_crossing(view: View, policy: CompactionPolicy) -> int:
     """How many recent messages a preparation of ``view`` keeps verbatim: so few that, with
-    the growth still to come before the crossing (up to the soft threshold), the crossing's
-    verbatim tail weighs what an inline summary keeps (its ``summary_keep_recent`` last
-    messages), so it lands where an inline crossing would and the next crossing is as far.
-    At least one (:func:`~compactor._l4_summary.plan_summary` keeps the whole last exchange,
-    and the protected opening of the turn in progress)."""
-    keep = max(1, policy.summary_keep_recent)
+    the growth still to come before the crossing (up to the soft threshold, and half an
+    exchange past it: the request that crosses it), the crossing's verbatim tail weighs what
+    an inline summary keeps (its ``summary_keep_recent`` last messages, tool results as L1
+    cuts them), so it lands where an inline crossing would and the next one is as far. None
+    (the span runs to the end) only after a tool answer: a person's message is never
+    summarised before it is answered."""
+    keep = policy.summary_keep_recent
     tokens = view.tokens
     scale = view.scale or 1.0
-    growth = max(0, policy.soft_threshold_tokens - view.total()) / scale
-    budget = sum(tokens[-keep:]) - growth
+    cap = policy.max_tool_result_tokens + _MESSAGE_TOKENS
+    recent = [min(size, cap) for size in tokens[len(tokens) - keep:]] if keep else []
+    growth = max(0, policy.soft_threshold_tokens - view.total()) / scale + \
+        sum(min(size, cap) for size in tokens[-2:]) / 2
+    budget = sum(recent) - growth
     kept = 0
-    for size in reversed(tokens[-keep:]):
+    for size in reversed(recent):
         budget -= size
         if budget < 0:
             break
         kept += 1
-    return max(1, kept)
+    if kept == 0 and not has_tool_result(view.messages[-1]):
+        return 1
+    return kept
 
 
 def _cheap_layers_reach(view: View, interactions: dict[str, Interaction],
