@@ -108,8 +108,8 @@ class CompactionOptions:
         protocol_memo: walks of the tool protocol kept across calls (one per process): a
             history that extends one validated before is validated from where that ended.
         prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
-            crossing the cheap layers do not settle with L1 and L2, L4 asks for that span
-            (instead of L3 pruning) and keeps the later messages (see ``_prepared``).
+            crossing, L4 asks for that span first (before the cheap layers: it is paid for)
+            and keeps the later messages, with L1 and L2 (see ``_prepared``).
     """
 
     reserved_tokens: int = 0

@@ -2,13 +2,15 @@
 
 A session whose view nears the soft threshold gets its L4 summary made off the request path
 (the proxy decides when, :mod:`proxy.state.prepare`). :func:`prepare_span` names the span:
-the request L4 would make of the view as it stands, and a :class:`PreparedSpan` saying which
-messages it covers (how many from the start, and the fingerprints of that prefix). At the
-crossing, :func:`use_prepared` cuts the grown view at the same place: when the view still
-starts with that prefix and the plan gives the same span (the same cache key), the prepared
-summary stands for it and every later message stays (through L1, which truncates oversized
-tool results at any crossing, and L2). When that is not below the
-target, the caller goes on as without a preparation (L1 to L4 with a summary made inline).
+the request L4 would make of the view as it stands, keeping verbatim only what an inline
+summary keeps less the growth still to come (:func:`keep_for_crossing`: the crossing lands
+where an inline one would), and a :class:`PreparedSpan` saying which messages it covers (how
+many from the start, and the fingerprints of that prefix). At the crossing,
+:func:`use_prepared` cuts the grown view at the same place: when the view still starts with
+that prefix and the plan gives the same span (the same cache key), the prepared summary
+stands for it and every later message stays (through L1 and L2, as at any crossing). When
+that is not below the target, the caller goes on as without a preparation (L1 to L4 with a
+summary made inline).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ one is running, and none for ``count_tokens``. The decision is made, and the new
 written, before the request that triggers it is forwarded (a store write, once per span):
 so it depends on the session's requests only, never on when a call ended, and every replica
 forwards the same views. The summary call itself runs in the background.
+
+A ``running`` record whose call has not ended within its lifetime (``summary.timeout_s`` per
+try: the process making it died) is asked for again by the next request, same span and
+record (so the views are the same either way), in the background; a crossing would otherwise
+make the whole call itself.
 """
 
 from __future__ import annotations
