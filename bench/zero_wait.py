@@ -24,7 +24,10 @@ of the first preparations started; the inline row gets it at the same turns). Pe
   preparations never used included, and their ratio to the inline row;
 - *cost* of the whole session (client requests and summary calls, list prices of the model)
   and the *cache-read share* of the client requests' input;
-- *refused*: views the provider refused (and client-side errors).
+- *refused*: views the provider refused (and client-side errors);
+- *lands*: the mean size of the view a crossing forwarded (the provider's input tokens);
+  *base*: the median the proxy added to the other requests (what any request waits), and
+  *sum $* the summary calls' share of the cost.
 
 Not a timed test; ``tests/bench/test_zero_wait_smoke.py`` runs it with a few turns.
 """
@@ -85,6 +88,7 @@ class Meter:
     provider_s: dict[int, float] = field(default_factory=dict)
     forwarded_messages: dict[int, int] = field(default_factory=dict)
     summary_of: dict[int, int | None] = field(default_factory=dict)
+    view_tokens: dict[int, int] = field(default_factory=dict)
     summary_s: list[float] = field(default_factory=list)
     summary_started: int = 0
     summary_usage: list[dict[str, int]] = field(default_factory=list)
@@ -120,6 +124,8 @@ class Meter:
                                                                start)]))
             if usage:
                 self.client_usage.append(usage)
+                self.view_tokens[turn] = sum(int(usage.get(k) or 0) for k in (
+                    "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
             return response
 
         return meter
@@ -152,6 +158,9 @@ class Row:
     refused: int
     client_errors: int
     fast_waits_ms: tuple[float, ...] = ()
+    landings: tuple[int, ...] = ()
+    base_ms: float = float("nan")
+    summary_cost_usd: float = 0.0
 
     @property
     def under_goal(self) -> float:
@@ -169,6 +178,10 @@ def _tokens(usage: dict[str, int]) -> int:
     return sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
                                                  "cache_creation_input_tokens",
                                                  "output_tokens"))
+
+
+def _mean(values: Sequence[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _cost(usages: Sequence[dict[str, int]]) -> float:
@@ -257,6 +270,8 @@ async def run_session(name: str, workdir: Path, *, turns: int, scale: float,
                  meter.summary_of.get(t) not in (None, meter.summary_of.get(t - 1))]
     waits = {t: max(0.0, latencies[t] - meter.provider_s.get(t, 0.0)) * 1000
              for t in crossings if t in latencies}
+    base = [max(0.0, latencies[t] - meter.provider_s.get(t, 0.0)) * 1000
+            for t in latencies if t not in waits and t in meter.provider_s]
     usages = meter.client_usage
     read = sum(u.get("cache_read_input_tokens", 0) for u in usages)
     total_in = sum(u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0)
@@ -269,7 +284,9 @@ async def run_session(name: str, workdir: Path, *, turns: int, scale: float,
               .seconds({}, SUMMARY_MAX_TOKENS) * 1000,
               len(meter.summary_s), sum(map(_tokens, meter.summary_usage)),
               _cost([*usages, *meter.summary_usage]), read / total_in if total_in else 0.0,
-              meter.refused, errors, fast_waits)
+              meter.refused, errors, fast_waits,
+              tuple(meter.view_tokens[t] for t in crossings if t in meter.view_tokens),
+              percentile(base, 50) if base else float("nan"), _cost(meter.summary_usage))
     return row, injected
 
 
@@ -278,7 +295,7 @@ def format_rows(rows: Sequence[Row]) -> str:
     inline = rows[0]
     lines = [f"{'row':<22}{'cross':>6}{'<100ms':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
              f"{'max ms':>9}{'p99/call':>9}{'calls':>6}{'sum tok':>9}{'x inl':>6}"
-             f"{'cost $':>8}{'cache%':>7}{'refused':>8}"]
+             f"{'cost $':>8}{'sum $':>7}{'cache%':>7}{'refused':>8}{'lands':>7}{'base':>6}"]
     for row in rows:
         ratio = row.summary_tokens / inline.summary_tokens if inline.summary_tokens else 0.0
         lines.append(
@@ -286,8 +303,9 @@ def format_rows(rows: Sequence[Row]) -> str:
             f"{row.p(50):>9.0f}{row.p(95):>9.0f}{row.p(99):>9.0f}"
             f"{max(row.waits_ms, default=0.0):>9.0f}"
             f"{row.p(99) / row.summary_call_ms:>9.2f}{row.summary_calls:>6}"
-            f"{row.summary_tokens:>9}{ratio:>6.2f}{row.cost_usd:>8.3f}"
-            f"{row.cache_read_share * 100:>6.1f}%{row.refused + row.client_errors:>8}")
+            f"{row.summary_tokens:>9}{ratio:>6.2f}{row.cost_usd:>8.3f}{row.summary_cost_usd:>7.3f}"
+            f"{row.cache_read_share * 100:>6.1f}%{row.refused + row.client_errors:>8}"
+            f"{_mean(row.landings) / 1000:>6.1f}k{row.base_ms:>6.0f}")
     lines.append(f"one summary call: {inline.summary_call_ms:.0f} ms (scaled)")
     for row in rows[1:]:
         if row.fast_waits_ms:

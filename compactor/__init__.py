@@ -27,7 +27,13 @@ from ._pointers import (
     TranscriptPointer,
     parse_source_pointer,
 )
-from ._prepared import PREPARED_DETAIL, PreparedSpan, prefix_print, prepare_span
+from ._prepared import (
+    PREPARED_DETAIL,
+    PreparedSpan,
+    prefix_print,
+    prepare_span,
+    prepared_request,
+)
 from ._protocol import Interaction, ProtocolMemo, StagedMemo, validate_tool_protocol
 from ._render import append_to_system, render_durable_context
 from ._resolver import (
@@ -66,6 +72,7 @@ __all__ = [
     "PreparedSpan",
     "prefix_print",
     "prepare_span",
+    "prepared_request",
     "ArtifactPointer",
     "CachingCounter",
     "Chars4Counter",

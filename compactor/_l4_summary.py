@@ -97,6 +97,8 @@ def _detach_summary(message: Message) -> tuple[Message, Message | None]:
 
 
 def _for_summary(block: dict[str, Any]) -> dict[str, Any] | None:
+    if "cache_control" in block:  # (a marker is no content: the breakpoint moves on)
+        block = {k: v for k, v in block.items() if k != "cache_control"}
     block_type = block.get("type")
     if block_type in THINKING:
         return None
@@ -111,7 +113,7 @@ def _for_summary(block: dict[str, Any]) -> dict[str, Any] | None:
 
 def summary_view(message: Message) -> Message:
     """``message`` as a summary reads it: its role and content, thinking left out, the bytes
-    of images and documents (and other uncuttable blocks) omitted."""
+    of images and documents (and other uncuttable blocks) omitted, no cache markers."""
     content = message.get("content")
     if isinstance(content, list):
         content = [b for b in (_for_summary(x) for x in content if isinstance(x, dict))
@@ -140,8 +142,10 @@ def recent_start(messages: list[Message], interactions: Mapping[str, Interaction
 
 
 def plan_summary(view: View, interactions: Mapping[str, Interaction],
-                 keep_recent: int) -> SummaryPlan | None:
-    """Decide the span to summarise, or None when there is nothing worth summarising.
+                 keep_recent: int, *, to_end: bool = False) -> SummaryPlan | None:
+    """Decide the span to summarise, or None when there is nothing worth summarising;
+    ``to_end``: the span runs to the last message (a summary made ahead, whose crossing keeps
+    what is added after it).
 
     When the opener of the turn in progress (and its answer) would fall inside the span, they
     stay, right after the original intent, and the summary is attached to the answer: the
@@ -152,7 +156,8 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
     first = first_user_index(messages)
     if first is None:
         return None
-    tail_start = recent_start(messages, interactions, first, keep_recent)
+    tail_start = (len(messages) if to_end
+                  else recent_start(messages, interactions, first, keep_recent))
     head = messages[: first + 1]
     span = list(range(first + 1, tail_start))
     earlier: list[Message] = []

@@ -106,8 +106,8 @@ class CompactionOptions:
         protocol_memo: walks of the tool protocol kept across calls (one per process): a
             history that extends one validated before is validated from where that ended.
         prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
-            crossing the cheap layers do not settle with L1 and L2, L4 asks for that span
-            (instead of L3 pruning) and keeps the later messages (see ``_prepared``).
+            crossing, L4 asks for that span first (before the cheap layers: it is paid for)
+            and keeps the later messages, with L1 and L2 (see ``_prepared``).
     """
 
     reserved_tokens: int = 0
@@ -222,26 +222,23 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
             stop_below: int, summaries: bool, prepared: PreparedSpan | None = None, *,
             thrash: bool = False) -> Generator[SummaryRequest, str | None, _Layered]:
     """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``; with a ``prepared`` span, L4 with it comes before L3. A ``thrash``ing
-    session is not summarised again while the cheap layers keep it under the hard limit."""
+    ``stop_below``; a ``prepared`` span's summary comes first. A ``thrash``ing session is
+    not summarised again while the cheap layers keep it under the hard limit."""
     outcomes: list[LayerOutcome] = []
     stale = False
-    entry, entry_interactions = view, interactions
+    entry = view
     before, before_interactions = view, interactions
+    if prepared is not None and summaries and policy.summary_enabled:
+        # A summary made ahead for this crossing is used first, even where the cheap layers
+        # alone would reach the target: it is paid for, and it lands the view as low as an
+        # inline summary does (the next crossing as far), where L1 to L3 alone land just
+        # below the target. With L1 and L2, as at any crossing.
+        served = yield from use_prepared(view, interactions, policy, stop_below, prepared)
+        if served is not None:
+            return served
     for layer in LAYERS:
         if view.total() < stop_below:
             return view, outcomes, None
-        if layer.name == "L3" and prepared is not None and summaries and \
-                policy.summary_enabled:
-            # A summary made ahead for this crossing is used rather than pruning (it is paid
-            # for, and keeps what L3 would drop): on the view as it came, with L1 and L2.
-            served = yield from use_prepared(entry, entry_interactions, policy, stop_below,
-                                             prepared)
-            if served is not None:
-                cheap = [replace(o, applied=False, detail="superseded by L4") if o.applied
-                         else o for o in outcomes]
-                return served[0], cheap + served[1], served[2]
-            prepared = None
         if stale:
             interactions = validate_tool_protocol(view.messages)
         before, before_interactions = view, interactions

@@ -46,6 +46,13 @@ def _prepare_at(s: Services, policy: CompactionPolicy,
     return s.preparations, summary.prepare_at
 
 
+def _lifetime_s(s: Services) -> float:
+    """How long a preparation's call may run before it is taken as lost: every try of it
+    (``summary.timeout_s`` each) has ended by then, unless its process died."""
+    summary = s.config.summary
+    return summary.timeout_s * (summary.max_retries + 1)
+
+
 async def prepared_record(s: Services, session: SessionRef, lane: str,
                           policy: CompactionPolicy, estimate: int | None,
                           ) -> PreparedRecord | None:
@@ -119,7 +126,7 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
 
     found = await preparations.consider(session.key, lane, prepared, policy, result,
                                         scale=scale, reserved=reserved, counter=s.counter,
-                                        plan_span=plan_span)
+                                        plan_span=plan_span, lifetime_s=_lifetime_s(s))
     if found is None:
         return
     request, started = found

@@ -2,12 +2,14 @@
 
 When a session's calibrated view reaches ``summary.prepare_at`` of its soft threshold,
 :meth:`Preparations.consider` asks, in the background through the request's own summarizer,
-for the summary of the span the next crossing would cut (:func:`compactor.prepare_span`); the
-text lands in the store's summary cache, one call per span across the fleet (the single
-flight). What it covers is a record of the session's lane (``prepared:<lane>``), which every
-replica finds and the compactor uses at the crossing (``CompactionOptions.prepared``), reading
-the text from the cache or joining the call. A preparation whose tail grew too large, or whose
-history changed, is replaced (the old one counted ``unused``). The decision and the record are
+for the summary of the span the next crossing would cut (:func:`compactor.prepare_span`,
+keeping verbatim only what an inline crossing keeps less the growth still to come); the text
+lands in the store's summary cache, one call per span across the fleet (the single flight).
+What it covers is a record of the session's lane (``prepared:<lane>``), which every replica
+finds and the compactor uses at the crossing (``CompactionOptions.prepared``), reading the
+text from the cache or joining the call. A preparation whose tail grew too large, or whose
+history changed, is replaced (the old one counted ``unused``); one whose call outlived its
+lifetime (its process died) is asked for again, same span. The decision and the record are
 made before the triggering request is forwarded, so they depend on the session's requests
 only, never on when a call ended: every replica forwards the same views.
 """
@@ -171,6 +173,7 @@ class Preparations:
                        policy: CompactionPolicy, result: compactor.CompactionResult, *,
                        scale: float, reserved: int, counter: compactor.CachingCounter,
                        plan_span: Callable[[Callable[[], object]], Awaitable[object]],
+                       lifetime_s: float = float("inf"),
                        ) -> tuple[compactor.SummaryRequest, PreparedRecord] | None:
         """Whether the lane's forwarded view ``result`` needs a preparation (it has reached
         ``prepare_at``; ``record`` is the lane's): if so, the summary to ask for, and its
@@ -184,6 +187,9 @@ class Preparations:
             scale, reserved: the compaction's token scale and reserved tokens.
             counter: the app's token counter.
             plan_span: runs a callable off the event loop when the request's work does.
+            lifetime_s: how long a ``running`` record's call may go without ending (its
+                lease): past it, with no end recorded, its process is taken to have died
+                and the same span is asked for again (the call is joined if it still runs).
         """
         soft = policy.soft_threshold_tokens
         target = max(1, int(soft * policy.compact_to_ratio))
@@ -192,7 +198,12 @@ class Preparations:
                     record.checked + soft * _RECHECK_SHARE:
                 return None  # (a smaller view was compacted since: checked again)
             if self._fresh(record, result, scale, target):
-                return None
+                if time.time() - record.started < lifetime_s or \
+                        await self._ended(session, lane, record):
+                    return None
+                return await self._restart(session, lane, record, result, scale=scale,
+                                           reserved=reserved, counter=counter,
+                                           plan_span=plan_span)
         found = cast("tuple[compactor.SummaryRequest, compactor.PreparedSpan] | None",
                      await plan_span(lambda: compactor.prepare_span(
             result.messages, policy, counter, fingerprints=result.fingerprints,
@@ -214,6 +225,37 @@ class Preparations:
         self._metrics.count_prepared("started", 0)
         _log.info("summary_prepare_started", prepared_messages=request.message_count)
         return request, started
+
+    async def _ended(self, session: str, lane: str, record: PreparedRecord) -> bool:
+        """Whether ``record``'s call has ended (its bill is kept, :meth:`finish`)."""
+        try:
+            data = await self._store.get_record(session, BILLED_RECORD_PREFIX + lane)
+            return data is not None and \
+                _BILLED_DECODER.decode(data).cache_key == record.cache_key
+        except (StoreError, msgspec.DecodeError):
+            return False
+
+    async def _restart(self, session: str, lane: str, record: PreparedRecord,
+                       result: compactor.CompactionResult, *, scale: float, reserved: int,
+                       counter: compactor.CachingCounter,
+                       plan_span: Callable[[Callable[[], object]], Awaitable[object]],
+                       ) -> tuple[compactor.SummaryRequest, PreparedRecord] | None:
+        """``record``'s span asked for again (its call outlived its lease without ending):
+        the same span and record, so the views forwarded are the same either way; a new
+        lease."""
+        request = cast("compactor.SummaryRequest | None", await plan_span(
+            lambda: compactor.prepared_request(
+                result.messages, record.span, counter, fingerprints=result.fingerprints,
+                tokens=result.message_tokens, reserved=reserved, scale=scale)))
+        if request is None:
+            return None
+        restarted = msgspec.structs.replace(record, started=time.time())
+        if not await self._save(session, lane, restarted):
+            return None
+        self._metrics.count_prepared("restarted", 0)
+        _log.warning("summary_prepare_restarted", prepared_messages=request.message_count,
+                     lease_s=round(time.time() - record.started, 1))
+        return request, restarted
 
     async def finish(self, session: str, lane: str, started: PreparedRecord,
                      text: str | None, model: str, usage: ProviderUsage) -> None:

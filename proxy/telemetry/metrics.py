@@ -157,7 +157,8 @@ class ProxyMetrics:
         self.prepared = Counter(
             "compact_proxy_prepared_summaries",
             "Summaries made ahead (summary.prepare_at): started, used, unused (replaced "
-            "before a crossing used them).", ("outcome",), registry=self.registry,
+            "before a crossing used them), restarted (asked for again: the call outlived "
+            "its lease without ending).", ("outcome",), registry=self.registry,
         )
         self.prepared_tokens = Counter(
             "compact_proxy_prepared_summary_tokens",
@@ -225,9 +226,10 @@ class ProxyMetrics:
         self.summary_wait.observe(wait_s)
 
     def count_prepared(self, outcome: str, tokens: int) -> None:
-        """Count one preparation ``started``, ``used`` or ``unused``, with its tokens."""
+        """Count one preparation ``started``, ``used``, ``unused`` or ``restarted``, with its
+        tokens."""
         self.prepared.labels(outcome).inc()
-        if tokens and outcome != "started":
+        if tokens and outcome not in ("started", "restarted"):
             self.prepared_tokens.labels(outcome).inc(tokens)
 
     def count_summary(self, outcome: str) -> None:

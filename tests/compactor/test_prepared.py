@@ -149,3 +149,90 @@ def test_a_prepared_summary_over_an_earlier_one_keeps_its_trail_whole() -> None:
     assert kept.trail[:3] == (f"ran {heredocs[0]} (exit 0)", f"ran {heredocs[1]} (exit 0)",
                               "ran step 0")
     check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_preparation_keeps_only_what_an_inline_crossing_would_keep_less_the_growth_to_come(
+) -> None:
+    """Prepared at 0.8 of the threshold, the growth still to come is more than an inline
+    summary keeps verbatim (``summary_keep_recent``): the span runs to the last tool answer,
+    so the crossing's verbatim tail is only what was added since (before: the span left
+    ``summary_keep_recent`` more behind, and the crossing landed that much higher)."""
+    counter = CachingCounter(Chars4Counter())
+    early = [user("Fix the parser")]
+    index = 0
+    while View(early, counter).total() < 0.8 * POLICY.soft_threshold_tokens:
+        early = _turns(early, index, 1)
+        index += 1
+    _, span = _prepared_at(early, counter)
+    assert span.cut == len(early)
+    grown = early
+    while View(grown, counter).total() < POLICY.soft_threshold_tokens:
+        grown = _turns(grown, index, 1)
+        index += 1
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "summary",
+                             counter=counter, options=CompactionOptions(prepared=span))
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] == ["prepared summary"]
+    assert result.messages[-(len(grown) - span.cut):] == grown[span.cut:]
+    check_messages_request({"model": "m", "max_tokens": 1, "messages": result.messages})
+
+
+def test_a_preparation_near_the_threshold_keeps_what_inline_keeps_less_the_growth() -> None:
+    """Prepared just below the threshold (one exchange's growth to come), the span keeps
+    what an inline summary keeps less about that exchange; far from it, nothing after the
+    last tool answer, and a person's message not yet answered stays."""
+    counter = CachingCounter(Chars4Counter())
+    policy = CompactionPolicy(soft_threshold_tokens=6_000, hard_limit_tokens=50_000,
+                              max_tool_result_tokens=2_000, keep_recent_messages=60,
+                              summary_keep_recent=8)
+    early = [user("Fix the parser")]
+    index = 0
+    while View(_turns(early, index, 1), counter).total() < policy.soft_threshold_tokens:
+        early = _turns(early, index, 1)
+        index += 1
+    found = prepare_span(early, policy, counter)
+    assert found is not None
+    assert len(early) - found[1].cut == 6
+    far = _turns([user("Fix the parser")], 0, 6)
+    found = prepare_span(far, policy, counter)
+    assert found is not None
+    assert found[1].cut == len(far)
+    asked = [*far, {"role": "assistant", "content": "Done."}, user("Now the lexer.")]
+    found = prepare_span(asked, policy, counter)
+    assert found is not None
+    assert found[1].cut == len(asked) - 1
+
+
+def test_a_preparation_ending_at_the_moving_breakpoint_is_used_once_it_moved_on() -> None:
+    """The span of a preparation ends at the message that carried the client's moving cache
+    breakpoint; at the crossing the marker is on a later message: same span, same summary."""
+    counter = CachingCounter(Chars4Counter())
+    early = [user("Fix the parser")]
+    index = 0
+    while View(early, counter).total() < 0.8 * POLICY.soft_threshold_tokens:
+        early = _turns(early, index, 1)
+        index += 1
+    last = early[-1]
+    marked = {**last, "content": [{**last["content"][-1], "cache_control": {"type": "ephemeral"}}]}
+    _, span = _prepared_at([*early[:-1], marked], counter)
+    assert span.cut == len(early)
+    grown = _turns(early, index, 6)
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "summary",
+                             counter=counter, options=CompactionOptions(prepared=span))
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] == ["prepared summary"]
+
+
+def test_a_prepared_summary_serves_the_crossing_even_where_l1_alone_would_do() -> None:
+    """A huge tool result crosses the threshold and L1 alone would take the view just below
+    it (so the next crossing comes soon): the summary prepared for it, paid for already,
+    serves the crossing and lands it far lower (before: unused, and paid again later)."""
+    counter = CachingCounter(Chars4Counter())
+    early = _turns([user("Fix the parser")], 0, 9)
+    _, span = _prepared_at(early, counter)
+    grown = _turns(early, 9, 1, chars=20_000)
+    assert View(grown, counter).total() >= POLICY.soft_threshold_tokens
+    cheap = compact_context(grown, policy=POLICY, counter=counter)
+    assert [o.layer for o in cheap.outcomes if o.applied] == ["L1"]
+    result = compact_context(grown, policy=POLICY, summarizer=lambda _: "summary",
+                             counter=counter, options=CompactionOptions(prepared=span))
+    assert [o.detail for o in result.outcomes if o.layer == "L4"] == ["prepared summary"]
+    assert result.tokens_after < cheap.tokens_after / 2

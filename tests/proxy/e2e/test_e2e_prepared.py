@@ -14,8 +14,10 @@ from typing import Any
 import anthropic
 
 from proxy.fake_upstream import SummaryTiming
+from proxy.server.keys import BACKGROUND, SUMMARIZER
 from tests.conftest import (
     TEST_API_KEY,
+    LoopThread,
     ProxyFactory,
     UpstreamServer,
     log_lines_for,
@@ -164,3 +166,53 @@ def test_a_stale_preparation_is_replaced_and_counted_unused(
     replaced = [x for x in read_log(proxy_log) if x.get("event") == "prepared_summary_replaced"
                 and x.get("session_id") == "stale-1"]
     assert replaced
+
+
+async def _lose_the_running_calls(app: Any) -> None:
+    """What a process that died leaves: its preparation's call gone, with no end recorded
+    (no bill, no summary cached) and its record still ``running``."""
+    for task in list(app[BACKGROUND]):
+        task.cancel()
+    await app[SUMMARIZER].flights.close()
+
+
+def test_a_preparation_whose_call_was_lost_is_asked_for_again_after_its_lifetime(
+    proxy_factory: ProxyFactory, upstream_server: UpstreamServer, proxy_log: Any,
+    servers: LoopThread,
+) -> None:
+    """A ``running`` preparation whose call ended without a trace (the process that made it
+    died) is trusted for ``summary.timeout_s`` per try only: past it, the next request asks
+    for the same span again in the background, so the crossing still waits for no summary
+    call (before: the record stayed ``running`` for ever and the crossing made the call)."""
+    upstream_server.upstream.summary_timing = SummaryTiming(first_token_s=WRITING_S)
+    lifetime_s = 1.5
+    proxy = proxy_factory({"compaction": POLICY, "summary": {
+        "prepare_at": 0.5, "max_tokens": 300, "timeout_s": lifetime_s}})
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=TEST_API_KEY, max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "fix the parser"}]
+    lost = False
+    crossing = None
+    with client:
+        for index in range(60):
+            messages = _turn(messages, index)
+            raw = client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=256, messages=messages,
+                extra_headers={"x-compact-session-id": "lost-1"})
+            if "L4" in raw.headers["x-compact-layers"].split(","):
+                crossing = raw
+                break
+            if not lost and summary_calls(upstream_server):
+                servers.run(_lose_the_running_calls(proxy.server.app))
+                lost = True
+                time.sleep(lifetime_s + 0.1)
+            time.sleep(0.15)
+    assert lost and crossing is not None
+    line = completed_line(proxy_log, crossing)
+    assert line["summary_served"] == "prepared"
+    assert line["summary_wait_ms"] < WRITING_S * 1000 / 2
+    assert len(summary_calls(upstream_server)) == 2  # the lost one, and the one asked again
+    restarted = [x for x in read_log(proxy_log) if x.get("event") == "summary_prepare_restarted"
+                 and x.get("session_id") == "lost-1"]
+    assert len(restarted) == 1
+    text = asyncio.run(metrics_text(proxy))
+    assert 'compact_proxy_prepared_summaries_total{outcome="restarted"} 1.0' in text
