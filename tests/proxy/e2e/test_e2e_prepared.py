@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 
 from proxy.fake_upstream import SummaryTiming
-from proxy.server.keys import BACKGROUND, SUMMARIZER
+from proxy.server.keys import SERVICES
 from tests.conftest import (
     TEST_API_KEY,
     LoopThread,
@@ -171,9 +171,11 @@ def test_a_stale_preparation_is_replaced_and_counted_unused(
 async def _lose_the_running_calls(app: Any) -> None:
     """What a process that died leaves: its preparation's call gone, with no end recorded
     (no bill, no summary cached) and its record still ``running``."""
-    for task in list(app[BACKGROUND]):
+    services = app[SERVICES]
+    for task in list(services.background.tasks):
         task.cancel()
-    await app[SUMMARIZER].flights.close()
+    assert services.summarizer is not None
+    await services.summarizer.flights.close()
 
 
 def test_a_preparation_whose_call_was_lost_is_asked_for_again_after_its_lifetime(
@@ -202,7 +204,7 @@ def test_a_preparation_whose_call_was_lost_is_asked_for_again_after_its_lifetime
                 crossing = raw
                 break
             if not lost and summary_calls(upstream_server):
-                servers.run(_lose_the_running_calls(proxy.server.app))
+                servers.run(_lose_the_running_calls(proxy.app))
                 lost = True
                 time.sleep(lifetime_s + 0.1)
             time.sleep(0.15)
