@@ -1,9 +1,10 @@
 """The summary calls' anthropic SDK client, made on first use.
 
-Importing the SDK takes about a second of CPU, and most proxy processes never make a summary
-call (a replica whose summaries come from the shared cache, a worker that only relays, every
-process the tests and benchmarks start). So the proxy imports it only when a summary call
-(or a caller check) is first needed, in a thread: the event loop keeps serving meanwhile.
+Importing the SDK costs more CPU than the rest of the proxy's imports together, and most
+proxy processes never make a summary call (a replica whose summaries come from the shared
+cache, a worker that only relays, most processes the tests and benchmarks start). So the
+proxy imports it only when a summary call (or a caller check) is first needed, in a thread:
+the event loop keeps serving meanwhile.
 """
 
 from __future__ import annotations
