@@ -18,15 +18,16 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
-import anthropic
 from cachetools import TTLCache
 
 from proxy.summary.flights import SingleFlight
 
 if TYPE_CHECKING:
+    import anthropic
+
     from proxy.summary.summarizer import CallerCredentials
 
 __all__ = ["ACCEPTED_TTL_S", "MAX_ACCEPTED", "AcceptedCallers"]
@@ -41,14 +42,17 @@ class AcceptedCallers:
     from the event loop only.
 
     Args:
-        client: the summary SDK client (its base URL, timeout and retries); a check sends
-            the caller's credential in place of the client's own.
+        client: the summary SDK client (its base URL, timeout and retries), or what gives
+            it when a check is first made (the SDK is imported then); a check sends the
+            caller's credential in place of the client's own.
         max_entries: how many accepted credentials to remember.
         ttl_s: how long each is remembered.
         timer: the clock of the time to live (tests).
     """
 
-    def __init__(self, client: anthropic.AsyncAnthropic, *, max_entries: int = MAX_ACCEPTED,
+    def __init__(self, client: anthropic.AsyncAnthropic
+                 | Callable[[], Awaitable[anthropic.AsyncAnthropic]], *,
+                 max_entries: int = MAX_ACCEPTED,
                  ttl_s: float = ACCEPTED_TTL_S,
                  timer: Callable[[], float] = time.monotonic) -> None:
         self._client = client
@@ -87,8 +91,9 @@ class AcceptedCallers:
                                                                                   digest)))
 
     async def _check(self, caller: CallerCredentials, digest: str) -> bool:
+        client = await self._client() if callable(self._client) else self._client
         try:
-            await self._client.models.list(limit=1, extra_headers=caller.as_extra_headers())
+            await client.models.list(limit=1, extra_headers=caller.as_extra_headers())
         except Exception:  # noqa: BLE001 - refused or unanswered: not accepted
             return False
         self._accepted[digest] = True

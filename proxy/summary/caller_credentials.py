@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import anthropic
+from proxy.summary.client import sdk
+
+if TYPE_CHECKING:
+    import anthropic
 
 __all__ = ["CallerCredentials"]
 
@@ -35,9 +39,8 @@ class CallerCredentials:
 
     def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
         """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
+        omit = sdk().omit
         return {
-            "X-Api-Key": self.x_api_key if self.x_api_key is not None else anthropic.omit,
-            "Authorization": (
-                self.authorization if self.authorization is not None else anthropic.omit
-            ),
+            "X-Api-Key": self.x_api_key if self.x_api_key is not None else omit,
+            "Authorization": self.authorization if self.authorization is not None else omit,
         }

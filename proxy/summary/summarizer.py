@@ -22,11 +22,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl
 
-import anthropic
-import httpx2
 import msgspec
 import structlog
 
@@ -34,7 +32,6 @@ import compactor
 from proxy.accounting.usage import ProviderUsage
 from proxy.config import SummaryConfig
 from proxy.providers.base import Provider
-from proxy.providers.summary import ProviderTransport
 from proxy.store import ReplicaConsistency, StoreError, SummaryCache
 from proxy.summary.caller_checks import AcceptedCallers
 from proxy.summary.caller_credentials import CallerCredentials
@@ -47,9 +44,19 @@ from proxy.summary.calls import (
     plan_calls,
     prompt_tokens,
 )
+from proxy.summary.client import (
+    NO_CREDENTIAL,
+    SummaryClient,
+    omitted_headers,
+    sdk,
+    transport_client,
+)
 from proxy.summary.flights import SingleFlight, fleet_single_flight
 from proxy.summary.window import Refusal, SummaryWindows, refusal_of
 from proxy.telemetry.metrics import ProxyMetrics
+
+if TYPE_CHECKING:
+    import anthropic
 
 __all__ = [
     "SUMMARIZER_MARKER",
@@ -73,15 +80,6 @@ UsageCallback = Callable[[str, ProviderUsage], None]
 #: Told the model and the window a refused summary call showed.
 WindowCallback = Callable[[str, int], None]
 
-# The SDK insists on a credential at construction; calls on a caller's behalf replace it.
-_NO_CREDENTIAL: Final = "compact-proxy-no-credential"
-# SDK headers a forked call keeps when the client did not send them: the body is JSON, and
-# the provider needs a version. Every other SDK header the client did not send is omitted.
-_SDK_HEADERS_KEPT: Final = frozenset({"accept", "content-type", "anthropic-version",
-                                      "user-agent"})
-# Set by the SDK per request, outside its default headers.
-_SDK_REQUEST_HEADERS: Final = ("x-stainless-retry-count", "x-stainless-timeout",
-                               "x-stainless-read-timeout")
 # Client headers a forked call does not copy: the SDK's HTTP client decodes the answer, so it
 # asks for the encodings it can decode; and the headers an SDK client sends itself to change
 # how its own SDK returns the answer (they would change ours).
@@ -160,6 +158,7 @@ def _call_body(call: SummaryCall, model: str, max_tokens: int) -> bytes:
 class _Calls:
     """One summary's calls: where they go and what they cost."""
 
+    client: anthropic.AsyncAnthropic
     model: str
     headers: dict[str, str | anthropic.Omit]
     query: dict[str, str]
@@ -188,20 +187,13 @@ class ProviderSummarizer:
         # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
         # credentials when the client sent none (proxy.providers).
         self._signs_calls = provider is not None and provider.signs_calls
-        self._client = anthropic.AsyncAnthropic(
-            api_key=api_key or _NO_CREDENTIAL,
-            base_url=base_url,
-            max_retries=config.max_retries,
-            timeout=config.timeout_s,
-            http_client=httpx2.AsyncClient(
-                transport=ProviderTransport(provider), timeout=config.timeout_s)
-            if self._signs_calls and provider is not None else None,
-        )
-        self._sdk_headers = frozenset(
-            {name.lower() for name in self._client.default_headers} | set(_SDK_REQUEST_HEADERS)
-        ) - _SDK_HEADERS_KEPT
+        # Built on the first summary call: most processes never import the SDK.
+        self._client = SummaryClient(
+            transport_client(provider, config.timeout_s) if self._signs_calls else None,
+            api_key=api_key or NO_CREDENTIAL, base_url=base_url,
+            max_retries=config.max_retries, timeout=config.timeout_s)
         # The operator's key pays for separate calls: only for callers the provider accepted.
-        self._callers = (AcceptedCallers(self._client)
+        self._callers = (AcceptedCallers(self._client.get)
                          if api_key is not None and config.mode == "separate" else None)
 
     async def close(self) -> None:
@@ -240,7 +232,8 @@ class ProviderSummarizer:
             return caller.as_extra_headers()
         return None
 
-    def _fork_headers(self, source: ForkSource) -> dict[str, str | anthropic.Omit] | None:
+    def _fork_headers(self, source: ForkSource, sdk_headers: frozenset[str]
+                      ) -> dict[str, str | anthropic.Omit] | None:
         """The client's headers (repeated ones comma-joined), every SDK header it did not send
         omitted; ``None`` when it sent no credential."""
         sent: dict[str, str] = {}
@@ -257,7 +250,7 @@ class ProviderSummarizer:
         if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
             return None
         headers: dict[str, str | anthropic.Omit] = {
-            name: anthropic.omit for name in sorted(self._sdk_headers - names.keys())
+            name: sdk().omit for name in sorted(sdk_headers - names.keys())
         }
         headers.update(sent)
         return headers
@@ -281,12 +274,14 @@ class ProviderSummarizer:
         """
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
-        headers = (self._fork_headers(source) if source is not None
+        client = await self._client.get()
+        headers = (self._fork_headers(source, omitted_headers(client)) if source is not None
                    else self._separate_headers(caller))
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
         model = self.config.call_model(source.model if source is not None else None)
         calls = _Calls(
+            client=client,
             model=model,
             headers=headers,
             query=dict(parse_qsl(source.query_string, keep_blank_values=True))
@@ -347,11 +342,12 @@ class ProviderSummarizer:
         Raises:
             _NoSummary: the call failed, or its answer has no text.
         """
+        anthropic = sdk()
         try:
             # The SDK's own client (its credentials, base URL, timeout, retries, errors and
             # answer), given the body as bytes: ``messages.create`` would copy the whole
             # conversation and encode it again with ``json``.
-            message = await self._client.post(
+            message = await calls.client.post(
                 "/v1/messages", cast_to=anthropic.types.Message,
                 content=_call_body(call, calls.model, self.config.max_tokens),
                 options={"headers": calls.headers, "params": calls.query})

@@ -1,0 +1,87 @@
+"""The summary calls' anthropic SDK client, made on first use.
+
+Importing the SDK costs more CPU than the rest of the proxy's imports together, and most
+proxy processes never make a summary call (a replica whose summaries come from the shared
+cache, a worker that only relays, most processes the tests and benchmarks start). So the
+proxy imports it only when a summary call (or a caller check) is first needed, in a thread:
+the event loop keeps serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import anthropic
+
+    from proxy.providers.base import Provider
+
+__all__ = ["NO_CREDENTIAL", "SummaryClient", "omitted_headers", "sdk", "transport_client"]
+
+# The SDK insists on a credential at construction; calls on a caller's behalf replace it.
+NO_CREDENTIAL: Final = "compact-proxy-no-credential"
+# SDK headers a forked call keeps when the client did not send them: the body is JSON, and
+# the provider needs a version. Every other SDK header the client did not send is omitted.
+_SDK_HEADERS_KEPT: Final = frozenset({"accept", "content-type", "anthropic-version",
+                                      "user-agent"})
+# Set by the SDK per request, outside its default headers.
+_SDK_REQUEST_HEADERS: Final = ("x-stainless-retry-count", "x-stainless-timeout",
+                               "x-stainless-read-timeout")
+
+
+def sdk() -> Any:
+    """The anthropic SDK module (imported by now: a call is made only on a built client)."""
+    return importlib.import_module("anthropic")
+
+
+def omitted_headers(client: anthropic.AsyncAnthropic) -> frozenset[str]:
+    """The SDK's headers a forked call omits unless the client sent them (lower case)."""
+    return frozenset({name.lower() for name in client.default_headers}
+                     | set(_SDK_REQUEST_HEADERS)) - _SDK_HEADERS_KEPT
+
+
+def transport_client(provider: Provider | None, timeout_s: float) -> Callable[[], Any]:
+    """What builds the SDK's HTTP client that sends each call in ``provider``'s format."""
+    assert provider is not None
+
+    def make() -> Any:
+        import httpx2
+
+        from proxy.providers.summary import ProviderTransport
+        return httpx2.AsyncClient(transport=ProviderTransport(provider), timeout=timeout_s)
+
+    return make
+
+
+class SummaryClient:
+    """One ``anthropic.AsyncAnthropic``, built by the first :meth:`get` with these arguments.
+
+    Args:
+        make_http_client: builds the SDK's HTTP client (``None``: the SDK's own), called
+            when the client is built.
+        **options: ``AsyncAnthropic``'s keyword arguments.
+    """
+
+    def __init__(self, make_http_client: Callable[[], Any] | None = None,
+                 **options: Any) -> None:
+        self._make_http_client = make_http_client
+        self._options = options
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    async def get(self) -> anthropic.AsyncAnthropic:
+        """The client, built on the first call (the SDK imported off the event loop)."""
+        if self._client is None:
+            module = await asyncio.to_thread(importlib.import_module, "anthropic")
+            if self._client is None:  # (another call may have built it meanwhile)
+                http_client = (self._make_http_client() if self._make_http_client is not None
+                               else None)
+                self._client = module.AsyncAnthropic(http_client=http_client, **self._options)
+        return self._client
+
+    async def close(self) -> None:
+        """Close the client's connections, if it was built."""
+        if self._client is not None:
+            await self._client.close()
