@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future
@@ -70,6 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Tap every log line rendered in this process (an xdist worker's or the run's own)."""
     LOG_TAP.secrets = SECRETS
     install()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores. Most tests spend part of their time
+    waiting for the processes they start (the proxy, the fake provider, Redis, a browser):
+    the extra worker runs meanwhile."""
+    return (os.cpu_count() or 1) + 1
 
 
 #: The markers of a file that runs for seconds: such files start first (see below).
