@@ -125,15 +125,22 @@ async def measure(size: int, requests: int, *, baseline: str | None = None,
                                        str(config)], source, port))
             body = request_body(history_of_size(size), stream=False)
             headers = request_headers("bench-instructions")
-            counts: dict[str, float] = {}
-            for index, (name, argv, source, port) in enumerate(targets):
-                process, out = await stack.enter_async_context(
-                    _counted(work, f"p{index}", argv, source))
-                url = f"http://127.0.0.1:{port}"
+            # Every process starts and warms up at once (counting is off until it is turned
+            # on, and each process counts only its own instructions); then one at a time.
+            running = [await stack.enter_async_context(_counted(work, f"p{index}", argv, source))
+                       for index, (_, argv, source, _) in enumerate(targets)]
+            urls = [f"http://127.0.0.1:{port}" for *_, port in targets]
+
+            async def warm(process: ManagedProcess, url: str) -> None:
                 await wait_until_up(client, process, f"{url}/healthz",
-                                     timeout_s=STARTUP_TIMEOUT_S)
+                                    timeout_s=STARTUP_TIMEOUT_S)
                 for _ in range(WARMUP):
                     await send(client, url, body, headers, stream=False)
+
+            await asyncio.gather(*(warm(process, url)
+                                   for (process, _), url in zip(running, urls, strict=True)))
+            counts: dict[str, float] = {}
+            for (name, *_), (process, out), url in zip(targets, running, urls, strict=True):
                 await asyncio.sleep(SETTLE_S)
                 _control("-i", "on", str(process.pid))
                 for _ in range(requests):
