@@ -36,21 +36,9 @@ __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_reco
 SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
-def _prepare_at(s: Services, policy: CompactionPolicy,
-                ) -> tuple[Preparations, float] | None:
-    """The app's preparations and ``summary.prepare_at``, when the policy summarises."""
-    summary = s.config.summary
-    if (not (summary.enabled and policy.summary_enabled) or s.preparations is None
-            or summary.prepare_at is None):
-        return None
-    return s.preparations, summary.prepare_at
-
-
-def _lifetime_s(s: Services) -> float:
-    """How long a preparation's call may run before it is taken as lost: every try of it
-    (``summary.timeout_s`` each) has ended by then, unless its process died."""
-    summary = s.config.summary
-    return summary.timeout_s * (summary.max_retries + 1)
+def _preparations(s: Services, policy: CompactionPolicy) -> Preparations | None:
+    """The app's preparations (``summary.prepare_at`` set), when the policy summarises."""
+    return s.preparations if policy.summary_enabled else None
 
 
 async def prepared_record(s: Services, session: SessionRef, lane: str,
@@ -58,11 +46,10 @@ async def prepared_record(s: Services, session: SessionRef, lane: str,
                           ) -> PreparedRecord | None:
     """The lane's preparation record, read only for a history that has reached
     ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
-    preparing = _prepare_at(s, policy)
-    if preparing is None:
+    preparations = _preparations(s, policy)
+    if preparations is None:
         return None
-    preparations, prepare_at = preparing
-    if estimate is not None and estimate < prepare_at * policy.soft_threshold_tokens:
+    if estimate is not None and estimate < preparations.prepare_at * policy.soft_threshold_tokens:
         return None
     return await preparations.load(session.key, lane)
 
@@ -112,11 +99,10 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
     """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
     threshold without crossing it and needs a preparation, record it and start its summary
     call in the background (``prepared``: the lane's record as read for this request)."""
-    preparing = _prepare_at(s, policy)
-    if preparing is None or result.outcomes:
+    preparations = _preparations(s, policy)
+    if preparations is None or result.outcomes:
         return
-    preparations, prepare_at = preparing
-    if result.tokens_after < prepare_at * policy.soft_threshold_tokens:
+    if result.tokens_after < preparations.prepare_at * policy.soft_threshold_tokens:
         return
     if prepared is None:  # (not read before compacting: the history's estimate was smaller)
         prepared = await preparations.load(session.key, lane)
@@ -126,7 +112,7 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
 
     found = await preparations.consider(session.key, lane, prepared, policy, result,
                                         scale=scale, reserved=reserved, counter=s.counter,
-                                        plan_span=plan_span, lifetime_s=_lifetime_s(s))
+                                        plan_span=plan_span)
     if found is None:
         return
     request, started = found

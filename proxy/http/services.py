@@ -180,8 +180,12 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
         calibration=calibration,
         accounting=Accounting(),
         background=Background(health),
-        preparations=(Preparations(backend, metrics, summary.max_tokens, ledger)
-                      if summary.enabled and summary.prepare_at is not None else None),
+        preparations=(Preparations(
+            backend, metrics, summary.max_tokens, ledger, prepare_at=summary.prepare_at,
+            # Every try of a call (summary.timeout_s each) has ended by then, unless its
+            # process died.
+            lifetime_s=summary.timeout_s * (summary.max_retries + 1))
+            if summary.enabled and summary.prepare_at is not None else None),
         summarizer=summarizer,
         transcripts=(TranscriptRecorder(sources.transcript_root, sources.transcript_max_bytes)
                      if sources.record_transcripts else None),

@@ -121,14 +121,21 @@ class Preparations:
         summary_tokens: what a summary is taken to weigh when judging whether a preparation
             still lands a crossing below its target (``summary.max_tokens``).
         ledger: the usage ledger (the used preparations' row).
+        prepare_at: the share of the soft threshold a view reaches to be prepared for.
+        lifetime_s: how long a ``running`` record's call may go without ending (its lease):
+            past it, with no end recorded, its process is taken to have died and the same
+            span is asked for again (the call is joined if it still runs).
     """
 
     def __init__(self, store: RecordStore, metrics: ProxyMetrics, summary_tokens: int,
-                 ledger: BufferedLedger | None = None) -> None:
+                 ledger: BufferedLedger | None = None, *, prepare_at: float = 0.8,
+                 lifetime_s: float = float("inf")) -> None:
         self._store = store
         self._metrics = metrics
         self._summary_tokens = summary_tokens
         self._ledger = ledger
+        self.prepare_at = prepare_at
+        self._lifetime_s = lifetime_s
 
     async def load(self, session: str, lane: str) -> PreparedRecord | None:
         """The lane's record, or None (none, or unreadable)."""
@@ -173,7 +180,6 @@ class Preparations:
                        policy: CompactionPolicy, result: compactor.CompactionResult, *,
                        scale: float, reserved: int, counter: compactor.CachingCounter,
                        plan_span: Callable[[Callable[[], object]], Awaitable[object]],
-                       lifetime_s: float = float("inf"),
                        ) -> tuple[compactor.SummaryRequest, PreparedRecord] | None:
         """Whether the lane's forwarded view ``result`` needs a preparation (it has reached
         ``prepare_at``; ``record`` is the lane's): if so, the summary to ask for, and its
@@ -187,9 +193,6 @@ class Preparations:
             scale, reserved: the compaction's token scale and reserved tokens.
             counter: the app's token counter.
             plan_span: runs a callable off the event loop when the request's work does.
-            lifetime_s: how long a ``running`` record's call may go without ending (its
-                lease): past it, with no end recorded, its process is taken to have died
-                and the same span is asked for again (the call is joined if it still runs).
         """
         soft = policy.soft_threshold_tokens
         target = max(1, int(soft * policy.compact_to_ratio))
@@ -198,7 +201,7 @@ class Preparations:
                     record.checked + soft * _RECHECK_SHARE:
                 return None  # (a smaller view was compacted since: checked again)
             if self._fresh(record, result, scale, target):
-                if time.time() - record.started < lifetime_s or \
+                if time.time() - record.started < self._lifetime_s or \
                         await self._ended(session, lane, record):
                     return None
                 return await self._restart(session, lane, record, result, scale=scale,
