@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from proxy.providers.base import Provider
 
-__all__ = ["NO_CREDENTIAL", "SummaryClient", "omitted_headers", "sdk", "transport_client"]
+__all__ = ["NO_CREDENTIAL", "SummaryClient", "sdk", "transport_client"]
 
 # The SDK insists on a credential at construction; calls on a caller's behalf replace it.
 NO_CREDENTIAL: Final = "compact-proxy-no-credential"
@@ -35,12 +35,6 @@ _SDK_REQUEST_HEADERS: Final = ("x-stainless-retry-count", "x-stainless-timeout",
 def sdk() -> Any:
     """The anthropic SDK module (imported by now: a call is made only on a built client)."""
     return importlib.import_module("anthropic")
-
-
-def omitted_headers(client: anthropic.AsyncAnthropic) -> frozenset[str]:
-    """The SDK's headers a forked call omits unless the client sent them (lower case)."""
-    return frozenset({name.lower() for name in client.default_headers}
-                     | set(_SDK_REQUEST_HEADERS)) - _SDK_HEADERS_KEPT
 
 
 def transport_client(provider: Provider | None, timeout_s: float) -> Callable[[], Any]:
@@ -70,6 +64,9 @@ class SummaryClient:
         self._make_http_client = make_http_client
         self._options = options
         self._client: anthropic.AsyncAnthropic | None = None
+        #: The SDK's headers a forked call omits unless the client sent them (lower case),
+        #: known once the client is built.
+        self.omitted_headers: frozenset[str] = frozenset()
 
     async def get(self) -> anthropic.AsyncAnthropic:
         """The client, built on the first call (the SDK imported off the event loop)."""
@@ -78,7 +75,11 @@ class SummaryClient:
             if self._client is None:  # (another call may have built it meanwhile)
                 http_client = (self._make_http_client() if self._make_http_client is not None
                                else None)
-                self._client = module.AsyncAnthropic(http_client=http_client, **self._options)
+                client = module.AsyncAnthropic(http_client=http_client, **self._options)
+                self.omitted_headers = frozenset(
+                    {name.lower() for name in client.default_headers}
+                    | set(_SDK_REQUEST_HEADERS)) - _SDK_HEADERS_KEPT
+                self._client = client
         return self._client
 
     async def close(self) -> None:

@@ -47,7 +47,6 @@ from proxy.summary.calls import (
 from proxy.summary.client import (
     NO_CREDENTIAL,
     SummaryClient,
-    omitted_headers,
     sdk,
     transport_client,
 )
@@ -275,7 +274,7 @@ class ProviderSummarizer:
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
         client = await self._client.get()
-        headers = (self._fork_headers(source, omitted_headers(client)) if source is not None
+        headers = (self._fork_headers(source, self._client.omitted_headers) if source is not None
                    else self._separate_headers(caller))
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
