@@ -192,18 +192,9 @@ def artifacts_in_budget(gone: list[dict[str, Any]], artifacts: list[str], budget
     entries = rule.artifact_trail(gone, policy.read_tools)
     what = {entry: rule.STATUS.sub("", entry).split(" ", 1)[-1] for entry in entries}
     inside = set(artifacts) - set(what.values())
-    used = 0
-    for entry in reversed(entries):
-        cost = rule.entry_cost(entry, counter.count_text)
-        whole = cost <= budget
-        if not whole:
-            cost = rule.entry_cost(rule.cut_entry(entry), counter.count_text)
-        used += cost
-        if used > budget:
-            break
-        if whole:
-            inside.add(what[entry])
-    return inside
+    # The rule's own fill; an entry it kept cut is not among the entries as written.
+    kept = rule.entries_within(entries, budget, counter.count_text)
+    return inside | {what[entry] for entry in kept if entry in what}
 
 
 def measure(named: list[tuple[str, list[dict[str, Any]]]], fraction: float, tree: str) -> Row:
