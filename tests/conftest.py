@@ -27,8 +27,8 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, start_fake_upstream
+from proxy.http.keys import SERVICES
 from proxy.server.app import start_proxy
-from proxy.server.keys import SERVICES
 from proxy.telemetry.logs import configure_logging, reset_logging
 from tests.log_tap import LOG_TAP, TapSummary, install
 from tests.paths import CORPUS

@@ -32,8 +32,8 @@ from proxy.accounting.report import build_report
 from proxy.config import Config
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply, start_fake_upstream
 from proxy.fake_upstream.scripts import default_script, is_summarizer_request
+from proxy.http.keys import SERVICES
 from proxy.server.app import start_proxy
-from proxy.server.keys import SERVICES
 from proxy.telemetry.logs import configure_logging
 
 __all__ = ["main"]

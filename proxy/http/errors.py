@@ -22,8 +22,8 @@ from aiohttp.typedefs import Handler
 import compactor
 from proxy.audit.log import LayerSaving
 from proxy.http.audit import RECORD, Outcome, RequestRecord, layer_savings
+from proxy.http.keys import SERVICES
 from proxy.http.refusals import LIMIT_REASONS, ROUTINE_REASONS, tool_protocol_message
-from proxy.server.keys import SERVICES
 from proxy.store import StoreError, StoreUnavailable
 
 __all__ = [

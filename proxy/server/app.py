@@ -34,13 +34,13 @@ from proxy.http.connections import (
     raise_open_files_limit,
 )
 from proxy.http.errors import error_middleware
+from proxy.http.keys import SERVICES
 from proxy.http.limits import tenant_limit_middleware
 from proxy.http.routes import setup_routes
 from proxy.http.services import Services, build_services
 from proxy.providers import provider_error_middleware
 from proxy.server.allocator import tune_allocator
 from proxy.server.event_loop import run as run_loop
-from proxy.server.keys import SERVICES
 from proxy.server.startup import print_banner
 from proxy.store import StoreBackend, StoreError, store_for
 from proxy.store.revocations import LoginRevocations

@@ -22,7 +22,7 @@ import pytest
 
 from proxy.audit.log import LayerSaving, RequestEntry
 from proxy.fake_upstream.scripts import is_summarizer_request
-from proxy.server.keys import SERVICES
+from proxy.http.keys import SERVICES
 from tests.conftest import (
     TEST_API_KEY,
     LoopThread,

@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 
 from proxy.fake_upstream import SummaryTiming
-from proxy.server.keys import SERVICES
+from proxy.http.keys import SERVICES
 from tests.conftest import (
     TEST_API_KEY,
     LoopThread,

@@ -22,9 +22,9 @@ from bench.harness.workloads import history_of_size, request_body
 from proxy.fake_upstream import Reply
 from proxy.http.compute import OFFLOAD_FROM_BYTES, ComputeThreads
 from proxy.http.decoded import DecodedSpans, Staged, object_bytes
+from proxy.http.keys import SERVICES
 from proxy.http.recent import RecentBodies
 from proxy.http.spans import parse_request
-from proxy.server.keys import SERVICES
 from tests.conftest import TEST_API_KEY, ProxyFactory, RunningProxy, UpstreamServer
 
 MODEL = "claude-sonnet-4-5"
