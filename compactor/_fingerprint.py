@@ -14,8 +14,6 @@ from typing import Any, Final
 import msgspec
 import xxhash
 
-__all__: list[str] = []
-
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _MARKER: Final = b'"cache_control"'
 # Leads the bytes of a value msgspec cannot write (a lone surrogate, a non-JSON object): no

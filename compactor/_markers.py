@@ -15,8 +15,6 @@ from typing import Any
 from ._blocks import CLIENT_RESULT, Block, Message
 from ._fingerprint import fingerprint
 
-__all__: list[str] = []
-
 MARKER = "cache_control"
 
 

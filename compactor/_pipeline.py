@@ -42,7 +42,7 @@ from ._protocol import (
 from ._record import span_record
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._thrash import THRASH_DEPTH, deeper, is_thrash
-from ._tokens import CachingCounter, TokenCounter
+from ._tokens import CachingCounter, TokenCounter, as_caching
 from ._view import View
 
 __all__ = ["CompactionCheckpoint", "CompactionOptions", "CompactionResult", "LayerOutcome",
@@ -162,10 +162,6 @@ def _json_copy(messages: Any) -> Any:
         return copy.deepcopy(messages)
 
 
-def _as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
-    return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
-
-
 Steps = Generator[SummaryRequest, "str | None", CompactionResult]
 
 
@@ -202,8 +198,7 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
     if (view.total() < stop_below or not (summaries and policy.summary_enabled)
             or (thrash and view.total() < policy.hard_limit_tokens)):
         return view, outcomes, None
-    # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
-    # would have dropped is summarised rather than lost.
+    # L4 starts from the view L3 was given: what L3 dropped is summarised rather than lost.
     return (yield from _summarise(before, before_interactions, view, policy, outcomes, entry))
 
 
@@ -341,7 +336,7 @@ def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: Compact
              counter: TokenCounter | CachingCounter | None, options: CompactionOptions,
              summaries: bool) -> Steps:
     source = _json_copy(messages) if options.copy else messages
-    return _steps(source, durable_state, policy, _as_caching(counter), options, summaries)
+    return _steps(source, durable_state, policy, as_caching(counter), options, summaries)
 
 
 def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *,

@@ -16,27 +16,19 @@ from urllib.parse import unquote
 
 from policies._session_ids import check_session_id
 
-__all__ = [
-    "TranscriptPointer",
-    "ArtifactPointer",
-    "SourcePointer",
-    "UnsupportedPointerError",
-    "parse_source_pointer",
-]
+__all__ = ["TranscriptPointer", "ArtifactPointer", "SourcePointer", "UnsupportedPointerError",
+           "parse_source_pointer"]
 
 MAX_FILENAME_BYTES = 255
-# Sequences are ordinary 64-bit counters; the cap also keeps int() away from its
-# digit-count limit on absurd input.
+# 64-bit counters (the cap also keeps int() away from its digit-count limit).
 MAX_SEQUENCE = 2**63 - 1
 
 _SEQUENCE_RE = re.compile(r"[1-9][0-9]*", re.ASCII)
 _SHA256_RE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}", re.ASCII)
 
-# Characters that can never be part of a filename in a pointer: the path separators of
-# every platform we might run on, the pointer's own field separator, and NUL.
+# Path separators of every platform, the pointer's field separator, and NUL.
 _FILENAME_FORBIDDEN_CHARS = frozenset("/\\:\x00")
-# Unicode categories refused in filenames: controls, invisible format characters (bidi
-# overrides, zero-width), line/paragraph separators and lone surrogates.
+# Controls, invisible format characters, line/paragraph separators, lone surrogates.
 _FILENAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 SCHEMES = ("transcript", "artifact")

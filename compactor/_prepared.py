@@ -21,7 +21,7 @@ from ._blocks import Message
 from ._l4_summary import SummaryPlan, SummaryRequest, apply_summary, plan_summary
 from ._protocol import Interaction, validate_tool_protocol
 from ._record import span_record
-from ._tokens import CachingCounter
+from ._tokens import CachingCounter, as_caching
 from ._turns import has_tool_result
 from ._view import View
 
@@ -64,7 +64,7 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
     span it covers; None when there is nothing to summarise or the cheap layers alone would
     reach ``stop_below`` (the crossing's target). ``fingerprints`` and ``tokens`` (a
     :class:`~compactor.CompactionResult`'s) spare counting the view again."""
-    view = View(messages, counter if counter is not None else CachingCounter(None), reserved,
+    view = View(messages, as_caching(counter), reserved,
                 fingerprints=list(fingerprints) if fingerprints is not None else None,
                 tokens=list(tokens) if tokens is not None else None, scale=scale)
     interactions = validate_tool_protocol(messages)
@@ -125,7 +125,7 @@ def prepared_request(messages: list[Message], prepared: PreparedSpan,
                 reserved: int = 0, scale: float = 1.0) -> SummaryRequest | None:
     """The summary request of ``prepared``'s span, made again from ``messages`` (the view
     grown since), to ask again for a lost one; None when the view no longer holds it."""
-    view = View(messages, counter if counter is not None else CachingCounter(None), reserved,
+    view = View(messages, as_caching(counter), reserved,
                 fingerprints=list(fingerprints) if fingerprints is not None else None,
                 tokens=list(tokens) if tokens is not None else None, scale=scale)
     plan = _plan_at(view, validate_tool_protocol(messages), prepared)

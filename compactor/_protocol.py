@@ -161,7 +161,7 @@ class _Walk:
 
     def _user(self, index: int, blocks: list[dict[str, Any]]) -> None:
         interactions, open_uses = self.interactions, self.open_uses
-        answered_here: dict[str, tuple[dict[str, Any], bool]] = {}
+        answered_here: dict[str, bool] = {}  # id -> is_error
         seen_other = False
         for block in blocks:
             if block.get("type") != CLIENT_RESULT:
@@ -185,15 +185,12 @@ class _Walk:
             if seen_other:
                 raise ToolProtocolError("out_of_order", tool_use_id, index,
                                         "tool_result blocks must come first in their message")
-            answered_here[tool_use_id] = (block, block.get("is_error") is True)
-        for tool_use_id, use in open_uses.items():
-            if tool_use_id in answered_here:
-                interactions[tool_use_id] = Interaction(
-                    tool_use_id, "client", self.open_from, index, str(use.get("name", "")),
-                    use.get("input"), answered_here[tool_use_id][1])
-        for tool_use_id in list(open_uses):
-            if tool_use_id in answered_here:
-                del open_uses[tool_use_id]
+            answered_here[tool_use_id] = block.get("is_error") is True
+        for tool_use_id in [i for i in open_uses if i in answered_here]:
+            use = open_uses.pop(tool_use_id)
+            interactions[tool_use_id] = Interaction(
+                tool_use_id, "client", self.open_from, index, str(use.get("name", "")),
+                use.get("input"), answered_here[tool_use_id])
         self._close_open()
 
     def _assistant(self, index: int, blocks: list[dict[str, Any]]) -> None:

@@ -177,8 +177,7 @@ class SourcePointerResolver:
 
     def _resolve_transcript(self, pointer: TranscriptPointer, checks: FileChecks) -> str:
         def scan(handle: io.FileIO) -> str:
-            # Not closed separately: closing the raw handle is enough, and it must stay
-            # open for the after-read check.
+            # Not closed: the raw handle stays open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
@@ -337,8 +336,7 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
             info.st_ctime_ns)
 
 
-#: Parsed pointers by their string (a pure function: a session's pointers come back on every
-#: request). What it raises is not kept.
+#: Parsed pointers by their string (a session's pointers come back on every request).
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
 
 

@@ -15,10 +15,7 @@ from typing import Any, TypeVar
 
 from ._state_items import DurableFact, PendingItem, RetrievalEvidence
 
-__all__ = [
-    "DurableContextState",
-    "capture_retrieval_evidence",
-]
+__all__ = ["DurableContextState", "capture_retrieval_evidence"]
 
 
 # --- the state --------------------------------------------------------------------------
@@ -77,14 +74,10 @@ class DurableContextState:
 
     def source_pointers(self) -> tuple[str, ...]:
         """The distinct pointer strings, first-seen order: facts, pending items, evidence."""
-        seen: dict[str, None] = {}
-        for fact in self.facts:
-            seen.setdefault(fact.source_pointer, None)
-        for item in self.pending_items:
-            seen.setdefault(item.source_pointer, None)
-        for evidence in self.retrieval_evidence:
-            seen.setdefault(evidence.source_id, None)
-        return tuple(seen)
+        pointers = [*(fact.source_pointer for fact in self.facts),
+                    *(item.source_pointer for item in self.pending_items),
+                    *(evidence.source_id for evidence in self.retrieval_evidence)]
+        return tuple(dict.fromkeys(pointers))
 
     def to_dict(self) -> dict[str, list[dict[str, Any]]]:
         """The JSON-ready form (the admin API body), timestamps as ISO 8601 strings."""

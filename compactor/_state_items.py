@@ -15,16 +15,9 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypeVar, get_args
 
-__all__ = [
-    "DurableFact",
-    "PENDING_STATUSES",
-    "PendingItem",
-    "PendingStatus",
-    "RetrievalEvidence",
-]
+__all__ = ["DurableFact", "PENDING_STATUSES", "PendingItem", "PendingStatus", "RetrievalEvidence"]
 
-#: A pending item's lifecycle. It changes only through the admin API (or the console, which
-#: writes through the same store): a summary or a model reply saying "done" changes nothing.
+#: A pending item's lifecycle: it changes only through the admin API (docs/admin.md).
 PendingStatus = Literal["open", "blocked", "done"]
 #: Every status, in lifecycle order (``open`` is the default).
 PENDING_STATUSES: Final[tuple[PendingStatus, ...]] = get_args(PendingStatus)

@@ -68,8 +68,7 @@ class CompactionCheckpoint:
     @functools.cached_property
     def _cut(self) -> dict[int, tuple[CachingCounter, list[Message], list[Message], list[int],
                                       list[int]]]:
-        # Per counter, the messages after the covered ones at the last reuse, as given and as
-        # L1 left them, with their fingerprints and tokens (read only).
+        # Per counter, the messages after the covered ones at the last reuse (_fresh_view's).
         return {}
 
     def view_tokens(self, counter: CachingCounter) -> list[int]:

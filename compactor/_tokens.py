@@ -28,9 +28,8 @@ __all__ = ["TokenCounter", "Chars4Counter", "TiktokenCounter", "CachingCounter",
 MESSAGE_OVERHEAD = 4
 BLOCK_OVERHEAD = 2
 
-# Anthropic: an image costs about width*height/750 tokens after it is scaled to fit within
-# 1568 px on the long edge and ~1.15 megapixels; an image whose size cannot be read is
-# charged the maximum.
+# Anthropic: an image costs width*height/750 tokens once scaled to fit 1568 px and ~1.15
+# megapixels; one whose size cannot be read, the maximum.
 IMAGE_MAX_EDGE = 1568
 IMAGE_MAX_PIXELS = 1_150_000
 IMAGE_DEFAULT_TOKENS = 1_600
@@ -334,6 +333,10 @@ def _long_texts(value: object, found: dict[int, str]) -> None:
                 _long_texts(value[key], found)
 
 
+def as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
+    return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
+
+
 def estimate_tokens(messages: list[dict[str, Any]],
                     counter: TokenCounter | CachingCounter | None = None) -> int:
     """Tokens of a ``messages`` list: without ``counter``, ``len(json.dumps(messages)) //
@@ -341,8 +344,7 @@ def estimate_tokens(messages: list[dict[str, Any]],
     pipeline's thresholds count it (on agent histories about a fifth lower)."""
     if counter is None:
         return len(json.dumps(messages, default=str)) // 4
-    caching = counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
-    return sum(caching.count_message(message) for message in messages)
+    return sum(as_caching(counter).count_message(message) for message in messages)
 
 
 class StagedCounter(CachingCounter):

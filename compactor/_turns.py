@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from ._blocks import CLIENT_RESULT, DROPPABLE_ROLES, THINKING, Message, blocks_of
 
-__all__: list[str] = []
-
 
 def has_tool_result(message: Message) -> bool:
     """True for a user message answering tool calls."""
