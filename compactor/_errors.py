@@ -24,6 +24,7 @@ class MessageShapeError(ValueError):
         self.problem = problem
         super().__init__(f"{path}: {problem}")
 
+
 ProtocolErrorKind = Literal["missing", "unknown", "duplicate", "out_of_order", "not_adjacent"]
 
 

@@ -54,7 +54,8 @@ class SummaryPlan:
     attach: bool = False
 
 
-def _is_summary_block(block: dict[str, Any]) -> bool:
+def is_summary_block(block: dict[str, Any]) -> bool:
+    """True for a text block L4 or L3 wrote."""
     text = block.get("text")
     return block.get("type") == "text" and isinstance(text, str) and text.startswith(_SUMMARY_OPEN)
 
@@ -62,22 +63,22 @@ def _is_summary_block(block: dict[str, Any]) -> bool:
 def is_summary_message(message: Message) -> bool:
     """True for a message L4 wrote."""
     blocks = blocks_of(message)
-    return message.get("role") == "user" and len(blocks) == 1 and _is_summary_block(blocks[0])
+    return message.get("role") == "user" and len(blocks) == 1 and is_summary_block(blocks[0])
 
 
 def holds_summary(message: Message) -> bool:
     """True for a message L4 wrote, or one L4 attached its summary to."""
-    return message.get("role") == "user" and any(_is_summary_block(b) for b in blocks_of(message))
+    return message.get("role") == "user" and any(is_summary_block(b) for b in blocks_of(message))
 
 
 def _detach_summary(message: Message) -> tuple[Message, Message | None]:
     """``message`` without an attached summary block, and that summary as a message of its
     own (None when it holds none)."""
     blocks = blocks_of(message)
-    found = [b for b in blocks if _is_summary_block(b)]
+    found = [b for b in blocks if is_summary_block(b)]
     if not found or is_summary_message(message):
         return message, None
-    rest = [b for b in blocks if not _is_summary_block(b)]
+    rest = [b for b in blocks if not is_summary_block(b)]
     return {**message, "content": rest}, {"role": "user", "content": found}
 
 

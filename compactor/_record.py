@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from policies import CompactionPolicy
 
 from ._blocks import Message, blocks_of
+from ._l4_summary import is_summary_block
 from ._trail import ENTRY_CLOSE, ENTRY_OPEN, STATUS, artifact_trail, entries_within, render_entry
 from ._user_text import person_texts
 
-SUMMARY_TAG = "compact-proxy-summary"
 _TEXT_HEAD = "What the user wrote in this part, verbatim, oldest first:"
 _TRAIL_HEAD = "Files and commands of this part, exact, newest last:"
 _TEXTS = re.compile(r"<user-text>\n(.*?)\n</user-text>", re.DOTALL)
@@ -54,11 +54,6 @@ def parse_record(text: str) -> SpanRecord:
     return SpanRecord(texts, trail)
 
 
-def _summary_texts(message: Message) -> list[str]:
-    return [b["text"] for b in blocks_of(message) if b.get("type") == "text"
-            and isinstance(b.get("text"), str) and b["text"].startswith(f"<{SUMMARY_TAG} ")]
-
-
 def _newest_within(items: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
     kept: list[str] = []
     used = 0
@@ -87,8 +82,8 @@ def span_record(span: Iterable[Message], policy: CompactionPolicy,
     earlier_trail: list[str] = []
     messages = list(span)
     for message in messages:
-        for summary in _summary_texts(message):
-            found = parse_record(summary)
+        for block in filter(is_summary_block, blocks_of(message)):
+            found = parse_record(block["text"])
             texts += found.user_texts
             earlier_trail += found.trail
         texts += person_texts(message)

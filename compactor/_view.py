@@ -7,7 +7,7 @@ token count per message and re-counts only the messages a layer replaced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ._blocks import (
@@ -138,33 +138,21 @@ def tidy(messages: list[Message]) -> list[Message]:
             out.append(message)
             continue
         if message.get("role") == "user":
-            before = _neighbour_at(out, reverse=True)
-            after = _neighbour_role(kept[index + 1:], reverse=False, skip_empty=True)
+            before = _last_conversational(out)
+            after = _next_role(kept[index + 1:])
             if (before is not None and out[before].get("role") == "assistant"
                     and after == "assistant"):
                 del out[before]
     return out
 
 
-def _neighbour_at(messages: list[Message], *, reverse: bool) -> int | None:
-    order = range(len(messages) - 1, -1, -1) if reverse else range(len(messages))
-    for index in order:
-        if messages[index].get("role") in DROPPABLE_ROLES:
-            return index
-    return None
+def _last_conversational(messages: list[Message]) -> int | None:
+    """The index of the last user or assistant message."""
+    return next((i for i in range(len(messages) - 1, -1, -1)
+                 if messages[i].get("role") in DROPPABLE_ROLES), None)
 
 
-def _neighbour_role(messages: Iterable[Message], *, reverse: bool,
-                    skip_empty: bool = False) -> str | None:
-    sequence = list(messages)
-    if reverse:
-        sequence.reverse()
-    for message in sequence:
-        role = message.get("role")
-        if role not in DROPPABLE_ROLES:
-            continue
-        if skip_empty and is_empty_content(message):
-            continue
-        return str(role)
-    return None
-
+def _next_role(messages: list[Message]) -> str | None:
+    """The role of the first user or assistant message that is not empty."""
+    return next((str(m.get("role")) for m in messages
+                 if m.get("role") in DROPPABLE_ROLES and not is_empty_content(m)), None)
