@@ -98,9 +98,9 @@ class SourcePointerResolver:
     (``<session_id>.jsonl``) and ``artifact_root`` (``<session_id>/<filename>``).
 
     ``authorize`` sees each parsed pointer before any file access; only ``True`` allows it.
-    ``cache_entries`` outcomes are remembered by pointer and the file's device, inode, size,
-    mtime and ctime (a hit still opens and ``fstat``s the file, but reads nothing).
-    Thread-safe.
+    Up to ``cache_entries`` outcomes (0: none) are kept by pointer and the file's device,
+    inode, size, mtime and ctime: a hit still opens and ``fstat``s the file, but reads
+    nothing. Thread-safe.
     """
 
     def __init__(

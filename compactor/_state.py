@@ -57,15 +57,10 @@ class DurableContextState:
         retrieval_evidence: Sequence[RetrievalEvidence] = (),
     ) -> None:
         object.__setattr__(self, "facts", _as_items("facts", facts, DurableFact, "fact_id"))
-        object.__setattr__(
-            self, "pending_items",
-            _as_items("pending_items", pending_items, PendingItem, "item_id"),
-        )
-        object.__setattr__(
-            self, "retrieval_evidence",
-            _as_items("retrieval_evidence", retrieval_evidence, RetrievalEvidence,
-                      "memory_id"),
-        )
+        object.__setattr__(self, "pending_items",
+                           _as_items("pending_items", pending_items, PendingItem, "item_id"))
+        object.__setattr__(self, "retrieval_evidence", _as_items(
+            "retrieval_evidence", retrieval_evidence, RetrievalEvidence, "memory_id"))
 
     @property
     def is_empty(self) -> bool:

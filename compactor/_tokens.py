@@ -339,8 +339,8 @@ def as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
 
 def estimate_tokens(messages: list[dict[str, Any]],
                     counter: TokenCounter | CachingCounter | None = None) -> int:
-    """Tokens of a ``messages`` list: without ``counter``, ``len(json.dumps(messages)) //
-    4`` (every character of the body); with one, its count of content and framing, as the
+    """Tokens of a ``messages`` list: without ``counter``, a quarter of their JSON's length
+    (every character of the body); with one, its count of content and framing, as the
     pipeline's thresholds count it (on agent histories about a fifth lower)."""
     if counter is None:
         return len(json.dumps(messages, default=str)) // 4
