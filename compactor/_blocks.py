@@ -1,14 +1,9 @@
-"""The rules about block types, as data, and small helpers to read blocks.
-
-Every rule about which block types pair up, which ones L1 must never cut and which ones are
-thinking lives here, so the layers never carry their own scattered ``if``s.
-"""
+"""The rules about block types, as data (which pair up, which L1 never cuts, which are
+thinking), and small helpers to read blocks."""
 
 from __future__ import annotations
 
 from typing import Any
-
-__all__: list[str] = []  # private helpers only
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -17,9 +12,8 @@ Block = dict[str, Any]
 CLIENT_USE = "tool_use"
 CLIENT_RESULT = "tool_result"
 
-# Server-side tool calls: the use and its result live inside the same assistant message,
-# the result after the use. Any ``*_tool_result`` type other than ``tool_result`` answers a
-# server use (web_search_tool_result, code_execution_tool_result, mcp_tool_result, ...).
+# Server-side tool calls: the use, then its result (any other ``*_tool_result`` type), in the
+# same assistant message.
 SERVER_USES = ("server_tool_use", "mcp_tool_use")
 
 # Opaque, signed blocks: never edited, never cut.
@@ -28,8 +22,7 @@ THINKING = ("thinking", "redacted_thinking")
 # Blocks L1 never cuts inside: binary payloads and structured results.
 UNCUTTABLE = ("image", "document", "search_result", "tool_reference", "container_upload")
 
-# The roles the compactor may drop. Any other role (``system`` messages real clients send, or a
-# role added later) is never dropped.
+# The roles the compactor may drop; any other (``system`` messages) is never dropped.
 DROPPABLE_ROLES = ("user", "assistant")
 
 
@@ -43,10 +36,8 @@ def is_server_result(block_type: object) -> bool:
 
 
 def blocks_of(message: Message) -> list[Block]:
-    """The message's content as a list of blocks (a string content is one text block).
-
-    The returned list may be the message's own list: callers must not mutate it.
-    """
+    """The message's content as a list of blocks (a string is one text block); may be the
+    message's own list: do not mutate it."""
     content = message.get("content")
     if isinstance(content, list):
         return content

@@ -1,10 +1,6 @@
-"""The exceptions that end a compaction on purpose. Each carries data, never message text,
-so the proxy can build its error body and its audit line from the fields alone.
-
-:class:`MessageShapeError` and :class:`ToolProtocolError` are the client's mistakes (a 400);
-any other exception out of the compactor is a bug in it.
-
-Everything in ``__all__`` gets re-exported.
+"""The exceptions that end a compaction on purpose. Each carries data, never message text, so the
+proxy builds its error body and audit line from the fields; :class:`MessageShapeError` and
+:class:`ToolProtocolError` are the client's mistakes (a 400), any other exception a bug.
 """
 
 from __future__ import annotations
@@ -19,36 +15,23 @@ __all__ = ["MessageShapeError", "ToolProtocolError", "MessageViewLimitExceeded",
 
 
 class MessageShapeError(ValueError):
-    """``messages`` does not have the shape of the Messages API: not a list, a message or a
-    block that is not an object, a content of the wrong type, a tool call without its id.
-
-    A ``ValueError`` (what callers already catch), but its own class, so a caller can refuse the
-    request for it alone and treat any other ``ValueError`` as the bug it is.
-
-    Attributes:
-        path: where, as a JSON path into the request (``messages.3.content.1``).
-        problem: what is wrong there (``must be an object``); names types, never values.
-    """
+    """``messages`` does not have the shape of the Messages API: at ``path``
+    (``messages.3.content.1``), the ``problem`` (types, never values). A ``ValueError`` of its
+    own class, so a caller refuses the request for it alone."""
 
     def __init__(self, path: str, problem: str) -> None:
         self.path = path
         self.problem = problem
         super().__init__(f"{path}: {problem}")
 
+
 ProtocolErrorKind = Literal["missing", "unknown", "duplicate", "out_of_order", "not_adjacent"]
 
 
 class ToolProtocolError(ValueError):
-    """The history breaks the tool-call protocol.
-
-    Attributes:
-        kind: ``missing`` (a ``tool_use`` never answered), ``unknown`` (a result whose id no
-            earlier use carries), ``duplicate`` (an id used or answered twice),
-            ``out_of_order`` (a result before its use, or not at the start of its message),
-            ``not_adjacent`` (answered, but not in the message right after the use).
-        tool_use_id: the offending id.
-        message_index: the index in ``messages`` where the problem was found.
-    """
+    """The history breaks the tool-call protocol: ``kind`` (``missing``, ``unknown``,
+    ``duplicate``, ``out_of_order`` or ``not_adjacent``), the ``tool_use_id`` and the
+    ``message_index`` where it was found."""
 
     def __init__(self, kind: ProtocolErrorKind, tool_use_id: str, message_index: int,
                  detail: str = "") -> None:
@@ -64,13 +47,9 @@ class ToolProtocolError(ValueError):
 
 
 class MessageViewLimitExceeded(Exception):
-    """The view is still at or above the hard limit after every layer that could run.
-
-    Its text is exactly the provider's own ``prompt is too long: N tokens > M maximum`` (N the
-    tokens after compaction, M the hard limit), which clients parse; the layers and the count
-    before compaction are in the attributes, and ``outcomes`` says what each layer that ran
-    on this request did (figures only), for the audit log.
-    """
+    """The view is still at or above the hard limit after every layer that could run. Its
+    text is the provider's own ``prompt is too long: N tokens > M maximum``, which clients
+    parse; ``outcomes`` (figures only) are for the audit log."""
 
     def __init__(self, *, tokens_before: int, tokens_after: int, hard_limit: int,
                  layers_applied: tuple[str, ...],

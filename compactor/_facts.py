@@ -1,13 +1,6 @@
-"""What a caller may already know about each message of a request, so a warm request works
-out only its new messages.
-
-Everything in ``__all__`` gets re-exported.
-
-An agent resends its whole history on every call. A caller that keeps each decoded message
-across requests (the proxy keeps them by the hash of their bytes) keeps its
-:class:`MessageFact` with it, made once by :func:`message_fact`, and hands the pipeline the
-facts of the request's messages (:attr:`CompactionOptions.facts`): no message the pipeline was
-told about is shape-checked, fingerprinted, counted or searched for markers again.
+"""What a caller may already know about each message of a request, so a warm request works out
+only its new messages: a caller that keeps decoded messages across requests keeps each one's
+:class:`MessageFact` (:func:`message_fact`) and passes them as ``CompactionOptions.facts``.
 """
 
 from __future__ import annotations
@@ -27,13 +20,8 @@ __all__ = ["MessageFact", "message_fact", "message_facts"]
 
 @dataclass(frozen=True, slots=True)
 class MessageFact:
-    """One message's facts, as :func:`message_fact` made them.
-
-    Attributes:
-        fingerprint: its content fingerprint (``cache_control`` markers ignored).
-        tokens: its count by the counter it was made with (pass the pipeline that counter).
-        marked: whether it carries a ``cache_control`` marker on a block.
-    """
+    """One message's fingerprint, its ``tokens`` by the counter it was made with (pass the
+    pipeline that counter) and whether it is ``marked`` with ``cache_control``."""
 
     fingerprint: int
     tokens: int
@@ -57,8 +45,7 @@ def _fact(message: Message, print_: int, counter: CachingCounter) -> MessageFact
 def message_facts(messages: Sequence[Message],
                   counter: CachingCounter) -> list[MessageFact | None]:
     """:func:`message_fact` of each of ``messages``, their long texts counted first in one
-    parallel batch (:meth:`CachingCounter.prefetch`): a cold multi-megabyte history is mostly
-    a few large tool results, which one by one would be counted on one core."""
+    parallel batch (:meth:`CachingCounter.prefetch`)."""
     prints: list[int | None] = []
     for message in messages:
         try:

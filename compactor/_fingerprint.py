@@ -1,17 +1,9 @@
 """Content fingerprints: the same for the same content in every process.
 
-A fingerprint is the 64-bit xxh3 hash of the value's canonical JSON (``msgspec``, keys
-sorted), with every ``cache_control`` field left out: clients move their cache breakpoints to
-the newest messages on every turn, and a marker is neither content nor tokens. It depends on
-the content alone — not on the interpreter's salted string hashes — so replicas on other
-hosts, or a restarted process, agree on it: it keys token counts, the calibration's
-per-message counts shared through the store, and the checkpoints' prefix match.
-
-Keys are sorted because a JSON object is unordered: two messages that are equal as values
-are one message, whatever order their keys came in. The same bytes from a client always
-decode to the same order, so matching would hold without sorting; sorted, the fingerprint is
-also that of a message rebuilt in another key order (a checkpoint read back, a block a layer
-rewrote), and costs about the same.
+The 64-bit xxh3 hash of the value's canonical JSON (``msgspec``, keys sorted, so a message
+rebuilt in another key order matches), every ``cache_control`` field left out (clients move
+their breakpoints every turn). It depends on the content alone, not on salted string hashes,
+so replicas and restarted processes agree: it keys token counts, calibration and checkpoints.
 """
 
 from __future__ import annotations
@@ -22,8 +14,6 @@ from typing import Any, Final
 import msgspec
 import xxhash
 
-__all__: list[str] = []
-
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _MARKER: Final = b'"cache_control"'
 # Leads the bytes of a value msgspec cannot write (a lone surrogate, a non-JSON object): no
@@ -32,10 +22,8 @@ _OTHER: Final = b"\x00"
 
 
 def fingerprint(value: object) -> int:
-    """A 64-bit fingerprint of a JSON value, ``cache_control`` fields ignored at any depth.
-
-    Unsigned (0 to 2**64 - 1). Collisions are possible in principle (2^-64 per pair).
-    """
+    """An unsigned 64-bit fingerprint of a JSON value, ``cache_control`` ignored at any
+    depth."""
     try:
         data = _ENCODER.encode(value)
     except (TypeError, ValueError):  # (UnicodeEncodeError is a ValueError)

@@ -1,9 +1,5 @@
-"""The part of a view no layer removes: what a compaction can never get below.
-
-The reserved tokens (system, tools, durable block), everything up to the first user message
-(the original intent), role-``system`` messages, the protected opening of the turn in progress
-(``_turns``) and the last message (the turn being answered). When that alone is at or above
-the hard limit, no summary can help: the pipeline refuses without asking for one.
+"""The part of a view no layer removes (docs/how-it-works.md): when that alone is at or above
+the hard limit, the pipeline refuses without asking for a summary.
 """
 
 from __future__ import annotations
@@ -12,11 +8,10 @@ from ._blocks import DROPPABLE_ROLES, first_user_index
 from ._turns import protected_indices
 from ._view import View
 
-__all__: list[str] = []
-
 
 def always_kept_tokens(view: View) -> int:
-    """Tokens of ``view``'s part that every layer keeps (see the module docstring)."""
+    """Tokens of the reserved part, the messages up to the first user message, other roles,
+    the turn in progress's opening and the last message."""
     messages = view.messages
     if not messages:
         return view.total()

@@ -1,10 +1,6 @@
-"""L1 — truncate the text of oversized tool results to a head and a tail.
-
-The cheapest layer: it touches only ``tool_result`` blocks whose text is over the policy's
-``max_tool_result_tokens``, keeps their beginning and (larger) end — for logs and test output
-the end matters most — and says how much was cut. Images, documents and other binary or
-structured parts of a result are never cut. The same block always truncates to the same
-bytes, so the provider's prompt cache keeps hitting on later requests.
+"""L1 — truncate the text of tool results over ``max_tool_result_tokens`` to a head and a
+(larger: logs end with what matters) tail, with a marker. Other parts of a result are never
+cut, and the same block always truncates to the same bytes (the prompt cache keeps hitting).
 """
 
 from __future__ import annotations
@@ -15,11 +11,9 @@ from typing import Any
 
 from policies import CompactionPolicy
 
-from ._blocks import CLIENT_RESULT, UNCUTTABLE, Message
+from ._blocks import CLIENT_RESULT, Message
 from ._protocol import Interaction
 from ._view import View
-
-__all__: list[str] = []
 
 HEAD_SHARE = 0.4  # the rest of the budget goes to the tail
 MIN_PART_CHARS = 200
@@ -37,11 +31,8 @@ _OWN_MARKER = re.compile(r"\n\n\[\.\.\. compact-proxy truncated [\d,]+ of [\d,]+
 
 
 def _cut_text(text: str, budget_chars: int) -> str:
-    """``text`` cut to about ``budget_chars``: a head, a marker, a tail, on line breaks.
-
-    Returns ``text`` itself when it is within the budget, was cut by L1 already, or when
-    cutting would not make it shorter (the marker costs characters too).
-    """
+    """``text`` cut to about ``budget_chars`` on line breaks; itself when within the
+    budget, cut already, or when cutting would not make it shorter."""
     if len(text) <= budget_chars or _OWN_MARKER.search(text):
         return text
     head_len = max(MIN_PART_CHARS // 2, int(budget_chars * HEAD_SHARE))
@@ -67,7 +58,7 @@ def _text_parts(content: object) -> list[tuple[int | None, str]]:
     if isinstance(content, list):
         for position, block in enumerate(content):
             if (isinstance(block, dict) and block.get("type") == "text"
-                    and block.get("type") not in UNCUTTABLE and isinstance(block.get("text"), str)):
+                    and isinstance(block.get("text"), str)):
                 parts.append((position, block["text"]))
     return parts
 
@@ -76,16 +67,14 @@ def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict
     """A truncated copy of ``block``, or None when it is within the budget."""
     parts = _text_parts(block.get("content"))
     total_chars = sum(len(text) for _, text in parts)
-    # A token is at least one character, so text of no more characters than the budget is
-    # within it: skip counting (the hot path) for every small result.
+    # A token is at least one character: a small result needs no counting.
     if total_chars <= max_tokens:
         return None
     counter = view.counter
     text_tokens = sum(counter.count_text(t) for _, t in parts)
     if text_tokens <= max_tokens:
         return None
-    # Give each text part a share of the budget in proportion to its size; shrink once more
-    # if a dense text (more tokens per character) still ends over the budget.
+    # Each part a share in proportion to its size; shrink again while a dense text is over.
     ratio = max_tokens / text_tokens
     for _attempt in range(4):
         new_parts = {pos: _cut_text(text, max(MIN_PART_CHARS, int(len(text) * ratio * 0.97)))

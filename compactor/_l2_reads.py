@@ -1,10 +1,7 @@
 """L2 — drop file reads that a later read of the same file superseded.
 
-The proxy never sees an agent's private bookkeeping, so a read is recognised from the
-``tool_use`` itself, through the policy's list of read tools (``ReadToolSpec``: Claude Code's
-``Read``, the text-editor tool's ``view`` command, a generic ``read_file``). Only successful
-reads count: a failed read neither supersedes nor is superseded. A superseded read goes as a
-whole interaction — its use and its result together.
+A read is recognised from the ``tool_use`` itself, through the policy's read tools
+(``ReadToolSpec``); only successful reads count, and a superseded one goes with its result.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from policies import CompactionPolicy, ReadToolSpec
 from ._protocol import Interaction
 from ._turns import protected_indices, removable_in_turn
 from ._view import View, drop_pairs
-
-__all__: list[str] = []
 
 
 def read_key(interaction: Interaction,
@@ -45,13 +40,9 @@ def read_key(interaction: Interaction,
 
 def drop_superseded_reads(view: View, interactions: Mapping[str, Interaction],
                           policy: CompactionPolicy) -> tuple[View, int]:
-    """L2: the view without superseded reads, and how many interactions were dropped.
-
-    A read is superseded when a read with the same key sits in a *later* assistant message;
-    parallel reads in one message are left alone, so the latest assistant turn is never
-    edited. A read in the opener of the turn in progress stays (see ``_turns``): dropping it
-    could leave that message only its thinking, and then remove it.
-    """
+    """L2: the view without reads superseded by one in a *later* assistant message (so the
+    latest turn is never edited), and how many went. The turn in progress's opener keeps
+    its reads (``_turns``)."""
     specs = policy.read_tools
     protected = protected_indices(view.messages)
     latest: dict[tuple[str, ...], int] = {}

@@ -1,11 +1,8 @@
 """L3 — prune old messages, keeping the original intent and the recent turns.
 
-Keeps every message up to and including the first user message (the original intent, kept
-verbatim), every message whose role is neither user nor assistant, a summary L4 wrote (and the
-call its answer-message answers, when the summary is attached to one), the opener of the turn
-in progress with its answer (see ``_turns``), and the most recent ``keep_recent_messages``,
-moved back so that no exchange is split; drops the rest. An interaction that still crosses the
-cut (its use dropped, its result kept) is removed whole, and a message left empty goes with it.
+Also kept: other roles, L4's summaries, the turn in progress's opener and its answer
+(``_turns``); the recent ``keep_recent_messages`` start on a whole exchange. An interaction
+that still crosses the cut goes whole, and a message left empty with it.
 """
 
 from __future__ import annotations
@@ -27,17 +24,13 @@ from ._record import span_record
 from ._turns import protected_indices, protected_opening
 from ._view import View, drop_pairs, tidy
 
-__all__: list[str] = []
-
 
 def _kept_anyway(view: View, interactions: Mapping[str, Interaction]) -> set[int]:
     """Messages L3 never drops besides the head and the tail."""
     messages = view.messages
     kept = set(protected_indices(messages))
-    # A summary L4 wrote stands for everything before it: pruning it would lose that
-    # history without a summary, so it stays like the first message.
-    # (A record an earlier L3 left holds no summary: it is dropped again, its content carried
-    # into the new record.)
+    # A summary stands for everything before it, so it stays; an earlier L3 record does not
+    # (its content is carried into the new record).
     summaries = {i for i, m in enumerate(messages) if holds_summary(m) and not is_drop_record(m)}
     kept |= summaries
     kept |= {it.use_index for it in interactions.values() if it.result_index in summaries}

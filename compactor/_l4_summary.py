@@ -1,9 +1,7 @@
 """L4 — replace the old middle of the conversation by a model-written summary.
 
-The compactor itself never calls a model: it describes the span to summarise as a
-:class:`SummaryRequest` (the messages as JSON, and a content hash to cache the answer by),
-the driver obtains the text — from a cache, a callable, or not at all — and L4 builds the view.
-The durable state is never part of the request: only messages are summarised.
+L4 describes the span as a :class:`SummaryRequest`; the driver obtains the text (from a cache,
+a callable, or not at all) and L4 builds the view. Only messages are summarised.
 """
 
 from __future__ import annotations
@@ -27,25 +25,15 @@ _SUMMARY_OPEN = f"<{SUMMARY_TAG} "
 
 
 def summary_cache_key(messages_json: str) -> str:
-    """The key to cache a summary of ``messages_json`` by: its sha256 hex (the same span, the
-    same key, in every process)."""
+    """The key to cache a summary of ``messages_json`` by: its sha256 hex."""
     return hashlib.sha256(messages_json.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
 class SummaryRequest:
-    """The span L4 wants summarised.
-
-    Attributes:
-        messages_json: the messages to summarise, as a JSON array (thinking blocks and the
-            bytes of images and documents left out).
-        cache_key: sha256 hex of the exact messages covered: the same span, the same key.
-        message_count: how many messages the summary replaces.
-        conversation: the view's messages from the first up to the kept recent turns, as they
-            stand (the span in its place, thinking and cache markers included): a prefix of
-            what the provider was sent before, which a summary call forked from the client's
-            own request sends as its messages (so its prompt is mostly cached).
-    """
+    """The span L4 wants summarised: ``messages_json`` (as :func:`summary_view` reads
+    them), its ``cache_key``, how many messages it replaces, and the ``conversation`` up to
+    the kept recent turns as sent before (a forked summary call's cached prompt)."""
 
     messages_json: str
     cache_key: str
@@ -55,12 +43,9 @@ class SummaryRequest:
 
 @dataclass(frozen=True)
 class SummaryPlan:
-    """Where L4 cuts: ``head`` kept verbatim, ``middle`` summarised, ``kept_after`` kept after.
-
-    ``attach`` says where the summary goes: a message of its own after ``head`` (False), or a
-    text block at the end of ``head``'s last message (True) — that message is the answer to the
-    opener of the turn in progress, which must stay the turn's first message (see ``_turns``).
-    """
+    """Where L4 cuts: ``head`` kept verbatim, ``middle`` summarised, ``kept_after`` kept.
+    With ``attach`` the summary is a block at the end of ``head``'s last message (the answer
+    to the turn in progress's opener, see ``_turns``), else a message of its own."""
 
     head: list[Message]
     middle: list[Message]
@@ -69,7 +54,8 @@ class SummaryPlan:
     attach: bool = False
 
 
-def _is_summary_block(block: dict[str, Any]) -> bool:
+def is_summary_block(block: dict[str, Any]) -> bool:
+    """True for a text block L4 or L3 wrote."""
     text = block.get("text")
     return block.get("type") == "text" and isinstance(text, str) and text.startswith(_SUMMARY_OPEN)
 
@@ -77,22 +63,22 @@ def _is_summary_block(block: dict[str, Any]) -> bool:
 def is_summary_message(message: Message) -> bool:
     """True for a message L4 wrote."""
     blocks = blocks_of(message)
-    return message.get("role") == "user" and len(blocks) == 1 and _is_summary_block(blocks[0])
+    return message.get("role") == "user" and len(blocks) == 1 and is_summary_block(blocks[0])
 
 
 def holds_summary(message: Message) -> bool:
     """True for a message L4 wrote, or one L4 attached its summary to."""
-    return message.get("role") == "user" and any(_is_summary_block(b) for b in blocks_of(message))
+    return message.get("role") == "user" and any(is_summary_block(b) for b in blocks_of(message))
 
 
 def _detach_summary(message: Message) -> tuple[Message, Message | None]:
     """``message`` without an attached summary block, and that summary as a message of its
     own (None when it holds none)."""
     blocks = blocks_of(message)
-    found = [b for b in blocks if _is_summary_block(b)]
+    found = [b for b in blocks if is_summary_block(b)]
     if not found or is_summary_message(message):
         return message, None
-    rest = [b for b in blocks if not _is_summary_block(b)]
+    rest = [b for b in blocks if not is_summary_block(b)]
     return {**message, "content": rest}, {"role": "user", "content": found}
 
 
@@ -143,15 +129,9 @@ def recent_start(messages: list[Message], interactions: Mapping[str, Interaction
 
 def plan_summary(view: View, interactions: Mapping[str, Interaction],
                  keep_recent: int, *, to_end: bool = False) -> SummaryPlan | None:
-    """Decide the span to summarise, or None when there is nothing worth summarising;
-    ``to_end``: the span runs to the last message (a summary made ahead, whose crossing keeps
-    what is added after it).
-
-    When the opener of the turn in progress (and its answer) would fall inside the span, they
-    stay, right after the original intent, and the summary is attached to the answer: the
-    turn still starts with its thinking, and nothing but tool answers stands between it and
-    the recent turns.
-    """
+    """The span to summarise (``to_end``: up to the last message), or None. An opener of
+    the turn in progress inside it stays, with its answer, after the original intent, and
+    the summary is attached to that answer."""
     messages = view.messages
     first = first_user_index(messages)
     if first is None:
@@ -212,11 +192,6 @@ def is_drop_record(message: Message) -> bool:
     blocks = blocks_of(message)
     return (is_summary_message(message) and 'dropped="true">' in
             blocks[0]["text"].split("\n", 1)[0])
-
-
-def summary_message(text: str, message_count: int) -> Message:
-    """The user message that stands for the summarised span."""
-    return {"role": "user", "content": [_summary_block(text, message_count)]}
 
 
 def apply_summary(view: View, plan: SummaryPlan, text: str, kept: str = "") -> View:

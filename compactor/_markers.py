@@ -1,25 +1,10 @@
 """The client's ``cache_control`` markers, put back on a reused compacted prefix.
 
-A checkpoint keeps its compacted view without markers: clients move their breakpoints to the
-newest messages every turn, so yesterday's markers are not today's. When a request reuses the
-prefix, every marker the client put *now* on a block that survived compaction goes back where
-the client put it — on the same block, in the same key position — so a retried request is
-forwarded byte-identical to its first attempt, and a breakpoint on an older message (Claude
-Code marks the previous turn too) still reads the provider's cache.
-
-How a marked block is found in the view:
-
-* a message the layers left as it was is the client's own object, markers and all (matched by
-  its marker-insensitive fingerprint, the k-th from the end among equal ones);
-* a block with an id (``tool_use``, ``server_tool_use``, ``tool_result``, ``*_tool_result``) in
-  a message a layer edited is matched by its id — ids are unique in a request — and its
-  markers merged in (an L1-cut result keeps its marker, as on the first attempt);
-* another block in an edited message is matched inside the view message that holds the same
-  ids, by fingerprint.
-
-A marker on a block that compaction removed is gone with its block; no marker is ever added.
-
-Everything in ``__all__`` gets re-exported.
+A checkpoint keeps its view without markers (clients move them every turn). On reuse, every
+marker the client put *now* on a block that survived goes back on that block, in the same key
+position, so a retried request is forwarded byte-identical and an older breakpoint still reads
+the cache. A block is found as its unchanged message (by fingerprint, k-th from the end), by its
+tool id, or by fingerprint inside the view message holding the same ids. No marker is added.
 """
 
 from __future__ import annotations
@@ -29,8 +14,6 @@ from typing import Any
 
 from ._blocks import CLIENT_RESULT, Block, Message
 from ._fingerprint import fingerprint
-
-__all__: list[str] = []
 
 MARKER = "cache_control"
 

@@ -1,14 +1,10 @@
 """The pipeline: validate, then L1 → L2 → L3 → L4, cheapest first, stopping below the soft
 threshold; reject at or above the hard limit.
 
-Everything in ``__all__`` gets re-exported.
-
-The cheap layers are data: :data:`LAYERS`, each ``(view, interactions, policy) -> (view,
-changed)``, run by one loop. L4 is the one step that needs the outside world: the steps are
-written once, as a generator that *yields* a :class:`SummaryRequest` when L4 needs a summary
-and is sent the text back (h11's ``NEED_DATA`` idea). The sync driver answers with a plain
-callable, the async driver with an awaitable, and a driver that may not call a model
-(``count_tokens``) answers from a cache or with None. No I/O happens here.
+The cheap layers are data (:data:`LAYERS`) run by one loop. L4 needs the outside world, so the
+steps are one generator that *yields* a :class:`SummaryRequest` and is sent the text back (h11's
+``NEED_DATA`` idea): the sync driver answers with a callable, the async one with an awaitable,
+``count_tokens`` from a cache or with None. No I/O happens here.
 """
 
 from __future__ import annotations
@@ -46,26 +42,23 @@ from ._protocol import (
 from ._record import span_record
 from ._sticky import CompactionCheckpoint, policy_key, reuse_checkpoint
 from ._thrash import THRASH_DEPTH, deeper, is_thrash
-from ._tokens import CachingCounter, TokenCounter
+from ._tokens import CachingCounter, TokenCounter, as_caching
 from ._view import View
 
 __all__ = ["CompactionCheckpoint", "CompactionOptions", "CompactionResult", "LayerOutcome",
            "SummaryRequest", "compact_context", "compact_context_async", "compact_if_needed",
            "summary_cache_key", "summary_view"]
 
-#: What L4's model is asked: the messages to summarise as a JSON array; the summary text back
-#: (None, "" or an exception: no summary, the view stays as it was).
+#: L4's model: the span as a JSON array in, the summary out (None, "" or raising: no summary).
 Summarizer = Callable[[str], "str | None"]
-#: The async driver's summariser gets the whole :class:`SummaryRequest` (the JSON span, its
-#: cache key, and the conversation up to the kept turns, for a summary forked from it).
+#: The async driver's summariser gets the whole :class:`SummaryRequest`.
 AsyncSummarizer = Callable[[SummaryRequest], "Awaitable[str | None]"]
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One cheap layer: its ``name`` (``L1`` … ``L3``), ``run`` (``(view, interactions,
-    policy) -> (view, how many things it changed)``) and whether it ``reshapes`` (removes
-    blocks or messages: the interaction map is rebuilt before the next layer)."""
+    """One cheap layer: ``run`` returns the new view and how many things it changed; one
+    that ``reshapes`` (removes blocks or messages) has the interactions rebuilt after it."""
 
     name: str
     run: Callable[[View, dict[str, Interaction], CompactionPolicy], tuple[View, int]]
@@ -82,32 +75,21 @@ LAYERS: tuple[Layer, ...] = (
 
 @dataclass(frozen=True)
 class CompactionOptions:
-    """How one call compacts, beyond its policy, summariser and counter; the same for
-    :func:`compact_context` and :func:`compact_context_async`.
+    """How one call compacts, beyond its policy, summariser and counter (docs/library.md).
 
     Attributes:
-        reserved_tokens: tokens outside ``messages`` (system, tools, durable block) that
-            count toward the thresholds.
-        sticky: reuse ``checkpoint`` while the history extends it, and return the checkpoint
-            to keep in ``result.checkpoint`` (see :class:`CompactionCheckpoint`); a compaction
-            then continues to ``soft × policy.compact_to_ratio``.
+        reserved_tokens: tokens outside ``messages`` that count toward the thresholds.
+        sticky: reuse ``checkpoint`` while the history extends it; compact to
+            ``soft × policy.compact_to_ratio``; return the checkpoint to keep.
         checkpoint: the session's checkpoint from its previous request, if any.
-        copy: deep-copy the input first so the result shares nothing with it (the proxy owns
-            its freshly parsed body and passes False: the pipeline never mutates its input).
-        token_scale: the provider's tokens per counted token (a calibration learnt from the
-            provider's own counts): thresholds are compared with, and ``tokens_before`` /
-            ``tokens_after`` report, the counted tokens times this. 1: the counter's own.
-        known_tokens: the provider's own count of messages it counted before, by fingerprint
-            (:attr:`CompactionResult.fingerprints`): used instead of counted × scale for those
-            messages, so a view whose mix of messages changed is still estimated right.
-        facts: the :class:`MessageFact` of each message (made by :func:`message_fact` with
-            the same counter), when the caller kept them: those messages are not checked,
-            fingerprinted, counted or searched for markers again. None: all made here.
-        protocol_memo: walks of the tool protocol kept across calls (one per process): a
-            history that extends one validated before is validated from where that ended.
-        prepared: a summary made ahead for this history (:class:`PreparedSpan`): at a
-            crossing, L4 asks for that span first (before the cheap layers: it is paid for)
-            and keeps the later messages, with L1 and L2 (see ``_prepared``).
+        copy: deep-copy the input first (the pipeline never mutates it either way).
+        token_scale: the provider's tokens per counted token (calibration), applied to the
+            thresholds' comparisons and the reported tokens.
+        known_tokens: the provider's own count of messages, by fingerprint, used for them
+            instead of counted × scale.
+        facts: each message's :class:`MessageFact`, when the caller kept them.
+        protocol_memo: tool-protocol walks kept across calls.
+        prepared: a summary made ahead for this history, used first at a crossing.
     """
 
     reserved_tokens: int = 0
@@ -127,19 +109,9 @@ class CompactionOptions:
 
 @dataclass(frozen=True)
 class LayerOutcome:
-    """What one layer did.
-
-    Attributes:
-        layer: ``L1`` … ``L4``.
-        tokens_before: tokens of the view when the layer started.
-        tokens_after: tokens when it ended (equal to before when it changed nothing).
-        saved: ``tokens_before - tokens_after``.
-        changed: how many things it changed (results cut, reads or messages dropped,
-            messages summarised).
-        applied: whether its change is part of the final view (False when it changed
-            nothing, failed, or a later layer superseded it).
-        detail: a short note without message text (``summary failed: TimeoutError``).
-    """
+    """What one layer did: the view's tokens before and after it, how many things it
+    ``changed`` (results cut, reads, messages dropped or summarised), whether that change is
+    ``applied`` in the final view, and a ``detail`` without message text."""
 
     layer: str
     tokens_before: int
@@ -154,28 +126,11 @@ class LayerOutcome:
 class CompactionResult:
     """The compacted view and what it took.
 
-    Attributes:
-        messages: the view to send. The caller's objects are never mutated; with
-            ``copy=False`` unchanged messages (or, when nothing ran, the whole list) are the
-            caller's own objects.
-        durable_state: the durable state, exactly as given (it bypasses every layer).
-        tokens_before: tokens of the input, reserved tokens included (times ``token_scale``).
-        tokens_after: tokens of the view (times ``token_scale``).
-        layers_applied: the layers whose change is in the view, in order.
-        outcomes: one :class:`LayerOutcome` per layer that ran.
-        summary_request: the span L4 asked to summarise, if it ran.
-        checkpoint: in sticky mode, the checkpoint to keep for the session's next request
-            (the one passed in when it was reused; None when nothing was compacted).
-        reused_checkpoint: whether the view starts with a reused checkpoint's prefix.
-        counted_after: tokens of the view as the counter counts them (unscaled): what a
-            calibration pairs with the provider's count of the view.
-        fingerprints: this process's fingerprint of each message of the view.
-        message_tokens: each message's count by the counter (unscaled).
-        thrash: the soft threshold was crossed again within a few requests of the last
-            compaction (``_thrash``): this one went deeper.
-
-    ``messages`` may share message objects with the input and with a checkpoint: treat it
-    as read-only.
+    ``messages`` may share objects with the input and a checkpoint: treat it as read-only.
+    Token figures include the reserved tokens and are scaled by ``token_scale``, except
+    ``counted_after`` and ``message_tokens`` (the counter's own). ``checkpoint``: in sticky
+    mode, the one to keep for the next request. ``thrash``: the soft threshold was crossed
+    again soon after the last compaction, so this one went deeper.
     """
 
     messages: list[dict[str, Any]]
@@ -207,10 +162,6 @@ def _json_copy(messages: Any) -> Any:
         return copy.deepcopy(messages)
 
 
-def _as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
-    return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
-
-
 Steps = Generator[SummaryRequest, "str | None", CompactionResult]
 
 
@@ -221,18 +172,16 @@ _Layered = tuple[View, list["LayerOutcome"], "SummaryRequest | None"]
 def _layers(view: View, interactions: dict[str, Interaction], policy: CompactionPolicy,
             stop_below: int, summaries: bool, prepared: PreparedSpan | None = None, *,
             thrash: bool = False) -> Generator[SummaryRequest, str | None, _Layered]:
-    """:data:`LAYERS` then L4 over ``view``, cheapest first, until it is below
-    ``stop_below``; a ``prepared`` span's summary comes first. A ``thrash``ing session is
-    not summarised again while the cheap layers keep it under the hard limit."""
+    """:data:`LAYERS` then L4 over ``view`` until it is below ``stop_below``; a
+    ``prepared`` summary first. A ``thrash``ing session gets no new summary while the cheap
+    layers keep it under the hard limit."""
     outcomes: list[LayerOutcome] = []
     stale = False
     entry = view
     before, before_interactions = view, interactions
     if prepared is not None and summaries and policy.summary_enabled:
-        # A summary made ahead for this crossing is used first, even where the cheap layers
-        # alone would reach the target: it is paid for, and it lands the view as low as an
-        # inline summary does (the next crossing as far), where L1 to L3 alone land just
-        # below the target. With L1 and L2, as at any crossing.
+        # Used first even where the cheap layers would do: it is paid for, and lands the
+        # view as low as an inline summary (L1 to L3 land just below the target).
         served = yield from use_prepared(view, interactions, policy, stop_below, prepared)
         if served is not None:
             return served
@@ -249,17 +198,14 @@ def _layers(view: View, interactions: dict[str, Interaction], policy: Compaction
     if (view.total() < stop_below or not (summaries and policy.summary_enabled)
             or (thrash and view.total() < policy.hard_limit_tokens)):
         return view, outcomes, None
-    # L4 starts again from the view the last cheap layer (L3's pruning) was given, so what L3
-    # would have dropped is summarised rather than lost.
+    # L4 starts from the view L3 was given: what L3 dropped is summarised rather than lost.
     return (yield from _summarise(before, before_interactions, view, policy, outcomes, entry))
 
 
 def _as_sent(request: SummaryRequest, base: View, entry: View) -> SummaryRequest:
-    """``request`` with its conversation taken from ``entry`` (the view before this request's
-    cheap layers ran: the previous request's forwarded view plus the new messages, so a
-    prefix the provider has cached) up to the same kept message, when that cut is a whole
-    exchange; otherwise as it is. A summary forked from it reads the cache instead of writing
-    it again where L1 or L2 changed an older message (it then also sees what they dropped)."""
+    """``request`` with its conversation taken from ``entry`` (the view before the cheap
+    layers: a prefix the provider has cached) up to the same kept message, when that cut is a
+    whole exchange, so a forked summary reads the cache where L1 or L2 changed a message."""
     cut = len(request.conversation)
     if cut >= len(base.messages) or entry is base:
         return request
@@ -284,8 +230,7 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
         outcomes.append(LayerOutcome("L4", pruned.total(), pruned.total(), 0, 0, False, detail))
 
     if always_kept_tokens(base) >= policy.hard_limit_tokens:
-        # What every layer keeps is over the limit already: a summary cannot help, so none
-        # is paid for (the view is refused in _finish).
+        # A summary cannot help: none is paid for (_finish refuses the view).
         unchanged("no summary: what is always kept is over the hard limit")
         return pruned, outcomes, None
     plan = plan_summary(base, interactions, policy.summary_keep_recent)
@@ -333,8 +278,7 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
         view = raw
         interactions = (validate_tool_protocol(messages) if memo is None
                         else memo.validate(messages, raw.fingerprints))
-    # Crossing the soft threshold: compact. In sticky mode, clear enough at once that the
-    # next crossing is far away.
+    # In sticky mode, compact deeper so that the next crossing is far away.
     stop_below = soft
     thrash = is_thrash(reused is not None and view.total() >= soft, checkpoint, len(messages))
     if options.sticky:
@@ -358,8 +302,7 @@ def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: Compactio
 
 def _raw_view(messages: list[dict[str, Any]], counter: CachingCounter,
               options: CompactionOptions) -> View:
-    """The input as a view: with the caller's facts when it has all of them, else checked,
-    fingerprinted and counted here."""
+    """The input as a view, from the caller's facts when it has all of them."""
     facts = options.facts
     if facts is not None and len(facts) != len(messages):
         raise ValueError(f"options.facts has {len(facts)} entries for {len(messages)} messages")
@@ -393,30 +336,18 @@ def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: Compact
              counter: TokenCounter | CachingCounter | None, options: CompactionOptions,
              summaries: bool) -> Steps:
     source = _json_copy(messages) if options.copy else messages
-    return _steps(source, durable_state, policy, _as_caching(counter), options, summaries)
+    return _steps(source, durable_state, policy, as_caching(counter), options, summaries)
 
 
 def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *,
                     policy: CompactionPolicy, summarizer: Summarizer | None = None,
                     counter: TokenCounter | CachingCounter | None = None,
                     options: CompactionOptions = CompactionOptions()) -> CompactionResult:
-    """Compact ``messages`` until they are below the policy's soft threshold.
+    """Compact ``messages`` (never mutated) until they are below the soft threshold.
 
-    Args:
-        messages: the request's ``messages``; never mutated.
-        durable_state: the session's ``DurableContextState``; returned untouched, never
-            summarised (it is rendered into ``system`` by the caller).
-        policy: the thresholds and tools to compact with.
-        summarizer: L4's model: takes the old messages as a JSON string, returns the summary
-            text. An exception or an empty answer keeps the view as it was. None: no L4.
-        counter: a token counter (default: 4 characters per token); pass one
-            :class:`CachingCounter` across calls to count each block once.
-        options: reserved tokens, sticky checkpoints, copying (:class:`CompactionOptions`).
-
-    Raises:
-        ToolProtocolError: the history breaks the tool-call protocol.
-        MessageViewLimitExceeded: still at or above the hard limit after every layer.
-        MessageShapeError: a message or block is not an object (a ``ValueError``).
+    ``durable_state`` is returned untouched; ``summarizer`` is L4's model (None: no L4);
+    ``counter`` defaults to 4 characters per token. Raises :class:`ToolProtocolError`,
+    :class:`MessageViewLimitExceeded` or :class:`MessageShapeError` (docs/library.md).
     """
     steps = _prepare(messages, durable_state, policy, counter, options, summarizer is not None)
     try:
@@ -439,18 +370,13 @@ async def compact_context_async(
         counter: TokenCounter | CachingCounter | None = None,
         options: CompactionOptions = CompactionOptions(),
         executor: Executor | None = None) -> CompactionResult:
-    """:func:`compact_context` with an awaited summariser (the proxy's); the same options.
-
-    The summariser gets the :class:`SummaryRequest`: the same JSON string as the sync
-    driver's (its ``cache_key`` is the key to cache the answer by) and the conversation it
-    comes from. With ``executor``, the work between two summaries runs there (a thread, so
-    the event loop serves others meanwhile); the summariser is awaited on the loop.
-    """
+    """:func:`compact_context` with an awaited summariser, given the whole
+    :class:`SummaryRequest`. With ``executor``, the work between two summaries runs there
+    (the event loop serves others meanwhile)."""
     steps: Steps | None = None
 
     def advance(text: str | None) -> SummaryRequest | CompactionResult:
-        # One step: up to the next summary L4 needs, or the result. (The result comes back
-        # as a value: a StopIteration cannot cross an executor's future.)
+        # Up to the next summary or the result (a value: StopIteration cannot cross a future).
         nonlocal steps
         try:
             if steps is None:

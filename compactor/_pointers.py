@@ -1,24 +1,9 @@
-"""Source pointers: the strict, parsed form of the strings that say where a durable item
-came from.
+"""Source pointers: the strict, parsed form of ``transcript:<session_id>:<sequence>`` and
+``artifact:<session_id>:<filename>:<sha256, 12 or 64 hex>``.
 
-Two schemes exist::
-
-    transcript:<session_id>:<sequence>
-    artifact:<session_id>:<filename>:<sha256 hex, 12 or 64 chars>
-
-Theory of operation: a pointer names a file under an operator-controlled root, so every
-part that becomes a path component is checked here, before anything touches the disk. A
-session id follows the one rule for session ids (:mod:`compactor._session_ids`): one or more
-runs of ``[A-Za-z0-9_-]`` joined by single dots (so never ``.``, ``..``, a leading or
-trailing dot), at most 128 characters. A filename is one path
-component: no ``/``, ``\\``, ``:``, NUL, no control or invisible formatting characters,
-never ``.`` or ``..``, at most 255 UTF-8 bytes, and the same holds for its percent-decoded
-form (so ``..%2Fetc`` is refused even though nothing here decodes it: some other layer
-might). The canonical string of a parsed pointer is the string it was parsed from, because
-the grammar admits exactly one spelling (no leading zeros, lowercase hex).
-
-Everything in ``__all__`` gets re-exported (``UnsupportedPointerError`` only from this
-module: the façade does not list it).
+A pointer names a file under an operator-controlled root, so every part that becomes a path
+component is checked here, before anything touches the disk (the rules: docs/admin.md). The
+grammar admits exactly one spelling, so a parsed pointer's ``str()`` is the string it came from.
 """
 
 from __future__ import annotations
@@ -29,40 +14,29 @@ from dataclasses import dataclass
 from typing import TypeAlias
 from urllib.parse import unquote
 
-from ._session_ids import check_session_id
+from policies._session_ids import check_session_id
 
-__all__ = [
-    "TranscriptPointer",
-    "ArtifactPointer",
-    "SourcePointer",
-    "UnsupportedPointerError",
-    "parse_source_pointer",
-]
+__all__ = ["TranscriptPointer", "ArtifactPointer", "SourcePointer", "UnsupportedPointerError",
+           "parse_source_pointer"]
 
 MAX_FILENAME_BYTES = 255
-# Sequences are ordinary 64-bit counters; the cap also keeps int() away from its
-# digit-count limit on absurd input.
+# 64-bit counters (the cap also keeps int() away from its digit-count limit).
 MAX_SEQUENCE = 2**63 - 1
 
 _SEQUENCE_RE = re.compile(r"[1-9][0-9]*", re.ASCII)
 _SHA256_RE = re.compile(r"[0-9a-f]{12}|[0-9a-f]{64}", re.ASCII)
 
-# Characters that can never be part of a filename in a pointer: the path separators of
-# every platform we might run on, the pointer's own field separator, and NUL.
+# Path separators of every platform, the pointer's field separator, and NUL.
 _FILENAME_FORBIDDEN_CHARS = frozenset("/\\:\x00")
-# Unicode categories refused in filenames: controls, invisible format characters (bidi
-# overrides, zero-width), line/paragraph separators and lone surrogates.
+# Controls, invisible format characters, line/paragraph separators, lone surrogates.
 _FILENAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 SCHEMES = ("transcript", "artifact")
 
 
 class UnsupportedPointerError(ValueError):
-    """The pointer's scheme is not one this resolver knows (``transcript`` or ``artifact``).
-
-    Attributes:
-        scheme: the part before the first ``:`` (the whole string when there is none).
-    """
+    """The pointer's ``scheme`` (the text before the first ``:``) is neither ``transcript``
+    nor ``artifact``."""
 
     def __init__(self, scheme: str) -> None:
         self.scheme = scheme
@@ -107,15 +81,7 @@ def _check_filename(filename: object) -> str:
 @dataclass(frozen=True, slots=True)
 class TranscriptPointer:
     """``transcript:<session_id>:<sequence>``: event ``sequence`` (from 1) of a session's
-    transcript.
-
-    Args:
-        session_id: the session whose transcript holds the event.
-        sequence: the event's 1-based position.
-
-    Raises:
-        ValueError: a field does not follow the pointer grammar.
-    """
+    transcript. A field off the grammar is a ``ValueError``."""
 
     session_id: str
     sequence: int
@@ -134,17 +100,9 @@ class TranscriptPointer:
 
 @dataclass(frozen=True, slots=True)
 class ArtifactPointer:
-    """``artifact:<session_id>:<filename>:<sha256>``: a file a session produced, pinned by
-    its sha256 (the full 64 hex digits, or a 12-digit prefix).
-
-    Args:
-        session_id: the session that owns the artifact.
-        filename: one path component under that session's artifact directory.
-        sha256: lowercase hex, 12 or 64 characters.
-
-    Raises:
-        ValueError: a field does not follow the pointer grammar.
-    """
+    """``artifact:<session_id>:<filename>:<sha256>``: a file a session produced (one path
+    component under its artifact directory), pinned by its sha256 (64 lowercase hex digits,
+    or a 12-digit prefix). A field off the grammar is a ``ValueError``."""
 
     session_id: str
     filename: str
@@ -167,18 +125,9 @@ SourcePointer: TypeAlias = TranscriptPointer | ArtifactPointer
 def parse_source_pointer(s: str) -> SourcePointer:
     """Parse a pointer string strictly.
 
-    Args:
-        s: ``transcript:<session_id>:<sequence>`` or
-            ``artifact:<session_id>:<filename>:<sha256>``.
-
-    Returns:
-        The :class:`TranscriptPointer` or :class:`ArtifactPointer` it denotes.
-
     Raises:
-        UnsupportedPointerError: the scheme (text before the first ``:``) is neither
-            ``transcript`` nor ``artifact``.
-        ValueError: the scheme is known but the rest is malformed; the message names the
-            problem (wrong field count, bad session id, traversal in the filename, ...).
+        UnsupportedPointerError: an unknown scheme.
+        ValueError: a known scheme, the rest malformed; the message names the problem.
         TypeError: ``s`` is not a string.
     """
     if not isinstance(s, str):

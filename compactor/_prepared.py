@@ -1,16 +1,10 @@
 """Summaries made ahead: the span the next crossing would cut, summarised before it comes.
 
-A session whose view nears the soft threshold gets its L4 summary made off the request path
-(the proxy decides when, :mod:`proxy.summary.prepare`). :func:`prepare_span` names the span:
-the request L4 would make of the view as it stands, keeping verbatim only what an inline
-summary keeps less the growth still to come (:func:`keep_for_crossing`: the crossing lands
-where an inline one would), and a :class:`PreparedSpan` saying which messages it covers (how
-many from the start, and the fingerprints of that prefix). At the crossing,
-:func:`use_prepared` cuts the grown view at the same place: when the view still starts with
-that prefix and the plan gives the same span (the same cache key), the prepared summary
-stands for it and every later message stays (through L1 and L2, as at any crossing). When
-that is not below the target, the caller goes on as without a preparation (L1 to L4 with a
-summary made inline).
+The proxy decides when (:mod:`proxy.summary.prepare`). :func:`prepare_span` names the span L4
+would cut now, keeping verbatim only what an inline summary keeps less the growth still to come,
+so the crossing lands where an inline one would. At the crossing, :func:`use_prepared` cuts the
+grown view at the same place (same prefix, same cache key) and keeps every later message, with
+L1 and L2; when that is not below the target, the crossing compacts as without it.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from ._blocks import Message
 from ._l4_summary import SummaryPlan, SummaryRequest, apply_summary, plan_summary
 from ._protocol import Interaction, validate_tool_protocol
 from ._record import span_record
-from ._tokens import CachingCounter
+from ._tokens import CachingCounter, as_caching
 from ._turns import has_tool_result
 from ._view import View
 
@@ -45,14 +39,8 @@ PREPARED_DETAIL = "prepared summary"
 
 
 class PreparedSpan(msgspec.Struct, frozen=True):
-    """Which messages a summary made ahead covers.
-
-    Attributes:
-        cut: how many messages of the view, from the first, the plan covered (head, span
-            and everything before the kept recent turns).
-        prefix: :func:`prefix_print` of those messages.
-        cache_key: the summary request's cache key (the same span, the same key).
-    """
+    """Which messages a summary made ahead covers: the first ``cut`` of the view (up to the
+    kept recent turns), their :func:`prefix_print` and the request's ``cache_key``."""
 
     cut: int
     prefix: int
@@ -73,13 +61,10 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
                  reserved: int = 0, scale: float = 1.0, stop_below: int | None = None,
                  ) -> tuple[SummaryRequest, PreparedSpan] | None:
     """The summary request L4 would make of ``messages`` (a view as forwarded) now, and the
-    span it covers; None when there is nothing to summarise, or (with ``stop_below``, the
-    target a crossing compacts to) when the cheap layers alone would reach it: then the
-    crossing makes no summary, and a prepared one would be paid for nothing.
-    ``fingerprints`` and ``tokens`` (a :class:`~compactor.CompactionResult`'s) spare counting
-    the view again; ``reserved`` and ``scale`` are the pipeline's (see
-    :class:`~compactor.CompactionOptions`)."""
-    view = View(messages, counter if counter is not None else CachingCounter(None), reserved,
+    span it covers; None when there is nothing to summarise or the cheap layers alone would
+    reach ``stop_below`` (the crossing's target). ``fingerprints`` and ``tokens`` (a
+    :class:`~compactor.CompactionResult`'s) spare counting the view again."""
+    view = View(messages, as_caching(counter), reserved,
                 fingerprints=list(fingerprints) if fingerprints is not None else None,
                 tokens=list(tokens) if tokens is not None else None, scale=scale)
     interactions = validate_tool_protocol(messages)
@@ -95,13 +80,10 @@ def prepare_span(messages: list[Message], policy: CompactionPolicy,
 
 
 def keep_for_crossing(view: View, policy: CompactionPolicy) -> int:
-    """How many recent messages a preparation of ``view`` keeps verbatim: so few that, with
-    the growth still to come before the crossing (up to the soft threshold, and half an
-    exchange past it: the request that crosses it), the crossing's verbatim tail weighs what
-    an inline summary keeps (its ``summary_keep_recent`` last messages, tool results as L1
-    cuts them), so it lands where an inline crossing would and the next one is as far. None
-    (the span runs to the end) only after a tool answer: a person's message is never
-    summarised before it is answered."""
+    """How many recent messages a preparation keeps verbatim: so few that, with the growth
+    still to come (to the soft threshold and half an exchange past it), the crossing's tail
+    weighs what an inline summary keeps. None only after a tool answer: a person's message is
+    never summarised before it is answered."""
     keep = policy.summary_keep_recent
     tokens = view.tokens
     scale = view.scale or 1.0
@@ -123,9 +105,8 @@ def keep_for_crossing(view: View, policy: CompactionPolicy) -> int:
 
 def _cheap_layers_reach(view: View, interactions: dict[str, Interaction],
                         policy: CompactionPolicy, stop_below: int) -> bool:
-    """Whether L1 to L3 would take ``view``, grown to the soft threshold, below
-    ``stop_below``: what they leave of it now, plus the growth still to come (taken as
-    kept whole: the first message and the recent ones are what L3 keeps)."""
+    """Whether L1 to L3 would take ``view``, grown to the soft threshold (the growth kept
+    whole), below ``stop_below``."""
     from ._pipeline import LAYERS
 
     growth = max(0, policy.soft_threshold_tokens - view.total())
@@ -143,9 +124,8 @@ def prepared_request(messages: list[Message], prepared: PreparedSpan,
                 fingerprints: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                 reserved: int = 0, scale: float = 1.0) -> SummaryRequest | None:
     """The summary request of ``prepared``'s span, made again from ``messages`` (the view
-    grown since): to ask again for a preparation whose call was lost. None when the view
-    no longer holds that span."""
-    view = View(messages, counter if counter is not None else CachingCounter(None), reserved,
+    grown since), to ask again for a lost one; None when the view no longer holds it."""
+    view = View(messages, as_caching(counter), reserved,
                 fingerprints=list(fingerprints) if fingerprints is not None else None,
                 tokens=list(tokens) if tokens is not None else None, scale=scale)
     plan = _plan_at(view, validate_tool_protocol(messages), prepared)
@@ -171,9 +151,7 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                  ) -> Generator[SummaryRequest, str | None,
                                 tuple[View, list[LayerOutcome], SummaryRequest] | None]:
     """``view`` with the prepared span replaced by its summary (yielded for, as L4 does),
-    the later messages kept, then L1 and L2 (as at any crossing).
-    None: the preparation does not fit this view (another span, no summary, or too large a
-    tail): the caller compacts as without it."""
+    then L1 and L2; None when the preparation does not fit this view."""
     from ._pipeline import LAYERS, LayerOutcome  # (the pipeline imports this module)
 
     plan = _plan_at(view, interactions, prepared)
@@ -182,8 +160,6 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
     text = yield plan.request
     if not isinstance(text, str) or not text.strip():
         return None
-    # What the span's user typed and its artifact trail stay verbatim beside the summary, as
-    # with a summary made at the crossing.
     kept = span_record(plan.middle, policy, view.counter.count_text)
     summarised = apply_summary(view, plan, text, kept.render())
     outcomes = [LayerOutcome("L4", view.total(), summarised.total(),
@@ -191,8 +167,7 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                              True, PREPARED_DETAIL)]
     current = summarised
     for layer in LAYERS:
-        # L1 and L2 as at an inline crossing (which runs them before L4); never L3 (that
-        # would cut what the summary's verbatim tail is for).
+        # Never L3: it would cut what the summary's verbatim tail is for.
         if layer.name not in ("L1", "L2"):
             continue
         before = current

@@ -1,17 +1,9 @@
 """The tool-call protocol: every use answered by exactly one result, in the right place.
 
-Everything in ``__all__`` gets re-exported.
-
-Three kinds of pairs exist (see ``_blocks``):
-
-* client calls — a ``tool_use`` in an assistant message, answered by a ``tool_result`` in the
-  very next message, which must be a user message whose ``tool_result`` blocks come first;
-* server calls — ``server_tool_use`` / ``mcp_tool_use`` and their ``*_tool_result`` inside one
-  assistant message, the result after the use (a use may stand alone: ``pause_turn``);
-* messages whose role is neither user nor assistant (``system`` messages real clients send)
-  are transparent: "the next message" skips them.
-
-The map this module returns is what lets the layers remove a pair atomically.
+Client calls (``tool_use``) are answered by ``tool_result`` blocks that open the very next
+message, a user message; server calls (``server_tool_use``, ``mcp_tool_use``) by a
+``*_tool_result`` after them in the same assistant message (a use may stand alone:
+``pause_turn``). Other roles are transparent. The returned map lets layers remove pairs whole.
 """
 
 from __future__ import annotations
@@ -34,19 +26,8 @@ InteractionKind = Literal["client", "server"]
 
 @dataclass(frozen=True)
 class Interaction:
-    """One tool call and where its answer is.
-
-    Attributes:
-        tool_use_id: the id shared by the use and its result.
-        kind: ``client`` (result in the next user message) or ``server`` (result in the same
-            assistant message).
-        use_index: index in ``messages`` of the message holding the use.
-        result_index: index of the message holding the result; None for a server use that
-            has no result yet.
-        name: the tool name of the use.
-        tool_input: the use's ``input`` (the caller's object: read-only).
-        is_error: whether the result says ``is_error: true``.
-    """
+    """One tool call and where its answer is (``result_index`` None: a server use without
+    its result yet). ``tool_input`` is the caller's object: read-only."""
 
     tool_use_id: str
     kind: InteractionKind
@@ -62,11 +43,8 @@ _TOOL_USE_ID: Final = attrgetter("tool_use_id")
 
 
 def check_shape(messages: object) -> list[Message]:
-    """``messages``, checked to be a list of message objects with valid content.
-
-    Raises:
-        MessageShapeError: naming the first place that is not (``messages.3.content.1``).
-    """
+    """``messages``, checked to be a list of message objects with valid content (else a
+    :class:`MessageShapeError` naming the first place that is not)."""
     if not isinstance(messages, list):
         raise MessageShapeError("messages", "must be a list")
     for index, message in enumerate(messages):
@@ -92,17 +70,8 @@ def _id_of(block: dict[str, Any], field: str, index: int) -> str:
 
 
 def validate_tool_protocol(messages: list[Message]) -> dict[str, Interaction]:
-    """Check the tool-call protocol of ``messages`` and map every call to its answer.
-
-    Returns:
-        ``{tool_use_id: Interaction}`` in order of the uses.
-
-    Raises:
-        ToolProtocolError: with ``kind`` ``missing``, ``unknown``, ``duplicate``,
-            ``out_of_order`` or ``not_adjacent``, the id and the message index.
-        MessageShapeError: a message or block is not an object, or an id is absent (a
-            ``ValueError``).
-    """
+    """``{tool_use_id: Interaction}`` of ``messages`` in order of the uses; raises
+    :class:`ToolProtocolError` or :class:`MessageShapeError` (an absent id too)."""
     check_shape(messages)
     walk = _Walk(_Places.of(messages))
     walk.walk(messages, 0)
@@ -137,13 +106,9 @@ class _Places:
 
 
 class _Walk:
-    """The protocol checked message by message; where it stands after some messages can be
-    copied and walked on over messages that extend them (:class:`ProtocolMemo`).
-
-    With ``places`` (the whole list's) a violation raises its :class:`ToolProtocolError`;
-    without, it raises :class:`_Broken` — a resumed walk does not know the messages before it
-    well enough to name one, and hands over to the whole walk, which does.
-    """
+    """The protocol checked message by message, resumable over messages that extend it
+    (:class:`ProtocolMemo`). Without ``places`` a violation raises :class:`_Broken`: a
+    resumed walk hands over to the whole walk, which names it."""
 
     __slots__ = ("interactions", "open_from", "open_uses", "places", "seen_use_ids")
 
@@ -196,7 +161,7 @@ class _Walk:
 
     def _user(self, index: int, blocks: list[dict[str, Any]]) -> None:
         interactions, open_uses = self.interactions, self.open_uses
-        answered_here: dict[str, tuple[dict[str, Any], bool]] = {}
+        answered_here: dict[str, bool] = {}  # id -> is_error
         seen_other = False
         for block in blocks:
             if block.get("type") != CLIENT_RESULT:
@@ -220,15 +185,12 @@ class _Walk:
             if seen_other:
                 raise ToolProtocolError("out_of_order", tool_use_id, index,
                                         "tool_result blocks must come first in their message")
-            answered_here[tool_use_id] = (block, block.get("is_error") is True)
-        for tool_use_id, use in open_uses.items():
-            if tool_use_id in answered_here:
-                interactions[tool_use_id] = Interaction(
-                    tool_use_id, "client", self.open_from, index, str(use.get("name", "")),
-                    use.get("input"), answered_here[tool_use_id][1])
-        for tool_use_id in list(open_uses):
-            if tool_use_id in answered_here:
-                del open_uses[tool_use_id]
+            answered_here[tool_use_id] = block.get("is_error") is True
+        for tool_use_id in [i for i in open_uses if i in answered_here]:
+            use = open_uses.pop(tool_use_id)
+            interactions[tool_use_id] = Interaction(
+                tool_use_id, "client", self.open_from, index, str(use.get("name", "")),
+                use.get("input"), answered_here[tool_use_id])
         self._close_open()
 
     def _assistant(self, index: int, blocks: list[dict[str, Any]]) -> None:
@@ -280,32 +242,22 @@ class _Walk:
 #: A new walk to keep: its messages' fingerprints, the walk, the kept walk it went on from.
 _Walked = tuple[list[int], "_Walk", "tuple[list[int], _Walk] | None"]
 
-#: How many messages' walks a :class:`ProtocolMemo` holds by default (each is a fingerprint
-#: and a share of the walk's map: some tens of bytes).
+#: How many messages' walks a :class:`ProtocolMemo` holds by default.
 DEFAULT_MEMO_MESSAGES: Final = 1_000_000
 
 
 class ProtocolMemo:
-    """Walks of the tool-call protocol kept by the fingerprints of the messages they covered,
-    so a history that extends one already validated is checked from where that one ended.
-
-    An agent's request is its previous request plus a message or two: :meth:`validate` finds
-    the longest kept walk whose messages' fingerprints start the new list, walks on over the
-    rest and keeps the result, so a warm request costs what is new in it. Any violation in
-    the new part, or a list nothing kept starts, is checked whole by
-    :func:`validate_tool_protocol` (errors named exactly as it names them). A few walks are
-    kept per first message (a session's latest, and the one before for a retried request),
-    the least recently used dropped beyond ``max_messages`` messages in all. Safe to share
-    between threads: the kept walks are read and replaced under a lock, walked outside it.
-    """
+    """Walks of the tool-call protocol kept by their messages' fingerprints, so a history
+    that extends one validated before is checked from where that walk ended (a violation is
+    named as :func:`validate_tool_protocol` names it). ``per_start`` walks per first message,
+    least recently used dropped beyond ``max_messages`` messages. Thread-safe."""
 
     def __init__(self, max_messages: int = DEFAULT_MEMO_MESSAGES, *, per_start: int = 2) -> None:
         if max_messages < 1 or per_start < 1:
             raise ValueError("max_messages and per_start must be >= 1")
         self.max_messages = max_messages
         self.per_start = per_start
-        # first message's fingerprint -> [(fingerprints walked, where the walk stands)],
-        # each charged the messages its walks cover
+        # first message's fingerprint -> [(fingerprints walked, the walk)], sized in messages
         self._walks: LRUCache[int, list[tuple[list[int], _Walk]]] = LRUCache(
             max_messages, getsizeof=_walked)
         self._lock = threading.Lock()
@@ -346,8 +298,7 @@ class ProtocolMemo:
                         and prints[:covered] == entry[0]):
                     base = entry
             if base is not None and len(base[0]) == len(prints):
-                # The very history walked before (a retry, count_tokens then the request):
-                # its walk, unchanged, is the answer; it becomes the latest of its start.
+                # The very history walked before (a retry): it becomes the latest.
                 entries = cast("list[tuple[list[int], _Walk]]", kept)
                 entries.remove(base)
                 entries.insert(0, base)

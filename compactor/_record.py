@@ -1,10 +1,6 @@
-"""What a compacted span leaves behind verbatim: the user's own texts and the artifact trail.
-
-When L3 drops a span or L4 summarises one, what a person typed in it (``_user_text``) and the
-files and commands of its tool calls (``_trail``) are kept word for word, within their budgets
-(the newest first), in the summary's block — or, for L3, in a block of the same kind where the
-span was cut. A later compaction that takes that block into its own span parses the two
-sections back and carries them forward as they are, instead of letting a model re-tell them.
+"""What a compacted span leaves behind verbatim: the user's own texts and the artifact trail,
+in the summary's block (or L3's block of the same kind), within their budgets. A later
+compaction parses them back and carries them forward (docs/how-it-works.md).
 """
 
 from __future__ import annotations
@@ -16,12 +12,10 @@ from dataclasses import dataclass
 from policies import CompactionPolicy
 
 from ._blocks import Message, blocks_of
+from ._l4_summary import is_summary_block
 from ._trail import ENTRY_CLOSE, ENTRY_OPEN, STATUS, artifact_trail, entries_within, render_entry
 from ._user_text import person_texts
 
-__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
-
-SUMMARY_TAG = "compact-proxy-summary"
 _TEXT_HEAD = "What the user wrote in this part, verbatim, oldest first:"
 _TRAIL_HEAD = "Files and commands of this part, exact, newest last:"
 _TEXTS = re.compile(r"<user-text>\n(.*?)\n</user-text>", re.DOTALL)
@@ -60,11 +54,6 @@ def parse_record(text: str) -> SpanRecord:
     return SpanRecord(texts, trail)
 
 
-def _summary_texts(message: Message) -> list[str]:
-    return [b["text"] for b in blocks_of(message) if b.get("type") == "text"
-            and isinstance(b.get("text"), str) and b["text"].startswith(f"<{SUMMARY_TAG} ")]
-
-
 def _newest_within(items: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
     kept: list[str] = []
     used = 0
@@ -87,15 +76,14 @@ def budgets(policy: CompactionPolicy) -> tuple[int, int]:
 
 def span_record(span: Iterable[Message], policy: CompactionPolicy,
                 count: Callable[[str], int]) -> SpanRecord:
-    """What ``span`` (the messages dropped or summarised, in order) keeps verbatim: the
-    records of earlier compactions inside it first, then its own; over a budget, the oldest
-    go."""
+    """What ``span`` (the messages dropped or summarised) keeps verbatim: the records of
+    earlier compactions inside it first, then its own; over a budget, the oldest go."""
     texts: list[str] = []
     earlier_trail: list[str] = []
     messages = list(span)
     for message in messages:
-        for summary in _summary_texts(message):
-            found = parse_record(summary)
+        for block in filter(is_summary_block, blocks_of(message)):
+            found = parse_record(block["text"])
             texts += found.user_texts
             earlier_trail += found.trail
         texts += person_texts(message)

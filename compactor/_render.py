@@ -1,14 +1,8 @@
 """Render the durable context state as one text block and append it to ``system``.
 
-The text is a pure function of the state and the resolutions (no clock, no dict order, no
-locale): the block sits at the end of ``system``, and any byte that changes between turns
-would invalidate the prompt cache and the prefix earlier thinking blocks are bound to.
-Every free-text value is a JSON string literal with controls, invisible format characters
-and ``<``/``>`` escaped too, so a hostile fact stays on its line and cannot forge a section,
-an item or the closing tag. A pending item's ``status`` is the operator's alone. Excerpts and
-source text are never rendered. The block's layout, for operators: docs/admin.md.
-
-Everything in ``__all__`` gets re-exported.
+The text is a pure function of the state and the resolutions (no clock, no dict order): any
+byte that changed between turns would invalidate the prompt cache. Free text is quoted so a
+hostile fact cannot forge a line or a tag; excerpts are never rendered. Layout: docs/admin.md.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ _BARE_TOKEN_RE = re.compile(r"[A-Za-z0-9_.:/@+-]+", re.ASCII)
 def _quote(text: str) -> str:
     """A one-line, structure-proof quoted form of ``text``."""
     literal = json.dumps(text, ensure_ascii=False)
-    # Fast path: isprintable() is False for every category escaped below (and a few more),
-    # so most values skip the per-character loop.
+    # isprintable() is False for every category escaped below: most values skip the loop.
     if literal.isprintable() and "<" not in literal and ">" not in literal:
         return literal
     out: list[str] = []
@@ -109,20 +102,9 @@ def _index_resolutions(
 def render_durable_context(
     state: DurableContextState, source_resolutions: Sequence[SourceResolution] = ()
 ) -> str:
-    """Render ``state`` with the verified status of each item's source.
-
-    Args:
-        state: the session's durable context.
-        source_resolutions: exactly one :class:`SourceResolution` per distinct pointer of
-            ``state`` (as :func:`resolve_durable_sources` returns them), in any order.
-
-    Returns:
-        The delimited text block, or ``""`` for an empty state. Deterministic.
-
-    Raises:
-        ValueError: a pointer of the state has no resolution, a resolution is for a pointer
-            the state does not reference, or a pointer is resolved twice.
-    """
+    """The delimited block of ``state`` (``""`` when empty) with each source's status;
+    ``source_resolutions`` holds exactly one per distinct pointer of the state, in any order
+    (else a ``ValueError``)."""
     if not isinstance(state, DurableContextState):
         raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
     resolutions = _index_resolutions(state, source_resolutions)
@@ -166,22 +148,9 @@ def render_durable_context(
 
 
 def append_to_system(system: object, text: str) -> list[Any]:
-    """A new ``system`` value: the existing one, then ``text`` as one more text block.
-
-    Args:
-        system: the request's ``system``: None (absent), a string, or a list of blocks.
-        text: the block's text (what :func:`render_durable_context` returned); non-empty,
-            since the API refuses empty text blocks.
-
-    Returns:
-        A new list. A string becomes its own text block first (an empty string none); a
-        list is copied shallowly, so existing blocks, their ``cache_control`` and the
-        caller's list are left untouched. No ``cache_control`` is added.
-
-    Raises:
-        TypeError: ``system`` is of another type, or ``text`` is not a string.
-        ValueError: ``text`` is empty.
-    """
+    """A new list: ``system`` (None, a string or a list of blocks, left untouched), then
+    ``text`` (non-empty: the API refuses empty blocks) as one more text block, no
+    ``cache_control`` added."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
     if not text:

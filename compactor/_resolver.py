@@ -1,17 +1,10 @@
 """Resolve source pointers against the transcript and artifact roots: the only part of
 ``compactor`` that reads files.
 
-``resolve`` never raises for a bad pointer or file: it returns ``unsupported``, ``denied``,
-``missing``, ``corrupt`` or ``available`` (with ``evidence_sha256``). The order is fixed:
-parse, authorize, then touch the disk, so a refused pointer costs no system call. A file is
-opened beneath the root's descriptor with no symbolic link followed
-(:mod:`compactor._source_files`), ``O_NONBLOCK``, and checked to be a regular file before a
-byte is read; files are streamed. Outcomes are remembered by the file's identity and change
-stamps, and :meth:`SourcePointerResolver.resolve_all` opens each file once for all of a
-request's pointers that name it. :meth:`SourcePointerResolver.excerpt` is for an operator's
-eyes only: excerpts are never rendered.
-
-Everything in ``__all__`` gets re-exported.
+Resolving never raises for a bad pointer or file: it parses, authorizes, then touches the disk
+(:mod:`._source_files`), and says ``available`` (with ``evidence_sha256``), ``missing``,
+``denied``, ``corrupt`` or ``unsupported`` (the rules: docs/admin.md). Outcomes are remembered
+by the file's identity and change stamps. Excerpts are for an operator's eyes only.
 """
 
 from __future__ import annotations
@@ -57,17 +50,8 @@ DEFAULT_EXCERPT_CHARS = 500
 
 @dataclass(frozen=True, slots=True)
 class SourceResolution:
-    """What resolving one pointer found.
-
-    Args:
-        pointer: the pointer string as given.
-        status: ``available``, ``missing``, ``denied``, ``corrupt`` or ``unsupported``.
-        evidence_sha256: the 64-hex evidence digest when ``available``, else None.
-        detail: a short human-readable reason; never file content.
-
-    Raises:
-        ValueError: an unknown status, or a digest that does not match the status.
-    """
+    """What resolving one pointer found: ``evidence_sha256`` (64 hex) only when
+    ``available``; ``detail`` a short reason, never file content."""
 
     pointer: str
     status: ResolutionStatus
@@ -88,15 +72,9 @@ class SourceResolution:
 
 @dataclass(frozen=True, slots=True)
 class SourceExcerpt:
-    """A pointer's resolution and the start of its source's text, for an operator only.
-
-    Attributes:
-        resolution: what :meth:`SourcePointerResolver.resolve` said of the pointer.
-        text: at most ``max_chars`` characters of the source when it is ``available`` and
-            did not change while it was read again (the transcript event's ``text``, else
-            its line; the artifact's start, decoded as UTF-8 with replacement characters);
-            ``None`` otherwise.
-    """
+    """A pointer's resolution and the start of its source's text (the transcript event's
+    ``text``, else its line; the artifact's start), for an operator only; ``text`` is None
+    unless the source is available and unchanged since it was verified."""
 
     resolution: SourceResolution
     text: str | None
@@ -116,20 +94,13 @@ class PointerResolver(Protocol):
 
 
 class SourcePointerResolver:
-    """Checks source pointers against the files they name.
+    """Checks source pointers against the files they name, under ``transcript_root``
+    (``<session_id>.jsonl``) and ``artifact_root`` (``<session_id>/<filename>``).
 
-    Args:
-        transcript_root: directory holding ``<session_id>.jsonl`` transcripts.
-        artifact_root: directory holding ``<session_id>/<filename>`` artifacts.
-        authorize: called with the parsed pointer before any file access; only a return
-            value of exactly ``True`` allows the lookup (fail closed).
-        chunk_size: bytes read per chunk when hashing an artifact.
-        max_line_bytes: a transcript line up to the target longer than this is corrupt.
-        cache_entries: how many verified outcomes to remember (0: none). An entry is keyed
-            by the pointer and the file's device, inode, size, mtime and ctime, so any
-            write, rename or ``touch`` to the file misses it; a hit still costs the
-            authorization and the file's open beneath its root and ``fstat`` (once per
-            batch, :meth:`resolve_all`), but no read. Safe to share between threads.
+    ``authorize`` sees each parsed pointer before any file access; only ``True`` allows it.
+    Up to ``cache_entries`` outcomes (0: none) are kept by pointer and the file's device,
+    inode, size, mtime and ctime: a hit still opens and ``fstat``s the file, but reads
+    nothing. Thread-safe.
     """
 
     def __init__(
@@ -146,8 +117,7 @@ class SourcePointerResolver:
             raise ValueError("chunk_size and max_line_bytes must be positive")
         if cache_entries < 0:
             raise ValueError("cache_entries must not be negative")
-        # Made absolute without touching the disk; each batch opens the roots anew, after
-        # authorization, so a root created or re-linked later is seen as it is then.
+        # Each batch opens the roots anew, so a root created or re-linked later is seen.
         self._transcript_root = os.path.abspath(os.fspath(transcript_root))
         self._artifact_root = os.path.abspath(os.fspath(artifact_root))
         self._authorize = authorize
@@ -159,15 +129,13 @@ class SourcePointerResolver:
         self._cache_lock = threading.Lock()
 
     def resolve(self, pointer: str) -> SourceResolution:
-        """Resolve one pointer string to a :class:`SourceResolution`; never raises for a
-        bad pointer or a bad file."""
+        """Resolve one pointer string; never raises for a bad pointer or file."""
         with FileChecks() as checks:
             return self._resolve(pointer, checks)
 
     def resolve_all(self, pointers: Iterable[str]) -> tuple[SourceResolution, ...]:
-        """:meth:`resolve` each pointer, as one batch: the disk checks of a file that
-        several pointers name (a session's transcript) are made once for all of them, not
-        once each (see :class:`FileChecks`). Each pointer is still parsed and authorized."""
+        """:meth:`resolve` each pointer, as one batch: a file that several pointers name is
+        checked once for all of them (:class:`FileChecks`)."""
         with FileChecks() as checks:
             return tuple(self._resolve(pointer, checks) for pointer in pointers)
 
@@ -209,8 +177,7 @@ class SourcePointerResolver:
 
     def _resolve_transcript(self, pointer: TranscriptPointer, checks: FileChecks) -> str:
         def scan(handle: io.FileIO) -> str:
-            # Not closed separately: closing the raw handle is enough, and it must stay
-            # open for the after-read check.
+            # Not closed: the raw handle stays open for the after-read check.
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
@@ -246,8 +213,7 @@ class SourcePointerResolver:
 
     @staticmethod
     def _artifact_path(pointer: ArtifactPointer) -> str:
-        """The artifact's path beneath the artifact root. Containment is per session: the
-        session folder is no link (none is followed) and the file has no other hard link."""
+        """The artifact's path beneath the artifact root."""
         return f"{pointer.session_id}/{pointer.filename}"
 
     def _resolve_artifact(self, pointer: ArtifactPointer, checks: FileChecks) -> str:
@@ -267,21 +233,13 @@ class SourcePointerResolver:
     # --- excerpts (for an operator, never for a prompt) -------------------------------------
 
     def excerpt(self, pointer: str, *, max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
-        """Resolve ``pointer``; for an available source, add the start of its text.
-
-        Never raises for a bad pointer or a bad file: the excerpt is ``None`` unless the
-        source is available and still has the digest just verified when read again.
-
-        Raises:
-            ValueError: ``max_chars`` is negative.
-        """
+        """Resolve ``pointer`` and, for an available source, read the start of its text
+        (a negative ``max_chars`` is a ``ValueError``)."""
         if max_chars < 0:
             raise ValueError(f"max_chars must be >= 0, got {max_chars}")
         resolution = self.resolve(pointer)
         if resolution.status != "available":
             return SourceExcerpt(resolution, None)
-        # resolve() parsed and authorized this very pointer; the read below goes through
-        # the same path checks and containment.
         parsed = parse_source_pointer(pointer)
         try:
             if isinstance(parsed, TranscriptPointer):
@@ -329,12 +287,8 @@ class SourcePointerResolver:
 
     def _lookup(self, root: str, relative: str, pointer: str,
                 verify: Callable[[io.FileIO], str], checks: FileChecks) -> str:
-        """Check the contained file (once per batch, :meth:`FileChecks.contained`) and reuse
-        its cached outcome, or open it and run ``verify`` on it.
-
-        A change to the file while it was being read takes precedence over what ``verify``
-        concluded, and such an outcome is not cached.
-        """
+        """The cached outcome of the contained file, or ``verify`` run on it; a change
+        while it was read wins over what ``verify`` said, and is not cached."""
         if self._cache is not None:
             cached = self._cache_get(_cache_key(pointer, checks.contained(root, relative)))
             if cached is not None:
@@ -382,8 +336,7 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
             info.st_ctime_ns)
 
 
-#: Parsed pointers by their string (a pure function: a session's pointers come back on every
-#: request). What it raises is not kept.
+#: Parsed pointers by their string (a session's pointers come back on every request).
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
 
 
@@ -428,10 +381,8 @@ def _os_error_outcome(exc: OSError) -> tuple[ResolutionStatus, str]:
 def resolve_durable_sources(
     state: DurableContextState, resolver: PointerResolver
 ) -> tuple[SourceResolution, ...]:
-    """Resolve every distinct source pointer of ``state`` once, first-seen order (facts,
-    pending items, evidence): the input :func:`render_durable_context` expects. A
-    :class:`SourcePointerResolver` resolves them as one batch
-    (:meth:`SourcePointerResolver.resolve_all`)."""
+    """Resolve every distinct source pointer of ``state`` once, first-seen order: the input
+    :func:`render_durable_context` expects."""
     if isinstance(resolver, SourcePointerResolver):
         return resolver.resolve_all(state.source_pointers())
     return tuple(resolver.resolve(pointer) for pointer in state.source_pointers())

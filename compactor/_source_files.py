@@ -1,22 +1,11 @@
 """Open a source file beneath its root: no symbolic link followed, no way out of the root.
 
-The resolver never checks a path and then opens it (a component swapped between the two
-would be followed). It opens the root once per batch as a directory descriptor, then the
-file *relative to that descriptor* in one step that the kernel checks as it goes:
-
-- Linux 5.6 and later: ``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-  RESOLVE_NO_MAGICLINKS`` (called through ``ctypes``: Python has no binding, and the PyPI
-  binding, ``pathrs``, needs the Rust ``libpathrs`` library installed on the system);
-- elsewhere (an older kernel, a sandbox that refuses the call, another OS): a walk, one
-  component at a time, each directory opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to
-  the one before and the file with ``O_NOFOLLOW``. A name holds no ``/``, so no link is
-  followed anywhere on the way.
-
-The root itself is opened by its path, links and all: it is the operator's setting, not a
-caller's. Beneath it, a symbolic link (even one that stays inside) is refused (``ELOOP``),
-and so are ``..``, ``.``, empty and absolute paths (``EXDEV``), by both ways alike. Bytes are
-read from the descriptor so opened; after reading, the path is looked up again the same way
-to tell a file removed or replaced meanwhile (never to decide what is read).
+The root (the operator's setting, links allowed) is opened once per batch as a directory
+descriptor, then the file relative to it in one step the kernel checks: ``openat2`` with
+``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` on Linux 5.6+ (through ``ctypes``: Python has no
+binding, PyPI's ``pathrs`` needs a system Rust library), else an ``O_NOFOLLOW`` walk, one
+component at a time. A link beneath the root is ``ELOOP``, a path leaving it ``EXDEV``. After
+reading, the path is looked up again to tell a file removed or replaced meanwhile.
 """
 
 from __future__ import annotations
@@ -118,13 +107,8 @@ def _components(relative: str) -> list[str]:
 
 
 def open_beneath(dir_fd: int, relative: str, flags: int = FILE_FLAGS) -> int:
-    """Open ``relative`` beneath the directory ``dir_fd`` with ``flags``, following no
-    symbolic link on the way (``ELOOP``) and never leaving it (``EXDEV``).
-
-    Raises:
-        OSError: what the kernel said (``ENOENT``, ``ENOTDIR``, ``EACCES``, ...), ``ELOOP``
-            for a link, ``EXDEV`` for a path that is not a plain relative path.
-    """
+    """Open ``relative`` beneath the directory ``dir_fd`` with ``flags``; an ``OSError``
+    as the kernel says, ``ELOOP`` for a link, ``EXDEV`` for a path that is not plain."""
     names = _components(relative)
     fd = _openat2(dir_fd, relative, flags | _NOFOLLOW)
     if fd is not None:
@@ -154,12 +138,8 @@ def _walk(dir_fd: int, names: list[str], flags: int) -> int:
 
 
 class FileChecks:
-    """The disk checks of one batch of pointers (one request's state), each made once: the
-    root directories' descriptors, and each file's open and ``fstat`` (:class:`ContainedFile`,
-    the handle closed again). The pointers that name one file (a session's transcript) share
-    its checks; a pointer whose outcome is cached for the file as it is then reads nothing. A
-    read opens the file again beneath the same root descriptor. Local to one batch (one
-    thread); a context manager that closes the roots' descriptors."""
+    """The disk checks of one batch of pointers, each made once: the roots' descriptors
+    (closed on exit) and each file's open and ``fstat``. Local to one batch (one thread)."""
 
     __slots__ = ("_contained", "_roots")
 
@@ -177,8 +157,7 @@ class FileChecks:
         self._roots.clear()
 
     def root(self, root: str) -> int:
-        """The descriptor of the directory ``root`` (its path's links followed), once per
-        batch."""
+        """The descriptor of the directory ``root`` (its path's links followed)."""
         found = self._roots.get(root)
         if found is None:
             try:
@@ -191,8 +170,8 @@ class FileChecks:
         return found
 
     def contained(self, root: str, relative: str) -> os.stat_result:
-        """The ``fstat`` of the regular file at ``relative`` beneath ``root``
-        (:class:`ContainedFile`'s checks), once per batch; what they raised, again."""
+        """The ``fstat`` of the file at ``relative`` beneath ``root`` after
+        :class:`ContainedFile`'s checks, or what they raised, again."""
         found = self._contained.get((root, relative))
         if found is None:
             try:
@@ -207,10 +186,9 @@ class FileChecks:
 
 
 class ContainedFile:
-    """Context manager: the regular file at ``relative`` beneath ``root``, opened with
-    :func:`open_beneath`; gives itself, with ``handle`` (unbuffered) and ``info`` (its
-    ``fstat``). A link beneath the root, or a path that would leave it, is ``denied``; a
-    directory or device is ``corrupt``; a file with another hard link is ``denied``."""
+    """Context manager: the regular file at ``relative`` beneath ``root``, with ``handle``
+    (unbuffered) and ``info`` (its ``fstat``); a link, an escape or a second hard link is
+    ``denied``, anything but a regular file ``corrupt``."""
 
     def __init__(self, root: str, relative: str, checks: FileChecks) -> None:
         self._root = root
@@ -227,8 +205,7 @@ class ContainedFile:
             if not stat.S_ISREG(info.st_mode):
                 raise Outcome("corrupt", "not a regular file")
             if info.st_nlink > 1:
-                # A hard link cannot be told apart from the file it shares: it may be another
-                # session's or lie outside the root.
+                # It may be another session's file, or one outside the root.
                 raise Outcome("denied", "the file has more than one hard link")
             self.handle = io.FileIO(fd, "rb", closefd=True)
         except BaseException:

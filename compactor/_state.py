@@ -1,24 +1,9 @@
-"""The durable context state: operator-maintained facts, pending items and frozen
-retrieval evidence, each tied to a source pointer.
+"""The durable context state: operator-maintained facts, pending items and frozen retrieval
+evidence (:mod:`._state_items`), each tied to a source pointer.
 
-This state never passes through the lossy compaction layers and a summary can never change
-it; only the admin API replaces it (SPEC section 6). So the types here are frozen, hold
-tuples, and check everything at construction: a value that exists is a valid value.
-
-Validation errors are ``ValueError`` whose message starts with the field path (``fact_id:
-...`` from a single item, ``facts[1].last_confirmed_at: ...`` from the state or from
-:meth:`DurableContextState.from_dict`), because the admin API answers 400 with that message.
-
-Timestamps (``last_confirmed_at``, ``captured_at``) may be given as an aware ``datetime`` or
-as an ISO 8601 string with an offset or ``Z``; the attribute always holds the aware
-``datetime``, so the two forms give equal items, the same JSON and the same rendering. A
-naive timestamp (a ``datetime`` or a string without an offset) is refused.
-
-Source pointers are stored as given (non-empty strings); their syntax is checked when they
-are resolved, where a bad one becomes a ``denied`` or ``unsupported`` status instead of an
-error, so a state written today still loads when a new scheme appears tomorrow.
-
-Its items are in :mod:`._state_items`. Everything in ``__all__`` gets re-exported.
+It never passes through the lossy layers and only the admin API replaces it, so the types are
+frozen, hold tuples and check everything at construction. Errors are ``ValueError`` whose
+message starts with the field path (``facts[1].last_confirmed_at: ...``): the admin API's 400.
 """
 
 from __future__ import annotations
@@ -30,10 +15,7 @@ from typing import Any, TypeVar
 
 from ._state_items import DurableFact, PendingItem, RetrievalEvidence
 
-__all__ = [
-    "DurableContextState",
-    "capture_retrieval_evidence",
-]
+__all__ = ["DurableContextState", "capture_retrieval_evidence"]
 
 
 # --- the state --------------------------------------------------------------------------
@@ -59,26 +41,15 @@ def _as_items(field: str, value: object, kind: type[_Item], id_field: str) -> tu
 
 @dataclass(frozen=True, slots=True, init=False)
 class DurableContextState:
-    """A session's durable context: facts, pending items and retrieval evidence.
-
-    Lists (any list or tuple) are stored as tuples; ids are unique within each kind.
-
-    Args:
-        facts: the :class:`DurableFact` items, in display order.
-        pending_items: the :class:`PendingItem` items, in display order.
-        retrieval_evidence: the :class:`RetrievalEvidence` items, in captured order.
-
-    Raises:
-        ValueError: an item of the wrong type or a duplicate id, e.g.
-            ``facts[2].fact_id: duplicate id 'f1'``.
-    """
+    """A session's durable context: facts and pending items in display order, retrieval
+    evidence in captured order; stored as tuples, ids unique within each kind (else
+    ``ValueError``, e.g. ``facts[2].fact_id: duplicate id 'f1'``)."""
 
     facts: tuple[DurableFact, ...]
     pending_items: tuple[PendingItem, ...]
     retrieval_evidence: tuple[RetrievalEvidence, ...]
 
-    # A hand-written __init__ so the parameters can be typed as any sequence while the
-    # fields stay tuples (the generated one would type the parameters as tuples).
+    # Hand-written: the parameters are any sequence, the fields stay tuples.
     def __init__(
         self,
         facts: Sequence[DurableFact] = (),
@@ -86,15 +57,10 @@ class DurableContextState:
         retrieval_evidence: Sequence[RetrievalEvidence] = (),
     ) -> None:
         object.__setattr__(self, "facts", _as_items("facts", facts, DurableFact, "fact_id"))
-        object.__setattr__(
-            self, "pending_items",
-            _as_items("pending_items", pending_items, PendingItem, "item_id"),
-        )
-        object.__setattr__(
-            self, "retrieval_evidence",
-            _as_items("retrieval_evidence", retrieval_evidence, RetrievalEvidence,
-                      "memory_id"),
-        )
+        object.__setattr__(self, "pending_items",
+                           _as_items("pending_items", pending_items, PendingItem, "item_id"))
+        object.__setattr__(self, "retrieval_evidence", _as_items(
+            "retrieval_evidence", retrieval_evidence, RetrievalEvidence, "memory_id"))
 
     @property
     def is_empty(self) -> bool:
@@ -103,18 +69,13 @@ class DurableContextState:
 
     def source_pointers(self) -> tuple[str, ...]:
         """The distinct pointer strings, first-seen order: facts, pending items, evidence."""
-        seen: dict[str, None] = {}
-        for fact in self.facts:
-            seen.setdefault(fact.source_pointer, None)
-        for item in self.pending_items:
-            seen.setdefault(item.source_pointer, None)
-        for evidence in self.retrieval_evidence:
-            seen.setdefault(evidence.source_id, None)
-        return tuple(seen)
+        pointers = [*(fact.source_pointer for fact in self.facts),
+                    *(item.source_pointer for item in self.pending_items),
+                    *(evidence.source_id for evidence in self.retrieval_evidence)]
+        return tuple(dict.fromkeys(pointers))
 
     def to_dict(self) -> dict[str, list[dict[str, Any]]]:
-        """The JSON-ready form (the admin API body): field names as in the dataclasses,
-        timestamps as ISO 8601 strings."""
+        """The JSON-ready form (the admin API body), timestamps as ISO 8601 strings."""
         return {
             "facts": [fact.to_dict() for fact in self.facts],
             "pending_items": [item.to_dict() for item in self.pending_items],
@@ -123,15 +84,8 @@ class DurableContextState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DurableContextState:
-        """Build from the :meth:`to_dict` shape.
-
-        Missing lists are empty; unknown keys are refused; timestamps are ISO 8601 strings
-        with an offset or ``Z``.
-
-        Raises:
-            ValueError: the message starts with the field path, e.g.
-                ``facts[1].last_confirmed_at: timestamp has no timezone``.
-        """
+        """Build from the :meth:`to_dict` shape: missing lists are empty, unknown keys
+        refused; a ``ValueError`` starts with the field path."""
         if not isinstance(data, Mapping):
             raise ValueError(f"state: must be an object, got {type(data).__name__}")
         for key in data:
@@ -176,27 +130,11 @@ def _get(hit: object, name: str) -> Any:
 def capture_retrieval_evidence(
     hits: Iterable[object], *, now: datetime | None = None
 ) -> tuple[RetrievalEvidence, ...]:
-    """Freeze already-selected retrieval hits into :class:`RetrievalEvidence`.
-
-    Each hit is an object with attributes or a mapping with keys ``memory_id``,
-    ``source_id``, ``source_type``, ``source_title``, ``score``, ``source_rank`` (or
-    ``rank``), and optionally ``captured_at`` (a datetime or an ISO 8601 string) and
-    ``conflict_key``. Text a hit carries (``text``, ``content``, ``excerpt``, ...) is never
-    copied. The hits keep the order given: ranking and conflict decisions were made by the
-    retriever and are recorded, not redone.
-
-    Args:
-        hits: the selected hits, in the retriever's order.
-        now: the capture time for hits without ``captured_at``; default: now, in UTC.
-
-    Returns:
-        One :class:`RetrievalEvidence` per hit, same order.
-
-    Raises:
-        ValueError: a hit lacks a field, has an invalid one, disagrees between ``rank`` and
-            ``source_rank``, or repeats a ``memory_id``; the message starts with
-            ``hits[<index>].<field>``.
-    """
+    """Freeze already-selected retrieval hits, in the retriever's order, into
+    :class:`RetrievalEvidence` (ranking and conflicts are recorded, not redone; a hit's text
+    is never copied). A hit is an object or a mapping with the evidence's fields (``rank``
+    may stand for ``source_rank``); ``now`` (default: now, UTC) dates hits without
+    ``captured_at``. A ``ValueError`` starts with ``hits[<index>].<field>``."""
     captured_default = now if now is not None else datetime.now(UTC)
     result: list[RetrievalEvidence] = []
     seen: set[str] = set()

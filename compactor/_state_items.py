@@ -13,21 +13,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
-__all__ = [
-    "DurableFact",
-    "PENDING_STATUSES",
-    "PendingItem",
-    "PendingStatus",
-    "RetrievalEvidence",
-]
+__all__ = ["DurableFact", "PENDING_STATUSES", "PendingItem", "PendingStatus", "RetrievalEvidence"]
 
-#: A pending item's lifecycle. It changes only through the admin API (or the console, which
-#: writes through the same store): a summary or a model reply saying "done" changes nothing.
+#: A pending item's lifecycle: it changes only through the admin API (docs/admin.md).
 PendingStatus = Literal["open", "blocked", "done"]
 #: Every status, in lifecycle order (``open`` is the default).
 PENDING_STATUSES: Final[tuple[PendingStatus, ...]] = get_args(PendingStatus)
+_Item = TypeVar("_Item")
 
 
 # --- field checks -----------------------------------------------------------------------
@@ -102,16 +96,10 @@ def _parse_timestamp(field: str, value: object) -> datetime:
 
 
 def _timestamp(field: str, value: object) -> datetime:
-    """A construction-time timestamp: an aware ``datetime``, or an ISO 8601 string with an
-    offset or ``Z`` (the seed's form), parsed to one. Either way the result is an aware
-    ``datetime``, so there is one representation afterwards."""
+    """An aware ``datetime``, given as one or as an ISO 8601 string with an offset."""
     if isinstance(value, str):
         return _parse_timestamp(field, value)
     return _check_timestamp(field, value)
-
-
-def _iso(value: datetime) -> str:
-    return value.isoformat()
 
 
 # --- the item types ---------------------------------------------------------------------
@@ -122,19 +110,8 @@ def _iso(value: datetime) -> str:
 class DurableFact:
     """A fact the operator asserts, with the source it was confirmed against.
 
-    Args:
-        fact_id: unique among the state's facts; non-empty.
-        content: the fact itself; non-empty.
-        source_pointer: where it comes from (``transcript:...`` or ``artifact:...``).
-        last_confirmed_at: when it was last checked: a timezone-aware ``datetime`` or an
-            ISO 8601 string with an offset or ``Z`` (``"2026-11-30T10:00:00+00:00"``). The
-            attribute always holds the aware ``datetime`` (a string is parsed, its offset
-            kept), so both forms give equal items, the same :meth:`to_dict` and the same
-            rendering.
-
-    Raises:
-        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
-            starts with the field name.
+    ``last_confirmed_at`` may be an aware ``datetime`` or an ISO 8601 string with an offset
+    (parsed, offset kept): both give equal items. A bad field is a ``ValueError`` naming it.
     """
 
     fact_id: str
@@ -142,8 +119,7 @@ class DurableFact:
     source_pointer: str
     last_confirmed_at: datetime
 
-    # Hand-written so the timestamp parameter may be a string while the field stays a
-    # datetime (the generated __init__ would type it as the field).
+    # Hand-written: the timestamp may be given as a string, the field stays a datetime.
     def __init__(self, fact_id: str, content: str, source_pointer: str,
                  last_confirmed_at: datetime | str) -> None:
         object.__setattr__(self, "fact_id", _check_id("fact_id", fact_id))
@@ -153,45 +129,20 @@ class DurableFact:
                            _timestamp("last_confirmed_at", last_confirmed_at))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
-        return {
-            "fact_id": self.fact_id,
-            "content": self.content,
-            "source_pointer": self.source_pointer,
-            "last_confirmed_at": _iso(self.last_confirmed_at),
-        }
+        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DurableFact:
         """Build from the :meth:`to_dict` shape; errors name the field."""
-        values = _fields_of(cls, data, optional=())
-        return cls(
-            fact_id=values["fact_id"],
-            content=values["content"],
-            source_pointer=values["source_pointer"],
-            last_confirmed_at=_parse_timestamp("last_confirmed_at", values["last_confirmed_at"]),
-        )
+        return _from_dict(cls, data, "last_confirmed_at", optional=())
 
 
 @dataclass(frozen=True, slots=True, init=False)
 class PendingItem:
-    """Something still to be done, with the source that raised it, and how far it got.
-
-    Args:
-        item_id: unique among the state's pending items; non-empty.
-        description: what is pending; non-empty.
-        source_pointer: where it comes from.
-        last_confirmed_at: when it was last checked: an aware ``datetime`` or an ISO 8601
-            string with an offset or ``Z``; the attribute always holds the aware
-            ``datetime`` (see :class:`DurableFact`).
-        status: ``open`` (the default), ``blocked`` or ``done``
-            (:data:`PENDING_STATUSES`). Set by the operator only: nothing the model or a
-            summary says changes it.
-
-    Raises:
-        ValueError: a field is invalid (a naive or non-ISO timestamp, an unknown status
-            included); the message starts with the field name.
-    """
+    """Something still to be done, with the source that raised it, and its ``status``
+    (:data:`PENDING_STATUSES`, the operator's alone). Fields are checked as
+    :class:`DurableFact`'s."""
 
     item_id: str
     description: str
@@ -209,50 +160,22 @@ class PendingItem:
         object.__setattr__(self, "status", _check_status("status", status))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
-        return {
-            "item_id": self.item_id,
-            "description": self.description,
-            "source_pointer": self.source_pointer,
-            "last_confirmed_at": _iso(self.last_confirmed_at),
-            "status": self.status,
-        }
+        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PendingItem:
-        """Build from the :meth:`to_dict` shape; errors name the field. A ``status`` that is
-        absent (a state stored before pending items had one) is ``open``."""
-        values = _fields_of(cls, data, optional=("status",))
-        return cls(
-            item_id=values["item_id"],
-            description=values["description"],
-            source_pointer=values["source_pointer"],
-            last_confirmed_at=_parse_timestamp("last_confirmed_at", values["last_confirmed_at"]),
-            status=values.get("status", "open"),
-        )
+        """Build from the :meth:`to_dict` shape; an absent ``status`` (older states) is
+        ``open``."""
+        return _from_dict(cls, data, "last_confirmed_at", optional=("status",))
 
 
 @dataclass(frozen=True, slots=True, init=False)
 class RetrievalEvidence:
-    """A retrieval hit frozen at capture time: identity, provenance, score, rank and the
-    conflict decision already made, never the recalled text.
-
-    Args:
-        memory_id: unique among the state's evidence; non-empty.
-        source_id: the evidence's source pointer string (same syntax as ``source_pointer``).
-        source_type: free provenance text (e.g. ``"transcript"``, ``"doc"``).
-        source_title: free provenance text.
-        captured_at: when the hit was captured: an aware ``datetime`` or an ISO 8601 string
-            with an offset or ``Z``; the attribute always holds the aware ``datetime`` (see
-            :class:`DurableFact`).
-        score: the retriever's score, in [0, 1].
-        source_rank: the 1-based rank the retriever gave it.
-        conflict_key: set when this hit won a conflict under that key; None otherwise.
-
-    Raises:
-        ValueError: a field is invalid (a naive or non-ISO timestamp included); the message
-            starts with the field name.
-    """
+    """A retrieval hit frozen at capture time: identity, provenance (``source_id`` is a
+    pointer), ``score`` in [0, 1], 1-based ``source_rank`` and the ``conflict_key`` it won
+    under (None: no conflict), never the recalled text. Fields are checked as
+    :class:`DurableFact`'s."""
 
     memory_id: str
     source_id: str
@@ -278,38 +201,18 @@ class RetrievalEvidence:
         object.__setattr__(self, "conflict_key", conflict_key)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the dataclass fields, the timestamp as ISO 8601."""
-        return {
-            "memory_id": self.memory_id,
-            "source_id": self.source_id,
-            "source_type": self.source_type,
-            "source_title": self.source_title,
-            "captured_at": _iso(self.captured_at),
-            "score": self.score,
-            "source_rank": self.source_rank,
-            "conflict_key": self.conflict_key,
-        }
+        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RetrievalEvidence:
         """Build from the :meth:`to_dict` shape; ``conflict_key`` may be absent."""
-        values = _fields_of(cls, data, optional=("conflict_key",))
-        return cls(
-            memory_id=values["memory_id"],
-            source_id=values["source_id"],
-            source_type=values["source_type"],
-            source_title=values["source_title"],
-            captured_at=_parse_timestamp("captured_at", values["captured_at"]),
-            score=values["score"],
-            source_rank=values["source_rank"],
-            conflict_key=values.get("conflict_key"),
-        )
+        return _from_dict(cls, data, "captured_at", optional=("conflict_key",))
 
 
 def _fields_of(cls: type[Any], data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
-    """Check ``data`` is a mapping with exactly ``cls``'s fields (``optional`` may be
-    absent) and return it as a dict. Errors are ``"<field>: <problem>"`` or ``": <problem>"``
-    for the item as a whole, so the caller can prefix the item's path."""
+    """``data`` as a dict, checked to hold exactly ``cls``'s fields (``optional`` may be
+    absent); errors are ``"<field>: <problem>"`` (``": <problem>"`` for the whole item)."""
     if not isinstance(data, Mapping):
         raise ValueError(f": must be an object, got {type(data).__name__}")
     names = [f.name for f in fields(cls)]
@@ -322,3 +225,18 @@ def _fields_of(cls: type[Any], data: object, *, optional: tuple[str, ...]) -> di
             raise ValueError(f"{name}: missing")
     return dict(data)
 
+
+
+def _to_dict(item: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field in fields(item):
+        value = getattr(item, field.name)
+        out[field.name] = value.isoformat() if isinstance(value, datetime) else value
+    return out
+
+
+def _from_dict(cls: type[_Item], data: object, timestamp: str, *,
+               optional: tuple[str, ...]) -> _Item:
+    values = _fields_of(cls, data, optional=optional)
+    values[timestamp] = _parse_timestamp(timestamp, values[timestamp])
+    return cls(**values)

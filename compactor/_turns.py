@@ -1,31 +1,16 @@
 """The assistant turn in progress, whose opening message no layer may remove.
 
-With extended thinking on, the provider requires the assistant turn in progress — the one
-before the last set of ``tool_use`` / ``tool_result`` blocks — to *start* with a thinking block
-(reference section 5.4: "a final `assistant` message must start with a thinking block").
-Without interleaved thinking the model thinks only once per turn, at its start, so a long tool
-loop (``claude -p`` runs whole tasks as one) is one turn whose opening message holds the only
-thinking block. Removing that message, or cutting the history inside the turn so that it
-starts at a later ``tool_use``, gets the provider's 400.
-
-A turn starts after a user message that is no ``tool_result`` answer (a person, or an
-injected text); role-``system`` messages are transparent. The turn is *in progress* when the
-request ends with a user message carrying ``tool_result`` blocks. Its opener is the first
-assistant message of the turn; when that message starts with a thinking block, it and the
-user message answering it are protected: every layer keeps them as they are.
-
-The rule is structural, not tied to the request's ``thinking`` setting: keeping an opener the
-provider would not have required costs a few tokens; dropping one it does require costs the
-request.
-
-Everything in ``__all__`` gets re-exported.
+With extended thinking the provider requires the turn in progress (the request ends with
+``tool_result`` answers) to start with its thinking block, and without interleaved thinking only
+the turn's first assistant message has one. So when that opener starts with thinking, it and the
+user message answering it are protected, whatever the request's ``thinking`` setting (keeping an
+opener costs a few tokens; dropping a required one costs the request). A turn starts after a user
+message that is no tool answer; role-``system`` messages are transparent.
 """
 
 from __future__ import annotations
 
 from ._blocks import CLIENT_RESULT, DROPPABLE_ROLES, THINKING, Message, blocks_of
-
-__all__: list[str] = []
 
 
 def has_tool_result(message: Message) -> bool:
@@ -72,10 +57,9 @@ def protected_indices(messages: list[Message]) -> frozenset[int]:
 
 
 def removable_in_turn(messages: list[Message], ids: set[str]) -> set[str]:
-    """``ids`` (calls a layer wants to remove with their results) without those whose removal
-    would leave a tool answer inside the turn in progress holding other blocks only (a text
-    appended to the results, as Claude Code does): a user message with no ``tool_result`` left
-    would end the turn there, and its opener would no longer be the turn's first message."""
+    """``ids`` (calls a layer would remove with their results) without those whose removal
+    would leave a tool answer inside the turn in progress with only other blocks (a text
+    Claude Code appended): that message would end the turn there, before its opener."""
     opening = protected_opening(messages)
     if opening is None:
         return ids

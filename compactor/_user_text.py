@@ -1,11 +1,8 @@
 """What a person typed: user-role text that is neither a tool result nor injected by the harness.
 
-Claude Code (and agents like it) put their own text into user messages: reminders, echoes of
-slash commands and their output, notices of background tasks, interruption markers. Those are
-recognised by their wrappers, learnt from the corpus and from Claude Code's recorded requests
-(``<system-reminder>``, ``<command-name>``, ``<local-command-stdout>``, ``<task-notification>``,
-``[Request interrupted by user]`` …). Everything else a user message says in a ``text`` block is
-taken as typed by the person, the thing a compaction must not lose (see ``_record``).
+A harness's own text (reminders, command echoes, task notices, interruption markers) is told
+by its wrappers, learnt from the corpus and Claude Code's recorded requests; every other user
+``text`` block was typed by the person, which a compaction must not lose (``_record``).
 """
 
 from __future__ import annotations
@@ -13,8 +10,6 @@ from __future__ import annotations
 import re
 
 from ._blocks import Message, blocks_of
-
-__all__: list[str] = []  # private: the layers use them, SPEC §7 does not name them
 
 #: Tags a harness wraps its own text in, when they open the text block.
 HARNESS_TAGS = (

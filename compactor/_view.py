@@ -7,7 +7,7 @@ token count per message and re-counts only the messages a layer replaced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ._blocks import (
@@ -24,18 +24,11 @@ from ._blocks import (
 from ._fingerprint import fingerprint
 from ._tokens import CachingCounter
 
-__all__: list[str] = []
-
 
 class View:
-    """``messages`` with a fingerprint and a token count per message, and the tokens reserved
-    outside them. Both are computed once per message object.
-
-    ``scale`` is the provider's tokens per counted token (the proxy's calibration), and
-    ``known`` the provider's own count of messages it has counted before, by fingerprint: the
-    totals every threshold is compared with are those provider counts where known, and the
-    counted tokens times ``scale`` elsewhere (exactly the counted tokens by default).
-    """
+    """``messages`` with a fingerprint and a token count per message (made once each), and
+    the tokens reserved outside them. Totals use the provider's ``known`` counts by
+    fingerprint where there are some, else the counted tokens times ``scale``."""
 
     __slots__ = ("messages", "fingerprints", "tokens", "counter", "reserved", "scale", "known",
                  "marked", "_total")
@@ -63,16 +56,14 @@ class View:
         return self.reserved + sum(self.tokens)
 
     def total(self) -> int:
-        """Tokens of the whole view as the provider would count them (see the class); made
-        once per view."""
+        """Tokens of the whole view as the provider would count them (see the class)."""
         if self._total is None:
             scale, known = self.scale, self.known
             if known is None:
                 counted = self.reserved + sum(self.tokens)
                 self._total = counted if scale == 1.0 else round(counted * scale)
             else:
-                # Each message's known count, else its count x scale (C loops: this runs over
-                # the whole history on every request).
+                # Each message's known count, else its count x scale (C loops: hot path).
                 self._total = round(self.reserved * scale + sum(
                     map(known.get, self.fingerprints, map(scale.__mul__, self.tokens))))
         return self._total
@@ -106,11 +97,8 @@ def _pair_id(block: dict[str, Any]) -> str | None:
 
 
 def drop_pairs(messages: list[Message], ids: set[str]) -> list[Message]:
-    """Remove every use and result block whose id is in ``ids``, then tidy the view.
-
-    Pairs go together: removing only one half would leave the provider a ``tool_use``
-    without its answer, or an answer to nothing.
-    """
+    """Remove every use and result block whose id is in ``ids`` (pairs go together), then
+    tidy the view."""
     if not ids:
         return messages
     out: list[Message] = []
@@ -133,16 +121,10 @@ def _strip_trailing_thinking(message: Message) -> Message:
 
 
 def tidy(messages: list[Message]) -> list[Message]:
-    """Make a view the provider accepts again after blocks were removed.
-
-    * an assistant message may not end with a thinking block, and one holding nothing but
-      thinking says nothing: trailing thinking goes, then such a message goes;
-    * an empty message goes; an empty user message between two assistant messages was the
-      answer to calls that were all removed, so the rest of the assistant message before it
-      goes too: the exchange goes whole, and no made-up user turn stands in for it (a user
-      text there would end the assistant's turn in the provider's eyes, see ``_turns``);
-    * the final assistant message (a prefill) is left as it is.
-    """
+    """Make a view the provider accepts again after blocks were removed: trailing thinking
+    goes from assistant messages (but a final prefill), then empty messages; an empty user
+    message between two assistant ones answered calls that all went, so the assistant
+    message before it goes too (the exchange goes whole; no made-up user turn)."""
     last = len(messages) - 1
     kept = [
         _strip_trailing_thinking(m) if m.get("role") == "assistant" and i != last else m
@@ -156,33 +138,21 @@ def tidy(messages: list[Message]) -> list[Message]:
             out.append(message)
             continue
         if message.get("role") == "user":
-            before = _neighbour_at(out, reverse=True)
-            after = _neighbour_role(kept[index + 1:], reverse=False, skip_empty=True)
+            before = _last_conversational(out)
+            after = _next_role(kept[index + 1:])
             if (before is not None and out[before].get("role") == "assistant"
                     and after == "assistant"):
                 del out[before]
     return out
 
 
-def _neighbour_at(messages: list[Message], *, reverse: bool) -> int | None:
-    order = range(len(messages) - 1, -1, -1) if reverse else range(len(messages))
-    for index in order:
-        if messages[index].get("role") in DROPPABLE_ROLES:
-            return index
-    return None
+def _last_conversational(messages: list[Message]) -> int | None:
+    """The index of the last user or assistant message."""
+    return next((i for i in range(len(messages) - 1, -1, -1)
+                 if messages[i].get("role") in DROPPABLE_ROLES), None)
 
 
-def _neighbour_role(messages: Iterable[Message], *, reverse: bool,
-                    skip_empty: bool = False) -> str | None:
-    sequence = list(messages)
-    if reverse:
-        sequence.reverse()
-    for message in sequence:
-        role = message.get("role")
-        if role not in DROPPABLE_ROLES:
-            continue
-        if skip_empty and is_empty_content(message):
-            continue
-        return str(role)
-    return None
-
+def _next_role(messages: list[Message]) -> str | None:
+    """The role of the first user or assistant message that is not empty."""
+    return next((str(m.get("role")) for m in messages
+                 if m.get("role") in DROPPABLE_ROLES and not is_empty_content(m)), None)
