@@ -1,15 +1,9 @@
-"""Which callers' credentials the provider has accepted: the operator's summary key is spent
-only for them.
+"""Which callers' credentials the provider has accepted: the operator's summary key
+(``summary.api_key_env``) is spent only for them.
 
-In ``summary.mode: separate`` with ``summary.api_key_env`` the operator's key pays for the
-summaries, but the provider judges the caller's own credential only once the request is
-forwarded, after its summary. So a credential counts as accepted after a 2xx to a forwarded
-request (a 401 or 403 forgets it), or else after a ``GET /v1/models?limit=1`` with that
-credential alone when a summary is first needed (nothing billed; concurrent checks are one
-call). Learning from answers alone would never accept a new caller whose long history needs a
-summary before it can be forwarded. Credentials are remembered by a keyed BLAKE2b digest
-(the key random per process), at most :data:`MAX_ACCEPTED`, each for :data:`ACCEPTED_TTL_S`;
-each process learns its callers itself.
+A credential is accepted after a 2xx to a forwarded request (a 401 or 403 forgets it), or after
+a ``GET /v1/models?limit=1`` with it when a summary is needed first (a new caller's long
+history needs one before it is forwarded). Remembered per process by a keyed BLAKE2b digest.
 """
 
 from __future__ import annotations
@@ -37,18 +31,10 @@ MAX_ACCEPTED: Final = 16384
 #: How long an acceptance is trusted without a new answer from the provider.
 ACCEPTED_TTL_S: Final = 3600.0
 
-class AcceptedCallers:
-    """The credentials the provider has accepted lately (see the module's docstring). Used
-    from the event loop only.
 
-    Args:
-        client: the summary SDK client (its base URL, timeout and retries), or what gives
-            it when a check is first made (the SDK is imported then); a check sends the
-            caller's credential in place of the client's own.
-        max_entries: how many accepted credentials to remember.
-        ttl_s: how long each is remembered.
-        timer: the clock of the time to live (tests).
-    """
+class AcceptedCallers:
+    """The credentials the provider has accepted lately; used from the event loop only.
+    ``client`` is the summary SDK client, or what gives it when a check is first made."""
 
     def __init__(self, client: anthropic.AsyncAnthropic
                  | Callable[[], Awaitable[anthropic.AsyncAnthropic]], *,

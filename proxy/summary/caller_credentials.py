@@ -16,12 +16,8 @@ __all__ = ["CallerCredentials"]
 
 @dataclass(frozen=True)
 class CallerCredentials:
-    """The client's own auth headers, sent as they are with its summary calls.
-
-    Attributes:
-        x_api_key: the ``x-api-key`` header, if sent.
-        authorization: the ``Authorization`` header (e.g. ``Bearer <token>``), if sent.
-    """
+    """The client's own ``x-api-key`` and ``Authorization`` headers, if sent: its summary
+    calls send them as they are."""
 
     x_api_key: str | None = None
     authorization: str | None = None

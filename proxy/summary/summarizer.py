@@ -1,19 +1,8 @@
 """L4 summaries through the provider, and the summary cache in front of them.
 
-The compactor never calls a model: it hands over a :class:`compactor.SummaryRequest` (the
-span as a JSON transcript, its cache key, and the conversation up to the kept turns).
-:func:`summary_source` turns that into text: the store's summary cache first, then, for
-``/v1/messages`` only, the provider through the anthropic SDK, at most one call per span at a
-time however many requests need it (:mod:`proxy.summary.flights`).
-
-``summary.mode`` says how the call is made (:mod:`proxy.summary.calls`): ``fork`` sends
-the client's own request — its headers, query string, ``system``, ``tools`` and model — with
-the summary asked for in a last user turn, so a credential that only serves the client's own
-requests (a Claude Code subscription login) works and the provider reads the prompt from its
-cache; ``separate`` sends the proxy's own prompt with the caller's credentials (or the key
-named by ``summary.api_key_env``: then only for a caller whose credential the provider has
-accepted, :mod:`proxy.summary.caller_checks`). Either is made in pieces, then merged, when it
-would not fit the model's window. ``count_tokens`` uses the cache only, so it never makes a call.
+:func:`summary_source` turns the compactor's :class:`compactor.SummaryRequest` into text: the
+store's summary cache first, then (``/v1/messages`` only) one provider call per span at a time
+through the anthropic SDK, in ``summary.mode`` (:mod:`proxy.summary.calls`; docs/how-it-works.md).
 Any failure gives ``None``: the compactor then keeps the history as it is.
 """
 
@@ -90,19 +79,10 @@ _PIECE_CONCURRENCY: Final = 4
 
 @dataclass(frozen=True)
 class SummaryResult:
-    """What asking the provider for one summary gave.
-
-    Attributes:
-        text: the summary, ``None`` when there is none.
-        outcome: ``ok``, ``failed`` (no answer, or a prompt too large) or ``empty`` (an
-            answer without text).
-        mode: ``fork`` or ``separate``: how the calls were made.
-        model: the model they were made with (``None``: no call was made).
-        pieces: the piece calls made before the merge (0: the summary was one call).
-        usage: the provider's ``usage`` of every call, summed.
-        error_class: why there is no summary (an SDK exception's class name,
-            ``EmptySummary``, ``SummaryTooLarge``, ``NoCredentials``), ``None`` with one.
-    """
+    """What asking the provider for one summary gave: ``outcome`` ``ok``, ``failed`` or
+    ``empty``; ``pieces`` made before the merge (0: one call); ``usage`` summed over the calls;
+    ``error_class`` why there is no text (an SDK exception's class name, ``EmptySummary``,
+    ``SummaryTooLarge``, ``NoCredentials``)."""
 
     text: str | None
     outcome: str
@@ -167,15 +147,8 @@ class _Calls:
 
 
 class ProviderSummarizer:
-    """One SDK client per app (its connection pool shared by every summary call), and the
-    summary calls running in it (:attr:`flights`).
-
-    Args:
-        config: the ``summary`` section.
-        base_url: the upstream provider.
-        api_key: the key from ``summary.api_key_env`` (``separate`` mode); ``None`` uses
-            each caller's own.
-    """
+    """One SDK client per app, and the summary calls running in it (:attr:`flights`);
+    ``api_key`` is ``summary.api_key_env``'s key, ``None`` to use each caller's own."""
 
     def __init__(self, config: SummaryConfig, base_url: str, api_key: str | None, *,
                  provider: Provider | None = None) -> None:
@@ -183,10 +156,9 @@ class ProviderSummarizer:
         self.flights: SingleFlight[str | None] = SingleFlight()
         self.windows = SummaryWindows(config)
         self._api_key = api_key
-        # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
-        # credentials when the client sent none (proxy.providers).
+        # Bedrock, Vertex: the calls go out in their format, signed with the proxy's own
+        # credentials when the client sent none.
         self._signs_calls = provider is not None and provider.signs_calls
-        # Built on the first summary call: most processes never import the SDK.
         self._client = SummaryClient(
             transport_client(provider, config.timeout_s) if self._signs_calls else None,
             api_key=api_key or NO_CREDENTIAL, base_url=base_url,
@@ -203,9 +175,8 @@ class ProviderSummarizer:
         await self._client.close()
 
     async def may_call_for(self, caller: CallerCredentials) -> bool:
-        """Whether a summary call may be made for ``caller``: always when it is paid by the
-        caller's own credential; on the operator's key (``summary.api_key_env``, separate
-        mode) only once the provider has accepted the caller's credential."""
+        """Whether a summary call may be made for ``caller``: on the operator's key, only
+        once the provider has accepted the caller's own credential."""
         return self._callers is None or await self._callers.accepted(caller)
 
     @property
@@ -214,8 +185,7 @@ class ProviderSummarizer:
         return self._callers is not None
 
     def caller_answered(self, caller: CallerCredentials, status: int | None) -> None:
-        """The provider answered the caller's forwarded request with ``status``: what that
-        says of its credential (:meth:`AcceptedCallers.answered`)."""
+        """The provider answered the caller's forwarded request with ``status``."""
         if self._callers is not None:
             self._callers.answered(caller, status)
 
@@ -224,10 +194,7 @@ class ProviderSummarizer:
         """Per-call auth: the configured key (the client's own), else the caller's headers."""
         if self._api_key is not None:
             return {}
-        if self._signs_calls:  # the provider's transport authorises: no SDK credential
-            return caller.as_extra_headers() if caller.present else \
-                CallerCredentials().as_extra_headers()
-        if caller.present:
+        if caller.present or self._signs_calls:  # (the provider's transport authorises)
             return caller.as_extra_headers()
         return None
 
@@ -259,18 +226,9 @@ class ProviderSummarizer:
                         counter: compactor.CachingCounter | None = None,
                         on_usage: UsageCallback | None = None,
                         on_window: WindowCallback | None = None) -> SummaryResult:
-        """Ask the provider for a summary of ``request``; never raises.
-
-        Args:
-            request: the span, and the conversation up to the kept turns.
-            caller: the client's credentials (``separate`` mode).
-            fork: the client's request (``fork`` mode; without it the call is ``separate``).
-            counter: counts prompts against ``summary.context_window_tokens``; ``None`` takes
-                every call as fitting.
-            on_usage: told the model and ``usage`` of every call made.
-            on_window: told the model and window M of a call refused as ``prompt is too
-                long: N tokens > M maximum`` (the span is then made in pieces that fit).
-        """
+        """Ask the provider for a summary of ``request``; never raises. Without ``fork`` the
+        call is ``separate``; without ``counter`` every call is taken as fitting; a call
+        refused as too long tells ``on_window`` and is made again in pieces that fit."""
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
         client = await self._client.get()
@@ -336,11 +294,7 @@ class ProviderSummarizer:
         return [task.result() for task in tasks]
 
     async def _call(self, call: SummaryCall, calls: _Calls) -> str:
-        """One call's text (text blocks only).
-
-        Raises:
-            _NoSummary: the call failed, or its answer has no text.
-        """
+        """One call's text (text blocks only); :class:`_NoSummary` when there is none."""
         anthropic = sdk()
         try:
             # The SDK's own client (its credentials, base URL, timeout, retries, errors and
@@ -381,29 +335,11 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    metrics: ProxyMetrics | None = None,
                    on_usage: UsageCallback | None = None,
                    on_window: WindowCallback | None = None) -> Summarizer:
-    """The summarizer the compactor gets for one request.
-
-    The store's cache is asked first; on a miss ``provider`` (``None``: cache only, as for
-    ``count_tokens``) writes one, which is cached under the request's content hash — within
-    the request's tenant (another tenant's equal span is never answered from this cache).
-    Requests that need a summary another request is already asking for wait for that call
-    (at most ``summary.timeout_s``) instead of making their own; when ``store`` is shared by
-    other processes, the one call is the fleet's (a lease of the store per key, see
-    :func:`proxy.summary.flights.fleet_single_flight`): the others read the cache when it lands.
-
-    Args:
-        store: the summary cache.
-        provider: the summary client, ``None`` for the cache only.
-        caller: the client's credentials (``separate`` mode).
-        tenant: the request's tenant.
-        fork: makes the client's request that ``fork`` mode's calls copy; called only when a
-            call is made (most requests never need one).
-        counter: counts prompts against the model's window (``None``: never in pieces).
-        metrics: counts every summary asked for, by outcome (``cached``, ``joined``, ``ok``,
-            ``failed``, ``empty``).
-        on_usage: told the model and ``usage`` of every call made.
-        on_window: told the model and window of a call refused as too long.
-    """
+    """The summarizer the compactor gets for one request: the tenant's summary cache first,
+    then ``provider`` (``None``: cache only, as for ``count_tokens``). A request needing a
+    summary already asked for waits for that call (at most ``summary.timeout_s``); with a
+    shared store the call is the fleet's (:func:`~proxy.summary.flights.fleet_single_flight`).
+    ``fork`` makes the request fork mode copies, only when a call is made."""
 
     def count(outcome: str) -> None:
         if metrics is not None:
