@@ -22,8 +22,7 @@ from proxy.accounting.usage import ProviderUsage
 from proxy.config import SummaryConfig
 from proxy.providers.base import Provider
 from proxy.store import ReplicaConsistency, StoreError, SummaryCache
-from proxy.summary.caller_checks import AcceptedCallers
-from proxy.summary.caller_credentials import CallerCredentials
+from proxy.summary.caller_checks import AcceptedCallers, CallerCredentials
 from proxy.summary.calls import (
     SUMMARIZER_MARKER,
     SUMMARY_SYSTEM_PROMPT,
