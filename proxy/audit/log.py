@@ -10,8 +10,9 @@ docs/operations.md, "The audit log".
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
@@ -51,12 +52,10 @@ _RFC3339: Final = msgspec.json.Encoder()
 
 def _time(name: str, value: object) -> datetime:
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             when = datetime.fromisoformat(value)
-        except ValueError:
-            when = None
-        if when is not None and when.tzinfo is not None:
-            return when
+            if when.tzinfo is not None:
+                return when
     raise ValueError(f"{name}: not an ISO time with a zone")
 
 
@@ -177,9 +176,7 @@ class StateChange:
 
     def as_json(self) -> dict[str, Any]:
         """Every field by name, ``at`` as ISO 8601 in UTC, ``detail`` as a list."""
-        return {"at": utc_iso(self.at), "session_id": self.session_id, "tenant": self.tenant,
-                "actor": self.actor, "action": self.action, "version": self.version,
-                "detail": list(self.detail)}
+        return {**asdict(self), "at": utc_iso(self.at), "detail": list(self.detail)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StateChange:

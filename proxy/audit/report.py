@@ -62,8 +62,6 @@ def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left:
     ) + "\n"
 
 
-# --- sessions --------------------------------------------------------------------------------
-
 _SESSIONS_HEADER: Final = ("SESSION", "TENANT", "LAST_SEEN", "REQUESTS", "TOKENS_BEFORE",
                            "TOKENS_AFTER", "SAVED_%", "BLOCKED")
 
@@ -82,8 +80,6 @@ def sessions_table(summaries: Sequence[SessionSummary], total: int) -> str:
         text += f"({len(summaries)} of {total} sessions; --offset and --limit page through)\n"
     return text
 
-
-# --- one session -----------------------------------------------------------------------------
 
 _REQUESTS_HEADER: Final = ("AT", "ROUTE", "ROLE", "MODEL", "OUTCOME", "REASON", "LAYERS",
                            "STATUS", "TOKENS_BEFORE", "TOKENS_AFTER", "USAGE_IN", "USAGE_OUT",
@@ -164,8 +160,6 @@ def session_json(session_id: str, tenant: str, entries: Sequence[RequestEntry], 
             "requests": [entry.as_json() for entry in entries], "total": total,
             "state": state, "changes": [change.as_json() for change in changes]}
 
-
-# --- blocked requests ------------------------------------------------------------------------
 
 _BLOCKED_HEADER: Final = ("AT", "SESSION", "TENANT", "REASON", "TOKENS_BEFORE", "TOKENS_AFTER",
                           "HARD_LIMIT")

@@ -96,14 +96,12 @@ class S3ObjectStore:
         self._session = session
         self._client: S3Client | None = None
         self._stack: AsyncExitStack | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()
 
     async def client(self) -> S3Client:
         """The client (created on the first call)."""
         if self._client is not None:
             return self._client
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         async with self._lock:
             if self._client is None:
                 self._client = await self._create()

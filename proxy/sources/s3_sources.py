@@ -143,8 +143,6 @@ class S3SourceResolver:
             return SourceResolution(shown, "denied", None, "not authorized for this session")
         return parsed
 
-    # --- where a pointer's object is -------------------------------------------------------
-
     def _transcript_object(self, pointer: TranscriptPointer) -> _Located:
         root = self._transcript_root
         key = root.transcript_key(pointer.session_id)
@@ -157,8 +155,6 @@ class S3SourceResolver:
         key = root.artifact_key(pointer.session_id, pointer.filename)
         _check_contained(key, session_prefix, pointer.filename)
         return _Located(root.bucket, key)
-
-    # --- verification -----------------------------------------------------------------------
 
     async def _resolve_transcript(self, pointer: TranscriptPointer, heads: _Heads) -> str:
         async def scan(body: _Body) -> str:
@@ -279,8 +275,6 @@ class S3SourceResolver:
             if expected == pointer.sequence:
                 return line
             expected += 1
-
-    # --- excerpts (for an operator, never for a prompt) ---------------------------------------
 
     async def excerpt(self, pointer: str, *,
                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:

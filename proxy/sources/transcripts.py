@@ -37,12 +37,9 @@ def _event_id(session_id: str, sequence: int, line: bytes) -> str:
 
 
 def _count_events(fd: int) -> int:
-    count = 0
     with os.fdopen(os.dup(fd), "rb") as reader:
         reader.seek(0)
-        for _ in reader:
-            count += 1
-    return count
+        return sum(1 for _ in reader)
 
 
 class TranscriptRecorder:

@@ -200,9 +200,6 @@ def _forked(source: ForkSource, messages: Sequence[Message]) -> SummaryCall:
                        tool_choice=_tool_choice(source.tool_choice), metadata=source.metadata)
 
 
-# -- cache breakpoints --------------------------------------------------------------------------
-
-
 def _marked(value: object) -> bool:
     return isinstance(value, Mapping) and value.get("cache_control") is not None
 
@@ -246,9 +243,6 @@ def _with_breakpoint(message: Message) -> Message | None:
     return {**message, "content": [*content[:-1], {**last, "cache_control": dict(_EPHEMERAL)}]}
 
 
-# -- the forked call ----------------------------------------------------------------------------
-
-
 def _forkable(conversation: Sequence[Message]) -> bool:
     """Whether a user turn may follow ``conversation`` as it stands: not empty, and not ending
     in an assistant message that ends in thinking or asks for tool results."""
@@ -280,9 +274,6 @@ def fork_call(source: ForkSource, conversation: Sequence[Message]) -> SummaryCal
         messages[-1] = marked
     messages.append(_user_turn(FORK_INSTRUCTION))
     return _forked(source, messages)
-
-
-# -- pieces -------------------------------------------------------------------------------------
 
 
 def _dumps(value: object) -> str:
@@ -339,9 +330,6 @@ def merge_call(source: ForkSource | None, summaries: Sequence[str]) -> SummaryCa
         return SummaryCall(({"role": "user", "content": parts},),
                            system=SUMMARY_MERGE_SYSTEM_PROMPT)
     return _forked(source, [_user_turn(_FORK_MERGE.format(total=len(summaries)) + parts)])
-
-
-# -- planning -----------------------------------------------------------------------------------
 
 
 def prompt_tokens(call: SummaryCall, counter: compactor.CachingCounter) -> int:
