@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from policies import CompactionPolicy
 
@@ -140,10 +140,9 @@ class Calibration:
         # messages are added; the mapping is replaced when pruned).
         self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
             min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
-        # (tenant, model) -> (the window, when it was learnt).
-        self._windows: LRUCache[tuple[str, str], tuple[int, float]] = LRUCache(MAX_FLEETS)
-        self._window_ttl_s = window_ttl_s
-        self._clock = clock
+        # (tenant, model) -> the window learnt, kept window_ttl_s.
+        self._windows: TTLCache[tuple[str, str], int] = TTLCache(MAX_FLEETS, window_ttl_s,
+                                                                 timer=clock)
         self._lock = threading.Lock()
 
     def factors(self, session_key: str, model: str) -> tuple[float, float]:
@@ -298,31 +297,25 @@ class Calibration:
     def window(self, session_key: str, model: str) -> int | None:
         """The context window the provider said ``model`` has for the session's tenant, while
         that is recent (``window_ttl_s``)."""
-        key = (_tenant(session_key), model)
         with self._lock:
-            found = self._windows.get(key)
-            if found is None:
-                return None
-            if self._clock() - found[1] >= self._window_ttl_s:
-                del self._windows[key]
-                return None
-            return found[0]
+            return self._windows.get((_tenant(session_key), model))
 
     def learn_window(self, session_key: str, model: str, maximum: int) -> None:
         """Remember ``maximum`` (from ``prompt is too long: N tokens > M maximum``) for the
         session's tenant and ``model``; the smallest one heard while it is kept wins."""
         if maximum < 1:
             return
-        known = self.window(session_key, model)
+        key = (_tenant(session_key), model)
         with self._lock:
+            known = self._windows.get(key)
             if known is None or maximum <= known:
-                self._windows[(_tenant(session_key), model)] = (maximum, self._clock())
+                self._windows[key] = maximum
 
     def _widen_window(self, session_key: str, model: str, provider: int) -> None:
         key = (_tenant(session_key), model)
         with self._lock:
             found = self._windows.get(key)
-            if found is not None and provider > found[0]:
+            if found is not None and provider > found:
                 del self._windows[key]
 
 
