@@ -17,17 +17,8 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-__all__ = [
-    "PREPARED_ROW",
-    "PREPARED_USED_ROW",
-    "Price",
-    "ProviderUsage",
-    "UsageCost",
-    "UsageEntry",
-    "UsageRow",
-    "token_cost",
-    "usage_cost",
-]
+__all__ = ["PREPARED_ROW", "PREPARED_USED_ROW", "Price", "ProviderUsage", "UsageCost", "UsageEntry",
+           "UsageRow", "token_cost", "usage_cost"]
 
 #: Prices are quoted per this many tokens.
 TOKENS_PER_PRICE_UNIT: Final = 1_000_000

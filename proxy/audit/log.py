@@ -20,19 +20,9 @@ import msgspec
 
 from compactor import DurableContextState
 
-__all__ = [
-    "DEFAULT_MAX_REQUESTS_PER_SESSION",
-    "DEFAULT_RETENTION_DAYS",
-    "SESSION_ORDERS",
-    "LayerSaving",
-    "RequestEntry",
-    "RequestLog",
-    "SessionOrder",
-    "SessionSummary",
-    "StateChange",
-    "state_change_detail",
-    "utc_iso",
-]
+__all__ = ["DEFAULT_MAX_REQUESTS_PER_SESSION", "DEFAULT_RETENTION_DAYS", "SESSION_ORDERS",
+           "LayerSaving", "RequestEntry", "RequestLog", "SessionOrder", "SessionSummary",
+           "StateChange", "state_change_detail", "utc_iso"]
 
 #: The bounds a store keeps when none are configured (``audit.*``).
 DEFAULT_MAX_REQUESTS_PER_SESSION: Final = 1000

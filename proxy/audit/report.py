@@ -14,14 +14,8 @@ from compactor import SourceResolution
 from proxy.audit.log import RequestEntry, SessionSummary, StateChange
 from proxy.store import StoredState
 
-__all__ = [
-    "aligned_table",
-    "blocked_table",
-    "parse_since",
-    "session_json",
-    "session_text",
-    "sessions_table",
-]
+__all__ = ["aligned_table", "blocked_table", "parse_since", "session_json", "session_text",
+           "sessions_table"]
 
 _SPAN: Final = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

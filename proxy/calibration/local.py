@@ -25,18 +25,8 @@ from cachetools import LRUCache, TTLCache
 
 from policies import CompactionPolicy
 
-__all__ = [
-    "FIXED_SHARE",
-    "FLEET_WINDOW",
-    "MAX_FACTOR",
-    "MIN_COUNTED_TOKENS",
-    "MIN_FACTOR",
-    "OUTLIER_SPREAD",
-    "SESSION_WINDOW",
-    "WINDOW_MARGIN",
-    "Calibration",
-    "clamp_to_window",
-]
+__all__ = ["FIXED_SHARE", "FLEET_WINDOW", "MAX_FACTOR", "MIN_COUNTED_TOKENS", "MIN_FACTOR",
+           "OUTLIER_SPREAD", "SESSION_WINDOW", "WINDOW_MARGIN", "Calibration", "clamp_to_window"]
 
 #: Ratios kept per session (their median judges the newest).
 SESSION_WINDOW: Final = 5

@@ -17,19 +17,9 @@ from typing import Any, Final
 
 import compactor
 
-__all__ = [
-    "FORK_INSTRUCTION",
-    "SUMMARIZER_MARKER",
-    "SUMMARY_MERGE_SYSTEM_PROMPT",
-    "SUMMARY_SYSTEM_PROMPT",
-    "ForkSource",
-    "SummaryCall",
-    "breakpoint_count",
-    "fork_call",
-    "merge_call",
-    "plan_calls",
-    "prompt_tokens",
-]
+__all__ = ["FORK_INSTRUCTION", "SUMMARIZER_MARKER", "SUMMARY_MERGE_SYSTEM_PROMPT",
+           "SUMMARY_SYSTEM_PROMPT", "ForkSource", "SummaryCall", "breakpoint_count", "fork_call",
+           "merge_call", "plan_calls", "prompt_tokens"]
 
 Message = dict[str, Any]
 

@@ -32,12 +32,7 @@ from proxy.summary.calls import (
     plan_calls,
     prompt_tokens,
 )
-from proxy.summary.client import (
-    NO_CREDENTIAL,
-    SummaryClient,
-    sdk,
-    transport_client,
-)
+from proxy.summary.client import NO_CREDENTIAL, SummaryClient, sdk, transport_client
 from proxy.summary.flights import SingleFlight, fleet_single_flight
 from proxy.summary.window import Refusal, SummaryWindows, refusal_of
 from proxy.telemetry.metrics import ProxyMetrics
@@ -45,18 +40,9 @@ from proxy.telemetry.metrics import ProxyMetrics
 if TYPE_CHECKING:
     import anthropic
 
-__all__ = [
-    "SUMMARIZER_MARKER",
-    "SUMMARY_SYSTEM_PROMPT",
-    "CallerCredentials",
-    "ForkSource",
-    "ProviderSummarizer",
-    "SummaryResult",
-    "Summarizer",
-    "UsageCallback",
-    "summary_key",
-    "summary_source",
-]
+__all__ = ["SUMMARIZER_MARKER", "SUMMARY_SYSTEM_PROMPT", "CallerCredentials", "ForkSource",
+           "ProviderSummarizer", "SummaryResult", "Summarizer", "UsageCallback", "summary_key",
+           "summary_source"]
 
 _log = structlog.get_logger("proxy.summary.summarizer")
 
@@ -111,10 +97,7 @@ class _NoSummary(Exception):
 
 
 def _total(usages: Sequence[ProviderUsage]) -> ProviderUsage:
-    return ProviderUsage(input=sum(u.input for u in usages),
-                         cache_read=sum(u.cache_read for u in usages),
-                         cache_write=sum(u.cache_write for u in usages),
-                         output=sum(u.output for u in usages))
+    return ProviderUsage(*map(sum, zip(*map(msgspec.structs.astuple, usages), strict=True)))
 
 
 _JSON: Final = msgspec.json.Encoder()

@@ -31,9 +31,7 @@ class Refusal:
 def refusal_of(exc: BaseException) -> Refusal | None:
     """The refusal an SDK error reports, if it is one."""
     found = _PROMPT_TOO_LONG.search(str(exc))
-    if found is None:
-        return None
-    return Refusal(int(found.group(1)), int(found.group(2)))
+    return None if found is None else Refusal(*map(int, found.groups()))
 
 
 class SummaryWindows:
