@@ -219,13 +219,10 @@ class ProviderSummarizer:
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
         model = self.config.call_model(source.model if source is not None else None)
-        calls = _Calls(
-            client=client,
-            model=model,
-            headers=headers,
-            query=dict(parse_qsl(source.query_string, keep_blank_values=True))
-            if source is not None else {},
-            on_usage=on_usage, usages=[], counter=counter)
+        query = (dict(parse_qsl(source.query_string, keep_blank_values=True))
+                 if source is not None else {})
+        calls = _Calls(client=client, model=model, headers=headers, query=query,
+                       on_usage=on_usage, usages=[], counter=counter)
         pieces = 0
         for attempt in range(2):  # again in pieces once a refusal taught the window
             budget = self.windows.budget(model)
