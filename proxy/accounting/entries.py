@@ -1,11 +1,8 @@
 """One answered request as the ledger counts it: billed tokens, and what no proxy would cost.
 
-:meth:`Accounting.entry` turns the provider's ``usage`` of a forwarded view and the size of the
-client's own history into a :class:`~proxy.accounting.usage.UsageEntry`. The counterfactual (see
-:mod:`proxy.accounting.usage`) needs the previous request of the same conversation: a client without
-the proxy sends an append-only history, so with the prompt cache in use it would have read the
-previous request's prompt from the cache and written only what is new. That previous size is
-remembered here per conversation lane (bounded, least recently used go).
+The counterfactual needs the previous request of the same conversation (without the proxy, a
+client using the prompt cache would read that prompt from the cache and write only what is
+new), so its size is remembered per conversation lane (bounded, least recently used go).
 """
 
 from __future__ import annotations
@@ -32,17 +29,9 @@ class Accounting:
 
     def entry(self, session_key: str, lane: str, history_tokens: int, view_tokens: int,
               usage: ProviderUsage) -> UsageEntry:
-        """The ledger entry of one answered request.
-
-        Args:
-            session_key: the session (tenant and id) and ``lane`` its conversation (role and
-                opener), whose previous request bounds the cache reads of the counterfactual.
-            history_tokens: the client's whole history as the proxy estimated it, and
-                ``view_tokens`` the view it sent as estimated: the history as the provider
-                would have counted it is the estimate at the ratio its count of the view
-                showed.
-            usage: what the provider billed for the view it was sent.
-        """
+        """The ledger entry of one answered request: ``usage`` billed for the view; the
+        history (``history_tokens``, estimated like ``view_tokens``) as the provider would
+        have counted it is taken at the ratio its count of the view showed."""
         tokens_without_proxy = round(history_tokens * usage.prompt_tokens / max(1, view_tokens))
         lane = f"{session_key}:{lane}"
         with self._lock:

@@ -1,12 +1,9 @@
 """Usage-ledger additions summed in memory and written to the store once in a while.
 
-Every answered request adds a :class:`~proxy.accounting.usage.UsageEntry` to its session's row;
-written one by one that would be a store transaction per request. The entries are sums, so
-they can be summed first: :meth:`BufferedLedger.add` keeps the entry with the others of its
-(session, model) and returns at once (they are summed when written, or every :data:`MAX_HELD`
-entries); a task writes the totals every :data:`FLUSH_INTERVAL_S`, and :meth:`close` writes
-what is left at shutdown. A failed write keeps its totals for the next one. What a crash
-loses is at most the last interval's figures — the ledger is a report, not durable context.
+Entries are sums, so :meth:`BufferedLedger.add` holds them per (session, model) and a task
+writes the totals every :data:`FLUSH_INTERVAL_S` instead of a transaction per request. A failed
+write keeps its totals for the next; a crash loses at most the last interval's figures (the
+ledger is a report, not durable context).
 """
 
 from __future__ import annotations
@@ -50,10 +47,7 @@ class BufferedLedger:
             self._writer = asyncio.get_running_loop().create_task(self._write_later())
 
     def _hold(self, key: tuple[str, str], entry: UsageEntry) -> None:
-        held = self._pending.get(key)
-        if held is None:
-            self._pending[key] = [entry]
-            return
+        held = self._pending.setdefault(key, [])
         held.append(entry)
         if len(held) >= MAX_HELD:  # (held in memory: summed now and then, not per request)
             held[:] = [UsageEntry.total(held)]
@@ -73,11 +67,7 @@ class BufferedLedger:
 
     async def flush(self) -> None:
         """Write every pending total now; a total whose write fails is kept for the next.
-
-        While the store is unreachable the flush stops at the first failure and keeps
-        everything (at most one total per session and model: the memory it takes is
-        bounded by the sessions served meanwhile), reported once.
-        """
+        While the store is unreachable, stop at the first failure, keep all, report once."""
         pending = {key: UsageEntry.total(held) for key, held in self._pending.items()}
         self._pending = {}
         for (session_key, model), entry in list(pending.items()):

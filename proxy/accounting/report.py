@@ -1,10 +1,7 @@
 """``compact-proxy report``: the usage ledger's rows priced and laid out, as a table or JSON.
 
-Each row of the ledger (one session key and model) is priced with the config's price table
-(:meth:`proxy.config.Config.price_for`) through :func:`proxy.accounting.usage.usage_cost`; a model
-without a price shows its tokens and no cost (``n/a``, JSON ``null``), never a guessed one.
-The total adds every row's tokens, and the costs of the rows that have a price; the models
-left out of the costs are listed with it. No I/O here: the command reads the store.
+A model without a price shows its tokens and no cost (``n/a``, JSON ``null``), never a guessed
+one; the total adds every row's tokens and the priced rows' costs. No I/O here.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from proxy.accounting.usage import (
     UsageRow,
     usage_cost,
 )
+from proxy.audit.report import aligned_table
 
 __all__ = ["PreparedSummaries", "Report", "ReportLine", "build_report"]
 
@@ -33,16 +31,8 @@ TEXT_DECIMALS: Final = 4
 
 @dataclass(frozen=True)
 class ReportLine:
-    """One line of the report: a ledger row (or the total) and its cost.
-
-    Attributes:
-        session_key: the session's store key (``TOTAL`` for the total).
-        model: the model (empty for the total).
-        entry: the token counters.
-        cost: what they cost; ``None`` when the model has no price (for the total: when no
-            row has one).
-        last_seen: when the row was last added to (``None`` for the total).
-    """
+    """One line of the report: a ledger row, or the total (``TOTAL``, no model, no
+    ``last_seen``), and its cost (``None``: no price; for the total, no row has one)."""
 
     session_key: str
     model: str
@@ -89,13 +79,8 @@ class Report:
 
     def as_text(self) -> str:
         """The report as an aligned table, one line per row, then ``TOTAL``."""
-        table = [_HEADER, *(_cells(line) for line in (*self.lines, self.total))]
-        widths = [max(len(row[i]) for row in table) for i in range(len(_HEADER))]
-        text = "\n".join(
-            "  ".join(cell.ljust(width) if i < 2 else cell.rjust(width)
-                      for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
-            for row in table
-        ) + "\n"
+        text = aligned_table(_HEADER, [_cells(line) for line in (*self.lines, self.total)],
+                             left=2)
         if self.unpriced_models:
             text += (f"n/a: no price for {', '.join(self.unpriced_models)} (add it under "
                      "prices: in the config); its tokens are in the total, not its costs\n")

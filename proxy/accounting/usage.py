@@ -1,21 +1,10 @@
 """What the provider billed, per session and model: the figures behind ``compact-proxy report``.
 
 Every answered ``/v1/messages`` request adds one :class:`UsageEntry` to its session's totals
-(and every L4 summary call adds one with only the ``summary_*`` fields set). The entries are
-sums, so adding them is all a store does (:class:`~proxy.store.base.UsageLedger`).
-
-Billed tokens are the provider's own ``usage`` figures. The *counterfactual* fields are what
-the same request would have been billed without the proxy: the client's whole history, as
-the provider would count it (the proxy's estimate times the session's calibration factor),
-split the way the provider bills a history that only grows: a client that uses the prompt
-cache would have read its previous request's prompt from the cache and written the rest; a
-client that does not would have sent it all as plain input. That is the best case for the
-client without the proxy, so the saving the report derives from it is never overstated.
-
-Costs (:func:`usage_cost`) are plain arithmetic on those sums and a price per million tokens:
-the client's requests as billed, the same requests without the proxy (the counterfactual input,
-cache reads and cache writes, plus the same output), the summary calls, and the net saving
-``without_proxy - (billed + summary)``. A cache write is always a cost, never a saving.
+(every L4 summary call one with only the ``summary_*`` fields set); a store only adds them up.
+The *counterfactual* fields are what the same requests would have been billed without the
+proxy, the client's best case (docs/operations.md, "What it saved"); :func:`usage_cost` prices
+both at USD per million tokens.
 """
 
 from __future__ import annotations
@@ -28,31 +17,16 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-__all__ = [
-    "PREPARED_ROW",
-    "PREPARED_USED_ROW",
-    "Price",
-    "ProviderUsage",
-    "UsageCost",
-    "UsageEntry",
-    "UsageRow",
-    "token_cost",
-    "usage_cost",
-]
+__all__ = ["PREPARED_ROW", "PREPARED_USED_ROW", "Price", "ProviderUsage", "UsageCost", "UsageEntry",
+           "UsageRow", "token_cost", "usage_cost"]
 
 #: Prices are quoted per this many tokens.
 TOKENS_PER_PRICE_UNIT: Final = 1_000_000
 
 
 class ProviderUsage(msgspec.Struct, frozen=True):
-    """The ``usage`` of one provider answer, by billing kind.
-
-    Attributes:
-        input: plain input tokens (``input_tokens``).
-        cache_read: tokens read from the prompt cache (``cache_read_input_tokens``).
-        cache_write: tokens written to it (``cache_creation_input_tokens``).
-        output: output tokens (``output_tokens``; from ``message_delta`` in a stream).
-    """
+    """The ``usage`` of one provider answer: ``input_tokens``, ``cache_read_input_tokens``,
+    ``cache_creation_input_tokens``, ``output_tokens`` (in a stream, from ``message_delta``)."""
 
     input: int = 0
     cache_read: int = 0
@@ -69,42 +43,23 @@ class ProviderUsage(msgspec.Struct, frozen=True):
                    ) -> ProviderUsage:
         """Read a ``usage`` object; a field missing or null keeps ``previous``'s value (a
         stream's ``message_delta`` repeats only what changed)."""
-        values: tuple[Any, ...] = tuple(map(usage.get, _USAGE_NAMES))
-        if set(map(type, values)) == _INTS and min(values) >= 0:
-            return cls(*values)  # the usual whole usage, tested in C loops
         base = previous if previous is not None else cls()
         return cls(*(value if type(value) is int and value >= 0 else current  # (not a bool)
-                     for value, current in zip(values, _counts_of(base), strict=True)))
+                     for value, current in zip(map(usage.get, _USAGE_NAMES), _counts_of(base),
+                                               strict=True)))
 
 
 #: The provider's names of :class:`ProviderUsage`'s fields, in their order.
 _USAGE_NAMES: Final = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
                        "output_tokens")
 _counts_of: Final = operator.attrgetter(*ProviderUsage.__struct_fields__)
-_INTS: Final = frozenset({int})
 
 
 class UsageEntry(msgspec.Struct, frozen=True):
-    """Additive per-(session, model) counters. All fields are non-negative ints.
-
-    Attributes:
-        requests: client requests the provider answered with a ``usage``.
-        tokens_without_proxy: the client's histories as the provider would count them
-            (calibrated ``tokens_before``), summed over those requests.
-        tokens_sent: the forwarded views as the provider counted them (its ``usage``).
-        input_tokens: billed plain input tokens of the client's requests.
-        cache_read_tokens: billed cache-read input tokens (``cache_read_input_tokens``).
-        cache_write_tokens: billed cache-write input tokens (``cache_creation_input_tokens``).
-        output_tokens: billed output tokens.
-        counterfactual_input_tokens: plain input the requests would have cost without the proxy.
-        counterfactual_cache_read_tokens: cache reads they would have had without the proxy.
-        counterfactual_cache_write_tokens: cache writes they would have had without the proxy.
-        summary_calls: L4 summary calls made to the provider (cache hits are not calls).
-        summary_input_tokens: billed plain input of those calls.
-        summary_cache_read_tokens: billed cache reads of those calls.
-        summary_cache_write_tokens: billed cache writes of those calls.
-        summary_output_tokens: billed output of those calls.
-    """
+    """Additive per-(session, model) counters, all integers >= 0: the client's requests
+    (``tokens_without_proxy``: their histories as the provider would count them), what they
+    were billed, what they would have been billed without the proxy (``counterfactual_*``), and
+    the L4 summary calls made (cache hits are not calls) with what they were billed."""
 
     requests: int = 0
     tokens_without_proxy: int = 0
@@ -123,10 +78,7 @@ class UsageEntry(msgspec.Struct, frozen=True):
     summary_output_tokens: int = 0
 
     def __post_init__(self) -> None:
-        values = _counters_of(self)
-        if set(map(type, values)) == {int} and min(values) >= 0:
-            return  # the usual case, tested in C loops
-        for name, value in zip(_COUNTERS, values, strict=True):
+        for name, value in zip(_COUNTERS, _counters_of(self), strict=True):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
@@ -154,14 +106,7 @@ _counters_of: Final = operator.attrgetter(*_COUNTERS)
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """One (session, model) row of the ledger, as a store returns it.
-
-    Attributes:
-        session_key: the session's store key (``sess-1``, or ``<tenant>/sess-1``).
-        model: the model the requests named.
-        entry: the row's counters, summed over every addition.
-        last_seen: when the row was last added to (timezone-aware, UTC).
-    """
+    """One (session key, model) row of the ledger as a store returns it (``last_seen``: UTC)."""
 
     session_key: str
     model: str
@@ -188,14 +133,8 @@ class Price(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class UsageCost:
-    """The cost of one :class:`UsageEntry` at one price, in USD.
-
-    Attributes:
-        billed: the client's requests as billed (input, cache writes, cache reads, output).
-        without_proxy: the same requests without the proxy: the counterfactual input, cache
-            writes and cache reads, plus the same output.
-        summary: the L4 summary calls, as billed.
-    """
+    """The cost of one :class:`UsageEntry` at one price, in USD: as billed, without the proxy
+    (the counterfactual tokens plus the same output), and of the summary calls."""
 
     billed: float
     without_proxy: float

@@ -1,23 +1,18 @@
 """The audit log: what the proxy did to each session's requests, and who changed its state.
 
-One :class:`RequestEntry` per ``/v1/messages`` and ``count_tokens`` request (figures, ids and
-names only — never message text), one :class:`StateChange` per change of a session's durable
-state made through the admin API or the console. Both are kept per session within bounds
-(``audit.max_requests_per_session``, ``audit.retention_days``) by the store
-(:class:`RequestLog`), written after the response (a request never waits for its record), and
-read by the admin API, the console at ``/admin/ui/`` and the ``sessions`` / ``session`` /
-``blocked`` commands.
-
-Each type has one JSON form (``as_json``, read back by ``from_json`` where a store keeps it
-as JSON): field names as in the dataclass, times as ISO 8601 in UTC. That is what the admin
-API answers and ``--json`` prints. :func:`state_change_detail` says what a write changed,
-in the words of :attr:`StateChange.detail`.
+One :class:`RequestEntry` per ``/v1/messages`` and ``count_tokens`` request (never message
+text), one :class:`StateChange` per durable-state change made through the admin API or the
+console, kept per session within ``audit.*`` bounds by the store (:class:`RequestLog`).
+Each type's JSON form (``as_json``, read back by ``from_json``) is what the admin API answers
+and ``--json`` prints: field names as declared, times ISO 8601 in UTC. Operators:
+docs/operations.md, "The audit log".
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
@@ -25,19 +20,9 @@ import msgspec
 
 from compactor import DurableContextState
 
-__all__ = [
-    "DEFAULT_MAX_REQUESTS_PER_SESSION",
-    "DEFAULT_RETENTION_DAYS",
-    "SESSION_ORDERS",
-    "LayerSaving",
-    "RequestEntry",
-    "RequestLog",
-    "SessionOrder",
-    "SessionSummary",
-    "StateChange",
-    "state_change_detail",
-    "utc_iso",
-]
+__all__ = ["DEFAULT_MAX_REQUESTS_PER_SESSION", "DEFAULT_RETENTION_DAYS", "SESSION_ORDERS",
+           "LayerSaving", "RequestEntry", "RequestLog", "SessionOrder", "SessionSummary",
+           "StateChange", "state_change_detail", "utc_iso"]
 
 #: The bounds a store keeps when none are configured (``audit.*``).
 DEFAULT_MAX_REQUESTS_PER_SESSION: Final = 1000
@@ -45,9 +30,8 @@ DEFAULT_RETENTION_DAYS: Final = 14
 
 
 def utc_iso(when: datetime) -> str:
-    """A time as fixed-width ISO 8601 in UTC (later times compare greater as text too):
-    ``when.astimezone(UTC).isoformat(timespec="microseconds")``, written by msgspec's RFC 3339
-    encoder (a tenth of the time; it ends in ``Z`` and leaves out a zero fraction)."""
+    """``when.astimezone(UTC).isoformat(timespec="microseconds")`` (fixed width, so later
+    times compare greater as text too), written by msgspec's RFC 3339 encoder."""
     utc = when.astimezone(UTC)
     text = _RFC3339.encode(utc)[1:-2].decode("ascii")  # (without the quotes and the Z)
     return text + (".000000+00:00" if utc.microsecond == 0 else "+00:00")
@@ -58,12 +42,10 @@ _RFC3339: Final = msgspec.json.Encoder()
 
 def _time(name: str, value: object) -> datetime:
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             when = datetime.fromisoformat(value)
-        except ValueError:
-            when = None
-        if when is not None and when.tzinfo is not None:
-            return when
+            if when.tzinfo is not None:
+                return when
     raise ValueError(f"{name}: not an ISO time with a zone")
 
 
@@ -88,37 +70,13 @@ class LayerSaving:
 
 
 class RequestEntry(msgspec.Struct, frozen=True):
-    """One request as the audit log keeps it.
+    """One request as the audit log keeps it; the fields are the admin API's (docs/admin.md).
 
-    Attributes:
-        at: when it arrived (UTC).
-        request_id: the proxy's id of the request (``x-compact-request-id``).
-        session_id: the client's session id.
-        tenant: whose session it is (``none``, ``t…``, ``h…``).
-        route: ``messages`` or ``count_tokens``.
-        role: the compaction role (``main``, ``subagent``, …), once chosen.
-        model: the model the client asked for.
-        tokens_before: the history's size as the provider would count it.
-        tokens_after: the forwarded view's size.
-        layers: the layers that ran on this request, each with the tokens it saved (0 when
-            it changed nothing or a later layer superseded it), then ``sticky`` with what
-            the reused compacted prefix saved when the session's kept compaction was reused.
-        outcome: how the request ended (``proxy.http.audit.Outcome``'s value).
-        reason: why it was refused (``MessageViewLimitExceeded``, ``ToolProtocolError``, …),
-            with ``outcome`` ``blocked`` (a limit) or ``invalid`` (the client's mistake).
-        hard_limit: the hard limit it was judged by, when it was refused for size.
-        status: the status the client got.
-        upstream_status: the provider's status, when it answered.
-        usage_input, usage_cache_read, usage_cache_write, usage_output: the provider's
-            ``usage`` of its answer, when it reported one.
-        duration_ms: the time from arrival to the end of the response.
-        soft_threshold_tokens, hard_limit_tokens: the role's thresholds as they were for this
-            request (the policy it was compacted by), so a later change of the config does not
-            redraw history; ``None`` in entries from before they were kept.
-        summary_key: the summary cache key of the L4 summary in the view, when L4 made one
-            (the text stays in the summary cache, never in the audit log).
-        protocol_kind, tool_use_id: for a tool-protocol refusal, its kind (``missing``,
-            ``unknown``, ...) and the offending ``tool_use_id``.
+    ``layers``: each layer that ran with the tokens it saved (0 included), then ``sticky``
+    when the session's kept compaction was reused. ``outcome`` is
+    ``proxy.http.audit.Outcome``'s value; ``reason`` names a refusal. The thresholds are the
+    role's as they were for this request (``None`` in older entries); ``summary_key`` names the
+    L4 summary in the summary cache; ``protocol_kind`` / ``tool_use_id`` a tool-protocol refusal.
     """
 
     at: datetime
@@ -149,9 +107,8 @@ class RequestEntry(msgspec.Struct, frozen=True):
 
     @property
     def blocked(self) -> bool:
-        """Whether a limit of the proxy refused it (outcome ``blocked``; it never reached the
-        provider). A client's mistake is ``invalid``, not blocked. (An entry written before
-        the two were apart has no outcome of its own: its reason says.)"""
+        """Whether a limit of the proxy refused it (a client's mistake is ``invalid``; an
+        older entry without an outcome is blocked when it has a reason)."""
         return self.outcome == "blocked" or (self.outcome == "" and self.reason is not None)
 
     def as_json(self) -> dict[str, Any]:
@@ -166,11 +123,7 @@ class RequestEntry(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RequestEntry:
-        """Read :meth:`as_json`'s form back.
-
-        Raises:
-            ValueError: a field is missing or of the wrong type; the message names it.
-        """
+        """Read :meth:`as_json`'s form back; a bad field is a ValueError naming it."""
         layers = data.get("layers", [])
         if not isinstance(layers, list) or not all(
                 isinstance(item, Mapping) and isinstance(item.get("layer"), str)
@@ -180,50 +133,27 @@ class RequestEntry(msgspec.Struct, frozen=True):
         duration = data.get("duration_ms", 0.0)
         if isinstance(duration, bool) or not isinstance(duration, int | float):
             raise ValueError("duration_ms: not a number")
-        return cls(
-            at=_time("at", data.get("at")),
-            request_id=_text("request_id", data.get("request_id")),
-            session_id=_text("session_id", data.get("session_id")),
-            tenant=_text("tenant", data.get("tenant")),
-            route=_text("route", data.get("route")),
-            role=_text("role", data.get("role"), optional=True),
-            model=_text("model", data.get("model"), optional=True),
-            tokens_before=_count("tokens_before", data.get("tokens_before")),
-            tokens_after=_count("tokens_after", data.get("tokens_after")),
-            layers=tuple(LayerSaving(item["layer"], item["saved"]) for item in layers),
-            outcome=_text("outcome", data.get("outcome", "")),
-            reason=_text("reason", data.get("reason"), optional=True),
-            hard_limit=_count("hard_limit", data.get("hard_limit")),
-            status=_count("status", data.get("status")),
-            upstream_status=_count("upstream_status", data.get("upstream_status")),
-            usage_input=_count("usage_input", data.get("usage_input")),
-            usage_cache_read=_count("usage_cache_read", data.get("usage_cache_read")),
-            usage_cache_write=_count("usage_cache_write", data.get("usage_cache_write")),
-            usage_output=_count("usage_output", data.get("usage_output")),
-            duration_ms=float(duration),
-            soft_threshold_tokens=_count("soft_threshold_tokens",
-                                         data.get("soft_threshold_tokens")),
-            hard_limit_tokens=_count("hard_limit_tokens", data.get("hard_limit_tokens")),
-            summary_key=_text("summary_key", data.get("summary_key"), optional=True),
-            protocol_kind=_text("protocol_kind", data.get("protocol_kind"), optional=True),
-            tool_use_id=_text("tool_use_id", data.get("tool_use_id"), optional=True),
-        )
+        values: dict[str, Any] = {
+            "layers": tuple(LayerSaving(item["layer"], item["saved"]) for item in layers),
+            "duration_ms": float(duration)}
+        for info in msgspec.structs.fields(cls):  # (declaration order: the first bad one)
+            value = data.get(info.name, None if info.required else info.default)
+            if info.name == "at":
+                values["at"] = _time("at", value)
+            elif info.type == int | None:
+                values[info.name] = _count(info.name, value)
+            elif info.name not in values:
+                values[info.name] = _text(info.name, value, optional=info.type is not str)
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
 class StateChange:
     """One change of a session's durable state, made through the admin API or the console.
 
-    Attributes:
-        at: when (UTC).
-        session_id: the client's session id.
-        tenant: whose session it is.
-        actor: who made it: ``admin-api`` or ``console``, with the ``X-Compact-Actor`` header's
-            value when the caller sent one (``console:alice``).
-        action: ``put`` (created or replaced) or ``delete``.
-        version: the version written (``None`` for a delete).
-        detail: what changed, as ids and statuses only (``pending changelog: open -> done``,
-            ``fact keep-api added``); never the content.
+    ``actor`` is ``admin-api`` or ``console``, with the ``X-Compact-Actor`` header's value when
+    sent (``console:alice``); ``version`` is ``None`` for a delete; ``detail`` says what changed
+    as ids and statuses only (:func:`state_change_detail`), never the content.
     """
 
     at: datetime
@@ -236,17 +166,11 @@ class StateChange:
 
     def as_json(self) -> dict[str, Any]:
         """Every field by name, ``at`` as ISO 8601 in UTC, ``detail`` as a list."""
-        return {"at": utc_iso(self.at), "session_id": self.session_id, "tenant": self.tenant,
-                "actor": self.actor, "action": self.action, "version": self.version,
-                "detail": list(self.detail)}
+        return {**asdict(self), "at": utc_iso(self.at), "detail": list(self.detail)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StateChange:
-        """Read :meth:`as_json`'s form back.
-
-        Raises:
-            ValueError: a field is missing or of the wrong type; the message names it.
-        """
+        """Read :meth:`as_json`'s form back; a bad field is a ValueError naming it."""
         action = data.get("action")
         if action not in ("put", "delete"):
             raise ValueError("action: not put or delete")
@@ -262,17 +186,8 @@ class StateChange:
 
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
-    """A session's totals over the requests the audit log holds for it.
-
-    Attributes:
-        session_id: the client's session id.
-        tenant: whose session it is.
-        last_seen: when its newest request arrived.
-        requests: requests held.
-        tokens_before: sum of their ``tokens_before``.
-        tokens_after: sum of their ``tokens_after``.
-        blocked: how many were refused.
-    """
+    """A session's totals over the requests the audit log holds for it (``last_seen``: its
+    newest request; ``blocked``: how many were refused)."""
 
     session_id: str
     tenant: str
@@ -312,13 +227,9 @@ def _without_status(item: Any) -> dict[str, Any]:
 
 def state_change_detail(old: DurableContextState | None,
                         new: DurableContextState | None) -> tuple[str, ...]:
-    """What replacing ``old`` by ``new`` changed (``None``: no state), as ids and statuses:
-    ``fact keep-api added``, ``fact keep-api removed``, ``fact keep-api changed``,
-    ``pending changelog added (open)``, ``pending changelog: open -> done`` (with
-    ``pending changelog changed`` when more than its status changed), ``evidence m1 …``.
-
-    Items in ``new``'s order, then the removed ones in ``old``'s; empty when nothing changed.
-    """
+    """What replacing ``old`` by ``new`` changed (``None``: no state), as ids and statuses
+    (``fact keep-api added``, ``pending changelog: open -> done``, ``evidence m1 removed``):
+    items in ``new``'s order, then the removed ones in ``old``'s."""
     before = old or DurableContextState()
     after = new or DurableContextState()
     detail: list[str] = []
@@ -356,11 +267,8 @@ class RequestLog(Protocol):
     """
 
     def add_request(self, entry: RequestEntry) -> Awaitable[None]:
-        """Keep ``entry`` (and drop what the bounds no longer allow); done once it is written.
-
-        A store that gathers entries for one write returns a future it resolves then (no
-        coroutine, no task per entry); ``async def`` implementations are as good. A wrong
-        argument or a closed store may raise at once."""
+        """Keep ``entry`` (dropping what the bounds no longer allow); the awaitable (a future
+        or a coroutine) is done once it is written. A bad argument may raise at once."""
         ...
 
     async def add_state_change(self, change: StateChange) -> None:
@@ -368,8 +276,7 @@ class RequestLog(Protocol):
         ...
 
     async def flush(self) -> None:
-        """Write the entries :meth:`add_request` still holds back (a store may gather them
-        for a moment to write many in one transaction); its own reads always see them."""
+        """Write the entries :meth:`add_request` still holds back (its own reads see them)."""
         ...
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,

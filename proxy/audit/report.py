@@ -1,10 +1,6 @@
-"""``compact-proxy sessions``, ``session`` and ``blocked``: the audit log laid out as tables or
-JSON, and the ``--since`` times they take.
-
-No I/O here: the commands (:mod:`proxy.cli.commands`) read the store and the sources, then call
-these. Tables are aligned columns under a header, one line per item, figures only (ids, counts,
-statuses, times in UTC); the JSON forms are the items' ``as_json()``, as the admin API
-answers them.
+"""``compact-proxy sessions``, ``session`` and ``blocked``: the audit log laid out as tables
+(figures only, times in UTC) or JSON (the items' ``as_json()``, as the admin API answers), and
+the ``--since`` times they take. No I/O: the commands read the store, then call these.
 """
 
 from __future__ import annotations
@@ -18,13 +14,8 @@ from compactor import SourceResolution
 from proxy.audit.log import RequestEntry, SessionSummary, StateChange
 from proxy.store import StoredState
 
-__all__ = [
-    "blocked_table",
-    "parse_since",
-    "session_json",
-    "session_text",
-    "sessions_table",
-]
+__all__ = ["aligned_table", "blocked_table", "parse_since", "session_json", "session_text",
+           "sessions_table"]
 
 _SPAN: Final = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -32,11 +23,7 @@ _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w":
 
 def parse_since(text: str, now: datetime) -> datetime:
     """The time ``--since`` names: a span back from ``now`` (``30m``, ``1h``, ``2d``; also
-    ``s`` and ``w``) or an ISO time (UTC when it has no zone).
-
-    Raises:
-        ValueError: neither; the message says what is accepted.
-    """
+    ``s`` and ``w``) or an ISO time (UTC when it has no zone); else a ValueError."""
     value = text.strip()
     span = _SPAN.fullmatch(value)
     if span is not None:
@@ -58,7 +45,7 @@ def _figure(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> str:
+def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> str:
     """Aligned columns: the first ``left`` columns flush left, the others flush right."""
     table = [header, *rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -68,8 +55,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -
         for row in table
     ) + "\n"
 
-
-# --- sessions --------------------------------------------------------------------------------
 
 _SESSIONS_HEADER: Final = ("SESSION", "TENANT", "LAST_SEEN", "REQUESTS", "TOKENS_BEFORE",
                            "TOKENS_AFTER", "SAVED_%", "BLOCKED")
@@ -84,13 +69,11 @@ def sessions_table(summaries: Sequence[SessionSummary], total: int) -> str:
                      f"{summary.requests:,}", f"{summary.tokens_before:,}",
                      f"{summary.tokens_after:,}",
                      "n/a" if ratio is None else f"{ratio * 100:.1f}%", f"{summary.blocked:,}"))
-    text = _table(_SESSIONS_HEADER, rows, left=3)
+    text = aligned_table(_SESSIONS_HEADER, rows, left=3)
     if total > len(summaries):
         text += f"({len(summaries)} of {total} sessions; --offset and --limit page through)\n"
     return text
 
-
-# --- one session -----------------------------------------------------------------------------
 
 _REQUESTS_HEADER: Final = ("AT", "ROUTE", "ROLE", "MODEL", "OUTCOME", "REASON", "LAYERS",
                            "STATUS", "TOKENS_BEFORE", "TOKENS_AFTER", "USAGE_IN", "USAGE_OUT",
@@ -139,7 +122,8 @@ def session_text(session_id: str, tenant: str, entries: Sequence[RequestEntry], 
     pointer's status, and its state changes."""
     text = f"session {session_id} (tenant {tenant}): {total:,} requests in the audit log\n"
     if entries:
-        text += _table(_REQUESTS_HEADER, [_request_row(entry) for entry in entries], left=7)
+        text += aligned_table(_REQUESTS_HEADER, [_request_row(entry) for entry in entries],
+                              left=7)
         if total > len(entries):
             text += f"({len(entries)} newest of {total}; --limit shows more)\n"
     by_pointer = {resolution.pointer: resolution for resolution in statuses}
@@ -171,15 +155,13 @@ def session_json(session_id: str, tenant: str, entries: Sequence[RequestEntry], 
             "state": state, "changes": [change.as_json() for change in changes]}
 
 
-# --- blocked requests ------------------------------------------------------------------------
-
 _BLOCKED_HEADER: Final = ("AT", "SESSION", "TENANT", "REASON", "TOKENS_BEFORE", "TOKENS_AFTER",
                           "HARD_LIMIT")
 
 
 def blocked_table(entries: Sequence[RequestEntry]) -> str:
     """One line per refused request, oldest first as given."""
-    return _table(_BLOCKED_HEADER, [
+    return aligned_table(_BLOCKED_HEADER, [
         (_time(entry.at), entry.session_id, entry.tenant, entry.reason or "-",
          _figure(entry.tokens_before), _figure(entry.tokens_after), _figure(entry.hard_limit))
         for entry in entries], left=4)

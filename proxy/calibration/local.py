@@ -1,23 +1,15 @@
 """Calibrated counting: what the provider's own counts teach about the proxy's estimates.
 
-The proxy counts with a local tokenizer, which differs from the provider's on code and
-non-English text. :class:`Calibration` keeps, per session and model, the ratio *provider's
-count / estimate* of the views it forwarded, and the compactor scales its counts by it
-(:attr:`compactor.CompactionOptions.token_scale`). The last view predicts the next best, so
-the factor is the latest ratio near the session's median (one odd answer is not followed);
-a new session starts from its tenant's fleet for that model, so one caller never moves
-another's. A refusal ``prompt is too long: N tokens > M maximum`` also teaches the window M
-(:func:`clamp_to_window`), forgotten after a while or once a larger view is accepted.
-
-All of it is bounded process memory; :meth:`Calibration.snapshot` and :meth:`~Calibration.restore`
-turn a session's part into bytes exactly, which :mod:`proxy.calibration.shared` shares through
-the store. The rule in operators' words: docs/how-it-works.md, "Calibration".
+:class:`Calibration` keeps, per session and model, the ratio *provider's count / estimate* of
+the views forwarded (the compactor's ``token_scale``), and per tenant and model the windows
+refusals taught (:func:`clamp_to_window`); all in bounded process memory, a session's part
+shared through the store by :mod:`proxy.calibration.shared`. The rule in operators' words:
+docs/how-it-works.md, "Calibration".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 import statistics
 import struct
 import threading
@@ -26,26 +18,15 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 from typing import Final
 
 import msgspec
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from policies import CompactionPolicy
 
-__all__ = [
-    "FIXED_SHARE",
-    "FLEET_WINDOW",
-    "MAX_FACTOR",
-    "MIN_COUNTED_TOKENS",
-    "MIN_FACTOR",
-    "OUTLIER_SPREAD",
-    "SESSION_WINDOW",
-    "WINDOW_MARGIN",
-    "Calibration",
-    "clamp_to_window",
-]
+__all__ = ["FIXED_SHARE", "FLEET_WINDOW", "MAX_FACTOR", "MIN_COUNTED_TOKENS", "MIN_FACTOR",
+           "OUTLIER_SPREAD", "SESSION_WINDOW", "WINDOW_MARGIN", "Calibration", "clamp_to_window"]
 
 #: Ratios kept per session (their median judges the newest).
 SESSION_WINDOW: Final = 5
@@ -132,25 +113,12 @@ def _tenant(session_key: str) -> str:
 
 class Calibration:
     """Correction factors per (session, model) and per (tenant, model), and learnt context
-    windows per (tenant, model).
+    windows per (tenant, model). Thread-safe (one lock).
 
-    A view is its fixed part (``system``, ``tools``, the durable block: the same from request
-    to request, often prose) and its messages (growing, often code and tool output); the two
-    can differ in ratio by several percent, and compaction changes their mix. So the session
-    learns the fixed part's ratio from a view that is mostly fixed part (an agent's first
-    request), and the messages' ratio from every view after that, as what is left of the
-    provider's count once the fixed part is paid for. Until the fixed part's ratio is known,
-    one whole-view ratio serves both. Each message also keeps the count the provider gave it
-    (the new messages of a view share what is left once the fixed part and the messages known
-    before are paid for), so after compaction — a view made of some of those messages and a
-    little new text — the estimate stays right.
-
-    Thread-safe (one lock); every method is O(window).
-
-    Args:
-        max_sessions: how many (session, model) pairs to remember.
-        window_ttl_s: how long a learnt window is kept.
-        clock: the monotonic clock windows age by (tests pass their own).
+    The fixed part (``system``, ``tools``, the durable block) and the messages tokenize
+    differently, and compaction changes their mix: each has its own ratio (one whole-view ratio
+    serves both until a mostly-fixed view taught the fixed part's), and each message keeps the
+    count the provider gave it, so a compacted view of known messages is estimated right.
     """
 
     def __init__(self, *, max_sessions: int = MAX_SESSIONS, window_ttl_s: float = WINDOW_TTL_S,
@@ -162,10 +130,9 @@ class Calibration:
         # messages are added; the mapping is replaced when pruned).
         self._known: LRUCache[tuple[str, str], dict[int, float]] = LRUCache(
             min(max_sessions, MAX_SESSIONS_WITH_MESSAGES))
-        # (tenant, model) -> (the window, when it was learnt).
-        self._windows: LRUCache[tuple[str, str], tuple[int, float]] = LRUCache(MAX_FLEETS)
-        self._window_ttl_s = window_ttl_s
-        self._clock = clock
+        # (tenant, model) -> the window learnt, kept window_ttl_s.
+        self._windows: TTLCache[tuple[str, str], int] = TTLCache(MAX_FLEETS, window_ttl_s,
+                                                                 timer=clock)
         self._lock = threading.Lock()
 
     def factors(self, session_key: str, model: str) -> tuple[float, float]:
@@ -193,19 +160,10 @@ class Calibration:
     def observe(self, session_key: str, model: str, counted: int, provider: int,
                 reserved: int = 0, fingerprints: Sequence[int] = (),
                 tokens: Sequence[int] = ()) -> float | None:
-        """Learn from one view: ``counted`` tokens by the proxy's counter (``reserved`` of
-        them its fixed part), ``provider`` by the provider; ``fingerprints`` and ``tokens`` are
-        the view's messages' fingerprints and counted tokens. Returns the whole-view ratio
-        when it was kept, ``None`` when it was ignored (a tiny view, or a ratio outside the
-        believable bounds).
-
-        The provider's count less the fixed part and the messages whose count is known
-        already is the count of the rest: usually the messages new since the last view (all
-        of them, the first time). That gives the messages' ratio, and each of those messages
-        its own count, remembered while it stays in the session's views (:meth:`known`).
-
-        A view the provider counted above the tenant's learnt window was accepted: that
-        window is forgotten."""
+        """Learn from one view (``counted`` by the proxy, ``reserved`` of it the fixed part;
+        ``provider`` by the provider; its messages' fingerprints and counted ``tokens``). The
+        whole-view ratio when kept, ``None`` when ignored (a tiny view, an unbelievable ratio).
+        A view counted above the tenant's learnt window forgets that window."""
         if provider > 0:
             self._widen_window(session_key, model, provider)
         if counted < MIN_COUNTED_TOKENS or provider <= 0:
@@ -216,14 +174,8 @@ class Calibration:
         reserved = max(0, min(reserved, counted))
         key = (session_key, model)
         with self._lock:
-            session = self._sessions.get(key)
-            if session is None:
-                session = _Session()
-                self._sessions[key] = session
-            fleets = (_tenant(session_key), model)
-            fleet = self._fleet.get(fleets)
-            if fleet is None:
-                fleet = self._fleet[fleets] = _Fleet()
+            session = self._sessions.setdefault(key, _Session())
+            fleet = self._fleet.setdefault((_tenant(session_key), model), _Fleet())
             session.ratios.append(ratio)
             fleet.ratios.append(ratio)
             if reserved >= FIXED_SHARE * counted:
@@ -243,21 +195,14 @@ class Calibration:
     def _learn_messages(self, key: tuple[str, str], session: _Session, fleet: _Fleet,
                         fingerprints: Sequence[int], tokens: Sequence[int],
                         provider_messages: float) -> None:
-        known = self._known.get(key)
-        if known is None:
-            known = self._known[key] = {}
-        # C loops only: a warm view is its previous view (every count known) plus a message
-        # or two, and this runs on every answer.
+        known = self._known.setdefault(key, {})
         if len(fingerprints) != len(tokens):
             raise ValueError(f"{len(fingerprints)} fingerprints for {len(tokens)} counts")
-        values = list(map(known.get, fingerprints))
+        values = [known.get(print_) for print_ in fingerprints]
         counted = float(sum(tokens))
-        unknown: list[tuple[int, int]] = []
-        if None in values:
-            missing = list(map(operator.is_, values, repeat(None)))
-            unknown = list(compress(zip(fingerprints, tokens, strict=True), missing))
-            values = list(compress(values, map(operator.not_, missing)))
-        known_sum = float(sum(values))  # type: ignore[arg-type]  # (the Nones left out)
+        unknown = [(print_, count) for print_, count, value
+                   in zip(fingerprints, tokens, values, strict=True) if value is None]
+        known_sum = float(sum(value for value in values if value is not None))
         unknown_counted = float(sum(count for _, count in unknown))
         # The messages' factor (for messages whose count is not known) is the ratio over all
         # of the view's messages: an average over every kind of content, steadier than the
@@ -283,11 +228,8 @@ class Calibration:
             return self._known.get((session_key, model)) or {}
 
     async def saved(self, session_key: str) -> None:
-        """Return once what ``session_key`` taught is where every process serving the
-        session reads it: at once here (this process's memory);
-        :class:`~proxy.calibration.shared.SharedCalibration` waits for its store
-        writes. The request path awaits it before the client sees the answer end
-        (:data:`proxy.http.forward.BeforeEnd`)."""
+        """Return once what ``session_key`` taught is where every process serving it reads
+        it: at once here; :class:`~proxy.calibration.shared.SharedCalibration` waits."""
         del session_key
 
     def holds(self, session_key: str, model: str) -> bool:
@@ -345,31 +287,25 @@ class Calibration:
     def window(self, session_key: str, model: str) -> int | None:
         """The context window the provider said ``model`` has for the session's tenant, while
         that is recent (``window_ttl_s``)."""
-        key = (_tenant(session_key), model)
         with self._lock:
-            found = self._windows.get(key)
-            if found is None:
-                return None
-            if self._clock() - found[1] >= self._window_ttl_s:
-                del self._windows[key]
-                return None
-            return found[0]
+            return self._windows.get((_tenant(session_key), model))
 
     def learn_window(self, session_key: str, model: str, maximum: int) -> None:
         """Remember ``maximum`` (from ``prompt is too long: N tokens > M maximum``) for the
         session's tenant and ``model``; the smallest one heard while it is kept wins."""
         if maximum < 1:
             return
-        known = self.window(session_key, model)
+        key = (_tenant(session_key), model)
         with self._lock:
+            known = self._windows.get(key)
             if known is None or maximum <= known:
-                self._windows[(_tenant(session_key), model)] = (maximum, self._clock())
+                self._windows[key] = maximum
 
     def _widen_window(self, session_key: str, model: str, provider: int) -> None:
         key = (_tenant(session_key), model)
         with self._lock:
             found = self._windows.get(key)
-            if found is not None and provider > found[0]:
+            if found is not None and provider > found:
                 del self._windows[key]
 
 

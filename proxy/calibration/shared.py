@@ -1,15 +1,10 @@
 """The per-session calibration shared by every process serving from one store.
 
-:class:`SharedCalibration` is a :class:`~proxy.calibration.local.Calibration` whose
-per-(session, model) part also lives in the store, as the session's versioned record
-``calibration:<model>``: after every answer it learnt from, the snapshot is written (in the
-background, newest wins); on every request the session's versions arrive with its state read
-(:class:`~proxy.store.read_cache.CachedStateReads` calls :meth:`~SharedCalibration.refresh`,
-the record riding the same round trip), and a version this process does not hold is restored
-before the request is planned. So a replica plans each request with what the session's last
-answer taught, whichever replica forwarded it. The request path awaits
-:meth:`~SharedCalibration.saved` before the client sees the answer end, so the next request
-finds it on every replica. The fleets' medians and learnt windows stay per process.
+A session's part lives in its versioned record ``calibration:<model>``, written in the
+background after every answer it learnt from (newest wins) and restored when the versions read
+with the session's state (:meth:`~SharedCalibration.refresh`) name one this process does not
+hold: each replica plans with what the session's last answer taught, wherever it was served.
+The fleets' medians and learnt windows stay per process.
 """
 
 from __future__ import annotations
@@ -35,14 +30,8 @@ _ALL_CALIBRATIONS: Final = RecordFetch(CALIBRATION_RECORD_PREFIX)
 
 
 class SharedCalibration(Calibration):
-    """Calibration whose per-session part is saved in, and refreshed from, ``store``.
-
-    Used from the event loop (``observe`` schedules the write on the running loop).
-
-    Args:
-        store: the shared store (versioned records).
-        max_sessions, window_ttl_s: as :class:`~proxy.calibration.local.Calibration`.
-    """
+    """Calibration whose per-session part is saved in, and refreshed from, ``store``. Used
+    from the event loop (``observe`` schedules the write on the running loop)."""
 
     def __init__(self, store: ReplicaConsistency, *, max_sessions: int = MAX_SESSIONS,
                  window_ttl_s: float = WINDOW_TTL_S) -> None:
@@ -83,15 +72,9 @@ class SharedCalibration(Calibration):
                 except StoreError as exc:
                     _log.warning("calibration_save_failed", error_class=type(exc).__name__)
                     continue
-                self._held(session_key)[model] = version
+                self._versions.setdefault(session_key, {})[model] = version
         finally:
             del self._writers[key]
-
-    def _held(self, session_key: str) -> dict[str, int]:
-        held = self._versions.get(session_key)
-        if held is None:
-            held = self._versions[session_key] = {}
-        return held
 
     def wanted(self, session_key: str) -> RecordFetch:
         """The session's calibration records to read with its versions: each one whose
@@ -128,7 +111,7 @@ class SharedCalibration(Calibration):
                     continue
             stored_version, data = found
             if self.restore(session_key, model, data):
-                self._held(session_key)[model] = stored_version
+                self._versions.setdefault(session_key, {})[model] = stored_version
 
     async def saved(self, session_key: str) -> None:
         """Wait until every snapshot of ``session_key`` taken so far is written (or failed)."""

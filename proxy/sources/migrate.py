@@ -1,18 +1,10 @@
 """Moving a session between tenants (``compact-proxy move-session``): its durable state and
-its source files; and the Redis store's durable states from the key layout before hash tags to
-the one now (``compact-proxy migrate-redis-keys``).
+its sources; and the Redis store's durable states from the key layout before hash tags to the
+one now (``compact-proxy migrate-redis-keys``). Operators: docs/operations.md, "Tenants".
 
-Switching ``session.scope`` changes every session's store key (:func:`scoped_key`): a session
-kept as ``sess-1`` under scope ``none`` is ``t…/sess-1`` under ``credential``; and where its
-sources resolve (:func:`proxy.sources.resolvers.tenant_root`): ``<root>/sess-1.jsonl`` becomes
-``<root>/t…/sess-1.jsonl``, ``<root>/sess-1/`` becomes ``<root>/t…/sess-1/``. This moves the
-durable state from one key to the other and the files (local roots: one rename each, the
-artifact folder whole; ``s3://`` roots: each object copied, then the originals deleted) from
-one directory to the other. The sticky-compaction
-checkpoints are a cache whose record kinds the store cannot list, and they are rebuilt on the
-session's next request (one compaction from scratch); the summary cache is per tenant too and
-refills the same way. Run it while the proxy is stopped (the scope change needs a restart
-anyway), so no request writes the session meanwhile.
+Switching ``session.scope`` changes every session's store key (:func:`scoped_key`) and where
+its sources resolve (:func:`proxy.sources.resolvers.tenant_root`). Sticky checkpoints and
+cached summaries are not moved: they are rebuilt on the session's next request.
 """
 
 from __future__ import annotations
@@ -56,20 +48,9 @@ def _check(session_id: str, from_tenant: str, to_tenant: str) -> None:
 
 async def move_session(store: StoreBackend, session_id: str, from_tenant: str,
                        to_tenant: str) -> StoredState:
-    """Move the durable state of ``session_id`` from one tenant to another.
-
-    The target gets the state as a new state (version 1, or the one after a state deleted
-    there before: versions are never reused); the source's is deleted only if it is still
-    the version copied (otherwise the copy is undone).
-
-    Returns:
-        the state as now stored under the target.
-
-    Raises:
-        MoveRefused: a bad session id or tenant, the same tenant twice, no state at the
-            source, state already at the target, or the source changed during the move.
-        StoreError: the store failed.
-    """
+    """Move the durable state of ``session_id`` from one tenant to another; returns it as
+    stored under the target (a new state there: versions are never reused). The source's is
+    deleted only if it is still the version copied, else the copy is undone (MoveRefused)."""
     _check(session_id, from_tenant, to_tenant)
     source_key, target_key = scoped_key(from_tenant, session_id), scoped_key(to_tenant, session_id)
     source = await store.get_state(source_key)
@@ -93,12 +74,8 @@ async def move_session(store: StoreBackend, session_id: str, from_tenant: str,
 
 @dataclass(frozen=True)
 class SessionMoved:
-    """What :func:`move_session_and_sources` did.
-
-    Attributes:
-        state: the durable state as now stored under the target (``None``: it had none).
-        sources: each file or object moved, as ``(from, to)`` (paths, ``s3://`` URLs).
-    """
+    """What :func:`move_session_and_sources` did: the state under the target (``None``: it
+    had none), and each file or object moved as ``(from, to)``."""
 
     state: StoredState | None
     sources: tuple[tuple[str, str], ...]
@@ -106,11 +83,8 @@ class SessionMoved:
 
 def _source_moves(roots: tuple[str, str], session_id: str, from_tenant: str, to_tenant: str
                   ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The session's files to rename (those that exist), and the ``s3://`` prefixes to move.
-
-    Raises:
-        MoveRefused: a target file or folder exists already.
-    """
+    """The session's files to rename (those that exist), and the ``s3://`` prefixes to move;
+    MoveRefused when a target file or folder exists already."""
     files, remote = [], []
     for root, name in zip(roots, (f"{session_id}.jsonl", session_id), strict=True):
         source = os.path.join(tenant_root(root, from_tenant), name)
@@ -145,17 +119,10 @@ def _rename_all(moves: list[tuple[str, str]]) -> None:
 async def move_session_and_sources(store: StoreBackend, roots: tuple[str, str],
                                    session_id: str, from_tenant: str, to_tenant: str, *,
                                    objects: S3ObjectStore | None = None) -> SessionMoved:
-    """Move ``session_id`` from one tenant to another: its durable state
-    (:func:`move_session`) and its sources under ``roots`` (transcript root, artifact root):
-    ``<root>[/<from>]/<sid>.jsonl`` and ``<root>[/<from>]/<sid>/`` into the target tenant's
-    directory (local roots: renamed; ``s3://`` roots: copied then deleted through
-    ``objects``, :mod:`proxy.sources.s3_moves`). Nothing moves when anything is refused.
-
-    Raises:
-        MoveRefused: as :func:`move_session` (no durable state is refused only when the
-            session has no source either), a target exists, a rename or copy failed.
-        StoreError: the store failed.
-    """
+    """Move ``session_id``'s durable state (:func:`move_session`; none is refused only when
+    it has no source either) and its sources under ``roots`` (local: renamed; ``s3://``:
+    copied then deleted through ``objects``) to the target tenant. Nothing moves when anything
+    is refused (MoveRefused)."""
     _check(session_id, from_tenant, to_tenant)
     files, remote = _source_moves(roots, session_id, from_tenant, to_tenant)
     planned: list[ObjectMove] = []
@@ -205,32 +172,18 @@ return 1
 
 @dataclass(frozen=True)
 class LayoutMigration:
-    """What :func:`migrate_redis_layout` did.
-
-    Attributes:
-        moved: durable states now under their hash-tagged key.
-        kept: session keys whose old state was left where it is, because a state exists
-            under the new key already (written since the upgrade: delete one of the two).
-    """
+    """What :func:`migrate_redis_layout` did: states ``moved``, and the session keys ``kept``
+    where they were because the new key holds a state already (delete one of the two)."""
 
     moved: int
     kept: tuple[str, ...]
 
 
 async def migrate_redis_layout(store: RedisStateStore) -> LayoutMigration:
-    """Move every durable state of the Redis layout before hash tags
-    (``<prefix>state:<session key>``) to its key now (``<prefix>{<session key>}:state``),
-    keeping its version (so clients' ``If-Match`` still holds) and its write time.
-
-    Idempotent; safe while the proxy runs (a state written under the new key since the
-    upgrade is never overwritten). Only the durable states move: the old layout's summaries,
-    records, usage rows and audit log are caches and reports; they are left for Redis to
-    hold until deleted (``<prefix>summary:*``, ``<prefix>record:*``, ``<prefix>usage:*``,
-    ``<prefix>audit:*``).
-
-    Raises:
-        StoreError: the store failed, or runs on a cluster (which never held the old layout).
-    """
+    """Move every durable state of the layout before hash tags (``<prefix>state:<key>``) to
+    ``<prefix>{<key>}:state`` with its version and write time; idempotent, and never over a
+    state written since. Caches and reports of the old layout are left (``<prefix>summary:*``,
+    ``record:*``, ``usage:*``, ``audit:*``). StoreError on a cluster (it never held it)."""
     if store.mode == "cluster":
         raise StoreError("a Redis Cluster never held the old key layout: nothing to migrate")
     from redis.exceptions import RedisError

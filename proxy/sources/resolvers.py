@@ -1,17 +1,10 @@
-"""Source-pointer resolvers kept across requests, one per session.
+"""Source-pointer resolvers kept across requests, one per recent session (a resolver's
+authorizer is bound to one session; what it verified is not re-hashed while unchanged).
 
-A :class:`compactor.SourcePointerResolver` remembers what it verified, but its authorizer is
-bound to one requesting session; the proxy resolves the same session's pointers on every
-request, so it keeps one resolver per recent session and re-hashes nothing that did not change.
-
-Each tenant has its own roots (:func:`tenant_root`: ``<root>/<tenant>/``, one key prefix per
-tenant for ``s3://``), so a caller naming another tenant's session id finds nothing of it;
-tenant ``none`` reads the roots themselves, and so does every tenant for the operator's
-``shared_sessions``. The roots' scheme chooses the kind: local paths get
-:class:`compactor.SourcePointerResolver` (in a worker thread: it reads files), ``s3://`` roots
-:class:`proxy.sources.s3_sources.S3SourceResolver` (on the event loop); each pointer goes to its
-root's kind. :meth:`ResolverPool.excerpts` serves the operator only: excerpts never reach a
-prompt.
+Each tenant resolves in its own directory of each root (:func:`tenant_root`; docs/admin.md).
+Local roots get :class:`compactor.SourcePointerResolver` (in a worker thread), ``s3://`` roots
+:class:`proxy.sources.s3_sources.S3SourceResolver` (on the loop); each pointer goes to its
+root's kind. Excerpts serve the operator only, never a prompt.
 """
 
 from __future__ import annotations
@@ -49,12 +42,8 @@ _TENANT_DIR: Final = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 
 
 def tenant_root(root: str, tenant: str) -> str:
-    """Where ``tenant``'s sources are under a configured root (a path or an ``s3://`` URL):
-    the root itself for tenant ``none``, else its directory (key prefix) named by the tenant.
-
-    Raises:
-        ValueError: ``tenant`` cannot name a directory.
-    """
+    """Where ``tenant``'s sources are under a root (a path or an ``s3://`` URL): the root
+    itself for tenant ``none``, else its directory named by the tenant (else a ValueError)."""
     if tenant == _NO_TENANT:
         return root
     if _TENANT_DIR.fullmatch(tenant) is None:
@@ -65,20 +54,8 @@ def tenant_root(root: str, tenant: str) -> str:
 
 
 class ResolverPool:
-    """The resolvers of each recently seen session. Used from the event loop only; the local
-    resolvers themselves are safe to use from worker threads.
-
-    Args:
-        transcript_root: ``sources.transcript_root`` (a path, or an ``s3://`` URL).
-        artifact_root: ``sources.artifact_root`` (a path, or an ``s3://`` URL: either kind,
-            whatever the transcripts' is).
-        access: who may resolve which session's pointers.
-        max_sessions: how many sessions' resolvers to keep.
-        s3: the object store's endpoint and region (``sources.s3``), for ``s3://`` roots.
-
-    Raises:
-        ValueError: a bad ``s3://`` URL.
-    """
+    """The resolvers of each recently seen session (``sources.*``; a bad ``s3://`` URL is a
+    ValueError). Used from the event loop only; the local resolvers are thread-safe."""
 
     def __init__(self, transcript_root: str, artifact_root: str, access: SourceAccessPolicy,
                  *, max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -93,27 +70,11 @@ class ResolverPool:
         self._s3: _S3Sources | None = None
         if any(self._remote):
             self._s3 = _S3Sources(self._roots, self._remote, s3)
-        # (tenant, session id) -> its resolver, created on first use; least recently used
-        # evicted.
+        # (tenant, session id) -> its resolver, created on first use.
         self._resolvers = cached(LRUCache(max_sessions), lock=threading.Lock())(
             self._new_resolver)
         self._s3_resolvers = cached(LRUCache(max_sessions), lock=threading.Lock())(
             self._new_s3_resolver)
-
-    @property
-    def is_remote(self) -> bool:
-        """Whether some of the roots are on an object store (``s3://``)."""
-        return self._s3 is not None
-
-    def for_session(self, session_id: str, *, tenant: str) -> compactor.SourcePointerResolver:
-        """The local resolver that serves ``tenant``'s ``session_id`` (created on first use).
-
-        Raises:
-            RuntimeError: a root is on an object store (use :meth:`resolve`).
-        """
-        if self._s3 is not None:
-            raise RuntimeError("a source root is an s3:// URL: use ResolverPool.resolve")
-        return self._resolvers(tenant, session_id)
 
     async def resolve(self, session_id: str, state: compactor.DurableContextState, *,
                       tenant: str) -> tuple[compactor.SourceResolution, ...]:
@@ -142,9 +103,8 @@ class ResolverPool:
                                     tuple[_T, ...]],
                     remote: Callable[[S3SourceResolver, list[str]],
                                      Awaitable[tuple[_T, ...]]]) -> tuple[_T, ...]:
-        """``local`` over the pointers whose kind is on a local root (in a worker thread: it
-        reads files) and ``remote`` over the others (on the loop), each group with the
-        resolver of its roots (:meth:`_route`), in the pointers' order."""
+        """``local`` over the pointers of local roots (in a worker thread) and ``remote`` over
+        the others, each group with its roots' resolver; results in the pointers' order."""
         routes = [self._route(pointer, tenant) for pointer in pointers]
         groups: dict[tuple[str, bool], list[str]] = {}
         for pointer, route in zip(pointers, routes, strict=True):

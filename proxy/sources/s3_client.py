@@ -1,12 +1,9 @@
-"""The S3 client of the object-store source roots (:mod:`proxy.sources.s3_sources`,
-:mod:`proxy.sources.s3_moves`): one aiobotocore client per :class:`S3ObjectStore`, created on
-first use on the running loop, that never follows a redirect; and what a failed request to
-the store means as a resolution outcome (:func:`store_error_outcome`).
+"""The S3 client of the object-store source roots: one aiobotocore client per
+:class:`S3ObjectStore`, created on first use, and what a failed request means as a resolution
+outcome (:func:`store_error_outcome`).
 
-Redirects are never followed: the HTTP layer does not follow ``Location``
-(``allow_redirects`` off) and botocore's region redirector may not re-send a request (a
-re-sent request is refused before it is signed), so a 3xx is an answer, and that answer is
-``denied``.
+Redirects are never followed (``denied``): aiohttp's ``allow_redirects`` is off, and a request
+botocore's region redirector would re-send is refused before it is signed.
 """
 
 from __future__ import annotations
@@ -91,27 +88,20 @@ class _NoRedirectHTTPSession(AIOHTTPSession):
 
 
 class S3ObjectStore:
-    """One S3 client, created on first use on the running loop, closed by :meth:`close`.
-
-    Args:
-        settings: the endpoint and region (``sources.s3``).
-        session: the aiobotocore session to create the client from (a new one by default;
-            a session remembers the credentials it found first).
-    """
+    """One S3 client, created on first use on the running loop (from ``session``, else a new
+    aiobotocore session), closed by :meth:`close`."""
 
     def __init__(self, settings: S3Settings, *, session: AioSession | None = None) -> None:
         self._settings = settings
         self._session = session
         self._client: S3Client | None = None
         self._stack: AsyncExitStack | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()
 
     async def client(self) -> S3Client:
         """The client (created on the first call)."""
         if self._client is not None:
             return self._client
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         async with self._lock:
             if self._client is None:
                 self._client = await self._create()

@@ -1,11 +1,6 @@
-"""Moving a session's objects from one tenant's prefix to another's on an object store
-(``compact-proxy move-session`` with ``s3://`` roots, :mod:`proxy.sources.migrate`).
-
-S3 has no rename: each object is copied under the target prefix, and the originals are
-deleted only once every copy is made; a copy that fails deletes the copies made, so nothing
-moved. Planned first (:func:`plan_object_moves`): a target that holds objects already is
-refused before anything is copied. Copies are single ``CopyObject`` calls (objects up to
-5 GB, far above any transcript or artifact the resolver would read whole).
+"""Moving a session's objects from one tenant's prefix to another's (``move-session`` with
+``s3://`` roots). S3 has no rename: every object is copied (one ``CopyObject``, up to 5 GB),
+then the originals deleted; a failed copy deletes the copies made, so nothing moved.
 """
 
 from __future__ import annotations
@@ -44,11 +39,7 @@ async def _keys(client: S3Client, bucket: str, key: str) -> list[str]:
 async def plan_object_moves(store: S3ObjectStore, moves: Sequence[tuple[str, str]]
                             ) -> list[ObjectMove]:
     """Each object under each ``(source, target)`` URL pair (a key, or a prefix ending with
-    ``/``), with its key under the target.
-
-    Raises:
-        MoveRefused: a target holds objects already, or the store failed.
-    """
+    ``/``), with its key under the target; MoveRefused when a target holds objects already."""
     planned: list[ObjectMove] = []
     try:
         client = await store.client()
@@ -66,12 +57,8 @@ async def plan_object_moves(store: S3ObjectStore, moves: Sequence[tuple[str, str
 
 
 async def move_objects(store: S3ObjectStore, planned: Sequence[ObjectMove]) -> None:
-    """Copy every planned object, then delete the originals.
-
-    Raises:
-        MoveRefused: a copy failed (the copies made are deleted again), or a delete failed
-            (the copies are all made: the message names the originals left).
-    """
+    """Copy every planned object, then delete the originals; MoveRefused when a copy failed
+    (the copies made are deleted again) or a delete did (the message says what is left)."""
     client = await store.client()
     copied: list[tuple[str, str]] = []
     try:

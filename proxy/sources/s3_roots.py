@@ -1,14 +1,9 @@
-"""Source roots on an object store: ``s3://<bucket>/<prefix>`` (``sources.transcript_root``,
-``sources.artifact_root``), parsed strictly and without any S3 client, so the configuration can
-be checked where the ``s3`` extra is not installed.
+"""Source roots on an object store: ``s3://<bucket>/<prefix>``, parsed strictly and without
+any S3 client (the config is checked where the ``s3`` extra is not installed).
 
-A root names a bucket and a key prefix; the objects the resolver reads sit under it exactly as
-files sit under a local root: ``<prefix><session_id>.jsonl`` for transcripts and
-``<prefix><session_id>/<filename>`` for artifacts (:meth:`S3Root.transcript_key`,
-:meth:`S3Root.artifact_key`). The prefix is a run of path segments, each one of S3's "safe"
-characters and never ``.`` or ``..``, so no root can hide a traversal; a query string, a
-fragment, credentials or a port in the URL are refused (they belong in ``sources.s3``,
-:class:`S3Settings`).
+Objects sit under a root as files under a local one (``<prefix><session_id>.jsonl``,
+``<prefix><session_id>/<filename>``); prefix segments are S3's "safe" characters, never ``.``
+or ``..``, so no root can hide a traversal.
 """
 
 from __future__ import annotations
@@ -35,10 +30,8 @@ def is_s3_url(root: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class S3Root:
-    """A bucket and a key prefix (``""`` or segments each followed by ``/``).
-
-    Build it with :func:`parse_s3_root`.
-    """
+    """A bucket and a key prefix (``""`` or segments each followed by ``/``), from
+    :func:`parse_s3_root`."""
 
     bucket: str
     prefix: str
@@ -60,12 +53,7 @@ class S3Root:
 
 
 def parse_s3_root(url: str) -> S3Root:
-    """Parse ``s3://<bucket>[/<prefix>]``.
-
-    Raises:
-        ValueError: not an ``s3://`` URL, a bad bucket name, or a prefix with an empty,
-            ``.``, ``..`` or unsafe segment (or a query string, fragment, port, user).
-    """
+    """Parse ``s3://<bucket>[/<prefix>]``; a ValueError names what is wrong."""
     if not is_s3_url(url):
         raise ValueError(f"must start with {S3_SCHEME}, got {url!r}")
     rest = url[len(S3_SCHEME):]
@@ -84,18 +72,8 @@ def parse_s3_root(url: str) -> S3Root:
 
 @dataclass(frozen=True, slots=True)
 class S3Settings:
-    """How to reach the store (``sources.s3``).
-
-    Attributes:
-        endpoint_url: an S3-compatible service's URL (``http(s)://host[:port]``); ``None``
-            for AWS itself. Given, requests use path-style addressing, which every
-            S3-compatible service understands.
-        region: the signing region; ``None`` takes ``AWS_REGION`` / ``AWS_DEFAULT_REGION``
-            or the AWS config file, else ``us-east-1``.
-
-    Credentials come from the standard chain: ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, the shared files, instance roles.
-    """
+    """How to reach the store (``sources.s3``; docs/configuration.md). Credentials come from
+    the standard AWS chain."""
 
     endpoint_url: str | None = None
     region: str | None = None

@@ -1,15 +1,9 @@
 """Source pointers resolved against an S3-compatible object store (``s3://`` roots).
 
-Replicas on several hosts share no disk, so the roots may name a bucket and prefix
-(:mod:`proxy.sources.s3_roots`). This is the object-store twin of
-:class:`compactor.SourcePointerResolver`: the same contract and five statuses, through
-aiobotocore on the proxy's own event loop. :meth:`S3SourceResolver.resolve` never raises for a
-bad pointer or object; the order is fixed: parse, authorize (no request for a refused
-pointer), check the key lies under the session's prefix, ``HEAD``, then ``GET`` with
-``If-Match`` on that ETag, streamed (an artifact hashed chunk by chunk). Redirects are never
-followed (``denied``); an unreachable store is ``missing`` and not remembered. Verified
-outcomes are remembered by ETag and Last-Modified, so an unchanged object costs a ``HEAD``.
-Statuses for operators: docs/admin.md.
+The object-store twin of :class:`compactor.SourcePointerResolver` (the same contract and five
+statuses, through aiobotocore on the event loop): parse, authorize, check the key lies under
+the session's prefix, ``HEAD``, then a streamed ``GET`` ``If-Match`` that ETag. Verified
+outcomes are remembered by ETag and Last-Modified. Statuses for operators: docs/admin.md.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cachetools import LRUCache
 
@@ -44,9 +38,6 @@ from compactor._source_files import Outcome as _Outcome
 from compactor._source_files import ResolutionStatus
 from proxy.sources.s3_client import CONCURRENCY, STORE_ERRORS, S3ObjectStore, store_error_outcome
 from proxy.sources.s3_roots import S3Root
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["OutcomeCache", "S3SourceResolver", "new_outcome_cache"]
 
@@ -84,19 +75,9 @@ _Heads = dict[_Located, "asyncio.Future[Mapping[str, Any]]"]
 
 
 class S3SourceResolver:
-    """Checks source pointers against the objects they name (see the module's doc).
-
-    Args:
-        store: the client.
-        transcript_root: where ``<session_id>.jsonl`` transcripts are.
-        artifact_root: where ``<session_id>/<filename>`` artifacts are.
-        authorize: called with the parsed pointer before any request; only exactly ``True``
-            allows the lookup (fail closed).
-        cache: remembered outcomes (may be shared by several resolvers: its keys hold the
-            pointer, so its session); ``None`` reads every time.
-        chunk_size: the most bytes taken from the stream at a time.
-        max_line_bytes: a transcript line up to the target longer than this is corrupt.
-    """
+    """Checks source pointers against the objects they name. ``authorize`` must answer
+    exactly ``True`` before any request (fail closed); ``cache`` may be shared by several
+    resolvers (its keys hold the pointer), ``None`` reads every time."""
 
     def __init__(self, store: S3ObjectStore, transcript_root: S3Root, artifact_root: S3Root,
                  authorize: Callable[[SourcePointer], bool], *,
@@ -162,8 +143,6 @@ class S3SourceResolver:
             return SourceResolution(shown, "denied", None, "not authorized for this session")
         return parsed
 
-    # --- where a pointer's object is -------------------------------------------------------
-
     def _transcript_object(self, pointer: TranscriptPointer) -> _Located:
         root = self._transcript_root
         key = root.transcript_key(pointer.session_id)
@@ -176,8 +155,6 @@ class S3SourceResolver:
         key = root.artifact_key(pointer.session_id, pointer.filename)
         _check_contained(key, session_prefix, pointer.filename)
         return _Located(root.bucket, key)
-
-    # --- verification -----------------------------------------------------------------------
 
     async def _resolve_transcript(self, pointer: TranscriptPointer, heads: _Heads) -> str:
         async def scan(body: _Body) -> str:
@@ -299,16 +276,10 @@ class S3SourceResolver:
                 return line
             expected += 1
 
-    # --- excerpts (for an operator, never for a prompt) ---------------------------------------
-
     async def excerpt(self, pointer: str, *,
                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
         """Resolve ``pointer``; for an available source, add the start of its text, read
-        again and shown only when that read has the digest just verified.
-
-        Raises:
-            ValueError: ``max_chars`` is negative.
-        """
+        again and shown only when that read has the digest just verified."""
         if max_chars < 0:
             raise ValueError(f"max_chars must be >= 0, got {max_chars}")
         resolution = await self.resolve(pointer)
@@ -326,11 +297,6 @@ class S3SourceResolver:
         if digest != resolution.evidence_sha256:  # changed since it was verified
             return SourceExcerpt(resolution, None)
         return SourceExcerpt(resolution, text)
-
-    async def excerpts(self, state: compactor.DurableContextState, *,
-                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> tuple[SourceExcerpt, ...]:
-        """:meth:`excerpt` of each distinct pointer of ``state``, first-seen order."""
-        return await self.excerpt_pointers(state.source_pointers(), max_chars=max_chars)
 
     async def excerpt_pointers(self, pointers: Iterable[str], *,
                                max_chars: int = DEFAULT_EXCERPT_CHARS

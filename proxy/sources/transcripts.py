@@ -1,19 +1,9 @@
-"""Transcripts the proxy writes itself (``sources.record_transcripts``).
+"""Transcripts the proxy writes itself (``sources.record_transcripts``; docs/configuration.md).
 
-Each accepted request's messages, as the client sent them, are appended to the session's
-transcript, ``<transcript_root>[/<tenant>]/<session_id>.jsonl`` (:func:`tenant_root`), in the
-format the resolver verifies: one JSON event per line, ``sequence`` from 1 (message n of the
-session is event n), the ``session_id``, an ``event_id``, then the message's ``role`` and
-``content``. So a durable fact can cite ``transcript:<sid>:<n>`` and show ``available`` with
-no operator tooling.
-
-* Off the request path: a worker thread appends after the response (``in_background``).
-* Never twice: only messages past the events already in the file are appended (a resent or
-  extended history adds its new messages only); the count is read back from the file, under
-  an exclusive ``flock``, whenever its size is not the one this process last wrote, so several
-  workers share a transcript safely.
-* Bounded: a transcript stops growing at ``sources.transcript_max_bytes``; the messages that
-  would pass it are not written (``transcript_full``, once per transcript and process).
+A session's messages are appended, in a worker thread after the response, as the events the
+resolver verifies (``transcript:<sid>:<n>`` is message n). Only messages past the events in the
+file are appended; the count is read back under an exclusive ``flock`` whenever the size is not
+the one this process last wrote, so several workers share a transcript safely.
 """
 
 from __future__ import annotations
@@ -47,12 +37,9 @@ def _event_id(session_id: str, sequence: int, line: bytes) -> str:
 
 
 def _count_events(fd: int) -> int:
-    count = 0
     with os.fdopen(os.dup(fd), "rb") as reader:
         reader.seek(0)
-        for _ in reader:
-            count += 1
-    return count
+        return sum(1 for _ in reader)
 
 
 class TranscriptRecorder:
@@ -109,10 +96,7 @@ class TranscriptRecorder:
             data = memoryview(b"".join(lines))
             while data:
                 data = data[os.write(fd, data):]
-            self._remember(path, size, events + len(lines))
+            with self._known_lock:
+                self._known[path] = (size, events + len(lines))
         finally:
             os.close(fd)  # (closing releases the lock)
-
-    def _remember(self, path: str, size: int, events: int) -> None:
-        with self._known_lock:
-            self._known[path] = (size, events)

@@ -1,15 +1,9 @@
-"""Which callers' credentials the provider has accepted: the operator's summary key is spent
-only for them.
+"""Callers' own credentials, and which of them the provider has accepted: the operator's
+summary key (``summary.api_key_env``) is spent only for those.
 
-In ``summary.mode: separate`` with ``summary.api_key_env`` the operator's key pays for the
-summaries, but the provider judges the caller's own credential only once the request is
-forwarded, after its summary. So a credential counts as accepted after a 2xx to a forwarded
-request (a 401 or 403 forgets it), or else after a ``GET /v1/models?limit=1`` with that
-credential alone when a summary is first needed (nothing billed; concurrent checks are one
-call). Learning from answers alone would never accept a new caller whose long history needs a
-summary before it can be forwarded. Credentials are remembered by a keyed BLAKE2b digest
-(the key random per process), at most :data:`MAX_ACCEPTED`, each for :data:`ACCEPTED_TTL_S`;
-each process learns its callers itself.
+A credential is accepted after a 2xx to a forwarded request (a 401 or 403 forgets it), or after
+a ``GET /v1/models?limit=1`` with it when a summary is needed first (a new caller's long
+history needs one before it is forwarded). Remembered per process by a keyed BLAKE2b digest.
 """
 
 from __future__ import annotations
@@ -18,37 +12,57 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from cachetools import TTLCache
 
+from proxy.summary.client import sdk
 from proxy.summary.flights import SingleFlight
 
 if TYPE_CHECKING:
     import anthropic
 
-    from proxy.summary.summarizer import CallerCredentials
-
-__all__ = ["ACCEPTED_TTL_S", "MAX_ACCEPTED", "AcceptedCallers"]
+__all__ = ["ACCEPTED_TTL_S", "MAX_ACCEPTED", "AcceptedCallers", "CallerCredentials"]
 
 #: Accepted credentials remembered (the least recently used go first).
 MAX_ACCEPTED: Final = 16384
 #: How long an acceptance is trusted without a new answer from the provider.
 ACCEPTED_TTL_S: Final = 3600.0
 
-class AcceptedCallers:
-    """The credentials the provider has accepted lately (see the module's docstring). Used
-    from the event loop only.
 
-    Args:
-        client: the summary SDK client (its base URL, timeout and retries), or what gives
-            it when a check is first made (the SDK is imported then); a check sends the
-            caller's credential in place of the client's own.
-        max_entries: how many accepted credentials to remember.
-        ttl_s: how long each is remembered.
-        timer: the clock of the time to live (tests).
-    """
+@dataclass(frozen=True)
+class CallerCredentials:
+    """The client's own ``x-api-key`` and ``Authorization`` headers, if sent: its summary
+    calls send them as they are."""
+
+    x_api_key: str | None = None
+    authorization: str | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> CallerCredentials:
+        """Pick the auth headers out of a request's headers."""
+        return cls(x_api_key=headers.get("x-api-key") or None,
+                   authorization=headers.get("Authorization") or None)
+
+    @property
+    def present(self) -> bool:
+        """Whether the client sent any credential."""
+        return self.x_api_key is not None or self.authorization is not None
+
+    def as_extra_headers(self) -> dict[str, str | anthropic.Omit]:
+        """Per-call SDK headers: exactly the caller's, the client's own credential omitted."""
+        omit = sdk().omit
+        return {
+            "X-Api-Key": self.x_api_key if self.x_api_key is not None else omit,
+            "Authorization": self.authorization if self.authorization is not None else omit,
+        }
+
+
+class AcceptedCallers:
+    """The credentials the provider has accepted lately; used from the event loop only.
+    ``client`` is the summary SDK client, or what gives it when a check is first made."""
 
     def __init__(self, client: anthropic.AsyncAnthropic
                  | Callable[[], Awaitable[anthropic.AsyncAnthropic]], *,

@@ -1,20 +1,11 @@
-"""The bodies of L4's summary calls: forked from the client's own request, or the proxy's own.
+"""The bodies of L4's summary calls (pure, no I/O): forked from the client's own request, or
+the proxy's own.
 
-Pure: no I/O. :func:`plan_calls` turns a :class:`compactor.SummaryRequest` into the calls
-that obtain its summary:
-
-* ``fork`` (a :class:`ForkSource` given): one call that *is* the client's request — its
-  ``system``, ``tools``, ``tool_choice`` (``none`` instead of one that forces a tool call) and
-  ``metadata``, the conversation up to the kept turns as the messages (one cache breakpoint
-  added on its last block when the request then has at most four), and the summary asked for
-  in a last user turn;
-* ``separate``: one call with the proxy's own system prompt and the span as a JSON transcript.
-
-When that call would not fit the model's window, the transcript (``conversation[1:]`` in fork
-mode, the span otherwise) is cut into consecutive *pieces* that each fit, each summarised as
-JSON text in one user message (so no piece starts with a dangling ``tool_result``), and
-:func:`merge_call` then turns the piece summaries into one. Every call asks for the same five
-sections and carries :data:`SUMMARIZER_MARKER`, in ``system`` or in its last user turn.
+:func:`plan_calls` makes one call: ``fork``, the client's request with the summary asked for in
+a last user turn; ``separate``, the proxy's system prompt and the span as a JSON transcript.
+One that would not fit the window becomes consecutive *pieces* (each a JSON transcript in one
+user message, so none starts with a dangling ``tool_result``), then :func:`merge_call`. Every
+call carries :data:`SUMMARIZER_MARKER`, in ``system`` or in its last user turn.
 """
 
 from __future__ import annotations
@@ -26,19 +17,9 @@ from typing import Any, Final
 
 import compactor
 
-__all__ = [
-    "FORK_INSTRUCTION",
-    "SUMMARIZER_MARKER",
-    "SUMMARY_MERGE_SYSTEM_PROMPT",
-    "SUMMARY_SYSTEM_PROMPT",
-    "ForkSource",
-    "SummaryCall",
-    "breakpoint_count",
-    "fork_call",
-    "merge_call",
-    "plan_calls",
-    "prompt_tokens",
-]
+__all__ = ["FORK_INSTRUCTION", "SUMMARIZER_MARKER", "SUMMARY_MERGE_SYSTEM_PROMPT",
+           "SUMMARY_SYSTEM_PROMPT", "ForkSource", "SummaryCall", "breakpoint_count", "fork_call",
+           "merge_call", "plan_calls", "prompt_tokens"]
 
 Message = dict[str, Any]
 
@@ -155,20 +136,9 @@ _FRAMING_TOKENS: Final = 16
 
 @dataclass(frozen=True)
 class ForkSource:
-    """What a summary call forked from a client's request copies from it.
-
-    Attributes:
-        headers: the headers the proxy forwards upstream for it (credential, ``anthropic-beta``,
-            ``anthropic-version``, ``user-agent``, ``x-app``, …; never hop-by-hop ones,
-            ``Host``, ``Content-Length`` or ``Content-Encoding``), in order, repeated names
-            as they came.
-        query_string: the raw query string (``beta=true``), ``""`` when there is none.
-        model: the request's ``model``.
-        system: ``system`` as forwarded (the durable block appended), ``None`` when absent.
-        tools: ``tools`` as sent, ``None`` when absent.
-        tool_choice: ``tool_choice`` as sent, ``None`` when absent.
-        metadata: ``metadata`` as sent, ``None`` when absent.
-    """
+    """What a summary call forked from a client's request copies from it: the headers the
+    proxy forwards upstream (in order, repeated names as they came), the raw query string, and
+    the body's fields as sent (``system`` as forwarded, the durable block appended)."""
 
     headers: tuple[tuple[str, str], ...] = ()
     query_string: str = ""
@@ -192,15 +162,7 @@ class ForkSource:
 
 @dataclass(frozen=True)
 class SummaryCall:
-    """The body of one summary call, less ``model`` and ``max_tokens`` (the summariser's).
-
-    Attributes:
-        messages: the messages.
-        system: ``system``, or ``None`` to send none.
-        tools: ``tools``, or ``None``.
-        tool_choice: ``tool_choice``, or ``None``.
-        metadata: ``metadata``, or ``None``.
-    """
+    """The body of one summary call, less ``model`` and ``max_tokens`` (``None``: not sent)."""
 
     messages: tuple[Message, ...]
     system: Any = None
@@ -226,9 +188,6 @@ def _forked(source: ForkSource, messages: Sequence[Message]) -> SummaryCall:
     ``metadata``."""
     return SummaryCall(tuple(messages), system=source.system, tools=source.tools,
                        tool_choice=_tool_choice(source.tool_choice), metadata=source.metadata)
-
-
-# -- cache breakpoints --------------------------------------------------------------------------
 
 
 def _marked(value: object) -> bool:
@@ -274,9 +233,6 @@ def _with_breakpoint(message: Message) -> Message | None:
     return {**message, "content": [*content[:-1], {**last, "cache_control": dict(_EPHEMERAL)}]}
 
 
-# -- the forked call ----------------------------------------------------------------------------
-
-
 def _forkable(conversation: Sequence[Message]) -> bool:
     """Whether a user turn may follow ``conversation`` as it stands: not empty, and not ending
     in an assistant message that ends in thinking or asks for tool results."""
@@ -296,11 +252,8 @@ def _forkable(conversation: Sequence[Message]) -> bool:
 
 def fork_call(source: ForkSource, conversation: Sequence[Message]) -> SummaryCall | None:
     """The client's request with ``conversation`` as its messages and the summary instruction
-    as a last user turn; ``None`` when ``conversation`` cannot be continued by a user turn.
-
-    One ``cache_control`` goes on the last block of the conversation's last message when the
-    request then has at most :data:`MAX_BREAKPOINTS`, so the provider reads the prefix the
-    session's earlier requests cached.
+    as a last user turn (``None``: a user turn cannot follow); a cache breakpoint on the last
+    block when the request stays within :data:`MAX_BREAKPOINTS`, so the cached prefix is read.
     """
     if not _forkable(conversation):
         return None
@@ -311,9 +264,6 @@ def fork_call(source: ForkSource, conversation: Sequence[Message]) -> SummaryCal
         messages[-1] = marked
     messages.append(_user_turn(FORK_INSTRUCTION))
     return _forked(source, messages)
-
-
-# -- pieces -------------------------------------------------------------------------------------
 
 
 def _dumps(value: object) -> str:
@@ -372,9 +322,6 @@ def merge_call(source: ForkSource | None, summaries: Sequence[str]) -> SummaryCa
     return _forked(source, [_user_turn(_FORK_MERGE.format(total=len(summaries)) + parts)])
 
 
-# -- planning -----------------------------------------------------------------------------------
-
-
 def prompt_tokens(call: SummaryCall, counter: compactor.CachingCounter) -> int:
     """The counted tokens of a call's prompt: ``tools``, ``system`` and messages."""
     return (counter.count_value(call.tools) + counter.count_value(call.system)
@@ -383,24 +330,13 @@ def prompt_tokens(call: SummaryCall, counter: compactor.CachingCounter) -> int:
 
 def plan_calls(request: compactor.SummaryRequest, source: ForkSource | None, *,
                counter: compactor.CachingCounter | None, budget: int) -> list[SummaryCall] | None:
-    """The calls that summarise ``request``: one, or the pieces (to be merged by
-    :func:`merge_call`); ``None`` when no piece can hold one of the messages.
-
-    Args:
-        request: the span, and the conversation up to the kept turns.
-        source: the client's request to fork (``fork`` mode), ``None`` for ``separate``.
-        counter: counts the prompts; ``None`` takes every call as fitting.
-        budget: the tokens one call's prompt may have.
-    """
-    if source is not None:
-        single = fork_call(source, request.conversation)
-        if single is not None and (counter is None or prompt_tokens(single, counter) <= budget):
-            return [single]
-    else:
-        single = SummaryCall(({"role": "user", "content": request.messages_json},),
-                             system=SUMMARY_SYSTEM_PROMPT)
-        if counter is None or prompt_tokens(single, counter) <= budget:
-            return [single]
+    """The calls that summarise ``request`` within ``budget`` tokens each (``source``:
+    fork mode; no ``counter``: every call fits): one, or the pieces to merge with
+    :func:`merge_call`; ``None`` when no piece can hold one of the messages."""
+    single = (fork_call(source, request.conversation) if source is not None
+              else _piece_call(None, request.messages_json, 1, 1))
+    if single is not None and (counter is None or prompt_tokens(single, counter) <= budget):
+        return [single]
     if source is not None and request.conversation:
         transcript = [compactor.summary_view(m) for m in request.conversation[1:]]
     else:

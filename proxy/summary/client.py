@@ -1,10 +1,7 @@
 """The summary calls' anthropic SDK client, made on first use.
 
 Importing the SDK costs more CPU than the rest of the proxy's imports together, and most
-proxy processes never make a summary call (a replica whose summaries come from the shared
-cache, a worker that only relays, most processes the tests and benchmarks start). So the
-proxy imports it only when a summary call (or a caller check) is first needed, in a thread:
-the event loop keeps serving meanwhile.
+processes never make a summary call: it is imported when the first one is needed, in a thread.
 """
 
 from __future__ import annotations
@@ -51,13 +48,8 @@ def transport_client(provider: Provider | None, timeout_s: float) -> Callable[[]
 
 
 class SummaryClient:
-    """One ``anthropic.AsyncAnthropic``, built by the first :meth:`get` with these arguments.
-
-    Args:
-        make_http_client: builds the SDK's HTTP client (``None``: the SDK's own), called
-            when the client is built.
-        **options: ``AsyncAnthropic``'s keyword arguments.
-    """
+    """One ``anthropic.AsyncAnthropic(**options)``, built by the first :meth:`get`, with the
+    HTTP client ``make_http_client`` makes (``None``: the SDK's own)."""
 
     def __init__(self, make_http_client: Callable[[], Any] | None = None,
                  **options: Any) -> None:

@@ -1,19 +1,10 @@
 """Single flight: at most one running task per key, awaited by everyone who needs its result.
 
-L4 needs the same summary for every request that crosses the same threshold at the same time
-(a client retrying, parallel subagents, a burst). The first request starts the call as a task
-of its own; the others find it running and await it. The task is not the starter's: a client
-that goes away cancels its own wait, never the call the others are waiting for. A task is
-forgotten as soon as it ends — its result lives on in the store, not here.
-
-Across processes (replicas, workers) sharing a store, :func:`fleet_single_flight` puts a
-lease of the store in front of the work: one process per key takes it (Redis
-``SET key token NX PX ttl``; SQLite a row with an expiry) and does the work, renewing the
-lease while it runs and releasing it with its token only (compare-and-delete, never another
-holder's); the others poll for the result (the summary cache) until it appears, at most
-``timeout_s``. A holder that dies stops renewing, so its lease expires after ``ttl_s`` and
-the next process that needs the result takes over. The in-process :class:`SingleFlight`
-stays in front, so a process waits for the fleet once per key, not once per request.
+Requests crossing the same threshold at once need the same summary: the first starts the call
+as a task of its own, the others await it; a client that goes away cancels only its own wait.
+Across processes sharing a store, :func:`fleet_single_flight` puts a lease of the store in
+front (docs/operations.md, "Replicas"); :class:`SingleFlight` stays in front of that, so a
+process waits for the fleet once per key, not once per request.
 """
 
 from __future__ import annotations
@@ -90,16 +81,10 @@ async def fleet_single_flight(locks: ReplicaConsistency, name: str,
                               poll: Callable[[], Awaitable[T | None]],
                               work: Callable[[], Awaitable[T | None]], *, timeout_s: float,
                               ttl_s: float = LEASE_TTL_S) -> tuple[T | None, FleetOutcome]:
-    """``work()`` done by one process of the fleet at a time for ``name``; the others get
-    ``poll()``'s result once it is not ``None``.
-
-    Takes the lease ``name``; while another process holds it, polls (:data:`POLL_FIRST_S`,
-    doubling to :data:`POLL_MAX_S`) until ``poll()`` answers, the lease is free again (its
-    holder finished without a result, or died and the lease expired: this process takes
-    over), or ``timeout_s`` passed (``(None, "timeout")``). The holder polls once more (the
-    previous holder may have finished just before), then works, renewing the lease every
-    third of ``ttl_s``, and releases it with its token.
-    """
+    """``work()`` done by one process of the fleet at a time, under the lease ``name``; the
+    others poll until ``poll()`` answers, the lease is free again (they take over), or
+    ``timeout_s`` passed. The holder polls once more, then works, renewing the lease every
+    third of ``ttl_s``, and releases it with its token."""
     token = uuid.uuid4().hex
     ttl_ms = max(1, round(ttl_s * 1000))
     deadline = time.monotonic() + timeout_s

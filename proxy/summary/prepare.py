@@ -1,17 +1,11 @@
-"""Zero-wait compaction: the summary the next crossing needs, made before it comes.
+"""Zero-wait compaction: the summary the next crossing needs, made before it comes
+(``summary.prepare_at``; docs/how-it-works.md, "Zero-wait compaction").
 
-When a session's calibrated view reaches ``summary.prepare_at`` of its soft threshold,
-:meth:`Preparations.consider` asks, in the background through the request's own summarizer,
-for the summary of the span the next crossing would cut (:func:`compactor.prepare_span`,
-keeping verbatim only what an inline crossing keeps less the growth still to come); the text
-lands in the store's summary cache, one call per span across the fleet (the single flight).
-What it covers is a record of the session's lane (``prepared:<lane>``), which every replica
-finds and the compactor uses at the crossing (``CompactionOptions.prepared``), reading the
-text from the cache or joining the call. A preparation whose tail grew too large, or whose
-history changed, is replaced (the old one counted ``unused``); one whose call outlived its
-lifetime (its process died) is asked for again, same span. The decision and the record are
-made before the triggering request is forwarded, so they depend on the session's requests
-only, never on when a call ended: every replica forwards the same views.
+What a preparation covers is a record of the session's lane (``prepared:<lane>``) that every
+replica reads and the compactor uses at the crossing (``CompactionOptions.prepared``); its text
+lands in the summary cache. Decisions and records are made before the triggering request is
+forwarded, from the session's requests only (never from when a call ended), so every replica
+forwards the same views.
 """
 
 from __future__ import annotations
@@ -47,18 +41,10 @@ State = Literal["running", "used", "cheap"]
 
 
 class PreparedRecord(msgspec.Struct, frozen=True):
-    """A summary made ahead for one session lane.
-
-    Attributes:
-        cut: messages of the view, from the first, the span's plan covers.
-        prefix: the fingerprint of those messages (:func:`compactor._prepared.prefix_print`).
-        cache_key: the span's summary cache key (the compactor's, without the tenant).
-        state: ``running`` (asked for: its text is in the summary cache once made),
-            ``used`` (it served a crossing), or ``cheap`` (no span: the cheap layers alone
-            reach the target).
-        started: when it was started (Unix seconds).
-        checked: ``cheap``: the view's size then (checked again once it has grown).
-    """
+    """A summary made ahead for one session lane: the first ``cut`` messages of the view
+    (``prefix`` their fingerprint), its summary cache key (without the tenant), and its state:
+    ``running`` (asked for), ``used`` (it served a crossing) or ``cheap`` (the cheap layers
+    reach the target: checked again once the view grows past ``checked``)."""
 
     cut: int
     prefix: int
@@ -111,20 +97,9 @@ _BILLED_DECODER: Final = msgspec.json.Decoder(_Billed)
 class Preparations:
     """The preparations of every session lane, in the store (every replica reads them).
 
-    Every decision depends only on the view and the lane's record (written before the
-    request that made it is forwarded), never on timing or on what one process remembers:
-    replicas that serve a session's requests in turn forward the same views.
-
-    Args:
-        store: where the records live.
-        metrics: counts preparations started, used and unused, with their tokens.
-        summary_tokens: what a summary is taken to weigh when judging whether a preparation
-            still lands a crossing below its target (``summary.max_tokens``).
-        ledger: the usage ledger (the used preparations' row).
-        prepare_at: the share of the soft threshold a view reaches to be prepared for.
-        lifetime_s: how long a ``running`` record's call may go without ending (its lease):
-            past it, with no end recorded, its process is taken to have died and the same
-            span is asked for again (the call is joined if it still runs).
+    ``summary_tokens`` is what a summary is taken to weigh (``summary.max_tokens``); a
+    ``running`` record whose call has not ended after ``lifetime_s`` is taken to have died
+    with its process, and its span is asked for again.
     """
 
     def __init__(self, store: RecordStore, metrics: ProxyMetrics, summary_tokens: int,
@@ -146,31 +121,29 @@ class Preparations:
             _log.warning("prepared_summary_unreadable", error_class=type(exc).__name__)
             return None
 
-    async def _save(self, session: str, lane: str, record: PreparedRecord) -> bool:
+    async def _save(self, session: str, lane: str, record: PreparedRecord | _Billed, *,
+                    prefix: str = PREPARED_RECORD_PREFIX) -> bool:
         try:
-            await self._store.put_record(session, PREPARED_RECORD_PREFIX + lane,
-                                         _ENCODER.encode(record))
+            await self._store.put_record(session, prefix + lane, _ENCODER.encode(record))
         except StoreError as exc:
             _log.warning("prepared_summary_not_saved", error_class=type(exc).__name__)
             return False
         return True
 
-    async def _billed(self, session: str, lane: str, record: PreparedRecord) -> _Billed:
-        """What ``record``'s summary was billed, once its call has ended (else nothing)."""
+    async def _billed(self, session: str, lane: str, record: PreparedRecord) -> _Billed | None:
+        """What ``record``'s summary was billed, once its call has ended (:meth:`finish`)."""
         try:
             data = await self._store.get_record(session, BILLED_RECORD_PREFIX + lane)
             billed = _BILLED_DECODER.decode(data) if data else None
         except (StoreError, msgspec.DecodeError):
-            return _Billed(record.cache_key)
-        if billed is None or billed.cache_key != record.cache_key:
-            return _Billed(record.cache_key)
-        return billed
+            return None
+        return billed if billed is not None and billed.cache_key == record.cache_key else None
 
     async def used(self, session: str, lane: str, record: PreparedRecord) -> None:
         """A crossing was served by ``record``: it is spent, its tokens counted used (in the
         metrics, and in the ledger's ``<session>#prepared-used`` row the report reads)."""
         await self._save(session, lane, msgspec.structs.replace(record, state="used"))
-        billed = await self._billed(session, lane, record)
+        billed = await self._billed(session, lane, record) or _Billed(record.cache_key)
         self._metrics.count_prepared("used", billed.tokens)
         if billed.model and self._ledger is not None:
             self._ledger.add(session + PREPARED_USED_ROW, billed.model,
@@ -181,19 +154,10 @@ class Preparations:
                        scale: float, reserved: int, counter: compactor.CachingCounter,
                        plan_span: Callable[[Callable[[], object]], Awaitable[object]],
                        ) -> tuple[compactor.SummaryRequest, PreparedRecord] | None:
-        """Whether the lane's forwarded view ``result`` needs a preparation (it has reached
-        ``prepare_at``; ``record`` is the lane's): if so, the summary to ask for, and its
-        record, saved as ``running`` (so every later request of the session sees it).
-
-        Args:
-            session, lane: whose view it is.
-            record: the lane's record, as read for this request.
-            policy: the request's policy (thresholds, as clamped).
-            result: the view as forwarded (below the soft threshold).
-            scale, reserved: the compaction's token scale and reserved tokens.
-            counter: the app's token counter.
-            plan_span: runs a callable off the event loop when the request's work does.
-        """
+        """Whether the lane's forwarded view ``result`` needs a preparation (``record``: the
+        lane's, as read): if so, the summary to ask for and its record, saved as ``running``
+        so every later request sees it. ``plan_span`` runs the planning where the request's
+        work runs."""
         soft = policy.soft_threshold_tokens
         target = max(1, int(soft * policy.compact_to_ratio))
         if record is not None:
@@ -202,7 +166,7 @@ class Preparations:
                 return None  # (a smaller view was compacted since: checked again)
             if self._fresh(record, result, scale, target):
                 if time.time() - record.started < self._lifetime_s or \
-                        await self._ended(session, lane, record):
+                        await self._billed(session, lane, record) is not None:
                     return None
                 return await self._restart(session, lane, record, result, scale=scale,
                                            reserved=reserved, counter=counter,
@@ -219,24 +183,15 @@ class Preparations:
         if record is not None and record.cache_key == span.cache_key:
             return None
         if record is not None and record.usable:
-            billed = (await self._billed(session, lane, record)).tokens
-            self._metrics.count_prepared("unused", billed)
-            _log.info("prepared_summary_replaced", prepared_tokens=billed)
+            billed = await self._billed(session, lane, record) or _Billed(record.cache_key)
+            self._metrics.count_prepared("unused", billed.tokens)
+            _log.info("prepared_summary_replaced", prepared_tokens=billed.tokens)
         started = PreparedRecord(span.cut, span.prefix, span.cache_key, "running", time.time())
         if not await self._save(session, lane, started):
             return None
         self._metrics.count_prepared("started", 0)
         _log.info("summary_prepare_started", prepared_messages=request.message_count)
         return request, started
-
-    async def _ended(self, session: str, lane: str, record: PreparedRecord) -> bool:
-        """Whether ``record``'s call has ended (its bill is kept, :meth:`finish`)."""
-        try:
-            data = await self._store.get_record(session, BILLED_RECORD_PREFIX + lane)
-            return data is not None and \
-                _BILLED_DECODER.decode(data).cache_key == record.cache_key
-        except (StoreError, msgspec.DecodeError):
-            return False
 
     async def _restart(self, session: str, lane: str, record: PreparedRecord,
                        result: compactor.CompactionResult, *, scale: float, reserved: int,
@@ -270,11 +225,7 @@ class Preparations:
             _log.warning("summary_prepare_failed", prepared_tokens=billed.tokens)
         else:
             _log.info("summary_prepared", prepared_tokens=billed.tokens)
-        try:
-            await self._store.put_record(session, BILLED_RECORD_PREFIX + lane,
-                                         _ENCODER.encode(billed))
-        except StoreError as exc:
-            _log.warning("prepared_summary_not_saved", error_class=type(exc).__name__)
+        await self._save(session, lane, billed, prefix=BILLED_RECORD_PREFIX)
 
     def _fresh(self, record: PreparedRecord, result: compactor.CompactionResult,
                scale: float, target: int) -> bool:

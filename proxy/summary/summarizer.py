@@ -1,19 +1,8 @@
 """L4 summaries through the provider, and the summary cache in front of them.
 
-The compactor never calls a model: it hands over a :class:`compactor.SummaryRequest` (the
-span as a JSON transcript, its cache key, and the conversation up to the kept turns).
-:func:`summary_source` turns that into text: the store's summary cache first, then, for
-``/v1/messages`` only, the provider through the anthropic SDK, at most one call per span at a
-time however many requests need it (:mod:`proxy.summary.flights`).
-
-``summary.mode`` says how the call is made (:mod:`proxy.summary.calls`): ``fork`` sends
-the client's own request — its headers, query string, ``system``, ``tools`` and model — with
-the summary asked for in a last user turn, so a credential that only serves the client's own
-requests (a Claude Code subscription login) works and the provider reads the prompt from its
-cache; ``separate`` sends the proxy's own prompt with the caller's credentials (or the key
-named by ``summary.api_key_env``: then only for a caller whose credential the provider has
-accepted, :mod:`proxy.summary.caller_checks`). Either is made in pieces, then merged, when it
-would not fit the model's window. ``count_tokens`` uses the cache only, so it never makes a call.
+:func:`summary_source` turns the compactor's :class:`compactor.SummaryRequest` into text: the
+store's summary cache first, then (``/v1/messages`` only) one provider call per span at a time
+through the anthropic SDK, in ``summary.mode`` (:mod:`proxy.summary.calls`; docs/how-it-works.md).
 Any failure gives ``None``: the compactor then keeps the history as it is.
 """
 
@@ -33,8 +22,7 @@ from proxy.accounting.usage import ProviderUsage
 from proxy.config import SummaryConfig
 from proxy.providers.base import Provider
 from proxy.store import ReplicaConsistency, StoreError, SummaryCache
-from proxy.summary.caller_checks import AcceptedCallers
-from proxy.summary.caller_credentials import CallerCredentials
+from proxy.summary.caller_checks import AcceptedCallers, CallerCredentials
 from proxy.summary.calls import (
     SUMMARIZER_MARKER,
     SUMMARY_SYSTEM_PROMPT,
@@ -44,12 +32,7 @@ from proxy.summary.calls import (
     plan_calls,
     prompt_tokens,
 )
-from proxy.summary.client import (
-    NO_CREDENTIAL,
-    SummaryClient,
-    sdk,
-    transport_client,
-)
+from proxy.summary.client import NO_CREDENTIAL, SummaryClient, sdk, transport_client
 from proxy.summary.flights import SingleFlight, fleet_single_flight
 from proxy.summary.window import Refusal, SummaryWindows, refusal_of
 from proxy.telemetry.metrics import ProxyMetrics
@@ -57,18 +40,9 @@ from proxy.telemetry.metrics import ProxyMetrics
 if TYPE_CHECKING:
     import anthropic
 
-__all__ = [
-    "SUMMARIZER_MARKER",
-    "SUMMARY_SYSTEM_PROMPT",
-    "CallerCredentials",
-    "ForkSource",
-    "ProviderSummarizer",
-    "SummaryResult",
-    "Summarizer",
-    "UsageCallback",
-    "summary_key",
-    "summary_source",
-]
+__all__ = ["SUMMARIZER_MARKER", "SUMMARY_SYSTEM_PROMPT", "CallerCredentials", "ForkSource",
+           "ProviderSummarizer", "SummaryResult", "Summarizer", "UsageCallback", "summary_key",
+           "summary_source"]
 
 _log = structlog.get_logger("proxy.summary.summarizer")
 
@@ -90,19 +64,10 @@ _PIECE_CONCURRENCY: Final = 4
 
 @dataclass(frozen=True)
 class SummaryResult:
-    """What asking the provider for one summary gave.
-
-    Attributes:
-        text: the summary, ``None`` when there is none.
-        outcome: ``ok``, ``failed`` (no answer, or a prompt too large) or ``empty`` (an
-            answer without text).
-        mode: ``fork`` or ``separate``: how the calls were made.
-        model: the model they were made with (``None``: no call was made).
-        pieces: the piece calls made before the merge (0: the summary was one call).
-        usage: the provider's ``usage`` of every call, summed.
-        error_class: why there is no summary (an SDK exception's class name,
-            ``EmptySummary``, ``SummaryTooLarge``, ``NoCredentials``), ``None`` with one.
-    """
+    """What asking the provider for one summary gave: ``outcome`` ``ok``, ``failed`` or
+    ``empty``; ``pieces`` made before the merge (0: one call); ``usage`` summed over the calls;
+    ``error_class`` why there is no text (an SDK exception's class name, ``EmptySummary``,
+    ``SummaryTooLarge``, ``NoCredentials``)."""
 
     text: str | None
     outcome: str
@@ -132,10 +97,7 @@ class _NoSummary(Exception):
 
 
 def _total(usages: Sequence[ProviderUsage]) -> ProviderUsage:
-    return ProviderUsage(input=sum(u.input for u in usages),
-                         cache_read=sum(u.cache_read for u in usages),
-                         cache_write=sum(u.cache_write for u in usages),
-                         output=sum(u.output for u in usages))
+    return ProviderUsage(*map(sum, zip(*map(msgspec.structs.astuple, usages), strict=True)))
 
 
 _JSON: Final = msgspec.json.Encoder()
@@ -167,15 +129,8 @@ class _Calls:
 
 
 class ProviderSummarizer:
-    """One SDK client per app (its connection pool shared by every summary call), and the
-    summary calls running in it (:attr:`flights`).
-
-    Args:
-        config: the ``summary`` section.
-        base_url: the upstream provider.
-        api_key: the key from ``summary.api_key_env`` (``separate`` mode); ``None`` uses
-            each caller's own.
-    """
+    """One SDK client per app, and the summary calls running in it (:attr:`flights`);
+    ``api_key`` is ``summary.api_key_env``'s key, ``None`` to use each caller's own."""
 
     def __init__(self, config: SummaryConfig, base_url: str, api_key: str | None, *,
                  provider: Provider | None = None) -> None:
@@ -183,10 +138,9 @@ class ProviderSummarizer:
         self.flights: SingleFlight[str | None] = SingleFlight()
         self.windows = SummaryWindows(config)
         self._api_key = api_key
-        # Bedrock, Vertex: the calls go out in their format, authorised by the proxy's own
-        # credentials when the client sent none (proxy.providers).
+        # Bedrock, Vertex: the calls go out in their format, signed with the proxy's own
+        # credentials when the client sent none.
         self._signs_calls = provider is not None and provider.signs_calls
-        # Built on the first summary call: most processes never import the SDK.
         self._client = SummaryClient(
             transport_client(provider, config.timeout_s) if self._signs_calls else None,
             api_key=api_key or NO_CREDENTIAL, base_url=base_url,
@@ -203,9 +157,8 @@ class ProviderSummarizer:
         await self._client.close()
 
     async def may_call_for(self, caller: CallerCredentials) -> bool:
-        """Whether a summary call may be made for ``caller``: always when it is paid by the
-        caller's own credential; on the operator's key (``summary.api_key_env``, separate
-        mode) only once the provider has accepted the caller's credential."""
+        """Whether a summary call may be made for ``caller``: on the operator's key, only
+        once the provider has accepted the caller's own credential."""
         return self._callers is None or await self._callers.accepted(caller)
 
     @property
@@ -214,8 +167,7 @@ class ProviderSummarizer:
         return self._callers is not None
 
     def caller_answered(self, caller: CallerCredentials, status: int | None) -> None:
-        """The provider answered the caller's forwarded request with ``status``: what that
-        says of its credential (:meth:`AcceptedCallers.answered`)."""
+        """The provider answered the caller's forwarded request with ``status``."""
         if self._callers is not None:
             self._callers.answered(caller, status)
 
@@ -224,10 +176,7 @@ class ProviderSummarizer:
         """Per-call auth: the configured key (the client's own), else the caller's headers."""
         if self._api_key is not None:
             return {}
-        if self._signs_calls:  # the provider's transport authorises: no SDK credential
-            return caller.as_extra_headers() if caller.present else \
-                CallerCredentials().as_extra_headers()
-        if caller.present:
+        if caller.present or self._signs_calls:  # (the provider's transport authorises)
             return caller.as_extra_headers()
         return None
 
@@ -259,18 +208,9 @@ class ProviderSummarizer:
                         counter: compactor.CachingCounter | None = None,
                         on_usage: UsageCallback | None = None,
                         on_window: WindowCallback | None = None) -> SummaryResult:
-        """Ask the provider for a summary of ``request``; never raises.
-
-        Args:
-            request: the span, and the conversation up to the kept turns.
-            caller: the client's credentials (``separate`` mode).
-            fork: the client's request (``fork`` mode; without it the call is ``separate``).
-            counter: counts prompts against ``summary.context_window_tokens``; ``None`` takes
-                every call as fitting.
-            on_usage: told the model and ``usage`` of every call made.
-            on_window: told the model and window M of a call refused as ``prompt is too
-                long: N tokens > M maximum`` (the span is then made in pieces that fit).
-        """
+        """Ask the provider for a summary of ``request``; never raises. Without ``fork`` the
+        call is ``separate``; without ``counter`` every call is taken as fitting; a call
+        refused as too long tells ``on_window`` and is made again in pieces that fit."""
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
         client = await self._client.get()
@@ -279,13 +219,10 @@ class ProviderSummarizer:
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
         model = self.config.call_model(source.model if source is not None else None)
-        calls = _Calls(
-            client=client,
-            model=model,
-            headers=headers,
-            query=dict(parse_qsl(source.query_string, keep_blank_values=True))
-            if source is not None else {},
-            on_usage=on_usage, usages=[], counter=counter)
+        query = (dict(parse_qsl(source.query_string, keep_blank_values=True))
+                 if source is not None else {})
+        calls = _Calls(client=client, model=model, headers=headers, query=query,
+                       on_usage=on_usage, usages=[], counter=counter)
         pieces = 0
         for attempt in range(2):  # again in pieces once a refusal taught the window
             budget = self.windows.budget(model)
@@ -336,11 +273,7 @@ class ProviderSummarizer:
         return [task.result() for task in tasks]
 
     async def _call(self, call: SummaryCall, calls: _Calls) -> str:
-        """One call's text (text blocks only).
-
-        Raises:
-            _NoSummary: the call failed, or its answer has no text.
-        """
+        """One call's text (text blocks only); :class:`_NoSummary` when there is none."""
         anthropic = sdk()
         try:
             # The SDK's own client (its credentials, base URL, timeout, retries, errors and
@@ -381,29 +314,11 @@ def summary_source(store: SummaryCache, provider: ProviderSummarizer | None,
                    metrics: ProxyMetrics | None = None,
                    on_usage: UsageCallback | None = None,
                    on_window: WindowCallback | None = None) -> Summarizer:
-    """The summarizer the compactor gets for one request.
-
-    The store's cache is asked first; on a miss ``provider`` (``None``: cache only, as for
-    ``count_tokens``) writes one, which is cached under the request's content hash — within
-    the request's tenant (another tenant's equal span is never answered from this cache).
-    Requests that need a summary another request is already asking for wait for that call
-    (at most ``summary.timeout_s``) instead of making their own; when ``store`` is shared by
-    other processes, the one call is the fleet's (a lease of the store per key, see
-    :func:`proxy.summary.flights.fleet_single_flight`): the others read the cache when it lands.
-
-    Args:
-        store: the summary cache.
-        provider: the summary client, ``None`` for the cache only.
-        caller: the client's credentials (``separate`` mode).
-        tenant: the request's tenant.
-        fork: makes the client's request that ``fork`` mode's calls copy; called only when a
-            call is made (most requests never need one).
-        counter: counts prompts against the model's window (``None``: never in pieces).
-        metrics: counts every summary asked for, by outcome (``cached``, ``joined``, ``ok``,
-            ``failed``, ``empty``).
-        on_usage: told the model and ``usage`` of every call made.
-        on_window: told the model and window of a call refused as too long.
-    """
+    """The summarizer the compactor gets for one request: the tenant's summary cache first,
+    then ``provider`` (``None``: cache only, as for ``count_tokens``). A request needing a
+    summary already asked for waits for that call (at most ``summary.timeout_s``); with a
+    shared store the call is the fleet's (:func:`~proxy.summary.flights.fleet_single_flight`).
+    ``fork`` makes the request fork mode copies, only when a call is made."""
 
     def count(outcome: str) -> None:
         if metrics is not None:

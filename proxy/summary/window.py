@@ -1,12 +1,8 @@
 """What a refused summary call teaches: the model's window, and the prompt budget it leaves.
 
-A summary call the provider refuses as ``prompt is too long: N tokens > M maximum`` says the
-model's window (M) and how the provider counts this prompt (N, against the proxy's own count
-of it). :class:`SummaryWindows` keeps, per model, the budget a call's prompt may then have,
-in the proxy's counted tokens: M less the margin and room for ``max_tokens``
-(``summary.context_window_tokens``' rule), divided by the provider's tokens per counted token.
-The span is then made in pieces that fit; the window is also handed to the caller, which
-learns it as it learns a client request's refusal (its thresholds are clamped below it).
+``prompt is too long: N tokens > M maximum`` gives the window M and the provider's count N of
+a prompt the proxy counted: :class:`SummaryWindows` keeps per model the budget in counted
+tokens (M less the margin and ``max_tokens``, divided by the provider's tokens per counted one).
 """
 
 from __future__ import annotations
@@ -35,18 +31,12 @@ class Refusal:
 def refusal_of(exc: BaseException) -> Refusal | None:
     """The refusal an SDK error reports, if it is one."""
     found = _PROMPT_TOO_LONG.search(str(exc))
-    if found is None:
-        return None
-    return Refusal(int(found.group(1)), int(found.group(2)))
+    return None if found is None else Refusal(*map(int, found.groups()))
 
 
 class SummaryWindows:
-    """Learnt prompt budgets per summary model (counted tokens); the smallest one heard wins.
-
-    Args:
-        config: the ``summary`` section (its budget is the ceiling, its ``max_tokens`` the
-            room an answer needs).
-    """
+    """Learnt prompt budgets per summary model (counted tokens), at most the configured one;
+    the smallest one heard wins."""
 
     def __init__(self, config: SummaryConfig) -> None:
         self._config = config

@@ -624,9 +624,6 @@ async def test_pool_excerpts_and_statuses_for_s3_roots(
     pool = ResolverPool(f"s3://{bucket}/team/transcripts", f"s3://{bucket}/team/artifacts",
                         SourceAccessPolicy(), s3=S3Settings(endpoint_url=moto.url))
     try:
-        assert pool.is_remote
-        with pytest.raises(RuntimeError):
-            pool.for_session(SID, tenant="none")
         statuses = await pool.resolve(SID, state, tenant="none")
         assert [(r.status, r.evidence_sha256) for r in statuses] == [
             ("available", sha(lines[0])), ("denied", None), ("available", REPORT_SHA)]
@@ -770,7 +767,6 @@ async def test_local_transcripts_and_artifacts_in_a_bucket_per_tenant(
     pool = ResolverPool(str(tmp_path), f"s3://{bucket}/team/artifacts", SourceAccessPolicy(),
                         s3=S3Settings(endpoint_url=moto.url))
     try:
-        assert pool.is_remote
         statuses = await pool.resolve(SID, state, tenant=tenant)
         assert [(r.pointer, r.status, r.evidence_sha256) for r in statuses] == [
             (f"artifact:{SID}:report.txt:{REPORT_SHA}", "available", REPORT_SHA),
