@@ -5,11 +5,11 @@ unknown keys are refused, and a section built directly in Python is held to the 
 Any problem is one :class:`ConfigError` naming the dotted key
 (``compaction.soft_threshold_tokens``) and the problem; the CLI prints it on one line and
 exits 2 before anything starts (SPEC §2). The reference (``docs/configuration.md``) and
-``config.example.yaml`` are generated from the fields: ``python -m proxy.config.docs --write``.
+``config.example.yaml`` are generated from the fields: ``python -m tools.config_docs --write``.
 
 The modules: ``_base`` (value types, the section decorator), ``_sections``, ``_operations``
 and ``_policies`` (the sections), ``prices`` (the price table), ``_root`` (:class:`Config`),
-``_errors`` (pydantic's errors in words), ``_load`` (the YAML file), ``docs`` (the generator).
+``_errors`` (pydantic's errors in words), ``_load`` (the YAML file).
 """
 
 from proxy.config._errors import ConfigError

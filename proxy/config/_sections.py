@@ -3,7 +3,7 @@ provider, compaction, the summary call, the store, the sources and the sessions.
 
 Each key carries its type and description; the descriptions (here, in ``_operations``,
 ``_policies`` and ``prices``) are the only ones: ``docs/configuration.md`` and
-``config.example.yaml`` are generated from them (``python -m proxy.config.docs --write``).
+``config.example.yaml`` are generated from them (``python -m tools.config_docs --write``).
 The five compaction thresholds are declared once, in :class:`policies._compaction.Thresholds`:
 :class:`CompactionConfig` extends it and :class:`RoleOverride` makes each of them optional.
 """
