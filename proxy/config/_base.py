@@ -1,8 +1,7 @@
 """What the sections are built from: value types with their checks, descriptions, the decorator.
 
-Each value type carries its limits (``Ge(1)``) or a check that raises
-:func:`policies._compaction.invalid` with the words pydantic has none for; :class:`Kind` names
-a checked type for the reference (``docs/configuration.md``).
+A value type carries its limits (``Ge(1)``) or a check raising :func:`policies._compaction.invalid`
+with the words pydantic has none for; :class:`Kind` names a checked type for the reference.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, TypeVar, dataclass_transform
+from typing import Annotated, Any, TypeVar, dataclass_transform
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Le
@@ -53,8 +52,6 @@ Bool = Annotated[bool, Strict()]
 Positive = Annotated[int, Strict(), Ge(1)]
 NonNegative = Annotated[int, Strict(), Ge(0)]
 Port = Annotated[int, Strict(), Ge(0), Le(65535)]
-#: The most worker processes ``listen.workers`` may ask for.
-MAX_WORKERS: Final = 256
 
 
 def _seconds(value: object, info: ValidationInfo) -> float:
@@ -128,12 +125,9 @@ _C = TypeVar("_C")
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def section(key: str) -> Callable[[type[_C]], type[_C]]:
-    """Make ``cls`` a frozen pydantic dataclass at dotted position ``key``.
-
-    Built directly in Python (``ListenConfig(port=1)``, ``dataclasses.replace``), a section
-    raises :class:`ConfigError` like a loaded one; nested sections are validated by their
-    parent's validator, which does not go through ``__init__``.
-    """
+    """Make ``cls`` a frozen pydantic dataclass at dotted position ``key`` that raises
+    :class:`ConfigError` when built in Python too (``ListenConfig(port=1)``,
+    ``dataclasses.replace``); nested sections are validated by their parent's validator."""
 
     def decorate(cls: type[_C]) -> type[_C]:
         model: Any = pydantic_dataclass(cls, frozen=True, config=STRICT)

@@ -46,17 +46,9 @@ def load_config(
     require_upstream: bool = True,
     environ: Mapping[str, str] = os.environ,
 ) -> Config:
-    """Read and validate a YAML config file.
-
-    Args:
-        path: the file; ``None`` falls back to the ``COMPACT_PROXY_CONFIG`` variable.
-        require_upstream: ``False`` allows a config without ``upstream.base_url`` (the demo).
-        environ: where ``COMPACT_PROXY_CONFIG`` is looked up.
-
-    Raises:
-        ConfigError: no path at all, an unreadable file, bad YAML (with its line), or any
-            invalid value (naming its key).
-    """
+    """Read and validate the YAML file at ``path``, else at ``environ[COMPACT_PROXY_CONFIG]``;
+    ``require_upstream=False`` allows no ``upstream.base_url`` (the demo). Raises
+    :class:`ConfigError` for no path, an unreadable file, bad YAML (with its line), a bad value."""
     if path is None:
         path = environ.get(CONFIG_ENV_VAR) or None
     if path is None or not os.fspath(path):

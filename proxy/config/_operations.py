@@ -3,17 +3,13 @@ the logs."""
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 from annotated_types import Ge
 from pydantic import Strict, model_validator
 
 from policies._compaction import Text, invalid
 from proxy.config._base import Bool, EnvName, Port, Positive, Seconds, Section, doc, section
-
-#: The shortest admin token accepted (``admin.min_token_length``'s default): 32 characters
-#: hold 128 bits even as hex (``openssl rand -hex 16``), beyond any online guessing.
-MIN_ADMIN_TOKEN_LENGTH: Final = 32
 
 
 @section("admin.listen")
@@ -36,7 +32,7 @@ class AdminConfig(Section):
         "The shortest token accepted: a shorter one is a config error at startup "
         "(`check-config`, `serve`: exit 2). 32 characters hold 128 bits even as hex "
         "(openssl rand -hex 16)."
-    )] = MIN_ADMIN_TOKEN_LENGTH
+    )] = 32
     failed_auth_limit: Annotated[Positive, doc(
         "Wrong tokens (admin API or console login) one client address may present before it "
         "is locked out: 429 rate_limit_error with retry-after."

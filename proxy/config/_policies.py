@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from policies._compaction import DEFAULT_READ_TOOLS, ReadToolSpec, Thresholds
 from policies._roles import DEFAULT_ROLE_RULES, Role, RoleRule
@@ -71,10 +71,10 @@ class PoliciesConfig(Section):
     summary_recovery), the rules that pick a request's role, the tools L2 treats as file reads
     and whose source pointers a session may resolve."""
 
-    roles: Annotated[Mapping[Role, RoleOverride], doc(
+    roles: Annotated[Mapping[Role, RoleOverride], AfterValidator(types.MappingProxyType), doc(
         "Role -> the compaction keys it changes (any but token_counter) and summary_enabled; "
         "a role not listed inherits everything (summary_recovery: with L4 off)."
-    )] = field(default_factory=dict)
+    )] = field(default_factory=lambda: types.MappingProxyType({}))
     rules: Annotated[tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...], doc(
         "Tried in order, the first match decides a request's role; a request no rule matches "
         "is main. Replaces the default rule (a request with x-claude-code-agent-id, a Claude "
@@ -90,6 +90,3 @@ class PoliciesConfig(Section):
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         return _drop_nulls(data)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "roles", types.MappingProxyType(dict(self.roles)))

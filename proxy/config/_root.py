@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Annotated, Any
@@ -34,12 +33,8 @@ from proxy.config.prices import DEFAULT_PRICES, ModelPrice, Prices, price_for
 
 @section("")
 class Config(Section):
-    """The whole validated configuration; build it with :func:`load_config` or
-    :meth:`from_mapping`.
-
-    The role policies and the source-access policy are derived once, here, so the request
-    path only looks them up (:meth:`role_policies`, :meth:`source_access`).
-    """
+    """The whole validated configuration (:func:`load_config`, :meth:`from_mapping`); the role
+    and source-access policies are derived once, here, for the request path to look up."""
 
     listen: ListenConfig = field(default_factory=ListenConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -53,18 +48,16 @@ class Config(Section):
     audit: AuditConfig = field(default_factory=AuditConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     prices: Annotated[Prices, doc(
-        "What the provider charges, for `compact-proxy report`: model family -> USD per "
-        "million tokens. A model is priced by the family it is or a snapshot of "
-        "(claude-opus-4-5-20251101 -> claude-opus-4-5); a model no family matches shows its "
-        "tokens and n/a for its cost. Families listed replace the built-in entry of the same "
-        "name or add one; the others keep the built-in prices (Anthropic's list prices)."
+        "What the provider charges, for `compact-proxy report`: model family -> USD per million "
+        "tokens. A model is priced by the family it is or a snapshot of (claude-opus-4-5-20251101 "
+        "-> claude-opus-4-5), else it shows n/a for its cost. Listed families replace or add "
+        "to the built-in ones (Anthropic's list prices)."
     )] = field(default_factory=lambda: DEFAULT_PRICES)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prices", types.MappingProxyType(dict(self.prices)))
         if self.session.scope is None and not is_loopback(self.listen.host):
             raise ConfigError("session.scope", (
                 f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
@@ -74,33 +67,20 @@ class Config(Section):
             raise ConfigError("admin.listen.port", (
                 f"must differ from listen.port ({admin_listen.port}): the admin listener is a "
                 "port of its own"))
-        roles = RolePolicies(
-            {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
-        )
+        roles = RolePolicies({role: _role_policy(self, role) for role in ROLE_NAMES},
+                             rules=self.policies.rules)
         object.__setattr__(self, "_role_policies", roles)
-        access = self.policies.source_access
-        try:
-            policy = SourceAccessPolicy(
-                allow_cross_session=access.allow_cross_session,
-                shared_sessions=access.shared_sessions,
-            )
-        except ValueError as exc:
-            raise ConfigError("policies.source_access", str(exc)) from None
+        access = self.policies.source_access  # (validated as SourceAccessPolicy validates it)
+        policy = SourceAccessPolicy(access.allow_cross_session, access.shared_sessions)
         object.__setattr__(self, "_source_access", policy)
 
     @classmethod
     def from_mapping(cls, data: object, *, require_upstream: bool = True) -> Config:
-        """Validate already-parsed YAML (a mapping of sections) into a :class:`Config`.
-
-        Raises:
-            ConfigError: the first problem found, naming its dotted key.
-        """
-        if data is None:
-            data = {}
+        """Validate already-parsed YAML (a mapping of sections); raises :class:`ConfigError`
+        for the first problem found."""
+        data = {} if data is None else data
         if not isinstance(data, Mapping):
-            raise ConfigError(
-                "", f"the top level must be a mapping of sections, got {shown(data)}"
-            )
+            raise ConfigError("", f"the top level must be a mapping of sections, got {shown(data)}")
         try:
             config = _VALIDATOR.validate_python(data)
         except ValidationError as exc:
@@ -122,13 +102,9 @@ class Config(Section):
         return price_for(self.prices, model)
 
     def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API
-        off) when it is unset or empty.
-
-        Raises:
-            ConfigError: the token is shorter than ``admin.min_token_length`` or padded with
-                whitespace (named by its variable, never shown).
-        """
+        """The token in the variable ``admin.token_env`` names; ``None`` (admin API off) when
+        unset or empty. A token too short or padded with whitespace is a :class:`ConfigError`
+        naming the variable, never the token."""
         env = os.environ if environ is None else environ
         token = env.get(self.admin.token_env) or None
         if token is None:
@@ -154,14 +130,9 @@ class Config(Section):
         return env.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
-        """The effective values as plain YAML-safe data (what ``check-config --show`` prints,
-        masked by :func:`proxy.telemetry.masking.mask_config`).
-
-        Secrets appear only as the names of their environment variables, but for a URL's own
-        password, kept as written here. ``policies.roles`` shows every role's effective
-        thresholds; feeding the result back to :meth:`from_mapping` gives the same effective
-        configuration.
-        """
+        """The effective values as plain data that loads back to the same config (what
+        ``check-config --show`` prints, masked): secrets only by their variables' names, but a
+        URL's password; ``policies.roles`` with every role's effective thresholds."""
         out: dict[str, Any] = plain(self)
         roles = self._role_policies
         out["policies"] = {
@@ -191,8 +162,7 @@ def _role_policy(config: Config, role: Role) -> CompactionPolicy:
         name: value for name in THRESHOLD_NAMES
         if (value := getattr(override, name)) is not None
     }
-    # A summary_recovery request must never set off another summary call, so that role
-    # starts with L4 off. The other roles follow summary.enabled.
+    # A summary_recovery request must never set off another summary call: L4 starts off.
     summary_enabled = summary.enabled and role != "summary_recovery"
     prefix = f"policies.roles.{role}"
     if override is not None and override.summary_enabled is not None:

@@ -20,7 +20,6 @@ from pydantic import Strict, model_validator
 from policies._compaction import Ratio, Text, Thresholds, invalid
 from policies._roles import HeaderName
 from proxy.config._base import (
-    MAX_WORKERS,
     Bool,
     EnvName,
     HttpUrl,
@@ -52,7 +51,7 @@ class ListenConfig(Section):
     port: Annotated[Port, doc(
         "TCP port (0: any free port). Agents use ANTHROPIC_BASE_URL=http://<host>:<port>."
     )] = 8787
-    workers: Annotated[int, Strict(), Ge(1), Le(MAX_WORKERS), doc(
+    workers: Annotated[int, Strict(), Ge(1), Le(256), doc(
         "Processes serving the port together (SO_REUSEPORT, Linux and BSD), sharing the store. "
         "With more than one, `serve` supervises them: a worker that dies is restarted, and "
         "SIGTERM / SIGINT stops them all. `serve --workers N` overrides it."

@@ -12,7 +12,7 @@ import types
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-from pydantic import BeforeValidator, PlainValidator, ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, PlainValidator, ValidationInfo
 
 from policies._compaction import Text, invalid
 from proxy.config._base import Kind, Section, doc, section
@@ -81,7 +81,8 @@ def _over_default_prices(data: Any) -> Any:
 
 
 #: The ``prices`` section: the built-in table with the user's entries merged over it.
-Prices = Annotated[Mapping[Text, ModelPrice], BeforeValidator(_over_default_prices)]
+Prices = Annotated[Mapping[Text, ModelPrice], BeforeValidator(_over_default_prices),
+                   AfterValidator(types.MappingProxyType)]
 
 #: What may follow a model family in a model name of that family: a snapshot date, ``-latest``
 #: or a provider's version tag (``@20251101``, ``-v1:0``).
