@@ -64,10 +64,9 @@ class AuditConfig(Section):
     blocked commands."""
 
     enabled: Annotated[Bool, doc(
-        "Keep the audit log: one record per /v1/messages and count_tokens request (its session, "
-        "tenant, model, token counts, the layers that ran and what each saved, why it was "
-        "refused, statuses, the provider's usage; never message text) and one per change of a "
-        "durable state. Written after the response: a request never waits for its record."
+        "Keep the audit log: a record per /v1/messages and count_tokens request (session, tenant, "
+        "model, token counts, layers run and their savings, refusals, statuses, the provider's "
+        "usage; never message text) and per durable-state change, written after the response."
     )] = True
     max_requests_per_session: Annotated[Positive, doc(
         "Request records a session keeps; the oldest go first."

@@ -49,9 +49,8 @@ class Config(Section):
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     prices: Annotated[Prices, doc(
         "What the provider charges, for `compact-proxy report`: model family -> USD per million "
-        "tokens. A model is priced by the family it is or a snapshot of (claude-opus-4-5-20251101 "
-        "-> claude-opus-4-5), else it shows n/a for its cost. Listed families replace or add "
-        "to the built-in ones (Anthropic's list prices)."
+        "tokens; a model is priced by its family or a snapshot of it (claude-opus-4-5-20251101), "
+        "else n/a. Listed families replace or add to the built-in list prices."
     )] = field(default_factory=lambda: DEFAULT_PRICES)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)

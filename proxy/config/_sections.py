@@ -1,9 +1,6 @@
 """The sections of the request path, in SPEC §3 order: where the proxy listens, its limits, the
 provider, compaction, the summary call, the store, the sources and the sessions.
 
-Each key carries its type and description; the descriptions (here, in ``_operations``,
-``_policies`` and ``prices``) are the only ones: ``docs/configuration.md`` and
-``config.example.yaml`` are generated from them (``python -m tools.config_docs --write``).
 The five compaction thresholds are declared once, in :class:`policies._compaction.Thresholds`:
 :class:`CompactionConfig` extends it and :class:`RoleOverride` makes each of them optional.
 """
@@ -98,11 +95,9 @@ class LimitsConfig(Section):
         "routes only (not /healthz, /metrics, /admin; proxy.http.limits)."
     )] = 256
     decoded_cache_bytes: Annotated[NonNegative, doc(
-        "Bytes of memory the messages kept decoded across requests may occupy (an "
-        "over-estimate made from their JSON; half for messages by their bytes, half for the "
-        "last body of each conversation): an agent's request is its previous one plus a "
-        "message or two, so a warm request decodes only what is new in it. Only requests the "
-        "provider accepted leave anything here. 0 decodes every message of every request."
+        "Bytes of memory for messages kept decoded across requests (over-estimated from their "
+        "JSON; half by message, half for each conversation's last body), so a warm request decodes "
+        "only what is new; only requests the provider accepted add to it. 0: none kept."
     )] = 256 * 1024 * 1024
 
 
@@ -119,10 +114,9 @@ class UpstreamConfig(Section):
         "api_error."
     )] = 10.0
     read_timeout_s: Annotated[Seconds, doc(
-        "Time allowed waiting for the provider's answer or its next bytes (long: a streamed "
-        "answer can pause while the model thinks); exceeding it answers 504, or an error event "
-        "mid-stream. A wait fails within a second after it (a quarter of it when shorter); time "
-        "spent on a slow client or a body still uploading does not count."
+        "How long to wait for the provider's answer or its next bytes (a stream can pause while "
+        "the model thinks); then 504, or an error event mid-stream, at most 1 s late (a quarter of "
+        "it if shorter). Time on a slow client or a body still uploading does not count."
     )] = 600.0
     max_connections: Annotated[Positive, doc(
         "Connections to the provider open at once; each streamed answer holds one."
@@ -134,11 +128,10 @@ class UpstreamConfig(Section):
     )] = 5.0
 
     provider: Annotated[Literal["anthropic", "bedrock", "vertex"], doc(
-        "Which API the provider speaks: anthropic (the Messages API), bedrock (Amazon Bedrock: "
-        "base_url https://bedrock-runtime.<region>.amazonaws.com, requests signed with SigV4; "
-        "docs/bedrock.md) or vertex (Google Vertex AI: base_url "
-        "https://<region>-aiplatform.googleapis.com/v1, a Google access token; "
-        "docs/vertex.md). The proxy then also takes that provider's own paths from clients.")
+        "Which API the provider speaks: anthropic (the Messages API), bedrock (Amazon Bedrock, "
+        "signed with SigV4; docs/bedrock.md) or vertex (Google Vertex AI, a Google access token; "
+        "docs/vertex.md), base_url as those pages show. Clients may then also use that provider's "
+        "own paths.")
     ] = "anthropic"
     aws_region: Annotated[Text | None, doc(
         "bedrock: the AWS region SigV4 signs for (the requests do not carry it). Unset: "
@@ -163,15 +156,10 @@ class UpstreamConfig(Section):
         example="us-east5")] = None
 
     def require_base_url(self) -> str:
-        """``base_url``, which serving needs; the one check that it is set.
-
-        Raises:
-            ConfigError: ``upstream.base_url`` is not set.
-        """
+        """``base_url``, which serving needs: the one check that it is set (a ConfigError)."""
         if self.base_url is None:
-            raise ConfigError(
-                "upstream.base_url", "required (the provider, e.g. https://api.anthropic.com)"
-            )
+            raise ConfigError("upstream.base_url",
+                              "required (the provider, e.g. https://api.anthropic.com)")
         return self.base_url
 
 
@@ -195,25 +183,21 @@ class CompactionConfig(Thresholds, Section):
         "soft_threshold_tokens × compact_to_ratio, so the next crossing is far away."
     )] = 0.7
     user_text_budget_tokens: Annotated[NonNegative | None, doc(
-        "What a person typed (user text that is no tool result and not injected by the "
-        "harness) inside a span L3 drops or L4 summarises is kept verbatim next to the summary "
-        "(or where L3 cut), in order, up to this many tokens, the newest first; older ones are "
-        "left to the summary. null: a tenth of soft_threshold_tokens; 0: none kept.", 8000
+        "What a person typed (user text, not a tool result or harness injection) in a span L3 "
+        "drops or L4 summarises is kept verbatim next to the summary (or where L3 cut), newest "
+        "first, up to this many tokens. null: a tenth of soft_threshold_tokens; 0: none.", 8000
     )] = None
     artifact_trail_budget_tokens: Annotated[NonNegative | None, doc(
-        "The files read, written or edited and the commands run (with their exit status where "
-        "shown) by the tool calls of a dropped or summarised span are kept with the summary, "
-        "exactly, deduplicated, newest last, up to this many tokens, filled newest first (over "
-        "it the oldest go). A command is kept whole; only one that alone costs more than this "
-        "budget keeps just the start of its first line. null: a twentieth of "
-        "soft_threshold_tokens; 0: none kept.", 4000
+        "The files read, written or edited and commands run (with exit status where shown) by a "
+        "dropped or summarised span's tool calls, kept exactly with the summary, deduplicated, "
+        "newest last, up to this many tokens (oldest go first; a command alone over it keeps its "
+        "first line's start). null: a twentieth of soft_threshold_tokens; 0: none.", 4000
     )] = None
     calibration: Annotated[Bool, doc(
-        "Compare the thresholds with the proxy's own count times a factor learnt per session "
-        "and model from the provider's usage figures (a new session starts from its tenant's "
-        "factors). A refusal 'prompt is too long: N tokens > M maximum' is never shown to the "
-        "client: the request is compacted below M and retried once, and M is remembered as "
-        "that tenant's window for the model (learnt_window_ttl_s)."
+        "Scale the proxy's token count by a factor learnt per session and model from the "
+        "provider's usage (new sessions start from their tenant's). A refusal 'prompt is too long: "
+        "N tokens > M maximum' is not shown: the request is compacted below M and retried once, M "
+        "kept as the tenant's window for the model (learnt_window_ttl_s)."
     )] = True
     learnt_window_ttl_s: Annotated[Seconds, doc(
         "How long a context window learnt from 'prompt is too long' clamps that tenant's "
@@ -235,11 +219,10 @@ class SummaryConfig(Section):
 
     enabled: Annotated[Bool, doc("L4 on or off: false, it never runs, for any role.")] = True
     mode: Annotated[Literal["fork", "separate"], doc(
-        "fork: the summary call is the client's own request (its headers, query, system, tools "
-        "and model, the conversation up to the kept recent turns as its messages, the summary "
-        "asked for in a last user turn; no thinking, not streamed), so credentials that only "
-        "serve the client's own requests work and the prompt is read from the provider's "
-        "cache. separate: the proxy's own request, with its own system prompt and the old "
+        "fork: the summary call is the client's own request (its headers, query, system, tools and "
+        "model; the conversation up to the kept turns, then a user turn asking for the summary; no "
+        "thinking, not streamed), so client-only credentials work and the prompt hits the "
+        "provider's cache. separate: the proxy's own request, its own system prompt, the old "
         "messages as a JSON transcript."
     )] = "fork"
     model: Annotated[Text | None, doc(
@@ -252,10 +235,9 @@ class SummaryConfig(Section):
         "summary another request is already asking for."
     )] = 60.0
     api_key_env: Annotated[EnvName | None, doc(
-        "Mode separate: the environment variable holding an API key for summary calls (never "
-        "the key itself), spent only for a caller whose own credential the provider has "
-        "accepted (a 2xx to its request, else one GET /v1/models with its credential). null: "
-        "the caller's own credentials, as in mode fork."
+        "Mode separate: the environment variable holding an API key for summary calls, spent only "
+        "for a caller whose own credential the provider accepted (a 2xx to its request, else one "
+        "GET /v1/models with it). null: the caller's own credentials, as in mode fork."
     )] = None
     max_retries: Annotated[NonNegative, doc("Retries of a failed summary call.")] = 2
     context_window_tokens: Annotated[Positive, doc(
@@ -266,8 +248,7 @@ class SummaryConfig(Section):
     prepare_at: Annotated[float | None, Strict(), Gt(0), Lt(1), doc(
         "Zero-wait compaction: once a session's view (as the provider counts it) reaches this "
         "fraction of soft_threshold_tokens, the summary the next crossing needs is made in the "
-        "background (one call per session and span across every replica), so the crossing "
-        "waits for no summary call. null: summaries are made when the threshold is crossed."
+        "background (one call per session and span, across replicas). null: made at the crossing."
     )] = 0.8
 
     @model_validator(mode="after")
@@ -318,10 +299,9 @@ class StoreConfig(Section):
         "sentinel."
     )] = None
     on_unavailable: Annotated[Literal["reject", "forward"], doc(
-        "While the store cannot be reached: reject (503 api_error, nothing forwarded: "
-        "forwarding without the durable state would drop the facts pinned for the session) or "
-        "forward (without the durable block and without sticky compaction). Either way "
-        "store_unavailable is logged at most once a second and /healthz answers 503."
+        "While the store cannot be reached: reject (503 api_error; forwarding would drop the facts "
+        "pinned for the session) or forward (without the durable block and sticky compaction). "
+        "Either way store_unavailable is logged at most once a second and /healthz answers 503."
     )] = "reject"
 
     @model_validator(mode="after")
@@ -363,11 +343,10 @@ class SourcesConfig(Section):
         "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
         example="s3://team-sources/artifacts")] = "./compact-proxy-state/artifacts"
     record_transcripts: Annotated[Bool, doc(
-        "The proxy appends each session's messages, as first seen, to "
-        "<transcript_root>[/<tenant>]/<session_id>.jsonl in the format pointers are verified "
-        "against (sequence from 1, session_id, event_id, role, content), after the response "
-        "and never twice for a resent history, so transcript:<sid>:<n> (message n of the "
-        "session) resolves with no operator tooling. Needs a local transcript_root."
+        "Append each session's messages, once, after the response, to "
+        "<transcript_root>[/<tenant>]/<session_id>.jsonl in the format pointers are checked "
+        "against (sequence from 1, session_id, event_id, role, content), so transcript:<sid>:<n> "
+        "resolves. Needs a local transcript_root."
     )] = False
     transcript_max_bytes: Annotated[Positive, doc(
         "A transcript the proxy records stops growing at this size (the messages that would "
@@ -403,20 +382,16 @@ class SessionConfig(Section):
     """How requests are told apart: which session, and whose."""
 
     header: Annotated[HeaderName, doc(
-        "The request header that names the session (stored lower-case), checked before "
-        "X-Claude-Code-Session-Id, metadata.user_id and the derived conv-... id. Its value must "
-        "be a session id (1-128 characters, runs of A-Z a-z 0-9 _ - joined by single dots); any "
-        "other value is a 400 invalid_request_error, never another session."
+        "The request header naming the session, checked before X-Claude-Code-Session-Id, "
+        "metadata.user_id and the derived conv-... id; a value not a session id (1-128 characters: "
+        "runs of A-Z a-z 0-9 _ - joined by single dots) gets 400 invalid_request_error."
     )] = "x-compact-session-id"
     scope: Annotated[Scope | None, doc(
         "Whose sessions are separate: credential (an HMAC-SHA256 of the caller's x-api-key, else "
-        "its Authorization value, under the secret named by secret_env; the credential itself "
-        "is never stored or logged, and one that rotates, as Claude Code's OAuth tokens do, "
-        "starts a new tenant), header:<name> "
-        "(the value of a header an authenticating front proxy sets, e.g. "
-        "header:x-forwarded-user; without it: 401) or none (one tenant). Unset: none while "
-        "listen.host is a loopback address, else `serve` refuses to start, so a shared gateway "
-        "is never shared by accident."
+        "its Authorization, keyed by secret_env; never stored or logged; one that rotates, as "
+        "Claude Code's OAuth tokens do, starts a new tenant), header:<name> (set by an "
+        "authenticating front proxy, e.g. header:x-forwarded-user; missing: 401) or none (one "
+        "tenant). Unset: none on a loopback listen.host, else `serve` refuses to start."
     )] = None
     secret_env: Annotated[EnvName, doc(
         "The environment variable holding the HMAC secret of scope credential (required "
