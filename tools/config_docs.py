@@ -69,8 +69,8 @@ def keys(cls: type[Any], prefix: str = "", depth: int = 0) -> Iterator[Key]:
         if not spec.init:
             continue
         info = cls.__pydantic_fields__[spec.name]
-        default = spec.default if spec.default_factory is dataclasses.MISSING else (
-            spec.default_factory())
+        default = dataclasses.MISSING if info.is_required() else info.get_default(
+            call_default_factory=True)
         text = info.description or (_section_text(type(default))
                                     if dataclasses.is_dataclass(default) else "")
         key = Key(f"{prefix}{spec.name}", spec.name, info.rebuild_annotation(), default, text,

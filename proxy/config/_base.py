@@ -40,10 +40,10 @@ class Kind:
     name: str
 
 
-def doc(description: str, example: object = None) -> Any:
-    """A key's description: the one text the reference and ``config.example.yaml`` show, and
-    an example value the latter shows commented out."""
-    return Field(description=description, examples=None if example is None else [example])
+def doc(default: Any, description: str, example: object = None) -> Any:
+    """A key's default (``...``: required) and description, the one text the reference and
+    ``config.example.yaml`` show, with an example value the latter shows commented out."""
+    return Field(default, description=description, examples=None if example is None else [example])
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -123,7 +123,7 @@ Scope = Annotated[Text, AfterValidator(_scope), Kind("credential, header:<name> 
 _C = TypeVar("_C")
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+@dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
 def section(key: str) -> Callable[[type[_C]], type[_C]]:
     """Make ``cls`` a frozen pydantic dataclass at dotted position ``key`` that raises
     :class:`ConfigError` when built in Python too (``ListenConfig(port=1)``,

@@ -7,14 +7,14 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from policies._compaction import THRESHOLD_NAMES, CompactionPolicy
 from policies._roles import ROLE_NAMES, Role, RolePolicies
 from policies._source_access import SourceAccessPolicy
-from proxy.config._base import Section, doc, is_loopback, section
+from proxy.config._base import Section, is_loopback, section
 from proxy.config._errors import ConfigError, config_error, shown, soft_not_below_hard
 from proxy.config._operations import AdminConfig, AuditConfig, LoggingConfig
 from proxy.config._policies import PoliciesConfig
@@ -47,11 +47,10 @@ class Config(Section):
     admin: AdminConfig = field(default_factory=AdminConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    prices: Annotated[Prices, doc(
+    prices: Prices = Field(default_factory=lambda: DEFAULT_PRICES, description=(
         "What the provider charges, for `compact-proxy report`: model family -> USD per million "
         "tokens; a model is priced by its family or a snapshot of it (claude-opus-4-5-20251101), "
-        "else n/a. Listed families replace or add to the built-in list prices."
-    )] = field(default_factory=lambda: DEFAULT_PRICES)
+        "else n/a. Listed families replace or add to the built-in list prices."))
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)

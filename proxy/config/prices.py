@@ -40,11 +40,11 @@ class ModelPrice(Section):
     """``prices.<family>``: what one model family costs. Every key is required: an entry
     replaces the built-in one of its family as a whole."""
 
-    input: Annotated[UsdPerMillion, doc("Plain input tokens.")]
-    cache_write: Annotated[UsdPerMillion, doc(
-        "Prompt-cache writes (5-minute cache: 1.25 × input at Anthropic).")]
-    cache_read: Annotated[UsdPerMillion, doc("Prompt-cache reads.")]
-    output: Annotated[UsdPerMillion, doc("Output tokens.")]
+    input: UsdPerMillion = doc(..., "Plain input tokens.")
+    cache_write: UsdPerMillion = doc(..., (
+        "Prompt-cache writes (5-minute cache: 1.25 × input at Anthropic)."))
+    cache_read: UsdPerMillion = doc(..., "Prompt-cache reads.")
+    output: UsdPerMillion = doc(..., "Output tokens.")
 
 
 def _price(input: float, cache_write: float, cache_read: float, output: float) -> ModelPrice:
