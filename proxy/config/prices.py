@@ -47,27 +47,23 @@ class ModelPrice(Section):
     output: UsdPerMillion = doc(..., "Output tokens.")
 
 
-def _price(input: float, cache_write: float, cache_read: float, output: float) -> ModelPrice:
-    return ModelPrice(input=input, cache_write=cache_write, cache_read=cache_read, output=output)
-
-
 #: The built-in price table (Anthropic's list prices, USD per million tokens): model family
 #: (a prefix of model names) -> its price.
 DEFAULT_PRICES: Mapping[str, ModelPrice] = types.MappingProxyType({
-    "claude-opus-5-5": _price(4, 5, 0.20, 20),
-    "claude-opus-5": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-8": _price(5, 6.25, 0.50, 25),  # Claude Code 2.1's default model
-    "claude-opus-4-7": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-6": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-5": _price(5, 6.25, 0.50, 25),
-    "claude-sonnet-4-6": _price(3, 3.75, 0.30, 15),
-    "claude-opus-4-1": _price(15, 18.75, 1.50, 75),
-    "claude-opus-4": _price(15, 18.75, 1.50, 75),
-    "claude-sonnet-4-5": _price(3, 3.75, 0.30, 15),
-    "claude-sonnet-4": _price(3, 3.75, 0.30, 15),
-    "claude-3-7-sonnet": _price(3, 3.75, 0.30, 15),
-    "claude-haiku-4-5": _price(1, 1.25, 0.10, 5),
-    "claude-3-5-haiku": _price(0.80, 1.00, 0.08, 4),
+    "claude-opus-5-5": ModelPrice(4, 5, 0.20, 20),
+    "claude-opus-5": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-8": ModelPrice(5, 6.25, 0.50, 25),  # Claude Code 2.1's default model
+    "claude-opus-4-7": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-6": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-5": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-sonnet-4-6": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-opus-4-1": ModelPrice(15, 18.75, 1.50, 75),
+    "claude-opus-4": ModelPrice(15, 18.75, 1.50, 75),
+    "claude-sonnet-4-5": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-sonnet-4": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-3-7-sonnet": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-haiku-4-5": ModelPrice(1, 1.25, 0.10, 5),
+    "claude-3-5-haiku": ModelPrice(0.80, 1.00, 0.08, 4),
 })
 
 
