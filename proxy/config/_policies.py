@@ -19,11 +19,8 @@ from proxy.config._base import Bool, Section, SessionId, doc, section
 def _each_optional(base: type[Any]) -> type[Any]:
     """A frozen dataclass with every field of the pydantic dataclass ``base``, each optional
     (default ``None``) and otherwise held to the same limits and described the same."""
-    specs = [
-        (name, Annotated[Union[info.rebuild_annotation(), None],  # noqa: UP007
-                         Field(description=info.description)], field(default=None))
-        for name, info in base.__pydantic_fields__.items()
-    ]
+    specs = [(name, Union[info.rebuild_annotation(), None], doc(None, info.description))  # noqa: UP007
+             for name, info in base.__pydantic_fields__.items()]
     return dataclasses.make_dataclass(f"Optional{base.__name__}", specs, frozen=True)
 
 
