@@ -25,8 +25,7 @@ class AdminConfig(Section):
     """The admin API (``/admin/...``) and the audit console."""
 
     token_env: EnvName = doc("COMPACT_PROXY_ADMIN_TOKEN", (
-        "The environment variable holding the admin bearer token; unset or empty: the admin API is "
-        "off (404)."))
+        "The variable holding the admin bearer token; unset or empty: the admin API is off (404)."))
     min_token_length: Annotated[int, Strict(), Ge(16)] = doc(32, (
         "The shortest token accepted: a shorter one is a config error at startup (`check-config`, "
         "`serve`: exit 2). 32 characters hold 128 bits even as hex (openssl rand -hex 16)."))

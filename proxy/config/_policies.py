@@ -69,9 +69,8 @@ class PoliciesConfig(Section):
             "Role -> the compaction keys it changes (any but token_counter) and summary_enabled; "
             "a role not listed inherits everything (summary_recovery: with L4 off)."))
     rules: tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...] = doc(DEFAULT_ROLE_RULES, (
-        "Tried in order, the first match decides a request's role; a request no rule matches is "
-        "main. Replaces the default rule (a request with x-claude-code-agent-id, a Claude Code "
-        "subagent, is subagent)."))
+        "Tried in order, the first match decides a request's role (none: main). Replaces the "
+        "default rule: x-claude-code-agent-id (a Claude Code subagent) makes it subagent."))
     read_tools: tuple[Annotated[ReadToolSpec, _NULLS_ARE_DEFAULTS], ...] = doc(DEFAULT_READ_TOOLS, (
         "The tools L2 counts as file reads; replaces the default list (Claude Code's Read, the "
         "text-editor tool's view, read_file)."))

@@ -54,9 +54,8 @@ class ListenConfig(Section):
         "On SIGTERM / SIGINT, how long the requests and streams in flight may take to finish after "
         "the proxy stops accepting; what is left then is cancelled."))
     event_loop: EventLoopName = doc("uvloop", (
-        "The event loop each serving process runs on: uvloop (libuv's, in C) or asyncio (the "
-        "standard library's, where uvloop is not supported); the startup log line's event_loop "
-        "field says which one runs."))
+        "The event loop of each serving process: uvloop (libuv's, in C) or asyncio (the standard "
+        "library's, where uvloop is not supported); the startup log's event_loop field names it."))
     header_timeout_s: Seconds = doc(30.0, (
         "How long a request's headers may take to arrive whole, from the connection's opening or "
         "from its previous answer; also how long an idle keep-alive connection stays open. A "
@@ -97,8 +96,7 @@ class UpstreamConfig(Section):
         "The provider's base URL, e.g. https://api.anthropic.com. Required by `serve` and "
         "`check-config` (only the demo runs without it)."), example="https://api.anthropic.com")
     connect_timeout_s: Seconds = doc(10.0, (
-        "Time allowed to open the connection to the provider; exceeding it answers 504 "
-        "api_error."))
+        "Time allowed to open the connection to the provider; past it, 504 api_error."))
     read_timeout_s: Seconds = doc(600.0, (
         "How long to wait for the provider's answer or its next bytes (a stream can pause while "
         "the model thinks); then 504, or an error event mid-stream, at most 1 s late (a quarter of "
@@ -112,9 +110,9 @@ class UpstreamConfig(Section):
 
     provider: Literal["anthropic", "bedrock", "vertex"] = doc("anthropic", (
         "Which API the provider speaks: anthropic (the Messages API), bedrock (Amazon Bedrock, "
-        "signed with SigV4; docs/bedrock.md) or vertex (Google Vertex AI, a Google access token; "
-        "docs/vertex.md), base_url as those pages show. Clients may then also use that provider's "
-        "own paths."))
+        "SigV4; docs/bedrock.md) or vertex (Google Vertex AI, a Google access token; "
+        "docs/vertex.md), base_url as those pages show. Clients may also use that provider's own "
+        "paths."))
     aws_region: Text | None = doc(None, (
         "bedrock: the AWS region SigV4 signs for (the requests do not carry it). Unset: AWS_REGION "
         "or AWS_DEFAULT_REGION, else the profile's region."), example="us-east-1")
@@ -128,11 +126,11 @@ class UpstreamConfig(Section):
         "Authorization header is forwarded instead."), example="VERTEX_ACCESS_TOKEN")
     vertex_project: Text | None = doc(None, (
         "vertex: the project of summary calls made on their own (summary.mode separate); a call "
-        "forked from a request goes to that request's project and "
-        "location."), example="my-project")
+        "forked from a request goes to that request's project and location."),
+        example="my-project")
     vertex_region: Text | None = doc(None, (
-        "vertex: the location of summary calls made on their own (summary.mode "
-        "separate)."), example="us-east5")
+        "vertex: the location of summary calls made on their own (summary.mode separate)."),
+        example="us-east5")
 
     def require_base_url(self) -> str:
         """``base_url``, which serving needs: the one check that it is set (a ConfigError)."""
@@ -161,8 +159,8 @@ class CompactionConfig(Thresholds, Section):
     user_text_budget_tokens: NonNegative | None = doc(None, (
         "What a person typed (user text, not a tool result or harness injection) in a span L3 "
         "drops or L4 summarises is kept verbatim next to the summary (or where L3 cut), newest "
-        "first, up to this many tokens. null: a tenth of soft_threshold_tokens; 0: "
-        "none."), example=8000)
+        "first, up to this many tokens. null: a tenth of soft_threshold_tokens; 0: none."),
+        example=8000)
     artifact_trail_budget_tokens: NonNegative | None = doc(None, (
         "The files read, written or edited and commands run (with exit status where shown) by a "
         "dropped or summarised span's tool calls, kept exactly with the summary, deduplicated, "
@@ -198,8 +196,7 @@ class SummaryConfig(Section):
         "provider's cache. separate: the proxy's own request, its own system prompt, the old "
         "messages as a JSON transcript."))
     model: Text | None = doc(None, (
-        "Model of the summary call; null: the client's model (fork), claude-haiku-4-5 "
-        "(separate)."))
+        "Model of the summary call; null: the client's (fork), claude-haiku-4-5 (separate)."))
     max_tokens: Positive = doc(2048, "max_tokens of the summary call.")
     timeout_s: Seconds = doc(60.0, (
         "How long one summary call may take; also how long a request waits for the same summary "
@@ -210,14 +207,12 @@ class SummaryConfig(Section):
         "GET /v1/models with it). null: the caller's own credentials, as in mode fork."))
     max_retries: NonNegative = doc(2, "Retries of a failed summary call.")
     context_window_tokens: Positive = doc(200_000, (
-        "Context window of the summary model. A call whose prompt would not fit in 90% of it less "
-        "max_tokens is made in pieces: parts of the conversation summarised one by one, then one "
-        "call merging those summaries."))
+        "Context window of the summary model. A prompt that would not fit in 90% of it less "
+        "max_tokens is summarised in pieces, one by one, then one call merges those summaries."))
     prepare_at: Annotated[float | None, Strict(), Gt(0), Lt(1)] = doc(0.8, (
         "Zero-wait compaction: once a session's view (as the provider counts it) reaches this "
-        "fraction of soft_threshold_tokens, the summary the next crossing needs is made in the "
-        "background (one call per session and span, across replicas). null: made at the "
-        "crossing."))
+        "fraction of soft_threshold_tokens, the next crossing's summary is made in the background "
+        "(one call per session and span, across replicas). null: at the crossing."))
 
     @model_validator(mode="after")
     def _window_holds_an_answer(self) -> SummaryConfig:
@@ -252,9 +247,9 @@ class StoreConfig(Section):
         "sqlite (an embedded file) or redis (shared by several proxy processes or replicas)."))
     path: Text = doc("./compact-proxy-state/state.db", (
         "The SQLite database file (backend sqlite), created 0600 with its -wal and -shm."))
-    url: RedisUrl | None = doc(None, (
-        "The Redis URL; required when backend is redis, else "
-        "unused."), example="redis://127.0.0.1:6379/0")
+    url: RedisUrl | None = doc(
+        None, "The Redis URL; required when backend is redis, else unused.",
+        example="redis://127.0.0.1:6379/0")
     redis_mode: Literal["standalone", "cluster", "sentinel"] = doc("standalone", (
         "What url names: standalone (one server), cluster (any node of a Redis Cluster; database "
         "0) or sentinel (the Sentinels, redis://host:26379,host:26379/0, with the primary's "
@@ -283,9 +278,9 @@ class S3SourcesConfig(Section):
     standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or
     files."""
 
-    endpoint_url: HttpUrl | None = doc(None, (
-        "An S3-compatible service's URL (path-style requests); null: AWS "
-        "S3."), example="http://minio.internal:9000")
+    endpoint_url: HttpUrl | None = doc(
+        None, "An S3-compatible service's URL (path-style requests); null: AWS S3.",
+        example="http://minio.internal:9000")
     region: Text | None = doc(None, (
         "The signing region; null: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."))
 
@@ -297,12 +292,14 @@ class SourcesConfig(Section):
     'compact-proxy[s3]'); the two may differ in kind (e.g. local transcripts, artifacts in a
     bucket). With session.scope on, each tenant's sources are in ``<root>/<tenant>/``."""
 
-    transcript_root: Text = doc("./compact-proxy-state/transcripts", (
-        "Where transcript pointers resolve: "
-        "<transcript_root>/<session_id>.jsonl."), example="s3://team-sources/transcripts")
-    artifact_root: Text = doc("./compact-proxy-state/artifacts", (
-        "Where artifact pointers resolve: "
-        "<artifact_root>/<session_id>/<filename>."), example="s3://team-sources/artifacts")
+    transcript_root: Text = doc(
+        "./compact-proxy-state/transcripts",
+        "Where transcript pointers resolve: <transcript_root>/<session_id>.jsonl.",
+        example="s3://team-sources/transcripts")
+    artifact_root: Text = doc(
+        "./compact-proxy-state/artifacts",
+        "Where artifact pointers resolve: <artifact_root>/<session_id>/<filename>.",
+        example="s3://team-sources/artifacts")
     record_transcripts: Bool = doc(False, (
         "Append each session's messages, once, after the response, to "
         "<transcript_root>[/<tenant>]/<session_id>.jsonl in the format pointers are checked "
