@@ -50,7 +50,7 @@ class Config(Section):
     prices: Prices = Field(default_factory=lambda: DEFAULT_PRICES, description=(
         "What the provider charges, for `compact-proxy report`: model family -> USD per million "
         "tokens; a model is priced by its family or a snapshot of it (claude-opus-4-5-20251101), "
-        "else n/a. Listed families replace or add to the built-in list prices."))
+        "else its cost is n/a. Listed families replace or add to the built-in list prices."))
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)

@@ -83,9 +83,9 @@ class LimitsConfig(Section):
         "gets 429 rate_limit_error with retry-after: 1, before its body is read. Forwarded routes "
         "only (not /healthz, /metrics, /admin; proxy.http.limits)."))
     decoded_cache_bytes: NonNegative = doc(256 * 1024 * 1024, (
-        "Bytes of memory for messages kept decoded across requests (over-estimated from their "
+        "Memory, in bytes, for messages kept decoded across requests (over-estimated from their "
         "JSON; half by message, half for each conversation's last body), so a warm request decodes "
-        "only what is new; only requests the provider accepted add to it. 0: none kept."))
+        "only what is new; only requests the provider accepted add to it. 0: all decoded."))
 
 
 @section("upstream")
