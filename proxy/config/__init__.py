@@ -6,15 +6,14 @@ key, which the CLI prints on one line before exiting 2 (SPEC §2). ``docs/config
 ``config.example.yaml`` are generated from the fields: ``python -m tools.config_docs --write``.
 
 The modules: ``_base`` (value types, the section decorator), ``_sections``, ``_operations``
-and ``_policies`` (the sections), ``prices`` (the price table), ``_root`` (:class:`Config`),
-``_errors`` (pydantic's errors in words), ``_load`` (the YAML file).
+and ``_policies`` (the sections), ``prices`` (the price table), ``_root`` (:class:`Config` and
+:func:`load_config`), ``_errors`` (pydantic's errors in words).
 """
 
 from proxy.config._errors import ConfigError
-from proxy.config._load import CONFIG_ENV_VAR, load_config
 from proxy.config._operations import AdminConfig, AdminListenConfig, AuditConfig, LoggingConfig
 from proxy.config._policies import PoliciesConfig, RoleOverride, SourceAccessConfig
-from proxy.config._root import Config
+from proxy.config._root import CONFIG_ENV_VAR, Config, load_config
 from proxy.config._sections import (
     SEPARATE_SUMMARY_MODEL,
     CompactionConfig,
