@@ -4,8 +4,8 @@
     python -m tools.config_docs --check   # exit 1 when either differs from what it generates
 
 Each key's type comes from its annotation (limits in words, :class:`~proxy.config._base.Kind`
-names), its default from the field, its text from ``Field(description=...)``; a section's
-text is its class docstring.
+names), its default and text from its pydantic field (``doc(default, description)``); a
+section's text is its class docstring.
 """
 
 from __future__ import annotations
