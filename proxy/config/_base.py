@@ -1,8 +1,7 @@
 """What the sections are built from: value types with their checks, descriptions, the decorator.
 
-Each value type carries its limits (``Ge(1)``) or a check that raises
-:func:`policies._compaction.invalid` with the words pydantic has none for; :class:`Kind` names
-a checked type for the reference (``docs/configuration.md``).
+A value type carries its limits (``Ge(1)``) or a check raising :func:`policies._compaction.invalid`
+with the words pydantic has none for; :class:`Kind` names a checked type for the reference.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, TypeVar, dataclass_transform
+from typing import Annotated, Any, TypeVar, dataclass_transform
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Le
@@ -41,10 +40,10 @@ class Kind:
     name: str
 
 
-def doc(description: str, example: object = None) -> Any:
-    """A key's description: the one text the reference and ``config.example.yaml`` show, and
-    an example value the latter shows commented out."""
-    return Field(description=description, examples=None if example is None else [example])
+def doc(default: Any, description: str, example: object = None) -> Any:
+    """A key's default (``...``: required) and description, the one text the reference and
+    ``config.example.yaml`` show, with an example value the latter shows commented out."""
+    return Field(default, description=description, examples=None if example is None else [example])
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -53,8 +52,6 @@ Bool = Annotated[bool, Strict()]
 Positive = Annotated[int, Strict(), Ge(1)]
 NonNegative = Annotated[int, Strict(), Ge(0)]
 Port = Annotated[int, Strict(), Ge(0), Le(65535)]
-#: The most worker processes ``listen.workers`` may ask for.
-MAX_WORKERS: Final = 256
 
 
 def _seconds(value: object, info: ValidationInfo) -> float:
@@ -126,14 +123,11 @@ Scope = Annotated[Text, AfterValidator(_scope), Kind("credential, header:<name> 
 _C = TypeVar("_C")
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+@dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
 def section(key: str) -> Callable[[type[_C]], type[_C]]:
-    """Make ``cls`` a frozen pydantic dataclass at dotted position ``key``.
-
-    Built directly in Python (``ListenConfig(port=1)``, ``dataclasses.replace``), a section
-    raises :class:`ConfigError` like a loaded one; nested sections are validated by their
-    parent's validator, which does not go through ``__init__``.
-    """
+    """Make ``cls`` a frozen pydantic dataclass at dotted position ``key`` that raises
+    :class:`ConfigError` when built in Python too (``ListenConfig(port=1)``,
+    ``dataclasses.replace``); nested sections are validated by their parent's validator."""
 
     def decorate(cls: type[_C]) -> type[_C]:
         model: Any = pydantic_dataclass(cls, frozen=True, config=STRICT)

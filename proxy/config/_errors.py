@@ -1,8 +1,8 @@
 """Pydantic's validation errors as one-line :class:`ConfigError` s: the dotted key, the problem.
 
-The first error wins (an unknown key before any other: it explains the rest). Its location is
-walked down the section types to find what the key was meant to be: the known keys of its
-section for a suggestion, the limits of its type for a range in words.
+The first error wins, an unknown key before any other (it explains the rest). Its location is
+walked down the section types for the known keys of its section (a suggestion) and the limits
+of its type (a range in words); the rest comes from pydantic's error data.
 """
 
 from __future__ import annotations
@@ -20,28 +20,19 @@ from pydantic_core import ErrorDetails
 
 
 class ConfigError(Exception):
-    """A configuration problem: which key, and what is wrong with it.
-
-    Attributes:
-        key: the dotted key (``compaction.soft_threshold_tokens``, ``policies.rules[0].role``);
-            empty for problems with the file as a whole (unreadable, YAML syntax).
-        problem: what is wrong, in a few words, with the offending value where useful.
-        line: the 1-based line in the YAML file, when known (syntax errors).
-
-    ``str()`` is always a single line: ``config error: <key>: <problem>``.
-    """
+    """A configuration problem: the dotted ``key`` (``policies.rules[0].role``; empty for the
+    file as a whole), the ``problem`` in a few words, the YAML ``line`` when known. ``str()``
+    is one line, even for PyYAML's or the OS's messages: ``config error: <key>: <problem>``."""
 
     def __init__(self, key: str, problem: str, *, line: int | None = None) -> None:
         super().__init__(key, problem)
         self.key = key
-        # Keep the one-line promise even for multi-line messages from PyYAML or the OS.
         self.problem = " ".join(problem.split())
         self.line = line
 
     def __str__(self) -> str:
-        if self.key:
-            return f"config error: {self.key}: {self.problem}"
-        return f"config error: {self.problem}"
+        where = f"{self.key}: " if self.key else ""
+        return f"config error: {where}{self.problem}"
 
 
 def shown(value: object) -> str:
@@ -73,11 +64,11 @@ def config_error(exc: ValidationError, root: type[Any], prefix: str) -> ConfigEr
     """The ConfigError for pydantic's first error in validating ``root`` at ``prefix``."""
     errors = exc.errors(include_url=False)
     error = next((e for e in errors if e["type"] in _UNKNOWN_KEY), errors[0])
-    loc, problem = _problem(error, root)
     if error["type"] == "soft_not_below_hard":
-        ctx = error["ctx"]
+        ctx, loc = error["ctx"], tuple(error["loc"])
         soft, hard = (dotted(prefix, (*loc, ctx[name])) for name in ("soft_field", "hard_field"))
         return soft_not_below_hard(ctx, soft, hard, blame_soft=True)
+    loc, problem = _problem(error, root)
     return ConfigError(dotted(prefix, loc), problem)
 
 
@@ -134,7 +125,7 @@ def _problem(error: ErrorDetails, root: type[Any]) -> tuple[tuple[str | int, ...
         name = ctx["field"]
         if name and name not in loc:  # a check of a whole section, about one of its keys
             loc = (*loc, name)
-        problem = ctx["message"].removeprefix(f"{name} ") if name else ctx["message"]
+        problem = ctx["message"].removeprefix(f"{name} ")
     else:
         problem = error["msg"]
     return loc, item + problem

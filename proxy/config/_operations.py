@@ -3,7 +3,7 @@ the logs."""
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 from annotated_types import Ge
 from pydantic import Strict, model_validator
@@ -11,48 +11,37 @@ from pydantic import Strict, model_validator
 from policies._compaction import Text, invalid
 from proxy.config._base import Bool, EnvName, Port, Positive, Seconds, Section, doc, section
 
-#: The shortest admin token accepted (``admin.min_token_length``'s default): 32 characters
-#: hold 128 bits even as hex (``openssl rand -hex 16``), beyond any online guessing.
-MIN_ADMIN_TOKEN_LENGTH: Final = 32
-
 
 @section("admin.listen")
 class AdminListenConfig(Section):
     """An address of its own for the admin API and the console."""
 
-    port: Annotated[Port, doc("Its port; 0 picks a free one.")]
-    host: Annotated[Text, doc("Its address.")] = "127.0.0.1"
+    port: Port = doc(..., "Its port; 0 picks a free one.")
+    host: Text = doc("127.0.0.1", "Its address.")
 
 
 @section("admin")
 class AdminConfig(Section):
     """The admin API (``/admin/...``) and the audit console."""
 
-    token_env: Annotated[EnvName, doc(
-        "The environment variable holding the admin bearer token; unset or empty: the admin "
-        "API is off (404)."
-    )] = "COMPACT_PROXY_ADMIN_TOKEN"
-    min_token_length: Annotated[int, Strict(), Ge(16), doc(
-        "The shortest token accepted: a shorter one is a config error at startup "
-        "(`check-config`, `serve`: exit 2). 32 characters hold 128 bits even as hex "
-        "(openssl rand -hex 16)."
-    )] = MIN_ADMIN_TOKEN_LENGTH
-    failed_auth_limit: Annotated[Positive, doc(
-        "Wrong tokens (admin API or console login) one client address may present before it "
-        "is locked out: 429 rate_limit_error with retry-after."
-    )] = 5
-    lockout_s: Annotated[Seconds, doc(
-        "The first lockout; each lockout in a row doubles it, up to max_lockout_s."
-    )] = 1.0
-    max_lockout_s: Annotated[Seconds, doc("The longest lockout.")] = 300.0
-    cookie_secure: Annotated[Bool, doc(
-        "Mark the console's cookies Secure whatever scheme the proxy sees: set it when TLS "
-        "ends in front of the proxy."
-    )] = False
-    listen: Annotated[AdminListenConfig | None, doc(
-        "An address of its own for /admin and the console, {host, port}: the main listener "
-        "then answers them 404. null: served on the main listener.",
-        example={"host": "127.0.0.1", "port": 8788})] = None
+    token_env: EnvName = doc("COMPACT_PROXY_ADMIN_TOKEN", (
+        "The variable holding the admin bearer token; unset or empty: the admin API is off (404)."))
+    min_token_length: Annotated[int, Strict(), Ge(16)] = doc(32, (
+        "The shortest token accepted: a shorter one is a config error at startup (`check-config`, "
+        "`serve`: exit 2). 32 characters hold 128 bits even as hex (openssl rand -hex 16)."))
+    failed_auth_limit: Positive = doc(5, (
+        "Wrong tokens (admin API or console login) one client address may present before it is "
+        "locked out: 429 rate_limit_error with retry-after."))
+    lockout_s: Seconds = doc(1.0, (
+        "The first lockout; each lockout in a row doubles it, up to max_lockout_s."))
+    max_lockout_s: Seconds = doc(300.0, "The longest lockout.")
+    cookie_secure: Bool = doc(False, (
+        "Mark the console's cookies Secure whatever scheme the proxy sees: set it when TLS ends in "
+        "front of the proxy."))
+    listen: AdminListenConfig | None = doc(None, (
+        "An address of its own for /admin and the console, {host, port}: the main listener then "
+        "answers them 404. null: served on the main "
+        "listener."), example={"host": "127.0.0.1", "port": 8788})
 
     @model_validator(mode="after")
     def _lockouts_in_order(self) -> AdminConfig:
@@ -67,25 +56,19 @@ class AuditConfig(Section):
     """The audit log the store keeps, read by the admin API and the sessions, session and
     blocked commands."""
 
-    enabled: Annotated[Bool, doc(
-        "Keep the audit log: one record per /v1/messages and count_tokens request (its session, "
-        "tenant, model, token counts, the layers that ran and what each saved, why it was "
-        "refused, statuses, the provider's usage; never message text) and one per change of a "
-        "durable state. Written after the response: a request never waits for its record."
-    )] = True
-    max_requests_per_session: Annotated[Positive, doc(
-        "Request records a session keeps; the oldest go first."
-    )] = 1000
-    retention_days: Annotated[Positive, doc("Records older than this many days are dropped.")] = 14
+    enabled: Bool = doc(True, (
+        "Keep the audit log: a record per /v1/messages and count_tokens request (session, tenant, "
+        "model, token counts, layers run and their savings, refusals, statuses, the provider's "
+        "usage; never message text) and per durable-state change, written after the response."))
+    max_requests_per_session: Positive = doc(1000, (
+        "Request records a session keeps; the oldest go first."))
+    retention_days: Positive = doc(14, "Records older than this many days are dropped.")
 
 
 @section("logging")
 class LoggingConfig(Section):
     """structlog's output."""
 
-    format: Annotated[Literal["json", "console"], doc(
-        "json (one object per line) or console (human-readable)."
-    )] = "json"
-    level: Annotated[Literal["debug", "info", "warning", "error"], doc(
-        "The lowest level logged."
-    )] = "info"
+    format: Literal["json", "console"] = doc("json", (
+        "json (one object per line) or console (human-readable)."))
+    level: Literal["debug", "info", "warning", "error"] = doc("info", "The lowest level logged.")

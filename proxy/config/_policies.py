@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Annotated, Any, ClassVar, Union
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from policies._compaction import DEFAULT_READ_TOOLS, ReadToolSpec, Thresholds
 from policies._roles import DEFAULT_ROLE_RULES, Role, RoleRule
@@ -19,11 +19,8 @@ from proxy.config._base import Bool, Section, SessionId, doc, section
 def _each_optional(base: type[Any]) -> type[Any]:
     """A frozen dataclass with every field of the pydantic dataclass ``base``, each optional
     (default ``None``) and otherwise held to the same limits and described the same."""
-    specs = [
-        (name, Annotated[Union[info.rebuild_annotation(), None],  # noqa: UP007
-                         Field(description=info.description)], field(default=None))
-        for name, info in base.__pydantic_fields__.items()
-    ]
+    specs = [(name, Union[info.rebuild_annotation(), None], doc(None, info.description))  # noqa: UP007
+             for name, info in base.__pydantic_fields__.items()]
     return dataclasses.make_dataclass(f"Optional{base.__name__}", specs, frozen=True)
 
 
@@ -32,10 +29,9 @@ class RoleOverride(_each_optional(Thresholds), Section):  # type: ignore[misc]
     """``policies.roles.<role>``: the thresholds one role changes, and ``summary_enabled``;
     a key left out (``None``) is inherited from the ``compaction`` and ``summary`` sections."""
 
-    summary_enabled: Annotated[Bool | None, doc(
+    summary_enabled: Bool | None = doc(None, (
         "L4 for this role; true is refused while summary.enabled is false. Inherited: "
-        "summary.enabled, false for summary_recovery."
-    )] = None
+        "summary.enabled, false for summary_recovery."))
 
     #: Keys that belong elsewhere, and where.
     MISPLACED: ClassVar[Mapping[str, str]] = {
@@ -47,12 +43,9 @@ class RoleOverride(_each_optional(Thresholds), Section):  # type: ignore[misc]
 class SourceAccessConfig(Section):
     """Whose source pointers a session may resolve (by default only its own)."""
 
-    allow_cross_session: Annotated[Bool, doc(
-        "true: any session may resolve any session's pointers."
-    )] = False
-    shared_sessions: Annotated[tuple[SessionId, ...], doc(
-        "Sessions whose pointers every session may resolve."
-    )] = ()
+    allow_cross_session: Bool = doc(False, "true: any session may resolve any session's pointers.")
+    shared_sessions: tuple[SessionId, ...] = doc((), (
+        "Sessions whose pointers every session may resolve."))
 
 
 def _drop_nulls(data: Any) -> Any:
@@ -71,25 +64,19 @@ class PoliciesConfig(Section):
     summary_recovery), the rules that pick a request's role, the tools L2 treats as file reads
     and whose source pointers a session may resolve."""
 
-    roles: Annotated[Mapping[Role, RoleOverride], doc(
-        "Role -> the compaction keys it changes (any but token_counter) and summary_enabled; "
-        "a role not listed inherits everything (summary_recovery: with L4 off)."
-    )] = field(default_factory=dict)
-    rules: Annotated[tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...], doc(
-        "Tried in order, the first match decides a request's role; a request no rule matches "
-        "is main. Replaces the default rule (a request with x-claude-code-agent-id, a Claude "
-        "Code subagent, is subagent)."
-    )] = DEFAULT_ROLE_RULES
-    read_tools: Annotated[tuple[Annotated[ReadToolSpec, _NULLS_ARE_DEFAULTS], ...], doc(
+    roles: Annotated[Mapping[Role, RoleOverride], AfterValidator(types.MappingProxyType)] = Field(
+        default_factory=lambda: types.MappingProxyType({}), description=(
+            "Role -> the compaction keys it changes (any but token_counter) and summary_enabled; "
+            "a role not listed inherits everything (summary_recovery: with L4 off)."))
+    rules: tuple[Annotated[RoleRule, _NULLS_ARE_DEFAULTS], ...] = doc(DEFAULT_ROLE_RULES, (
+        "Tried in order, the first match decides a request's role (none: main). Replaces the "
+        "default rule: x-claude-code-agent-id (a Claude Code subagent) makes it subagent."))
+    read_tools: tuple[Annotated[ReadToolSpec, _NULLS_ARE_DEFAULTS], ...] = doc(DEFAULT_READ_TOOLS, (
         "The tools L2 counts as file reads; replaces the default list (Claude Code's Read, the "
-        "text-editor tool's view, read_file)."
-    )] = DEFAULT_READ_TOOLS
+        "text-editor tool's view, read_file)."))
     source_access: SourceAccessConfig = field(default_factory=SourceAccessConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         return _drop_nulls(data)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "roles", types.MappingProxyType(dict(self.roles)))

@@ -1,21 +1,22 @@
-"""The whole configuration: the sections together, the checks across them, and what is
-derived from them once at load time (the role policies, the source-access policy)."""
+"""The whole configuration: the sections together, the checks across them, what is derived
+from them once at load time (the role policies, the source-access policy), and reading it from
+a file (strict YAML: no duplicate keys)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import types
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError
 
 from policies._compaction import THRESHOLD_NAMES, CompactionPolicy
 from policies._roles import ROLE_NAMES, Role, RolePolicies
 from policies._source_access import SourceAccessPolicy
-from proxy.config._base import Section, doc, is_loopback, section
+from proxy.config._base import Section, is_loopback, section
 from proxy.config._errors import ConfigError, config_error, shown, soft_not_below_hard
 from proxy.config._operations import AdminConfig, AuditConfig, LoggingConfig
 from proxy.config._policies import PoliciesConfig
@@ -34,12 +35,8 @@ from proxy.config.prices import DEFAULT_PRICES, ModelPrice, Prices, price_for
 
 @section("")
 class Config(Section):
-    """The whole validated configuration; build it with :func:`load_config` or
-    :meth:`from_mapping`.
-
-    The role policies and the source-access policy are derived once, here, so the request
-    path only looks them up (:meth:`role_policies`, :meth:`source_access`).
-    """
+    """The whole validated configuration (:func:`load_config`, :meth:`from_mapping`); the role
+    and source-access policies are derived once, here, for the request path to look up."""
 
     listen: ListenConfig = field(default_factory=ListenConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -52,19 +49,15 @@ class Config(Section):
     admin: AdminConfig = field(default_factory=AdminConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    prices: Annotated[Prices, doc(
-        "What the provider charges, for `compact-proxy report`: model family -> USD per "
-        "million tokens. A model is priced by the family it is or a snapshot of "
-        "(claude-opus-4-5-20251101 -> claude-opus-4-5); a model no family matches shows its "
-        "tokens and n/a for its cost. Families listed replace the built-in entry of the same "
-        "name or add one; the others keep the built-in prices (Anthropic's list prices)."
-    )] = field(default_factory=lambda: DEFAULT_PRICES)
+    prices: Prices = Field(default_factory=lambda: DEFAULT_PRICES, description=(
+        "What the provider charges, for `compact-proxy report`: model family -> USD per million "
+        "tokens; a model is priced by its family or a snapshot of it (claude-opus-4-5-20251101), "
+        "else its cost is n/a. Listed families replace or add to the built-in list prices."))
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     _role_policies: RolePolicies = field(init=False, repr=False, compare=False)
     _source_access: SourceAccessPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prices", types.MappingProxyType(dict(self.prices)))
         if self.session.scope is None and not is_loopback(self.listen.host):
             raise ConfigError("session.scope", (
                 f"must be set when listen.host is not a loopback address ({self.listen.host!r}): "
@@ -74,33 +67,20 @@ class Config(Section):
             raise ConfigError("admin.listen.port", (
                 f"must differ from listen.port ({admin_listen.port}): the admin listener is a "
                 "port of its own"))
-        roles = RolePolicies(
-            {role: _role_policy(self, role) for role in ROLE_NAMES}, rules=self.policies.rules
-        )
+        roles = RolePolicies({role: _role_policy(self, role) for role in ROLE_NAMES},
+                             rules=self.policies.rules)
         object.__setattr__(self, "_role_policies", roles)
-        access = self.policies.source_access
-        try:
-            policy = SourceAccessPolicy(
-                allow_cross_session=access.allow_cross_session,
-                shared_sessions=access.shared_sessions,
-            )
-        except ValueError as exc:
-            raise ConfigError("policies.source_access", str(exc)) from None
+        access = self.policies.source_access  # (validated as SourceAccessPolicy validates it)
+        policy = SourceAccessPolicy(access.allow_cross_session, access.shared_sessions)
         object.__setattr__(self, "_source_access", policy)
 
     @classmethod
     def from_mapping(cls, data: object, *, require_upstream: bool = True) -> Config:
-        """Validate already-parsed YAML (a mapping of sections) into a :class:`Config`.
-
-        Raises:
-            ConfigError: the first problem found, naming its dotted key.
-        """
-        if data is None:
-            data = {}
+        """Validate already-parsed YAML (a mapping of sections); raises :class:`ConfigError`
+        for the first problem found."""
+        data = {} if data is None else data
         if not isinstance(data, Mapping):
-            raise ConfigError(
-                "", f"the top level must be a mapping of sections, got {shown(data)}"
-            )
+            raise ConfigError("", f"the top level must be a mapping of sections, got {shown(data)}")
         try:
             config = _VALIDATOR.validate_python(data)
         except ValidationError as exc:
@@ -122,13 +102,9 @@ class Config(Section):
         return price_for(self.prices, model)
 
     def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The admin token from the variable named by ``admin.token_env``; ``None`` (admin API
-        off) when it is unset or empty.
-
-        Raises:
-            ConfigError: the token is shorter than ``admin.min_token_length`` or padded with
-                whitespace (named by its variable, never shown).
-        """
+        """The token in the variable ``admin.token_env`` names; ``None`` (admin API off) when
+        unset or empty. A token too short or padded with whitespace is a :class:`ConfigError`
+        naming the variable, never the token."""
         env = os.environ if environ is None else environ
         token = env.get(self.admin.token_env) or None
         if token is None:
@@ -154,14 +130,9 @@ class Config(Section):
         return env.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
-        """The effective values as plain YAML-safe data (what ``check-config --show`` prints,
-        masked by :func:`proxy.telemetry.masking.mask_config`).
-
-        Secrets appear only as the names of their environment variables, but for a URL's own
-        password, kept as written here. ``policies.roles`` shows every role's effective
-        thresholds; feeding the result back to :meth:`from_mapping` gives the same effective
-        configuration.
-        """
+        """The effective values as plain data that loads back to the same config (what
+        ``check-config --show`` prints, masked): secrets only by their variables' names, but a
+        URL's password; ``policies.roles`` with every role's effective thresholds."""
         out: dict[str, Any] = plain(self)
         roles = self._role_policies
         out["policies"] = {
@@ -191,8 +162,7 @@ def _role_policy(config: Config, role: Role) -> CompactionPolicy:
         name: value for name in THRESHOLD_NAMES
         if (value := getattr(override, name)) is not None
     }
-    # A summary_recovery request must never set off another summary call, so that role
-    # starts with L4 off. The other roles follow summary.enabled.
+    # A summary_recovery request must never set off another summary call: L4 starts off.
     summary_enabled = summary.enabled and role != "summary_recovery"
     prefix = f"policies.roles.{role}"
     if override is not None and override.summary_enabled is not None:
@@ -238,3 +208,67 @@ def plain(value: Any, *, omit_none: bool = False) -> Any:
     if isinstance(value, Mapping):
         return {key: plain(item) for key, item in value.items()}
     return value
+
+
+#: The environment variable naming the config file when no path is given.
+CONFIG_ENV_VAR = "COMPACT_PROXY_CONFIG"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys in a mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key; construct_mapping reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    *,
+    require_upstream: bool = True,
+    environ: Mapping[str, str] = os.environ,
+) -> Config:
+    """Read and validate the YAML file at ``path``, else at ``environ[COMPACT_PROXY_CONFIG]``;
+    ``require_upstream=False`` allows no ``upstream.base_url`` (the demo). Raises
+    :class:`ConfigError` for no path, an unreadable file, bad YAML (with its line), a bad value."""
+    if path is None:
+        path = environ.get(CONFIG_ENV_VAR) or None
+    if path is None or not os.fspath(path):
+        raise ConfigError("", f"no config file given: pass --config PATH or set {CONFIG_ENV_VAR}")
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read {name}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("", f"cannot read {name}: not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = None if mark is None else mark.line + 1
+        where = f"{name} line {line}" if line is not None else name
+        raise ConfigError(
+            "", f"{where}: invalid YAML: {exc.problem or exc.context or exc}", line=line
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{name}: invalid YAML: {exc}") from None
+    return Config.from_mapping(data, require_upstream=require_upstream)

@@ -12,7 +12,7 @@ import types
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-from pydantic import BeforeValidator, PlainValidator, ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, PlainValidator, ValidationInfo
 
 from policies._compaction import Text, invalid
 from proxy.config._base import Kind, Section, doc, section
@@ -40,34 +40,30 @@ class ModelPrice(Section):
     """``prices.<family>``: what one model family costs. Every key is required: an entry
     replaces the built-in one of its family as a whole."""
 
-    input: Annotated[UsdPerMillion, doc("Plain input tokens.")]
-    cache_write: Annotated[UsdPerMillion, doc(
-        "Prompt-cache writes (5-minute cache: 1.25 × input at Anthropic).")]
-    cache_read: Annotated[UsdPerMillion, doc("Prompt-cache reads.")]
-    output: Annotated[UsdPerMillion, doc("Output tokens.")]
-
-
-def _price(input: float, cache_write: float, cache_read: float, output: float) -> ModelPrice:
-    return ModelPrice(input=input, cache_write=cache_write, cache_read=cache_read, output=output)
+    input: UsdPerMillion = doc(..., "Plain input tokens.")
+    cache_write: UsdPerMillion = doc(..., (
+        "Prompt-cache writes (5-minute cache: 1.25 × input at Anthropic)."))
+    cache_read: UsdPerMillion = doc(..., "Prompt-cache reads.")
+    output: UsdPerMillion = doc(..., "Output tokens.")
 
 
 #: The built-in price table (Anthropic's list prices, USD per million tokens): model family
 #: (a prefix of model names) -> its price.
 DEFAULT_PRICES: Mapping[str, ModelPrice] = types.MappingProxyType({
-    "claude-opus-5-5": _price(4, 5, 0.20, 20),
-    "claude-opus-5": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-8": _price(5, 6.25, 0.50, 25),  # Claude Code 2.1's default model
-    "claude-opus-4-7": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-6": _price(5, 6.25, 0.50, 25),
-    "claude-opus-4-5": _price(5, 6.25, 0.50, 25),
-    "claude-sonnet-4-6": _price(3, 3.75, 0.30, 15),
-    "claude-opus-4-1": _price(15, 18.75, 1.50, 75),
-    "claude-opus-4": _price(15, 18.75, 1.50, 75),
-    "claude-sonnet-4-5": _price(3, 3.75, 0.30, 15),
-    "claude-sonnet-4": _price(3, 3.75, 0.30, 15),
-    "claude-3-7-sonnet": _price(3, 3.75, 0.30, 15),
-    "claude-haiku-4-5": _price(1, 1.25, 0.10, 5),
-    "claude-3-5-haiku": _price(0.80, 1.00, 0.08, 4),
+    "claude-opus-5-5": ModelPrice(4, 5, 0.20, 20),
+    "claude-opus-5": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-8": ModelPrice(5, 6.25, 0.50, 25),  # Claude Code 2.1's default model
+    "claude-opus-4-7": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-6": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-opus-4-5": ModelPrice(5, 6.25, 0.50, 25),
+    "claude-sonnet-4-6": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-opus-4-1": ModelPrice(15, 18.75, 1.50, 75),
+    "claude-opus-4": ModelPrice(15, 18.75, 1.50, 75),
+    "claude-sonnet-4-5": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-sonnet-4": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-3-7-sonnet": ModelPrice(3, 3.75, 0.30, 15),
+    "claude-haiku-4-5": ModelPrice(1, 1.25, 0.10, 5),
+    "claude-3-5-haiku": ModelPrice(0.80, 1.00, 0.08, 4),
 })
 
 
@@ -81,7 +77,8 @@ def _over_default_prices(data: Any) -> Any:
 
 
 #: The ``prices`` section: the built-in table with the user's entries merged over it.
-Prices = Annotated[Mapping[Text, ModelPrice], BeforeValidator(_over_default_prices)]
+Prices = Annotated[Mapping[Text, ModelPrice], BeforeValidator(_over_default_prices),
+                   AfterValidator(types.MappingProxyType)]
 
 #: What may follow a model family in a model name of that family: a snapshot date, ``-latest``
 #: or a provider's version tag (``@20251101``, ``-v1:0``).

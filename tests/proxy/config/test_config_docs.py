@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import Config, docs, load_config
+from proxy.config import Config, load_config
+from tools import config_docs as docs
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_generated_files_are_current() -> None:
     """docs/configuration.md and config.example.yaml are what the models generate now."""
-    stale = "stale: run python -m proxy.config.docs --write"
+    stale = "stale: run python -m tools.config_docs --write"
     reference = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert reference == docs.reference(), stale
     assert (REPO / "config.example.yaml").read_text(encoding="utf-8") == docs.example(), stale
@@ -46,7 +47,7 @@ def test_the_example_is_the_defaults_with_a_provider(tmp_path: Path) -> None:
 def test_check_reports_a_stale_file_and_write_mends_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m proxy.config.docs` exits 1 naming a stale file; --write rewrites it."""
+    """`python -m tools.config_docs` exits 1 naming a stale file; --write rewrites it."""
     reference, example = tmp_path / "docs" / "configuration.md", tmp_path / "config.example.yaml"
     monkeypatch.setattr(docs, "REPO", tmp_path)
     monkeypatch.setattr(docs, "REFERENCE", reference)

@@ -1,0 +1,1 @@
+"""Developer tooling run from the repository root (``python -m tools.<name>``); not installed."""
