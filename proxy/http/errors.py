@@ -1,10 +1,8 @@
 """Anthropic-shaped error responses, and the one middleware that produces them.
 
-Every failure a client can see leaves the proxy through :func:`error_middleware`: a request the
-proxy refuses (bad JSON, too large, broken tool protocol, over the hard limit), an upstream it
-cannot reach, or a bug. The body always has the Anthropic shape
-``{"type": "error", "error": {"type": ..., "message": ...}}`` so SDKs raise their usual
-exception classes; it never carries a traceback or message text.
+Every failure a client can see (a refused request, an unreachable upstream, a bug) leaves as
+``{"type": "error", "error": {"type": ..., "message": ...}}``, so SDKs raise their usual
+exception classes; never with a traceback or message text.
 """
 
 from __future__ import annotations
@@ -45,16 +43,9 @@ STORE_UNAVAILABLE_MESSAGE = ("the session store is unavailable; the request was 
 
 
 class ProxyError(Exception):
-    """A failure the proxy answers itself; carries everything the error response needs.
-
-    Attributes:
-        status: the HTTP status to answer with.
-        error_type: the Anthropic ``error.type`` (``invalid_request_error``, ``api_error``, ...).
-        message: the client-facing message (never message text or a credential).
-        reason: a short machine name for logs and metrics (``bad_json``, ``body_too_large``...).
-        compaction: the optional ``error.compaction`` object.
-        headers: extra response headers (``WWW-Authenticate``, ``ETag``, ``Allow``...).
-    """
+    """A failure the proxy answers itself: ``status``, the Anthropic ``error_type``, the
+    client-facing ``message`` (never message text or a credential), a ``reason`` for logs and
+    metrics, an optional ``error.compaction`` object and extra response ``headers``."""
 
     def __init__(self, status: int, error_type: str, message: str, *, reason: str,
                  compaction: Mapping[str, Any] | None = None,
@@ -67,7 +58,6 @@ class ProxyError(Exception):
         self.headers = dict(headers) if headers is not None else {}
         super().__init__(message)
 
-
     @property
     def outcome(self) -> Outcome:
         """How a request that ends in this error ended."""
@@ -75,10 +65,8 @@ class ProxyError(Exception):
 
 
 class RequestRejected(ProxyError):
-    """The request itself is unacceptable; it is never forwarded. Refused by a limit it is
-    ``blocked`` (``request_blocked``), a routine admin answer is ``http_error`` (no line of its
-    own), anything else is the client's mistake, ``invalid`` (``request_invalid``):
-    :mod:`proxy.http.refusals`."""
+    """The request itself is unacceptable; it is never forwarded (its outcome:
+    :mod:`proxy.http.refusals`)."""
 
     @property
     def outcome(self) -> Outcome:
@@ -100,8 +88,7 @@ class UpstreamFailure(ProxyError):
 
 @dataclass(frozen=True)
 class _Blocked:
-    """The audit fields of one rejection (SPEC section 8, ``request_blocked``), and what each
-    layer that ran saved (for the audit log)."""
+    """The audit fields of one rejection (SPEC section 8, ``request_blocked``)."""
 
     reason: str
     tokens_before: int | None = None
@@ -149,10 +136,8 @@ def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestReject
 
 def _from_limit(exc: compactor.MessageViewLimitExceeded,
                 fixed: int | None) -> tuple[RequestRejected, _Blocked]:
-    """The refusal over the hard limit. ``fixed``: the tokens of system + tools + durable
-    block, named apart from the messages' (the part no layer can compact)."""
-    # The layers whose change is in the refused view (one that ran and changed nothing, or
-    # was superseded, is in the savings with 0, not here).
+    """The refusal over the hard limit, ``fixed`` (system + tools + durable block) named
+    apart from the messages."""
     layers = tuple(sorted({o.layer for o in exc.outcomes if o.applied}))
     savings = layer_savings(exc.outcomes)
     compaction: dict[str, Any] = {
@@ -169,7 +154,7 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded,
     rejected = RequestRejected(
         400,
         "invalid_request_error",
-        # The provider's own pattern, exactly: clients parse it. The details are below.
+        # The provider's own pattern, exactly: clients parse it.
         f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
         reason="MessageViewLimitExceeded",
         compaction=compaction,
@@ -198,11 +183,8 @@ def _compact_headers(request: web.Request) -> dict[str, str]:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every proxy-level failure into the documented Anthropic error response.
-
-    ``web.HTTPException`` (aiohttp's own answers) passes through unchanged; cancellation (the
-    client went away) is never caught.
-    """
+    """Turn every proxy-level failure into the Anthropic error response (aiohttp's own
+    ``web.HTTPException`` answers and cancellation pass)."""
     try:
         return await handler(request)
     except web.HTTPException:
@@ -211,7 +193,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error, blocked = _from_tool_protocol(exc)
         record = request.get(RECORD)
         if record is not None:
-            # (The id is the client's: bounded, as the audit log keeps it.)
             record.protocol_kind, record.tool_use_id = exc.kind, exc.tool_use_id[:128]
     except compactor.MessageViewLimitExceeded as exc:
         record = request.get(RECORD)
@@ -219,8 +200,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
     except RecursionError:
-        # JSON nested deeper than any step that walks it (hashing, counting, validating)
-        # can follow: the client's body, not a proxy failure.
+        # JSON nested deeper than a step that walks it can follow: the client's body.
         error = RequestRejected(400, "invalid_request_error",
                                 "request body is nested too deeply to process",
                                 reason="too_deep")
@@ -232,8 +212,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               compaction=exc.compaction,
                               headers={**_compact_headers(request), **exc.headers})
     except StoreUnavailable as exc:
-        # Nothing was forwarded: the session's state could not be read (on_unavailable
-        # reject), or the store failed before the forward. A load balancer retries elsewhere.
+        # Nothing was forwarded; a load balancer retries elsewhere.
         _note_outcome(request, Outcome.STORE_ERROR)
         services = request.config_dict.get(SERVICES)
         if services is not None:
@@ -247,9 +226,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               f"compact-proxy session store failed ({type(exc).__name__})",
                               headers=_compact_headers(request))
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
-        # A bug (in a layer, in the proxy), whatever its class: never blamed on the client.
-        # The traceback goes to the server's log only, as frames (proxy.telemetry.logs keeps where
-        # it failed, never what the exception said); the client gets a generic 500.
+        # A bug, never blamed on the client: the traceback goes to the log only, as frames.
         _note_outcome(request, Outcome.INTERNAL_ERROR)
         _log.error("request_failed", error_class=type(exc).__name__,
                    error_location=_location(exc), exc_info=exc)

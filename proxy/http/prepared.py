@@ -1,13 +1,7 @@
-"""The request path's side of zero-wait compaction (:mod:`proxy.summary.prepare`).
-
-Before compacting, a request whose history nears the threshold reads its lane's preparation
-(:func:`prepared_record`), which the compactor uses at a crossing. Its summarizer is timed
-(:class:`TimedSummarizer`): a crossing logs and counts how its summary was served
-(``summary_served``: ``prepared``, ``inline``, ``none``) and how long the request waited for
-it (``summary_wait_ms``). A ``/v1/messages`` request whose view reached
-``summary.prepare_at`` of the soft threshold starts the next preparation in the background
-(:func:`prepare_next`: its record is written before the request is forwarded, the summary
-call runs in the background).
+"""The request path's side of zero-wait compaction (:mod:`proxy.summary.prepare`): read the
+lane's preparation before compacting, time the summarizer (``summary_served``,
+``summary_wait_ms``), and start the next preparation once the view reaches
+``summary.prepare_at`` of the soft threshold.
 """
 
 from __future__ import annotations
@@ -37,15 +31,14 @@ SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
 def _preparations(s: Services, policy: CompactionPolicy) -> Preparations | None:
-    """The app's preparations (``summary.prepare_at`` set), when the policy summarises."""
     return s.preparations if policy.summary_enabled else None
 
 
 async def prepared_record(s: Services, session: SessionRef, lane: str,
                           policy: CompactionPolicy, estimate: int | None,
                           ) -> PreparedRecord | None:
-    """The lane's preparation record, read only for a history that has reached
-    ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
+    """The lane's preparation record, read only for a history (``estimate``: its calibrated
+    size, None: unknown) that has reached ``summary.prepare_at``."""
     preparations = _preparations(s, policy)
     if preparations is None:
         return None
@@ -62,7 +55,6 @@ class TimedSummarizer:
         self.waited_s = 0.0
 
     def get(self) -> Summarizer | None:
-        """The summarizer to give the compactor (None when there is none)."""
         return None if self.inner is None else self
 
     async def __call__(self, request: compactor.SummaryRequest) -> str | None:
@@ -96,9 +88,8 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
                        prepared: PreparedRecord | None, policy: CompactionPolicy,
                        result: compactor.CompactionResult, *, scale: float, reserved: int,
                        executor: Executor | None, source: SourceFactory) -> None:
-    """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
-    threshold without crossing it and needs a preparation, record it and start its summary
-    call in the background (``prepared``: the lane's record as read for this request)."""
+    """When the forwarded view reached ``summary.prepare_at`` without crossing and needs a
+    preparation, record it and start its summary call in the background."""
     preparations = _preparations(s, policy)
     if preparations is None or result.outcomes:
         return
