@@ -426,4 +426,3 @@ def replace_lone_surrogates(body: dict[str, Any]) -> int:
                 else:
                     stack.append(item)
     return replaced
-
