@@ -78,15 +78,10 @@ def admin_gate_middleware(gate: AdminGate) -> Middleware:
             if gate.on_admin_listener(request):
                 if forwarded or not admin_like:
                     raise _not_found()
-            elif admin_like or not forwarded and _in_sub_app(request):
-                raise _not_found()
+            elif admin_like or not forwarded and len(request.match_info.apps) > 1:
+                raise _not_found()  # (every sub-application is the admin's)
         elif forwarded and is_admin_like(request.raw_path):
             raise _not_found()
         return await handler(request)
 
     return middleware
-
-
-def _in_sub_app(request: web.Request) -> bool:
-    """Whether the router sent ``request`` into a sub-application (all are the admin's)."""
-    return len(request.match_info.apps) > 1

@@ -174,28 +174,30 @@ def _location(exc: BaseException) -> str:
     return f"{'/'.join(parts)}:{last.lineno}"
 
 
-def _compact_headers(request: web.Request) -> dict[str, str]:
-    record: RequestRecord | None = request.get(RECORD)
-    if record is None:
-        return {}
-    return record.response_headers()
+def _answer(record: RequestRecord | None, outcome: Outcome, error: ProxyError) -> web.Response:
+    """``error``'s response with the request's ``x-compact-*`` headers; its outcome noted."""
+    headers = error.headers
+    if record is not None:
+        record.outcome = outcome
+        headers = {**record.response_headers(), **headers}
+    return error_response(error.status, error.error_type, error.message,
+                          compaction=error.compaction, headers=headers)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn every proxy-level failure into the Anthropic error response (aiohttp's own
     ``web.HTTPException`` answers and cancellation pass)."""
+    record: RequestRecord | None = request.get(RECORD)
     try:
         return await handler(request)
     except web.HTTPException:
         raise
     except compactor.ToolProtocolError as exc:
         error, blocked = _from_tool_protocol(exc)
-        record = request.get(RECORD)
         if record is not None:
             record.protocol_kind, record.tool_use_id = exc.kind, exc.tool_use_id[:128]
     except compactor.MessageViewLimitExceeded as exc:
-        record = request.get(RECORD)
         error, blocked = _from_limit(exc, None if record is None else record.fixed_tokens)
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
@@ -206,36 +208,28 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                                 reason="too_deep")
         blocked = _Blocked(error.reason)
     except ProxyError as exc:
-        _note_outcome(request, exc.outcome)
         _log.warning("upstream_failed", reason=exc.reason, status=exc.status)
-        return error_response(exc.status, exc.error_type, exc.message,
-                              compaction=exc.compaction,
-                              headers={**_compact_headers(request), **exc.headers})
+        return _answer(record, exc.outcome, exc)
     except StoreUnavailable as exc:
         # Nothing was forwarded; a load balancer retries elsewhere.
-        _note_outcome(request, Outcome.STORE_ERROR)
         services = request.config_dict.get(SERVICES)
         if services is not None:
             services.store_health.note_unavailable("request", exc)
-        return error_response(503, "api_error", STORE_UNAVAILABLE_MESSAGE,
-                              headers={**_compact_headers(request), "Retry-After": "1"})
+        return _answer(record, Outcome.STORE_ERROR, ProxyError(
+            503, "api_error", STORE_UNAVAILABLE_MESSAGE, reason="store_unavailable",
+            headers={"Retry-After": "1"}))
     except StoreError as exc:
-        _note_outcome(request, Outcome.STORE_ERROR)
         _log.error("store_failed", error_class=type(exc).__name__)
-        return error_response(500, "api_error",
-                              f"compact-proxy session store failed ({type(exc).__name__})",
-                              headers=_compact_headers(request))
+        return _answer(record, Outcome.STORE_ERROR, ProxyError(
+            500, "api_error", f"compact-proxy session store failed ({type(exc).__name__})",
+            reason="store_failed"))
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
         # A bug, never blamed on the client: the traceback goes to the log only, as frames.
-        _note_outcome(request, Outcome.INTERNAL_ERROR)
         _log.error("request_failed", error_class=type(exc).__name__,
                    error_location=_location(exc), exc_info=exc)
-        return error_response(500, "api_error",
-                              f"compact-proxy internal error ({type(exc).__name__})",
-                              headers=_compact_headers(request))
-    outcome = error.outcome
-    _note_outcome(request, outcome)
-    record = request.get(RECORD)
+        return _answer(record, Outcome.INTERNAL_ERROR, ProxyError(
+            500, "api_error", f"compact-proxy internal error ({type(exc).__name__})",
+            reason="internal_error"))
     if record is not None:
         record.reason, record.hard_limit = blocked.reason, blocked.hard_limit
         if blocked.tokens_before is not None:
@@ -243,14 +237,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             record.tokens_after = blocked.tokens_after
             record.layers = blocked.layers
             record.layer_savings = blocked.savings
+    outcome = error.outcome
     if outcome is Outcome.INVALID:
         _log.warning("request_invalid", reason=blocked.reason, status=error.status,
                      **blocked.protocol)
     elif outcome is Outcome.BLOCKED:
         _log_blocked(blocked, error.status)
-    return error_response(error.status, error.error_type, error.message,
-                          compaction=error.compaction,
-                          headers={**_compact_headers(request), **error.headers})
+    return _answer(record, outcome, error)
 
 
 def _log_blocked(blocked: _Blocked, status: int) -> None:
@@ -262,9 +255,3 @@ def _log_blocked(blocked: _Blocked, status: int) -> None:
         fields["fixed_tokens"] = blocked.fixed_tokens
         fields["messages_tokens"] = max(0, blocked.tokens_after - blocked.fixed_tokens)
     _log.warning("request_blocked", **fields)
-
-
-def _note_outcome(request: web.Request, outcome: Outcome) -> None:
-    record = request.get(RECORD)
-    if record is not None:
-        record.outcome = outcome

@@ -42,7 +42,6 @@ __all__ = [
     "PromptTooLong",
     "Retry",
     "forward",
-    "request_body_stream",
     "upstream_request_headers",
     "upstream_url",
 ]
@@ -121,22 +120,13 @@ def _joined(base_url: str, raw_path: str) -> URL:
     return URL(base_url.rstrip("/") + raw_path, encoded=True)
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
-    """Header names the ``Connection`` header lists: hop-by-hop for this message only."""
-    return {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-        if token.strip()
-    }
-
-
 def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMultiDict[str]:
     """``headers`` but ``dropped`` and what ``Connection`` lists, in their order."""
     out = CIMultiDict(headers)
     names = dropped.intersection(map(str.lower, headers.keys()))
-    if "Connection" in headers:
-        names |= _connection_tokens(headers)
+    if "Connection" in headers:  # the names it lists: hop-by-hop for this message only
+        names |= {token.strip().lower() for value in headers.getall("Connection", ())
+                  for token in value.split(",") if token.strip()}
     for name in names:
         out.popall(name, None)
     return out
@@ -150,22 +140,6 @@ def upstream_request_headers(headers: CIMultiDictProxy[str],
     if policy is not None:
         policy.apply(out)
     return out
-
-
-def _downstream_headers(headers: CIMultiDictProxy[str], *, framed: bool) -> CIMultiDict[str]:
-    out = _filtered(headers, HOP_BY_HOP)
-    if framed:  # relayed event by event, chunked
-        out.popall("Content-Length", None)
-    return out
-
-
-async def request_body_stream(request: web.Request) -> AsyncIterable[bytes]:
-    """The client's body, chunk by chunk as it arrives (for requests forwarded untouched)."""
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            return
-        yield chunk
 
 
 class _WholeAnswerResponse(web.StreamResponse):
@@ -317,7 +291,10 @@ async def _relay(request: web.Request, record: RequestRecord,
     )
     response = (web.StreamResponse if framer is not None else _WholeAnswerResponse)(
         status=upstream.status, reason=upstream.reason)
-    response.headers.extend(_downstream_headers(upstream.headers, framed=framer is not None))
+    headers = _filtered(upstream.headers, HOP_BY_HOP)
+    if framer is not None:  # relayed event by event, chunked
+        headers.popall("Content-Length", None)
+    response.headers.extend(headers)
     response.headers.update(record.response_headers())
     await response.prepare(request)
     # A Messages stream is complete only with ``message_stop`` and no ``error`` event.

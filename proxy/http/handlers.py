@@ -29,12 +29,7 @@ from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
-from proxy.http.forward import (
-    PromptTooLong,
-    forward,
-    request_body_stream,
-    upstream_request_headers,
-)
+from proxy.http.forward import PromptTooLong, forward, upstream_request_headers
 from proxy.http.plan import (
     CompactionPlan,
     Measured,
@@ -99,7 +94,7 @@ async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
         headers.popall("Content-Encoding", None)  # read_body decoded it
         return await forward(s, request, request[RECORD], body=raw, headers=headers)
     if request.body_exists:
-        body = request_body_stream(request)
+        body = request.content.iter_any()  # streamed as it arrives
         if request.content_length is not None:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)

@@ -58,13 +58,6 @@ class TenantLimiter:
             del self._in_flight[tenant]
 
 
-def _tenant(tenants: TenantScope, request: web.Request) -> str:
-    try:
-        return tenants.tenant_of(request.headers)
-    except RequestRejected:
-        return UNKNOWN_TENANT
-
-
 def tenant_limit_middleware(limiter: TenantLimiter, tenants: TenantScope) -> Middleware:
     """Hold a slot of the request's tenant while a forwarded request runs; 429 when none is
     free (inside the error middleware, which answers it)."""
@@ -73,7 +66,10 @@ def tenant_limit_middleware(limiter: TenantLimiter, tenants: TenantScope) -> Mid
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request[RECORD].route not in LIMITED_ROUTES:  # (a provider's path: its kind)
             return await handler(request)
-        tenant = _tenant(tenants, request)
+        try:
+            tenant = tenants.tenant_of(request.headers)
+        except RequestRejected:
+            tenant = UNKNOWN_TENANT
         if not limiter.enter(tenant):
             raise RequestRejected(
                 429, "rate_limit_error",
