@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
+from aiohttp import compression_utils as codecs
 from aiohttp import web
 
 from proxy.http.errors import RequestRejected
@@ -117,10 +118,6 @@ class _AiohttpDecoder:
 
 
 def _optional_decoders() -> dict[str, Callable[[], _BodyDecoder]]:
-    try:
-        from aiohttp import compression_utils as codecs
-    except ImportError:  # pragma: no cover - present in every aiohttp this project supports
-        return {}
     found: dict[str, Callable[[], _BodyDecoder]] = {}
     if getattr(codecs, "HAS_BROTLI", False) and hasattr(codecs, "BrotliDecompressor"):
         found["br"] = lambda: _AiohttpDecoder(codecs.BrotliDecompressor())
@@ -341,18 +338,12 @@ def check_body(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+_JSON_TYPES: Final = ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"),
+                      (str, "a string"), (list, "an array"))
+
+
 def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "an object")
 
 
 def dump_body(body: dict[str, Any]) -> bytes:

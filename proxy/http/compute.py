@@ -20,20 +20,14 @@ from proxy.server.allocator import give_back_memory
 
 __all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "TURNS", "ComputeThreads", "Turn", "run_on"]
 
-#: Threads. One: the interpreter runs one thread at a time, so a second one adds little but
-#: token counting in parallel, and doubles the objects of cold bodies alive at once
-#: (bench/README.md, "bench/hostile.py").
+#: Threads: a second one adds little but doubles the cold bodies alive at once (bench/README.md).
 COMPUTE_THREADS: Final = 1
-#: A body at least this large is worked on by these threads; a smaller one costs less than
-#: the hop (bench/README.md, "hostile callers").
+#: A body at least this large is worked on by these threads (bench/README.md).
 OFFLOAD_FROM_BYTES: Final = 256 * 1024
-#: Seconds without a large refused body before the free pages go back: by then the
-#: requests that held them have ended (a trim while they run leaves their memory resident).
+#: Seconds without a large refused body before the free pages go back.
 TRIM_AFTER_S: Final = 0.5
 
-#: Large bodies worked on at once (decoded and compacted; not while one waits for a summary
-#: or the provider): with one thread they would only take turns at it anyway, and each one
-#: decoded at once adds its objects to the peak (bench/README.md, "bench/hostile.py").
+#: Large bodies worked on at once (each adds its objects to the peak; bench/README.md).
 TURNS: Final = 1
 
 T = TypeVar("T")

@@ -24,8 +24,7 @@ DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: What an entry costs beyond its objects (the entry, its key, the facts in its memo).
 _ENTRY_BYTES: Final = 1024
 _VALUE: Final = msgspec.json.Decoder()
-#: Characters a Python string may store in 4 bytes each: a 4-byte UTF-8 sequence, or a
-#: surrogate escape (a string holding one stores every character in 4 bytes).
+#: What makes a Python string store every character in 4 bytes.
 _WIDE: Final = re.compile(rb"[\xf0-\xf4]|\\u[dD][89abAB]")
 
 T = TypeVar("T")

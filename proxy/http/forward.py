@@ -48,8 +48,7 @@ __all__ = [
 
 _log = structlog.get_logger("proxy.http.forward")
 
-#: Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus
-#: ``Expect``, which the proxy's own server has already answered.
+#: Headers of one connection, not the message (RFC 9110 7.6.1), and the answered ``Expect``.
 HOP_BY_HOP: Final = frozenset({
     "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
     "proxy-authorization", "te", "trailer", "trailers", "transfer-encoding", "upgrade",

@@ -86,7 +86,7 @@ def make_handlers(s: Services) -> Handlers:
 
 async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
     request[RECORD].path = request.path
-    headers = _upstream_headers(s, request)
+    headers = upstream_request_headers(request.headers, s.forward_policy)
     body: bytes | AsyncIterable[bytes] | None = None
     if s.provider_of(request) is not None:
         # A Bedrock or Vertex path: authorised for its exact bytes, so read whole (small).
@@ -99,10 +99,6 @@ async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)
     return await forward(s, request, request[RECORD], body=body, headers=headers)
-
-
-def _upstream_headers(s: Services, request: web.Request) -> CIMultiDict[str]:
-    return upstream_request_headers(request.headers, s.forward_policy)
 
 
 def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
@@ -133,7 +129,7 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
     provider = s.summarizer if may_call_model else None
 
     def fork() -> ForkSource:
-        headers = _upstream_headers(s, request)
+        headers = upstream_request_headers(request.headers, s.forward_policy)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
@@ -158,7 +154,8 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
         s.calibration.learn_window(session.key, model, maximum)
 
     return summary_source(
-        s.backend, provider, CallerCredentials.from_headers(_upstream_headers(s, request)),
+        s.backend, provider,
+        CallerCredentials.from_headers(upstream_request_headers(request.headers, s.forward_policy)),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
 
@@ -188,7 +185,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
             parsed.messages,
             durable.state,
             policy=plan.policy,
-            summarizer=timed.get(),
+            summarizer=None if timed.inner is None else timed,
             counter=scope.counter,
             options=compactor.CompactionOptions(
                 reserved_tokens=plan.folded_reserved,
@@ -241,7 +238,9 @@ def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
             replaced["anthropic_beta"] = [*listed, *(
                 () if BINDING_BETA in listed else (BINDING_BETA,))]
         else:
-            _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+            beta = merge_beta_header(request.headers.getall("anthropic-beta", ()))
+            headers.popall("anthropic-beta", None)
+            headers["anthropic-beta"] = beta
     views = s.encoded_views
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
@@ -304,7 +303,7 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
                 executor=executor, source=functools.partial(
                     _summary_source, s, request, session, True, body, durable, s.counter))
 
-        headers = _upstream_headers(s, request)
+        headers = upstream_request_headers(request.headers, s.forward_policy)
         headers.popall("Content-Encoding", None)  # read_body decoded it
         if not result.changed and not durable.text and not mended:
             outgoing = raw
@@ -397,8 +396,3 @@ def _learn(s: Services, record: RequestRecord, session: SessionRef,
     entry = s.accounting.entry(session.key, plan.lane, result.tokens_before,
                                result.tokens_after, usage)
     s.usage_ledger.add(session.key, plan.model, entry)
-
-
-def _set_beta(headers: CIMultiDict[str], value: str) -> None:
-    headers.popall("anthropic-beta", None)
-    headers["anthropic-beta"] = value

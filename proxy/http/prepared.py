@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
 
-#: Makes the request's summarizer for a preparation; the callback is told the model and
-#: ``usage`` of every call it makes.
+#: Makes the request's summarizer for a preparation, told each call's model and ``usage``.
 SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
@@ -53,9 +52,6 @@ class TimedSummarizer:
     def __init__(self, inner: Summarizer | None) -> None:
         self.inner = inner
         self.waited_s = 0.0
-
-    def get(self) -> Summarizer | None:
-        return None if self.inner is None else self
 
     async def __call__(self, request: compactor.SummaryRequest) -> str | None:
         assert self.inner is not None

@@ -17,8 +17,7 @@ from proxy.http.spans import _GAP, _SPANS, RequestBody, _distinct
 __all__ = ["CUTS", "RecentBodies"]
 
 
-#: How many of a body's last message starts are tried as the end of what the next body of
-#: the conversation repeats (clients move cache markers onto the newest messages).
+#: How many of a body's last message starts are tried as the end of what the next repeats.
 CUTS: Final = 4
 
 

@@ -19,16 +19,6 @@ _THINKING_ON: Final = frozenset({"enabled", "adaptive"})
 _THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
-def _has_thinking_blocks(messages: Iterable[Any]) -> bool:
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for block in content:
-                if isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS:
-                    return True
-    return False
-
-
 def needs_binding_opt_out(body: dict[str, Any], *, prefix_changed: bool) -> bool:
     """Whether to add ``thinking.block_binding``: thinking is on, the forwarded messages still
     hold thinking blocks, the proxy changed their prefix, and the client set no binding."""
@@ -39,7 +29,10 @@ def needs_binding_opt_out(body: dict[str, Any], *, prefix_changed: bool) -> bool
         return False
     if "block_binding" in thinking:
         return False
-    return _has_thinking_blocks(body.get("messages") or ())
+    return any(isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS
+               for message in body.get("messages") or ()
+               if isinstance(message, dict) and isinstance(message.get("content"), list)
+               for block in message["content"])
 
 
 def apply_binding_opt_out(body: dict[str, Any]) -> None:

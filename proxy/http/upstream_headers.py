@@ -16,11 +16,8 @@ from proxy.config import Config
 
 __all__ = ["ForwardPolicy"]
 
-#: Dropped whatever the configuration.
 _ALWAYS_DROPPED: Final = frozenset({"cookie", "forwarded", "x-real-ip"})
-#: Dropped by prefix (lower-case).
 _DROPPED_PREFIXES: Final = ("x-forwarded-", "x-compact-")
-#: The headers that may carry a credential.
 _CREDENTIALS: Final = ("authorization", "x-api-key")
 
 
