@@ -177,14 +177,6 @@ def route_name(request: web.Request) -> str:
     return "other"
 
 
-def _outcome(record: RequestRecord, status: int | None) -> Outcome:
-    if record.outcome is not None:
-        return record.outcome
-    if status is None:
-        return Outcome.CANCELLED
-    return Outcome.OK if status < 400 else Outcome.HTTP_ERROR
-
-
 def request_context_middleware(s: Services) -> Middleware:
     """The outermost middleware: opens the request's record, closes it with one log line
     (and, with ``audit.enabled``, an audit entry)."""
@@ -209,7 +201,10 @@ def request_context_middleware(s: Services) -> Middleware:
             record.outcome = record.outcome or Outcome.CLIENT_GONE
             raise
         finally:
-            outcome = _outcome(record, status)
+            outcome = record.outcome
+            if outcome is None:
+                outcome = (Outcome.CANCELLED if status is None
+                           else Outcome.OK if status < 400 else Outcome.HTTP_ERROR)
             s.metrics.count_request(record.route, outcome)
             duration_ms = record.duration_ms()
             if audit:

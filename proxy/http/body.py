@@ -220,9 +220,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 class _NotJSONConstant(ValueError):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(name)
+    pass
 
 
 def _reject_constant(name: str) -> Any:
@@ -293,7 +291,7 @@ def parse_json_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
         body = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float,
                           parse_int=parse_int)
     except _NotJSONConstant as exc:
-        raise _invalid(f"{what} is not valid JSON: {exc.name} is not a JSON value",
+        raise _invalid(f"{what} is not valid JSON: {exc} is not a JSON value",
                        "bad_json") from None
     except json.JSONDecodeError as exc:
         raise _invalid(

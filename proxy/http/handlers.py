@@ -12,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterable, Callable
 from concurrent.futures import Executor
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import structlog
@@ -64,24 +64,17 @@ from proxy.summary.summarizer import (
 )
 from proxy.telemetry.logs import bind_request_fields
 
-__all__ = ["Handlers", "make_handlers"]
+__all__ = ["make_handlers"]
 
 _log = structlog.get_logger("proxy.http.handlers")
 
 
-class Handlers(NamedTuple):
-    """The request path's route handlers, made over the app's services."""
-
-    messages: Handler
-    count_tokens: Handler
-    passthrough: Handler  # every other path, forwarded untouched
-
-
-def make_handlers(s: Services) -> Handlers:
-    """The handlers of the request path, each holding ``s``."""
-    return Handlers(functools.partial(_compact_and_forward, s, may_call_model=True),
-                    functools.partial(_compact_and_forward, s, may_call_model=False),
-                    functools.partial(_passthrough, s))
+def make_handlers(s: Services) -> dict[str, Handler]:
+    """The request path's handlers by route name, each holding ``s`` (``passthrough``: every
+    other path, forwarded untouched)."""
+    return {"messages": functools.partial(_compact_and_forward, s, may_call_model=True),
+            "count_tokens": functools.partial(_compact_and_forward, s, may_call_model=False),
+            "passthrough": functools.partial(_passthrough, s)}
 
 
 async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:

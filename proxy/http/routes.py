@@ -35,8 +35,8 @@ def setup_routes(app: web.Application, s: Services) -> None:
 
     handlers = make_handlers(s)
     router = app.router
-    router.add_post("/v1/messages", handlers.messages, name="messages")
-    router.add_post("/v1/messages/count_tokens", handlers.count_tokens, name="count_tokens")
+    router.add_post("/v1/messages", handlers["messages"], name="messages")
+    router.add_post("/v1/messages/count_tokens", handlers["count_tokens"], name="count_tokens")
     router.add_get("/healthz", healthz, name="healthz")
     router.add_get("/metrics", metrics, name="metrics")
     router.add_route("HEAD", "/", root_handler, name="root")
@@ -44,5 +44,5 @@ def setup_routes(app: web.Application, s: Services) -> None:
     setup_admin(app, s.store, config.admin_token(), log=s.backend,  # mounts /admin
                 resolvers=s.resolvers, record_changes=config.audit.enabled,
                 throttle=s.auth_throttle)
-    add_provider_routes(app, s.provider, handlers._asdict())  # Bedrock's, Vertex's paths
-    router.add_route("*", "/{tail:.*}", handlers.passthrough, name="passthrough")
+    add_provider_routes(app, s.provider, handlers)  # Bedrock's, Vertex's paths
+    router.add_route("*", "/{tail:.*}", handlers["passthrough"], name="passthrough")

@@ -93,11 +93,9 @@ class Services:
 
 
 def _token_counter(config: Config) -> compactor.CachingCounter:
-    if config.compaction.token_counter == "chars4":
-        return compactor.CachingCounter(compactor.Chars4Counter(),
-                                        max_entries=COUNTER_CACHE_ENTRIES)
     try:
-        base = compactor.TiktokenCounter()
+        base = (compactor.Chars4Counter() if config.compaction.token_counter == "chars4"
+                else compactor.TiktokenCounter())
     except RuntimeError as exc:
         raise ConfigError("compaction.token_counter", str(exc)) from None
     return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
