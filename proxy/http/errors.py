@@ -123,13 +123,9 @@ def error_response(status: int, error_type: str, message: str, *,
 
 def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestRejected, _Blocked]:
     rejected = RequestRejected(
-        400,
-        "invalid_request_error",
-        tool_protocol_message(exc),  # the provider's own words for the rule, naming the id
-        reason="ToolProtocolError",
+        400, "invalid_request_error", tool_protocol_message(exc), reason="ToolProtocolError",
         compaction={"error": "ToolProtocolError", "kind": exc.kind,
-                    "tool_use_id": exc.tool_use_id},
-    )
+                    "tool_use_id": exc.tool_use_id})
     return rejected, _Blocked("ToolProtocolError", protocol={
         "kind": exc.kind, "tool_use_id": exc.tool_use_id, "message_index": exc.message_index})
 
@@ -152,13 +148,9 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded,
             + (" (the fixed part alone is over it: raise compaction.hard_limit_tokens)"
                if fixed >= exc.hard_limit else "")))
     rejected = RequestRejected(
-        400,
-        "invalid_request_error",
-        # The provider's own pattern, exactly: clients parse it.
+        400, "invalid_request_error",  # the provider's own pattern, exactly: clients parse it
         f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
-        reason="MessageViewLimitExceeded",
-        compaction=compaction,
-    )
+        reason="MessageViewLimitExceeded", compaction=compaction)
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
                        exc.hard_limit, layers, savings, fixed)
     return rejected, blocked

@@ -34,6 +34,7 @@ from proxy.providers.eventstream import CONTENT_TYPE as EVENT_STREAM
 from proxy.providers.eventstream import EventStreamWatch
 
 if TYPE_CHECKING:
+    from proxy.config import UpstreamConfig
     from proxy.http.services import Services
 
 __all__ = [
@@ -148,31 +149,25 @@ class _WholeAnswerResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float,
-                    pool_wait_s: float, waited_s: float, url: str) -> UpstreamFailure:
+def _upstream_error(exc: BaseException, config: UpstreamConfig, waited_s: float,
+                    url: str) -> UpstreamFailure:
     name = type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * pool_wait_s:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * config.pool_wait_s:
         # ClientTimeout.connect (not sock_connect): no pooled or new connection in time.
         return UpstreamFailure(
             529, "overloaded_error",
-            f"no connection to the upstream provider within {pool_wait_s:g}s "
+            f"no connection to the upstream provider within {config.pool_wait_s:g}s "
             "(upstream.pool_wait_s: every connection busy, or the provider not accepting); "
-            "retry shortly", reason="upstream_pool_wait", headers={"retry-after": "1"},
-        )
+            "retry shortly", reason="upstream_pool_wait", headers={"retry-after": "1"})
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamFailure(
-            504, "api_error",
-            f"upstream provider did not accept a connection within {connect_timeout_s:g}s "
-            f"(timeout, {name})", reason="upstream_timeout",
-        )
+            504, "api_error", "upstream provider did not accept a connection within "
+            f"{config.connect_timeout_s:g}s (timeout, {name})", reason="upstream_timeout")
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamFailure(
-            504, "api_error",
-            f"upstream provider did not answer within {timeout_s:g}s (timeout, {name})",
-            reason="upstream_timeout",
-        )
-    return UpstreamFailure(502, "api_error",
-                           f"upstream provider {url} unreachable ({name})",
+            504, "api_error", f"upstream provider did not answer within "
+            f"{config.read_timeout_s:g}s (timeout, {name})", reason="upstream_timeout")
+    return UpstreamFailure(502, "api_error", f"upstream provider {url} unreachable ({name})",
                            reason="upstream_unreachable")
 
 
@@ -267,9 +262,8 @@ async def _send(s: Services, request: web.Request, record: RequestRecord,
         health = s.upstream.health
         if not timed_out:
             health.unreachable(type(exc).__name__)
-        raise _upstream_error(exc, upstream_config.read_timeout_s,
-                              upstream_config.connect_timeout_s, upstream_config.pool_wait_s,
-                              time.perf_counter() - started, health.url) from None
+        raise _upstream_error(exc, upstream_config, time.perf_counter() - started,
+                              health.url) from None
     s.upstream.health.answered()
     s.metrics.observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
