@@ -6,10 +6,11 @@ lane's preparation before compacting, time the summarizer (``summary_served``,
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import compactor
 from policies import CompactionPolicy
@@ -94,29 +95,20 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
     if prepared is None:  # (not read before compacting: the history's estimate was smaller)
         prepared = await preparations.load(session.key, lane)
 
-    async def plan_span(work: Callable[[], Any]) -> Any:
-        return await run_on(executor, work)
-
     found = await preparations.consider(session.key, lane, prepared, policy, result,
                                         scale=scale, reserved=reserved, counter=s.counter,
-                                        plan_span=plan_span)
+                                        plan_span=functools.partial(run_on, executor))
     if found is None:
         return
     request, started = found
 
     async def summarize() -> None:
-        usages: list[ProviderUsage] = []
-        models: list[str] = []
-
-        def add(model: str, usage: ProviderUsage) -> None:
-            models.append(model)
-            usages.append(usage)
-
-        text = await source(add)(request)
+        calls: list[tuple[str, ProviderUsage]] = []  # (model, usage) of each call
+        text = await source(lambda model, usage: calls.append((model, usage)))(request)
         total = ProviderUsage(*(sum(kind) for kind in zip(
-            *((u.input, u.cache_read, u.cache_write, u.output) for u in usages),
-            strict=True))) if usages else ProviderUsage()
+            *((u.input, u.cache_read, u.cache_write, u.output) for _, u in calls),
+            strict=True))) if calls else ProviderUsage()
         await preparations.finish(session.key, lane, started, text,
-                                  models[0] if models else "", total)
+                                  calls[0][0] if calls else "", total)
 
     s.background.run(summarize, failure_event="summary_prepare_failed")
