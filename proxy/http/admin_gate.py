@@ -1,17 +1,8 @@
-"""Where ``/admin`` is served, and that nothing like it is ever forwarded.
+"""Where ``/admin`` is served, and that nothing like it is ever forwarded (docs/admin.md).
 
-A path is *admin-like* when, percent-decoded (until it no longer changes), with backslashes
-read as slashes, runs of slashes collapsed, dot segments resolved and case folded, it starts
-with ``/admin``: ``//admin/…``, ``/ADMIN/…``, ``/admin%2f…``, ``/x/../admin``. The router
-sends the exact ``/admin`` prefix to the admin sub-application; every other admin-like path
-would reach the catch-all forwarder, and with it the caller's headers (the admin bearer token
-among them) would reach the provider. :func:`admin_gate_middleware` answers those 404.
-
-With ``admin.listen`` the admin API and the console are served on an address of their own
-(:class:`AdminGate`, filled by :func:`proxy.server.app.start_proxy` once that listener is bound): a
-request arriving there is served only when it is for them, and on the main listener nothing
-admin-like is served. A connection's listener is told by its local port (the two ports
-differ: the config checks it).
+An *admin-like* path (``//admin/…``, ``/ADMIN/…``, ``/admin%2f…``, ``/x/../admin``) that the
+router would forward, with the caller's admin token, is answered 404. With ``admin.listen``,
+the admin listener (told by its local port) serves only the admin, the main one never.
 """
 
 from __future__ import annotations
@@ -37,7 +28,8 @@ _PASSTHROUGH: Final = "passthrough"
 
 
 def is_admin_like(raw_path: str) -> bool:
-    """Whether a request target's path is ``/admin`` or below it, however spelt."""
+    """Whether a request target's path is ``/admin`` or below it, however spelt (decoded,
+    slashes collapsed, dot segments resolved, case folded)."""
     return _is_admin_path(raw_path.partition("?")[0])
 
 
@@ -56,20 +48,14 @@ def _is_admin_path(path: str) -> bool:
 
 @dataclass
 class AdminGate:
-    """Whether the admin API has a listener of its own, and its ports once bound.
-
-    Attributes:
-        separate: ``admin.listen`` is set.
-        ports: the local ports of the admin listener (filled when it is bound).
-        url: its base URL (``http://host:port``), once bound.
-    """
+    """Whether the admin API has a listener of its own (``admin.listen``), and once bound its
+    local ports and base URL."""
 
     separate: bool = False
     ports: set[int] = field(default_factory=set)
     url: str | None = None
 
     def on_admin_listener(self, request: web.Request) -> bool:
-        """Whether ``request`` came in on the admin listener."""
         if not self.ports or request.transport is None:
             return False
         sockname = request.transport.get_extra_info("sockname")
@@ -92,16 +78,10 @@ def admin_gate_middleware(gate: AdminGate) -> Middleware:
             if gate.on_admin_listener(request):
                 if forwarded or not admin_like:
                     raise _not_found()
-            elif admin_like or not forwarded and _in_sub_app(request):
-                raise _not_found()
+            elif admin_like or not forwarded and len(request.match_info.apps) > 1:
+                raise _not_found()  # (every sub-application is the admin's)
         elif forwarded and is_admin_like(request.raw_path):
             raise _not_found()
         return await handler(request)
 
     return middleware
-
-
-def _in_sub_app(request: web.Request) -> bool:
-    """Whether the router sent ``request`` into a sub-application (the admin API, the
-    console): every one of them is the admin's."""
-    return len(request.match_info.apps) > 1

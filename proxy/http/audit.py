@@ -1,13 +1,8 @@
 """The per-request audit record and the outermost middleware that opens and closes it.
 
-Every request gets a :class:`RequestRecord` (under ``request[RECORD]``) and a ``request_id``
-bound into the structlog context. Handlers fill the record in as they learn things (session,
-role, model, token counts and what each layer saved, why it was refused, upstream status);
-when the request ends, however it ends, the middleware writes the one ``request_completed``
-line of SPEC section 8, counts the request in the metrics and, for a ``/v1/messages`` or
-``count_tokens`` request with a session, hands its
-:class:`~proxy.audit.log.RequestEntry` to the store's audit log in the background (the
-response never waits for it).
+Handlers fill the :class:`RequestRecord` in as they learn things; when the request ends,
+however it ends, the middleware writes its ``request_completed`` line (SPEC section 8), counts
+it in the metrics and hands its audit entry to the store in the background.
 """
 
 from __future__ import annotations
@@ -66,42 +61,8 @@ class Outcome(StrEnum):
 
 
 class RequestRecord(msgspec.Struct):
-    """What the proxy learnt about one request; mutable, owned by that request only (a
-    :class:`msgspec.Struct`: made on every request, built in C).
-
-    Attributes:
-        request_id: the proxy's id of the request (also sent as ``x-compact-request-id``).
-        route: ``messages``, ``count_tokens``, ``passthrough``, ``admin``, ``healthz``, ...
-        session_id: the resolved session (the client's own id), once known.
-        tenant: whose session it is (``session.scope``: ``none``, ``t…`` or ``h…``).
-        role: the compaction role, once chosen.
-        model: the model the client asked for, once the body is parsed.
-        tokens_before: view size before compaction (``None``: no compaction ran).
-        tokens_after: view size as forwarded.
-        layers: the layers whose effect is in the view, in order.
-        layer_savings: every layer that ran on this request, with what it saved (0 when its
-            change is not in the view), and ``sticky`` when a kept compaction was reused.
-        reason: why the proxy refused the request (``request_blocked``'s or
-            ``request_invalid``'s reason).
-        hard_limit: the hard limit it was refused by, when refused for size.
-        upstream_status: the provider's status code, when it answered.
-        outcome: how the request ended (:class:`Outcome`); ``None`` until set.
-        started: ``time.perf_counter()`` at arrival.
-        arrived: the wall-clock time of arrival (UTC).
-        usage: the provider's ``usage`` of its answer, when it reported one.
-        estimate_error: (the proxy's calibrated estimate of the view − the provider's count)
-            / the provider's count, in percent, when both are known.
-        soft_threshold_tokens, hard_limit_tokens: the thresholds of the policy the request
-            was compacted by (the role's, below the model's learnt window), once chosen.
-        summary_key: the summary cache key of the L4 summary in the view, when L4 made one.
-        protocol_kind, tool_use_id: a tool-protocol refusal's kind and offending id.
-        path: the URL path of a request forwarded as it came (``passthrough``).
-        prefix_reused: whether the view starts with the session's kept (sticky) compaction.
-        fixed_tokens: the calibrated tokens of ``system``, ``tools`` and the durable block.
-        summary_served: at a crossing, how its summary was served: ``prepared``, ``inline``
-            or ``none``.
-        summary_wait_ms: at a crossing, how long the request waited for summaries.
-    """
+    """What the proxy learnt about one request (SPEC section 8's ``request_completed``
+    fields); mutable, owned by that request only."""
 
     request_id: str
     route: str
@@ -111,16 +72,16 @@ class RequestRecord(msgspec.Struct):
     model: str | None = None
     tokens_before: int | None = None
     tokens_after: int | None = None
-    layers: tuple[str, ...] = ()
-    layer_savings: tuple[LayerSaving, ...] = ()
-    reason: str | None = None
+    layers: tuple[str, ...] = ()  # the layers whose effect is in the view, in order
+    layer_savings: tuple[LayerSaving, ...] = ()  # every layer that ran (0: not in the view)
+    reason: str | None = None  # why the proxy refused it
     hard_limit: int | None = None
     upstream_status: int | None = None
     outcome: Outcome | None = None
     started: float = msgspec.field(default_factory=time.perf_counter)
     arrived: datetime = msgspec.field(default_factory=functools.partial(datetime.now, UTC))
     usage: ProviderUsage | None = None
-    estimate_error: float | None = None
+    estimate_error: float | None = None  # (estimate - provider's count) / count, in %
     soft_threshold_tokens: int | None = None
     hard_limit_tokens: int | None = None
     summary_key: str | None = None
@@ -128,7 +89,7 @@ class RequestRecord(msgspec.Struct):
     tool_use_id: str | None = None
     path: str | None = None
     prefix_reused: bool = False
-    fixed_tokens: int | None = None
+    fixed_tokens: int | None = None  # calibrated tokens of system, tools, durable block
     summary_served: str | None = None
     summary_wait_ms: float | None = None
 
@@ -216,14 +177,6 @@ def route_name(request: web.Request) -> str:
     return "other"
 
 
-def _outcome(record: RequestRecord, status: int | None) -> Outcome:
-    if record.outcome is not None:
-        return record.outcome
-    if status is None:
-        return Outcome.CANCELLED
-    return Outcome.OK if status < 400 else Outcome.HTTP_ERROR
-
-
 def request_context_middleware(s: Services) -> Middleware:
     """The outermost middleware: opens the request's record, closes it with one log line
     (and, with ``audit.enabled``, an audit entry)."""
@@ -248,7 +201,10 @@ def request_context_middleware(s: Services) -> Middleware:
             record.outcome = record.outcome or Outcome.CLIENT_GONE
             raise
         finally:
-            outcome = _outcome(record, status)
+            outcome = record.outcome
+            if outcome is None:
+                outcome = (Outcome.CANCELLED if status is None
+                           else Outcome.OK if status < 400 else Outcome.HTTP_ERROR)
             s.metrics.count_request(record.route, outcome)
             duration_ms = record.duration_ms()
             if audit:

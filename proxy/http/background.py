@@ -1,14 +1,6 @@
-"""Work that runs after a response: bookkeeping a request never waits for.
-
-The audit log's records are written here. Each piece of work is held by the app's
-:class:`Background` until it ends (so it is not garbage-collected half-way), and the app waits
-for what is still running at shutdown (:mod:`proxy.server.app`). A failure is one warning line
-naming the error's class; it never reaches the client, whose answer is already on its way.
-
-A store that gathers writes (SQLite's audit log) hands back the batch's future, resolved
-once the batch is written: it is watched with one callback from its first entry on, with no
-task, no coroutine per request, and a batch that fails is one warning, on the log context of
-the request that began it.
+"""Work that runs after a response (the audit log's records): held until it ends, awaited at
+shutdown, and a failure is one warning, never the client's. A store that gathers writes hands
+back its batch's future, watched once from its first entry on.
 """
 
 from __future__ import annotations
@@ -35,14 +27,8 @@ class Background:
         self._health = health
 
     def run(self, start: Callable[[], Awaitable[None]], *, failure_event: str) -> None:
-        """Start work that runs after the response, never failing the request; held until
-        it ends.
-
-        Args:
-            start: starts the work: returns a future (watched as it is) or a coroutine (run
-                as a task); what it raises at once is reported like a later failure.
-            failure_event: the warning logged when it fails (``audit_not_recorded``, ...).
-        """
+        """Run what ``start`` starts (a future, or a coroutine run as a task), never failing
+        the request; a failure, even at once, is logged as ``failure_event``."""
         try:
             work = start()
         except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a request
@@ -68,8 +54,7 @@ class Background:
 
     def _report(self, exc: Exception, failure_event: str) -> None:
         if isinstance(exc, StoreUnavailable):
-            # Fails fast while the store is down: counted in the once-a-second line, not one
-            # warning per request.
+            # Counted in the once-a-second line, not one warning per request.
             self._health.note_unavailable(failure_event, exc)
         else:
             _log.warning(failure_event, error_class=type(exc).__name__)

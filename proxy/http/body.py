@@ -1,14 +1,8 @@
 """Reading, checking and re-serialising the JSON body of ``/v1/messages`` and ``count_tokens``.
 
-The size limit is enforced twice: a declared ``Content-Length`` over the limit is refused
-before a byte is read, and a body without one (chunked) is refused as soon as what has
-arrived passes the limit, so a large body is never held in memory whole.
-
-A body sent with a ``Content-Encoding`` is decoded here, as it arrives (the proxy's server
-does not decode request bodies, see :func:`proxy.server.app.create_app`, so every other path relays
-the client's compressed bytes exactly). The decoded size is held to the same limit, so a small
-body that inflates to gigabytes is refused long before it does; what is forwarded is the
-decoded (or rewritten) body, without ``Content-Encoding``, its length computed on the way out.
+The size limit holds for the declared length, the bytes as they arrive and the bytes decoded
+from a ``Content-Encoding`` (decoded here: the server does not), so no body is held whole
+past it. What is forwarded is plain, without ``Content-Encoding``.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
+from aiohttp import compression_utils as codecs
 from aiohttp import web
 
 from proxy.http.errors import RequestRejected
@@ -38,32 +33,31 @@ def _too_large(limit: int) -> RequestRejected:
 
 
 class _BodyDecoder(Protocol):
-    """Decodes one content coding incrementally, never producing more than it is allowed."""
+    """Decodes one content coding incrementally: :class:`_Overflow` past ``budget`` bytes,
+    :class:`_Undecodable` for bad or (at ``finish``) incomplete data."""
 
-    def feed(self, data: bytes, budget: int) -> bytes:
-        """The output of ``data``; :class:`_Overflow` once it would pass ``budget`` bytes."""
+    def feed(self, data: bytes, budget: int) -> bytes: ...
 
-    def finish(self) -> None:
-        """Raise :class:`_Undecodable` when the compressed stream is incomplete."""
+    def finish(self) -> None: ...
 
 
 class _Overflow(Exception):
-    """The decoded body passed the size limit."""
+    pass
 
 
 class _Undecodable(Exception):
-    """The body is not valid data of its content coding."""
+    pass
 
 
 class _ZlibDecoder:
-    """``gzip`` (concatenated members allowed) or ``deflate`` (RFC 9110: the zlib format; a raw
-    DEFLATE stream, which some clients send instead, is recognised by its first byte)."""
+    """``gzip`` (members may be concatenated) or ``deflate`` (zlib, or raw DEFLATE, told by
+    its first byte)."""
 
     __slots__ = ("_coding", "_inflater")
 
     def __init__(self, coding: str) -> None:
         self._coding = coding
-        self._inflater: Any = None  # zlib's decompress object (created on the first byte)
+        self._inflater: Any = None  # made on the first byte
 
     def _current(self, data: bytes) -> Any:
         inflater = self._inflater
@@ -97,8 +91,7 @@ class _ZlibDecoder:
 
 
 class _AiohttpDecoder:
-    """``br`` / ``zstd`` through aiohttp's own decompressors (present when their libraries are:
-    Brotli or brotlicffi, backports.zstd or Python 3.14)."""
+    """``br`` / ``zstd`` through aiohttp's own decompressors (when their libraries are there)."""
 
     __slots__ = ("_decompressor",)
 
@@ -125,10 +118,6 @@ class _AiohttpDecoder:
 
 
 def _optional_decoders() -> dict[str, Callable[[], _BodyDecoder]]:
-    try:
-        from aiohttp import compression_utils as codecs
-    except ImportError:  # pragma: no cover - present in every aiohttp this project supports
-        return {}
     found: dict[str, Callable[[], _BodyDecoder]] = {}
     if getattr(codecs, "HAS_BROTLI", False) and hasattr(codecs, "BrotliDecompressor"):
         found["br"] = lambda: _AiohttpDecoder(codecs.BrotliDecompressor())
@@ -148,12 +137,8 @@ SUPPORTED_ENCODINGS: Final = ("identity", *_DECODERS)
 
 
 def _decoder_for(values: Sequence[str]) -> tuple[str, _BodyDecoder] | None:
-    """The decoder for the request's ``Content-Encoding`` (``None``: no coding, or identity).
-
-    Raises:
-        RequestRejected: 415 when the coding is unknown here, or more than one is stacked.
-    """
-    if not values:  # (nearly every request and answer)
+    """The decoder for a ``Content-Encoding`` (``None``: identity); 415 when unsupported."""
+    if not values:
         return None
     label = ", ".join(values)
     codings = [c.strip().lower() for c in label.split(",") if c.strip()]
@@ -174,9 +159,8 @@ def _decoder_for(values: Sequence[str]) -> tuple[str, _BodyDecoder] | None:
 
 
 def decoded(data: bytes, content_encoding: str, limit: int) -> bytes | None:
-    """``data`` undone of its ``Content-Encoding`` (one coding; identity when empty), or
-    ``None`` when the coding is unknown here, the data is not valid in it, or it decodes to
-    more than ``limit`` bytes (for reading what the provider answered, never refusing it)."""
+    """``data`` undone of its ``Content-Encoding``, or ``None`` when the coding is unknown,
+    the data invalid or over ``limit`` bytes decoded (for reading the provider's answers)."""
     try:
         found = _decoder_for([content_encoding] if content_encoding else [])
     except RequestRejected:
@@ -192,13 +176,8 @@ def decoded(data: bytes, content_encoding: str, limit: int) -> bytes | None:
 
 
 def check_objects(raw: bytes, limit: int) -> None:
-    """Refuse a body holding more than ``limit`` JSON objects (counted as ``{"`` and ``{}``,
-    C scans, before anything is decoded): each costs hundreds of bytes once decoded, and
-    decoding an array of a million holds the interpreter for seconds.
-
-    Raises:
-        RequestRejected: 413 ``request_too_large`` naming the count and the limit.
-    """
+    """413 for a body of more than ``limit`` JSON objects (counted as ``{"`` and ``{}``
+    before decoding: a million of them would hold the interpreter for seconds)."""
     if len(raw) < 2 * limit or raw.count(b"{") <= limit:
         return  # (an object takes two bytes; a brace is counted fastest, alone)
     objects = raw.count(b'{"') + raw.count(b"{}")
@@ -212,14 +191,8 @@ def check_objects(raw: bytes, limit: int) -> None:
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole request body, decoded from its ``Content-Encoding``, at most ``limit`` bytes
-    as sent and at most ``limit`` bytes decoded.
-
-    Raises:
-        RequestRejected: 413 ``request_too_large`` when the body is, declares to be, or
-            decodes to more; 415 for a content coding the proxy cannot decode; 400 when the
-            body is not valid data of its coding.
-    """
+    """The whole request body, decoded from its ``Content-Encoding``; 413 past ``limit``
+    bytes as sent or decoded, 415 for an unknown coding, 400 for data invalid in it."""
     decoding = _decoder_for(request.headers.getall("Content-Encoding", ()))
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -247,9 +220,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 class _NotJSONConstant(ValueError):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(name)
+    pass
 
 
 def _reject_constant(name: str) -> Any:
@@ -290,11 +261,8 @@ def _number_parsers() -> tuple[list[_OutOfRange], Callable[[str], Any], Callable
 
 
 def _path_of(root: Any, target: object, what: str) -> str:
-    """The dotted JSON path (``messages.3.content.1.input.x``) of ``target`` inside ``root``
-    (``what`` when it is the root itself).
-
-    Iterative: the parsed body may be as deep as the JSON parser allows.
-    """
+    """The dotted JSON path (``messages.3.content.1``) of ``target`` in ``root`` (iterative:
+    the body may be as deep as the parser allows)."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
     while stack:
         value, path = stack.pop()
@@ -312,30 +280,18 @@ def _number_text(text: str) -> str:
 
 
 def parse_json_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
-    """``raw`` as a JSON object, strictly: UTF-8, RFC 8259 JSON (no ``NaN`` / ``Infinity``,
-    no number that a float or an int cannot hold).
-
-    Args:
-        raw: the body's bytes.
-        what: what the messages call the body (``request body``; the admin API's ``body``).
-
-    Raises:
-        RequestRejected: 400 ``invalid_request_error`` naming the problem: not UTF-8, not
-            JSON, a number out of range (by its JSON path), not an object.
-    """
+    """``raw`` as a JSON object, strictly (UTF-8, RFC 8259: no ``NaN``, no number out of a
+    float's or int's range); else a 400 naming the problem and calling the body ``what``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _invalid(f"{what} is not valid UTF-8 (byte {exc.start})", "bad_json") from None
     out_of_range, parse_float, parse_int = _number_parsers()
     try:
-        # NaN / Infinity are not JSON (RFC 8259); Python would accept them and dump_body would
-        # write them back out, so the provider would get a body that is not JSON. A number
-        # too large for a float (1e400) would do the same as infinity: refused below.
         body = json.loads(text, parse_constant=_reject_constant, parse_float=parse_float,
                           parse_int=parse_int)
     except _NotJSONConstant as exc:
-        raise _invalid(f"{what} is not valid JSON: {exc.name} is not a JSON value",
+        raise _invalid(f"{what} is not valid JSON: {exc} is not a JSON value",
                        "bad_json") from None
     except json.JSONDecodeError as exc:
         raise _invalid(
@@ -354,22 +310,12 @@ def parse_json_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object whose ``messages`` is a list of objects.
-
-    Raises:
-        RequestRejected: 400 ``invalid_request_error`` naming the problem: anything
-            :func:`parse_json_object` refuses, ``messages`` missing or not a list, a message
-            not an object, ``system`` neither a string nor a list.
-    """
+    """The body as a JSON object, checked (:func:`check_body`); else a 400."""
     return check_body(parse_json_object(raw))
 
 
 def check_body(body: dict[str, Any]) -> dict[str, Any]:
-    """``body``, checked: ``messages`` a list of objects, ``system`` a string or a list.
-
-    Raises:
-        RequestRejected: as :func:`parse_body`.
-    """
+    """``body``, checked: ``messages`` a list of objects, ``system`` a string or a list."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         problem = ("is missing" if "messages" not in body
@@ -390,27 +336,16 @@ def check_body(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+_JSON_TYPES: Final = ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"),
+                      (str, "a string"), (list, "an array"))
+
+
 def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "an object")
 
 
 def dump_body(body: dict[str, Any]) -> bytes:
-    """The body as compact UTF-8 JSON (serialised once, as forwarded).
-
-    Raises:
-        ValueError: the body holds a NaN or an infinity (never written out as ``NaN`` /
-            ``Infinity``, which are not JSON; :func:`parse_body` lets none in).
-    """
+    """The body as compact UTF-8 JSON (ValueError for a NaN or an infinity)."""
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         return text.encode("utf-8")
@@ -420,11 +355,8 @@ def dump_body(body: dict[str, Any]) -> bytes:
                           allow_nan=False).encode("ascii")
 
 
-# A lone UTF-16 surrogate (half of an emoji a tool's output cut in two) can only arrive as a
-# ``\uD8xx``-``\uDFxx`` escape: UTF-8 bytes cannot carry one, and read_body refuses bytes that
-# are not UTF-8. The provider refuses such a body as a whole ("The request body is not valid
-# JSON: no low surrogate in string"), and an agent cannot mend its own history, so the session
-# would be dead for good.
+# A lone UTF-16 surrogate (half an emoji) arrives as an escape; the provider refuses a body
+# holding one, and an agent cannot mend its own history.
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 # A surrogate escape (``\\uD800``-``\\uDFFF``); whether it is paired is checked around it.
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
@@ -434,9 +366,8 @@ REPLACEMENT: Final = "\ufffd"
 
 
 def may_hold_lone_surrogates(raw: bytes) -> bool:
-    """Whether the raw body has an unpaired surrogate escape (a byte search, false for nearly
-    every body, so the walk of :func:`replace_lone_surrogates` is skipped)."""
-    if _SURROGATE_ESCAPE.search(raw) is None:  # one C scan: no surrogate escape at all
+    """Whether the raw body has an unpaired surrogate escape (a byte search)."""
+    if _SURROGATE_ESCAPE.search(raw) is None:
         return False
     paired_low = -1  # where the low half of the last pair found starts
     for found in _SURROGATE_ESCAPE.finditer(raw):
@@ -454,11 +385,7 @@ def may_hold_lone_surrogates(raw: bytes) -> bool:
 
 def replace_lone_surrogates(body: dict[str, Any]) -> int:
     """Replace every lone surrogate in ``body``'s strings by U+FFFD, in place; how many.
-
-    Signed thinking blocks are left as they are (the provider checks them byte for byte);
-    paired surrogates were joined into one character by the parser and are not touched.
-    Iterative: the parsed body may be as deep as the JSON parser allows.
-    """
+    Signed thinking blocks are left as they are (the provider checks them byte for byte)."""
     replaced = 0
 
     def mend(text: str) -> str:
@@ -488,4 +415,3 @@ def replace_lone_surrogates(body: dict[str, Any]) -> int:
                 else:
                     stack.append(item)
     return replaced
-

@@ -1,14 +1,8 @@
 """The threads that parse, count, compact and encode large bodies off the event loop.
 
-A cold multi-megabyte body takes the interpreter seconds; on the loop, every other request
-and stream of the process would wait that long. On these threads the loop keeps its turn
-(the interpreter switches threads every few milliseconds; token counting releases it).
-
-What still stalls a loop that shares the interpreter is the cyclic garbage collector: a
-cold body makes millions of objects that live through the request, so collections walk them
-all, holding the interpreter for hundreds of milliseconds each time. Decoded JSON holds no
-cycles (it is freed by reference counts), so automatic collection is paused while these
-threads work and resumes when none does; cycles made meanwhile are collected then.
+A cold multi-megabyte body takes the interpreter seconds; on these threads the loop keeps its
+turn. Decoded JSON holds no cycles, so automatic garbage collection (which would walk the
+body's millions of objects) is paused while these threads work.
 """
 
 from __future__ import annotations
@@ -26,20 +20,14 @@ from proxy.server.allocator import give_back_memory
 
 __all__ = ["COMPUTE_THREADS", "OFFLOAD_FROM_BYTES", "TURNS", "ComputeThreads", "Turn", "run_on"]
 
-#: Threads. One: the interpreter runs one thread at a time, so a second one adds little but
-#: token counting in parallel, and doubles the objects of cold bodies alive at once
-#: (bench/README.md, "bench/hostile.py").
+#: Threads: a second one adds little but doubles the cold bodies alive at once (bench/README.md).
 COMPUTE_THREADS: Final = 1
-#: A body at least this large is worked on by these threads; a smaller one costs less than
-#: the hop (bench/README.md, "hostile callers").
+#: A body at least this large is worked on by these threads (bench/README.md).
 OFFLOAD_FROM_BYTES: Final = 256 * 1024
-#: Seconds without a large refused body before the free pages go back: by then the
-#: requests that held them have ended (a trim while they run leaves their memory resident).
+#: Seconds without a large refused body before the free pages go back.
 TRIM_AFTER_S: Final = 0.5
 
-#: Large bodies worked on at once (decoded and compacted; not while one waits for a summary
-#: or the provider): with one thread they would only take turns at it anyway, and each one
-#: decoded at once adds its objects to the peak (bench/README.md, "bench/hostile.py").
+#: Large bodies worked on at once (each adds its objects to the peak; bench/README.md).
 TURNS: Final = 1
 
 T = TypeVar("T")
@@ -91,10 +79,8 @@ class ComputeThreads(ThreadPoolExecutor):
         return Turn(self._turns, self._pause)
 
     def give_back_memory(self) -> None:
-        """Return the allocator's free pages to the system, on one of these threads, once
-        the refused requests in flight have let go of their bodies: :data:`TRIM_AFTER_S`
-        after the last call (called on the event loop; a flood of refused bodies asks for
-        one trim, after its last body)."""
+        """Return the allocator's free pages to the system, on one of these threads,
+        :data:`TRIM_AFTER_S` after the last call (one trim for a flood of refused bodies)."""
         if self._trim_timer is not None:
             self._trim_timer.cancel()
         self._trim_timer = asyncio.get_running_loop().call_later(TRIM_AFTER_S, self._queue_trim)
@@ -108,11 +94,8 @@ class ComputeThreads(ThreadPoolExecutor):
 
 
 class Turn:
-    """One request's turn at the compute threads: held while its body is decoded, counted,
-    compacted and encoded; given up while it waits for a summary (:meth:`paused`). The
-    collector stays paused while a turn is held, not only while a step runs: between two
-    steps the loop's own allocations would otherwise start full collections over the
-    body's millions of objects."""
+    """One request's turn at the compute threads, given up while it waits for a summary
+    (:meth:`paused`); the collector stays paused while it is held, between steps too."""
 
     def __init__(self, turns: asyncio.Semaphore, collector: _CollectorPause) -> None:
         self._turns = turns

@@ -1,16 +1,8 @@
 """Connections a caller holds without finishing a request: bounded in time and in number.
 
-- Headers: aiohttp's ``keepalive_timeout`` (the runner's argument) closes a connection whose
-  next request has not arrived whole within that time of the connection's opening or of its
-  previous answer; set to ``listen.header_timeout_s``, it is the header timeout too.
-- Body: aiohttp has no body timeout. :func:`body_deadline_middleware` gives a body that has
-  not all arrived when its handler starts ``listen.body_timeout_s`` more (one timer, only for
-  such a body); past it, the reader gets :class:`BodyTimeout`, the client 408 and the
-  connection is closed.
-- Number: :class:`CappedTCPSite` answers a connection above ``listen.max_connections`` open
-  ones with a 503 ``overloaded_error`` and closes it at once, so file descriptors are not
-  exhausted (:func:`raise_open_files_limit` lifts the soft limit to the hard one at startup;
-  :func:`connection_cap` lowers the cap to what that limit allows).
+Headers are bounded by aiohttp's ``keepalive_timeout`` (``listen.header_timeout_s``); a body
+by :func:`body_deadline_middleware` (``listen.body_timeout_s``, then 408); their number by
+:class:`CappedTCPSite` (``listen.max_connections``, then 503 and closed).
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ import structlog
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler, Middleware
 
-from proxy.http.errors import RequestRejected
+from proxy.http.errors import RequestRejected, error_body
 
 __all__ = [
     "BodyTimeout",
@@ -39,17 +31,14 @@ _log = structlog.get_logger("proxy.http.connections")
 
 #: Open files kept for what is not a connection (the store, logs, sources).
 OPEN_FILES_SPARE: Final = 64
-
 #: Seconds a refused connection is kept for its client to read the 503 and close.
 REFUSED_LINGER_S: Final = 1.0
-
 #: Seconds between two ``connections_refused`` lines (each counts those since the last).
 REFUSED_LOG_INTERVAL_S: Final = 10.0
 
-_FULL_BODY: Final = json.dumps({"type": "error", "error": {
-    "type": "overloaded_error",
-    "message": "compact-proxy has too many open connections (listen.max_connections); "
-               "retry shortly"}}).encode()
+_FULL_BODY: Final = json.dumps(error_body(
+    "overloaded_error", "compact-proxy has too many open connections "
+    "(listen.max_connections); retry shortly")).encode()
 #: What a connection over the cap gets before it is closed (no request read).
 FULL_RESPONSE: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -67,22 +56,19 @@ def _overdue(content: StreamReader, timeout_s: float) -> None:
 
 
 def body_deadline_middleware(timeout_s: float) -> Middleware:
-    """A body still arriving when its handler starts has ``timeout_s``
-    (``listen.body_timeout_s``) to end; then 408 and the connection closed. (Inside the
-    error middleware, which answers it.)"""
+    """A body still arriving when its handler starts has ``timeout_s`` more to end; then 408
+    and the connection closed (inside the error middleware, which answers it)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         content = request.content
-        if content.is_eof():  # no body, or all of it came with the headers: nothing to wait
+        if content.is_eof():  # (no body, or all of it came with the headers)
             return await handler(request)
         timer = asyncio.get_running_loop().call_later(timeout_s, _overdue, content, timeout_s)
         try:
             return await handler(request)
         except BodyTimeout:
             _log.warning("request_body_timeout", timeout_s=timeout_s)
-            # (aiohttp then reads what follows for a moment and closes the connection: the
-            # rest of the body raises the same timeout.)
             raise RequestRejected(
                 408, "invalid_request_error",
                 f"request body not received within {timeout_s:g}s (listen.body_timeout_s)",
@@ -94,9 +80,9 @@ def body_deadline_middleware(timeout_s: float) -> Middleware:
 
 
 class _Refused(asyncio.Protocol):
-    """A connection over the cap: the 503 and our end shut; what the client sends is
-    dropped until it closes (closing on unread bytes would reset the connection, and the
-    503 with it), for :data:`REFUSED_LINGER_S` at most."""
+    """A connection over the cap: the 503 and our end shut; what the client sends is dropped
+    until it closes (closing on unread bytes would reset the 503), for at most
+    :data:`REFUSED_LINGER_S`."""
 
     def __init__(self) -> None:
         self._timer: asyncio.TimerHandle | None = None
@@ -128,7 +114,6 @@ class CappedTCPSite(web.TCPSite):
         self._max_connections = max_connections
 
     async def start(self) -> None:
-        """Listen (as :meth:`web.TCPSite.start`, with the capped protocol factory)."""
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
@@ -168,9 +153,8 @@ def raise_open_files_limit() -> int:
 
 
 def connection_cap(max_connections: int) -> int:
-    """``max_connections`` (``listen.max_connections``), lowered to what the open-files limit
-    allows: every client connection may need one to the provider too, and a few files are
-    kept for the rest; above the limit, accepting would fail before the cap could answer."""
+    """``max_connections``, lowered to what the open-files limit allows (each client
+    connection may need one to the provider too, and a few files are kept for the rest)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return max_connections

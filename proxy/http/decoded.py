@@ -1,20 +1,7 @@
-"""Decoded spans kept across requests, bounded by what their objects occupy.
-
-A span (one message's or one top-level field's bytes) seen before is not decoded again:
-:class:`DecodedSpans` hands back the same decoded object. Three rules make the cache safe on a
-gateway shared by callers it has not judged yet:
-
-- **Bounded by memory, not by JSON bytes.** Python objects take several times the JSON they
-  come from, so each entry is charged :func:`object_bytes`, a safe over-estimate made from a
-  few byte counts of the span (C scans, no walk over the objects).
-- **Nothing kept for a refused request.** A request decodes into a :class:`Staged` set of its
-  own; the entries join the cache only when the request's answer was a success
-  (:meth:`DecodedSpans.commit`).
-- **No cross-tenant timing oracle.** Entries are keyed by the tenant as well as the bytes, so
-  a tenant never finds another tenant's body in the cache by how fast it is answered.
-
-Used from the event loop and from the compaction threads: every access to the shared map
-holds a lock (decoding itself does not).
+"""Decoded spans kept across requests, safe on a gateway shared by callers not judged yet:
+bounded by what their objects occupy (:func:`object_bytes`), nothing kept for a refused
+request (:class:`Staged` until commit), and keyed by tenant as well as bytes (no
+cross-tenant timing oracle). A lock guards the shared map (the compaction threads use it).
 """
 
 from __future__ import annotations
@@ -37,21 +24,15 @@ DEFAULT_CACHE_BYTES: Final = 256 * 1024 * 1024
 #: What an entry costs beyond its objects (the entry, its key, the facts in its memo).
 _ENTRY_BYTES: Final = 1024
 _VALUE: Final = msgspec.json.Decoder()
-#: Characters a Python string may store in 4 bytes each: a 4-byte UTF-8 sequence, or a
-#: surrogate escape (a string holding one stores every character in 4 bytes).
+#: What makes a Python string store every character in 4 bytes.
 _WIDE: Final = re.compile(rb"[\xf0-\xf4]|\\u[dD][89abAB]")
 
 T = TypeVar("T")
 
 
 def object_bytes(span: bytes | memoryview | msgspec.Raw) -> int:
-    """A safe over-estimate of the memory the decoded objects of JSON ``span`` occupy.
-
-    Each string costs its characters (1, 2 or 4 bytes each: the widest the span may hold)
-    plus a header (charged per quote), each object a dict (charged per ``{"`` and ``{}``),
-    each array a list, each element a pointer and possibly a boxed number (charged per
-    comma). Quotes, braces and commas inside strings are charged too: over, never under.
-    """
+    """A safe over-estimate of the memory the decoded objects of JSON ``span`` occupy,
+    from byte counts: characters at the widest width, quotes, objects, arrays, commas."""
     data = bytes(span) if not isinstance(span, bytes) else span
     if data.isascii() and b"\\u" not in data:
         width = 1
@@ -63,24 +44,15 @@ def object_bytes(span: bytes | memoryview | msgspec.Raw) -> int:
 
 
 class Decoded(msgspec.Struct, eq=False):
-    """One span's decoded value, shared by every request that sends the same bytes.
-
-    Attributes:
-        value: the decoded JSON value (read-only).
-        size: what it costs in the cache (:func:`object_bytes`).
-        memo: facts derived from ``value`` by its users (a message's
-            :class:`compactor.MessageFact`, token counts, conversation keys), made once per
-            decoded object.
-    """
+    """One span's decoded value (read-only), shared by every request that sends its bytes."""
 
     value: Any
-    size: int
-    memo: dict[str, Any] = msgspec.field(default_factory=dict)
+    size: int  # :func:`object_bytes`
+    memo: dict[str, Any] = msgspec.field(default_factory=dict)  # facts its users derive
 
 
 def remembered(memo: dict[str, Any] | None, name: str, make: Callable[[], T]) -> T:
-    """``memo[name]``, made by ``make`` the first time (``make()`` each time with no memo:
-    a value parsed the plain way)."""
+    """``memo[name]``, made by ``make`` the first time (every time with no memo)."""
     if memo is None:
         return make()
     try:
@@ -91,12 +63,8 @@ def remembered(memo: dict[str, Any] | None, name: str, make: Callable[[], T]) ->
 
 
 class Staged:
-    """What one request decoded that the cache did not hold: kept aside until the request
-    succeeds (:meth:`DecodedSpans.commit`), and dropped with the request otherwise.
-
-    Args:
-        tenant: the request's tenant; its entries are found only by the same tenant.
-    """
+    """What one request of ``tenant`` decoded anew: kept aside until it succeeds
+    (:meth:`DecodedSpans.commit`), dropped with it otherwise."""
 
     __slots__ = ("entries", "seed")
 
@@ -107,15 +75,10 @@ class Staged:
 
 class DecodedSpans:
     """Decoded spans by tenant and the hash of their bytes, least recently used evicted
-    beyond ``max_bytes`` of objects (:func:`object_bytes`).
-
-    Args:
-        max_bytes: how many bytes of decoded objects to keep (0: keep none).
-    """
+    beyond ``max_bytes`` of objects (0: keep none)."""
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        # key -> entry, each charged its size.
         self._entries: LRUCache[int, Decoded] = LRUCache(max(1, max_bytes),
                                                          getsizeof=operator.attrgetter("size"))
         self._lock = threading.Lock()
@@ -129,15 +92,8 @@ class DecodedSpans:
         return int(self._entries.currsize)
 
     def decode(self, span: msgspec.Raw, staged: Staged | None = None) -> Decoded:
-        """The decoded value of ``span``, from the cache when these bytes were seen.
-
-        With ``staged``, a span the cache does not hold is decoded into it (see
-        :class:`Staged`); without, straight into the cache under the default tenant.
-
-        Raises:
-            msgspec.DecodeError, msgspec.ValidationError: the span is not JSON the fast
-                decoder takes.
-        """
+        """The decoded value of ``span``, from the cache when these bytes were seen, else
+        decoded into ``staged`` (without: into the cache). msgspec's errors pass."""
         key = xxhash.xxh3_128_intdigest(span, 0 if staged is None else staged.seed)
         entries = self._entries
         with self._lock:

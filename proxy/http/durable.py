@@ -1,11 +1,6 @@
 """A request's session and its durable context: the state the admin API pinned, every source
-pointer verified, rendered for ``system`` (SPEC section 4, step 4).
-
-While the store cannot be reached (:class:`~proxy.store.StoreUnavailable`),
-``store.on_unavailable`` decides: ``reject`` lets the error through, so the request is
-answered 503 before anything is forwarded (:mod:`proxy.http.errors`); ``forward`` gives the
-request no durable context (:attr:`DurableContext.store_available` false) and counts it in
-the ``store_unavailable`` log line (once a second at most).
+pointer verified, rendered for ``system`` (SPEC section 4, step 4). While the store is down,
+``store.on_unavailable: forward`` goes on without it.
 """
 
 from __future__ import annotations
@@ -29,11 +24,8 @@ DEFAULT_MAX_BLOCKS: Final = 1024
 
 
 class DurableContext(msgspec.Struct, frozen=True):
-    """A session's durable state and its rendered block (``""`` when there is none).
-
-    ``store_available`` is false when the store could not be reached and the request goes
-    on without it (``store.on_unavailable: forward``): no state, and no sticky reuse.
-    """
+    """A session's durable state and its rendered block (``""``: none); ``store_available``
+    false when the request goes on without the store (no state, no sticky reuse)."""
 
     state: compactor.DurableContextState | None
     text: str
@@ -41,27 +33,19 @@ class DurableContext(msgspec.Struct, frozen=True):
 
 
 class SessionRef(msgspec.Struct, frozen=True):
-    """A request's session: the client's own id, its tenant, and the key the store knows it
-    by (:func:`proxy.http.tenants.scoped_key`, made once: a request asks for it often)."""
+    """A request's session: the client's own id, its tenant, and its store key (made once)."""
 
     session_id: str
     tenant: str
-    key: str = ""  # (always derived: set from the two above)
+    key: str = ""  # (always derived)
 
     def __post_init__(self) -> None:
         msgspec.structs.force_setattr(self, "key", scoped_key(self.tenant, self.session_id))
 
 
 class DurableBlocks:
-    """The durable block last rendered for each recent session, rendered again only when the
-    session's state (another object: the store's read cache hands back the same one while
-    its version holds) or a source's resolution changed. The rendering is deterministic
-    (SPEC section 7), so the same state and resolutions give the same text; an agent's
-    requests mostly find both unchanged. Used from the event loop only.
-
-    Args:
-        max_sessions: how many sessions' blocks to keep.
-    """
+    """The durable block last rendered for each of ``max_sessions`` recent sessions, rendered
+    again only when the state object or a source's resolution changed (SPEC section 7)."""
 
     def __init__(self, max_sessions: int = DEFAULT_MAX_BLOCKS) -> None:
         self._last: LRUCache[str, tuple[compactor.DurableContextState,
@@ -80,13 +64,8 @@ class DurableBlocks:
 
 
 async def load_durable_context(s: Services, session: SessionRef) -> DurableContext:
-    """The session's state with every source pointer verified, rendered for ``system``.
-
-    The resolver reads files (transcripts, artifact hashes: in a worker thread) or objects
-    (``s3://`` roots: awaited on the loop); it is the session's long-lived one, so unchanged
-    sources are not read again. Pointers are authorized against the client's own session id
-    and resolve in its tenant's own roots.
-    """
+    """The session's state with every source pointer verified (against the client's own
+    session id, in its tenant's roots), rendered for ``system``."""
     session_id = session.session_id
     try:
         stored = await s.store.get_state(session.key)

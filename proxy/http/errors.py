@@ -1,10 +1,8 @@
 """Anthropic-shaped error responses, and the one middleware that produces them.
 
-Every failure a client can see leaves the proxy through :func:`error_middleware`: a request the
-proxy refuses (bad JSON, too large, broken tool protocol, over the hard limit), an upstream it
-cannot reach, or a bug. The body always has the Anthropic shape
-``{"type": "error", "error": {"type": ..., "message": ...}}`` so SDKs raise their usual
-exception classes; it never carries a traceback or message text.
+Every failure a client can see (a refused request, an unreachable upstream, a bug) leaves as
+``{"type": "error", "error": {"type": ..., "message": ...}}``, so SDKs raise their usual
+exception classes; never with a traceback or message text.
 """
 
 from __future__ import annotations
@@ -45,16 +43,9 @@ STORE_UNAVAILABLE_MESSAGE = ("the session store is unavailable; the request was 
 
 
 class ProxyError(Exception):
-    """A failure the proxy answers itself; carries everything the error response needs.
-
-    Attributes:
-        status: the HTTP status to answer with.
-        error_type: the Anthropic ``error.type`` (``invalid_request_error``, ``api_error``, ...).
-        message: the client-facing message (never message text or a credential).
-        reason: a short machine name for logs and metrics (``bad_json``, ``body_too_large``...).
-        compaction: the optional ``error.compaction`` object.
-        headers: extra response headers (``WWW-Authenticate``, ``ETag``, ``Allow``...).
-    """
+    """A failure the proxy answers itself: ``status``, the Anthropic ``error_type``, the
+    client-facing ``message`` (never message text or a credential), a ``reason`` for logs and
+    metrics, an optional ``error.compaction`` object and extra response ``headers``."""
 
     def __init__(self, status: int, error_type: str, message: str, *, reason: str,
                  compaction: Mapping[str, Any] | None = None,
@@ -67,7 +58,6 @@ class ProxyError(Exception):
         self.headers = dict(headers) if headers is not None else {}
         super().__init__(message)
 
-
     @property
     def outcome(self) -> Outcome:
         """How a request that ends in this error ended."""
@@ -75,10 +65,8 @@ class ProxyError(Exception):
 
 
 class RequestRejected(ProxyError):
-    """The request itself is unacceptable; it is never forwarded. Refused by a limit it is
-    ``blocked`` (``request_blocked``), a routine admin answer is ``http_error`` (no line of its
-    own), anything else is the client's mistake, ``invalid`` (``request_invalid``):
-    :mod:`proxy.http.refusals`."""
+    """The request itself is unacceptable; it is never forwarded (its outcome:
+    :mod:`proxy.http.refusals`)."""
 
     @property
     def outcome(self) -> Outcome:
@@ -100,8 +88,7 @@ class UpstreamFailure(ProxyError):
 
 @dataclass(frozen=True)
 class _Blocked:
-    """The audit fields of one rejection (SPEC section 8, ``request_blocked``), and what each
-    layer that ran saved (for the audit log)."""
+    """The audit fields of one rejection (SPEC section 8, ``request_blocked``)."""
 
     reason: str
     tokens_before: int | None = None
@@ -136,23 +123,17 @@ def error_response(status: int, error_type: str, message: str, *,
 
 def _from_tool_protocol(exc: compactor.ToolProtocolError) -> tuple[RequestRejected, _Blocked]:
     rejected = RequestRejected(
-        400,
-        "invalid_request_error",
-        tool_protocol_message(exc),  # the provider's own words for the rule, naming the id
-        reason="ToolProtocolError",
+        400, "invalid_request_error", tool_protocol_message(exc), reason="ToolProtocolError",
         compaction={"error": "ToolProtocolError", "kind": exc.kind,
-                    "tool_use_id": exc.tool_use_id},
-    )
+                    "tool_use_id": exc.tool_use_id})
     return rejected, _Blocked("ToolProtocolError", protocol={
         "kind": exc.kind, "tool_use_id": exc.tool_use_id, "message_index": exc.message_index})
 
 
 def _from_limit(exc: compactor.MessageViewLimitExceeded,
                 fixed: int | None) -> tuple[RequestRejected, _Blocked]:
-    """The refusal over the hard limit. ``fixed``: the tokens of system + tools + durable
-    block, named apart from the messages' (the part no layer can compact)."""
-    # The layers whose change is in the refused view (one that ran and changed nothing, or
-    # was superseded, is in the savings with 0, not here).
+    """The refusal over the hard limit, ``fixed`` (system + tools + durable block) named
+    apart from the messages."""
     layers = tuple(sorted({o.layer for o in exc.outcomes if o.applied}))
     savings = layer_savings(exc.outcomes)
     compaction: dict[str, Any] = {
@@ -167,13 +148,9 @@ def _from_limit(exc: compactor.MessageViewLimitExceeded,
             + (" (the fixed part alone is over it: raise compaction.hard_limit_tokens)"
                if fixed >= exc.hard_limit else "")))
     rejected = RequestRejected(
-        400,
-        "invalid_request_error",
-        # The provider's own pattern, exactly: clients parse it. The details are below.
+        400, "invalid_request_error",  # the provider's own pattern, exactly: clients parse it
         f"prompt is too long: {exc.tokens_after} tokens > {exc.hard_limit} maximum",
-        reason="MessageViewLimitExceeded",
-        compaction=compaction,
-    )
+        reason="MessageViewLimitExceeded", compaction=compaction)
     blocked = _Blocked("MessageViewLimitExceeded", exc.tokens_before, exc.tokens_after,
                        exc.hard_limit, layers, savings, fixed)
     return rejected, blocked
@@ -189,76 +166,62 @@ def _location(exc: BaseException) -> str:
     return f"{'/'.join(parts)}:{last.lineno}"
 
 
-def _compact_headers(request: web.Request) -> dict[str, str]:
-    record: RequestRecord | None = request.get(RECORD)
-    if record is None:
-        return {}
-    return record.response_headers()
+def _answer(record: RequestRecord | None, outcome: Outcome, error: ProxyError) -> web.Response:
+    """``error``'s response with the request's ``x-compact-*`` headers; its outcome noted."""
+    headers = error.headers
+    if record is not None:
+        record.outcome = outcome
+        headers = {**record.response_headers(), **headers}
+    return error_response(error.status, error.error_type, error.message,
+                          compaction=error.compaction, headers=headers)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every proxy-level failure into the documented Anthropic error response.
-
-    ``web.HTTPException`` (aiohttp's own answers) passes through unchanged; cancellation (the
-    client went away) is never caught.
-    """
+    """Turn every proxy-level failure into the Anthropic error response (aiohttp's own
+    ``web.HTTPException`` answers and cancellation pass)."""
+    record: RequestRecord | None = request.get(RECORD)
     try:
         return await handler(request)
     except web.HTTPException:
         raise
     except compactor.ToolProtocolError as exc:
         error, blocked = _from_tool_protocol(exc)
-        record = request.get(RECORD)
         if record is not None:
-            # (The id is the client's: bounded, as the audit log keeps it.)
             record.protocol_kind, record.tool_use_id = exc.kind, exc.tool_use_id[:128]
     except compactor.MessageViewLimitExceeded as exc:
-        record = request.get(RECORD)
         error, blocked = _from_limit(exc, None if record is None else record.fixed_tokens)
     except RequestRejected as exc:
         error, blocked = exc, _Blocked(exc.reason)
     except RecursionError:
-        # JSON nested deeper than any step that walks it (hashing, counting, validating)
-        # can follow: the client's body, not a proxy failure.
+        # JSON nested deeper than a step that walks it can follow: the client's body.
         error = RequestRejected(400, "invalid_request_error",
                                 "request body is nested too deeply to process",
                                 reason="too_deep")
         blocked = _Blocked(error.reason)
     except ProxyError as exc:
-        _note_outcome(request, exc.outcome)
         _log.warning("upstream_failed", reason=exc.reason, status=exc.status)
-        return error_response(exc.status, exc.error_type, exc.message,
-                              compaction=exc.compaction,
-                              headers={**_compact_headers(request), **exc.headers})
+        return _answer(record, exc.outcome, exc)
     except StoreUnavailable as exc:
-        # Nothing was forwarded: the session's state could not be read (on_unavailable
-        # reject), or the store failed before the forward. A load balancer retries elsewhere.
-        _note_outcome(request, Outcome.STORE_ERROR)
+        # Nothing was forwarded; a load balancer retries elsewhere.
         services = request.config_dict.get(SERVICES)
         if services is not None:
             services.store_health.note_unavailable("request", exc)
-        return error_response(503, "api_error", STORE_UNAVAILABLE_MESSAGE,
-                              headers={**_compact_headers(request), "Retry-After": "1"})
+        return _answer(record, Outcome.STORE_ERROR, ProxyError(
+            503, "api_error", STORE_UNAVAILABLE_MESSAGE, reason="store_unavailable",
+            headers={"Retry-After": "1"}))
     except StoreError as exc:
-        _note_outcome(request, Outcome.STORE_ERROR)
         _log.error("store_failed", error_class=type(exc).__name__)
-        return error_response(500, "api_error",
-                              f"compact-proxy session store failed ({type(exc).__name__})",
-                              headers=_compact_headers(request))
+        return _answer(record, Outcome.STORE_ERROR, ProxyError(
+            500, "api_error", f"compact-proxy session store failed ({type(exc).__name__})",
+            reason="store_failed"))
     except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
-        # A bug (in a layer, in the proxy), whatever its class: never blamed on the client.
-        # The traceback goes to the server's log only, as frames (proxy.telemetry.logs keeps where
-        # it failed, never what the exception said); the client gets a generic 500.
-        _note_outcome(request, Outcome.INTERNAL_ERROR)
+        # A bug, never blamed on the client: the traceback goes to the log only, as frames.
         _log.error("request_failed", error_class=type(exc).__name__,
                    error_location=_location(exc), exc_info=exc)
-        return error_response(500, "api_error",
-                              f"compact-proxy internal error ({type(exc).__name__})",
-                              headers=_compact_headers(request))
-    outcome = error.outcome
-    _note_outcome(request, outcome)
-    record = request.get(RECORD)
+        return _answer(record, Outcome.INTERNAL_ERROR, ProxyError(
+            500, "api_error", f"compact-proxy internal error ({type(exc).__name__})",
+            reason="internal_error"))
     if record is not None:
         record.reason, record.hard_limit = blocked.reason, blocked.hard_limit
         if blocked.tokens_before is not None:
@@ -266,14 +229,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             record.tokens_after = blocked.tokens_after
             record.layers = blocked.layers
             record.layer_savings = blocked.savings
+    outcome = error.outcome
     if outcome is Outcome.INVALID:
         _log.warning("request_invalid", reason=blocked.reason, status=error.status,
                      **blocked.protocol)
     elif outcome is Outcome.BLOCKED:
         _log_blocked(blocked, error.status)
-    return error_response(error.status, error.error_type, error.message,
-                          compaction=error.compaction,
-                          headers={**_compact_headers(request), **error.headers})
+    return _answer(record, outcome, error)
 
 
 def _log_blocked(blocked: _Blocked, status: int) -> None:
@@ -285,9 +247,3 @@ def _log_blocked(blocked: _Blocked, status: int) -> None:
         fields["fixed_tokens"] = blocked.fixed_tokens
         fields["messages_tokens"] = max(0, blocked.tokens_after - blocked.fixed_tokens)
     _log.warning("request_blocked", **fields)
-
-
-def _note_outcome(request: web.Request, outcome: Outcome) -> None:
-    record = request.get(RECORD)
-    if record is not None:
-        record.outcome = outcome

@@ -1,9 +1,6 @@
-"""The fixed part of a request: ``system``, ``tools`` and the durable block, which count
-toward the thresholds but no layer can compact (Claude Code's are about 18k tokens).
-
-When it is half the soft threshold or more, every request starts near or over it with
-nothing left to remove; the proxy says so once per session and model (``fixed_part_large``,
-a warning), and a refusal over the hard limit names the fixed part and the messages apart.
+"""The fixed part of a request (``system``, ``tools``, the durable block): counted toward the
+thresholds but no layer can compact it. From half the soft threshold, ``fixed_part_large``
+says so once per session and model.
 """
 
 from __future__ import annotations
@@ -24,15 +21,13 @@ _REMEMBERED: Final = 10_000
 
 
 class FixedPartWarnings:
-    """Warns once per (tenant, session, model) that the fixed part is near or over a
-    threshold; a bounded memory, so a session forgotten may be warned about again."""
+    """Warns once per (tenant, session, model), in a bounded memory, that the fixed part is
+    near or over a threshold."""
 
     def __init__(self) -> None:
         self._warned: LRUCache[tuple[str, str, str], bool] = LRUCache(_REMEMBERED)
 
     def check(self, key: tuple[str, str, str], fixed: int, soft: int, hard: int) -> None:
-        """Log ``fixed_part_large`` for ``key`` (the first time) when ``fixed`` ≥
-        :data:`NEAR_RATIO` × ``soft``."""
         if fixed < NEAR_RATIO * soft or key in self._warned:
             return
         self._warned[key] = True
@@ -43,5 +38,3 @@ class FixedPartWarnings:
             detail=(f"system + tools are {fixed:,} tokens, "
                     + (f"over the {over}" if over else f"{fixed / soft:.0%} of soft {soft:,}")
                     + ": raise compaction.soft_threshold_tokens / hard_limit_tokens"))
-
-

@@ -1,16 +1,9 @@
 """Forwarding a request to the provider and relaying its answer as it arrives.
 
-Request side: method, path and query string exactly as received; every header except the
-hop-by-hop ones, ``Host`` and ``Content-Length`` (recomputed); aiohttp adds no header of its
-own (``skip_auto_headers``), so what the client sent is what the provider sees.
-
-Response side: status, reason, headers (minus hop-by-hop) and body bytes unchanged. The
-upstream session does not decompress (``auto_decompress=False``), so a compressed body is
-relayed as the compressed bytes it is, with its own ``Content-Encoding`` and
-``Content-Length``. Nothing is buffered whole: each chunk is written as it arrives. An
-uncompressed ``text/event-stream`` is relayed event by event (a chunk is held back only up to
-the end of the event it belongs to), so that if the provider fails mid-stream the proxy can
-end the stream with a well-formed ``event: error`` instead of half an event.
+The request goes as received but for hop-by-hop headers, ``Host`` and ``Content-Length``
+(aiohttp adds none of its own); the answer comes back unchanged and undecompressed, chunk by
+chunk. An uncompressed event stream is relayed event by event, so a provider failing
+mid-stream is ended with a well-formed ``event: error`` instead of half an event.
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ from proxy.providers.eventstream import CONTENT_TYPE as EVENT_STREAM
 from proxy.providers.eventstream import EventStreamWatch
 
 if TYPE_CHECKING:
+    from proxy.config import UpstreamConfig
     from proxy.http.services import Services
 
 __all__ = [
@@ -49,15 +43,13 @@ __all__ = [
     "PromptTooLong",
     "Retry",
     "forward",
-    "request_body_stream",
     "upstream_request_headers",
     "upstream_url",
 ]
 
 _log = structlog.get_logger("proxy.http.forward")
 
-#: Headers that describe one connection, not the message (RFC 9110 section 7.6.1), plus
-#: ``Expect``, which the proxy's own server has already answered.
+#: Headers of one connection, not the message (RFC 9110 7.6.1), and the answered ``Expect``.
 HOP_BY_HOP: Final = frozenset({
     "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
     "proxy-authorization", "te", "trailer", "trailers", "transfer-encoding", "upgrade",
@@ -65,7 +57,7 @@ HOP_BY_HOP: Final = frozenset({
 })
 _NOT_FORWARDED: Final = HOP_BY_HOP | {"host", "content-length"}
 
-# aiohttp would add these when absent; the provider must see the client's headers only.
+# aiohttp would add these when absent.
 _AUTO_HEADERS: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
@@ -81,20 +73,14 @@ _MAX_USAGE_BODY_BYTES: Final = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class PromptTooLong:
-    """The provider's ``prompt is too long: N tokens > M maximum``; Bedrock's and Vertex's
-    refusals carry no numbers (both ``None``: :meth:`estimated`).
-
-    Attributes:
-        tokens: N, the provider's count of the view it refused.
-        maximum: M, the model's context window.
-    """
+    """The provider's ``prompt is too long: N tokens > M maximum`` (``tokens`` N, ``maximum``
+    M); Bedrock's and Vertex's refusals carry no numbers (both ``None``)."""
 
     tokens: int | None
     maximum: int | None
 
     def counts(self, view_tokens: int) -> tuple[int, int]:
-        """N and M; for a refusal without numbers, estimated from ``view_tokens`` (the
-        refused view as the proxy counted it): N that count, M
+        """N and M; without numbers, ``view_tokens`` (the refused view as counted) and
         :data:`ESTIMATED_WINDOW_SHARE` of it."""
         if self.tokens is not None and self.maximum is not None:
             return self.tokens, self.maximum
@@ -118,49 +104,29 @@ class PromptTooLong:
         return cls(int(found.group(1)), int(found.group(2)))
 
 
-#: Called when the provider refused the view as too long, before the client saw anything:
-#: the body to send instead (sent once, its answer relayed whatever it is), or ``None`` to
-#: relay the refusal.
+#: For a too-long refusal the client has not seen: the body to send instead (once), or ``None``.
 Retry = Callable[[PromptTooLong], Awaitable["bytes | None"]]
-#: Awaited once the answer was relayed but for its end (its ``usage`` is on the record): what
-#: must be done before the client can see the answer complete — e.g. the calibration it
-#: teaches saved where every replica reads it, so the client's next request, on any
-#: replica, is planned with it.
+#: Awaited once the answer was relayed but for its end (its ``usage`` is on the record).
 BeforeEnd = Callable[[], Awaitable[None]]
 
 
 def upstream_url(base_url: str, request: web.Request) -> URL:
-    """``base_url`` joined with the request's raw path and query string (kept byte for byte).
-
-    A base with a path (``https://gw.example/anthropic``) keeps it: ``/v1/messages`` becomes
-    ``https://gw.example/anthropic/v1/messages``.
-    """
+    """``base_url`` (its own path kept) joined with the request's raw path and query."""
     return _joined(base_url, request.raw_path)
 
 
 @functools.lru_cache(maxsize=256)
 def _joined(base_url: str, raw_path: str) -> URL:
-    # An agent sends the same path again and again: its URL (immutable) is parsed once.
     return URL(base_url.rstrip("/") + raw_path, encoded=True)
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str]) -> set[str]:
-    """Header names the ``Connection`` header lists: hop-by-hop for this message only."""
-    return {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-        if token.strip()
-    }
-
-
 def _filtered(headers: CIMultiDictProxy[str], dropped: frozenset[str]) -> CIMultiDict[str]:
-    """``headers`` but ``dropped`` and what ``Connection`` lists, in their order (a copy, then
-    the few names present removed: C loops, not one Python step per header)."""
+    """``headers`` but ``dropped`` and what ``Connection`` lists, in their order."""
     out = CIMultiDict(headers)
     names = dropped.intersection(map(str.lower, headers.keys()))
-    if "Connection" in headers:
-        names |= _connection_tokens(headers)
+    if "Connection" in headers:  # the names it lists: hop-by-hop for this message only
+        names |= {token.strip().lower() for value in headers.getall("Connection", ())
+                  for token in value.split(",") if token.strip()}
     for name in names:
         out.popall(name, None)
     return out
@@ -176,59 +142,32 @@ def upstream_request_headers(headers: CIMultiDictProxy[str],
     return out
 
 
-def _downstream_headers(headers: CIMultiDictProxy[str], *, framed: bool) -> CIMultiDict[str]:
-    out = _filtered(headers, HOP_BY_HOP)
-    if framed:
-        # Relayed event by event with chunked framing of our own.
-        out.popall("Content-Length", None)
-    return out
-
-
-async def request_body_stream(request: web.Request) -> AsyncIterable[bytes]:
-    """The client's body, chunk by chunk as it arrives (for requests forwarded untouched)."""
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            return
-        yield chunk
-
-
 class _WholeAnswerResponse(web.StreamResponse):
-    """A relayed answer that is not an event stream: its status line and headers go out
-    with its first body bytes, in one send (a JSON Message is one small chunk: one send and
-    one wake-up of the client instead of two), as aiohttp's own ``web.Response`` does. An
-    event stream's headers go out at once (:class:`web.StreamResponse`): a client may wait
-    on them before the first event comes."""
+    """A relayed answer that is not an event stream: its headers go out with its first body
+    bytes, in one send (an event stream's go out at once: a client may wait on them)."""
 
     _send_headers_immediately = False
 
 
-def _upstream_error(exc: BaseException, timeout_s: float, connect_timeout_s: float,
-                    pool_wait_s: float, waited_s: float, url: str) -> UpstreamFailure:
+def _upstream_error(exc: BaseException, config: UpstreamConfig, waited_s: float,
+                    url: str) -> UpstreamFailure:
     name = type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * pool_wait_s:
-        # ClientTimeout.connect, not the TCP connect's own (sock_connect, shorter): no
-        # connection of the pool became free, nor was a new one opened, in time.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and waited_s >= 0.99 * config.pool_wait_s:
+        # ClientTimeout.connect (not sock_connect): no pooled or new connection in time.
         return UpstreamFailure(
             529, "overloaded_error",
-            f"no connection to the upstream provider within {pool_wait_s:g}s "
+            f"no connection to the upstream provider within {config.pool_wait_s:g}s "
             "(upstream.pool_wait_s: every connection busy, or the provider not accepting); "
-            "retry shortly", reason="upstream_pool_wait", headers={"retry-after": "1"},
-        )
+            "retry shortly", reason="upstream_pool_wait", headers={"retry-after": "1"})
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return UpstreamFailure(
-            504, "api_error",
-            f"upstream provider did not accept a connection within {connect_timeout_s:g}s "
-            f"(timeout, {name})", reason="upstream_timeout",
-        )
+            504, "api_error", "upstream provider did not accept a connection within "
+            f"{config.connect_timeout_s:g}s (timeout, {name})", reason="upstream_timeout")
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamFailure(
-            504, "api_error",
-            f"upstream provider did not answer within {timeout_s:g}s (timeout, {name})",
-            reason="upstream_timeout",
-        )
-    return UpstreamFailure(502, "api_error",
-                           f"upstream provider {url} unreachable ({name})",
+            504, "api_error", f"upstream provider did not answer within "
+            f"{config.read_timeout_s:g}s (timeout, {name})", reason="upstream_timeout")
+    return UpstreamFailure(502, "api_error", f"upstream provider {url} unreachable ({name})",
                            reason="upstream_unreachable")
 
 
@@ -242,24 +181,12 @@ async def forward(
     retry: Retry | None = None,
     before_end: BeforeEnd | None = None,
 ) -> web.StreamResponse:
-    """Send the request upstream and relay the answer; the response is already prepared.
-
-    Args:
-        s: the app's services (the upstream session and its health, the metrics).
-        request: the client's request (method, path, query string are taken from it).
-        record: its audit record (``upstream_status``, ``outcome`` and the provider's
-            ``usage`` are set here; its ``x-compact-*`` headers are added to the response).
-        body: the bytes to send, a stream of them, or ``None``.
-        headers: the headers to send (see :func:`upstream_request_headers`).
-        retry: for a refusal ``prompt is too long`` (a 400, before any byte of it reached
-            the client): what to send instead, once (see :data:`Retry`).
-        before_end: awaited when the answer was relayed to the client but for its end: the
-            last chunk of a body of known length, the end of a chunked one (see
-            :data:`BeforeEnd`); not when the answer failed or the client went away.
+    """Send the request upstream and relay the answer (``record`` gets its status, outcome
+    and usage). ``retry``: see :data:`Retry`; ``before_end``: see :data:`BeforeEnd`, not
+    awaited when the answer failed or the client went away.
 
     Raises:
-        UpstreamFailure: 502 when the provider cannot be reached, 504 when it does not answer
-            in time; both before anything was sent to the client.
+        UpstreamFailure: 502 / 504 / 529, before anything was sent to the client.
     """
     upstream = await _send(s, request, record, body, headers)
     held = b""
@@ -282,8 +209,7 @@ async def forward(
 
 
 def _done_with(upstream: aiohttp.ClientResponse) -> None:
-    # Fully read: the connection goes back to the pool. Otherwise (client gone, failure) it
-    # is closed, which is what cancels the provider's work. (Idempotent.)
+    # Fully read: back to the pool; else closed, which cancels the provider's work.
     if upstream.content.at_eof():
         upstream.release()
     else:
@@ -291,8 +217,7 @@ def _done_with(upstream: aiohttp.ClientResponse) -> None:
 
 
 async def _read_refusal(upstream: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-    """The start of an error body, and whether it is all of it (a refusal is small: only
-    :data:`_MAX_REFUSAL_BYTES` are read; the rest, if any, is relayed as it comes)."""
+    """The start of an error body (up to :data:`_MAX_REFUSAL_BYTES`), and whether it is all."""
     chunks = bytearray()
     while len(chunks) <= _MAX_REFUSAL_BYTES:
         try:
@@ -308,12 +233,10 @@ async def _read_refusal(upstream: aiohttp.ClientResponse) -> tuple[bytes, bool]:
 async def _send(s: Services, request: web.Request, record: RequestRecord,
                 body: bytes | AsyncIterable[bytes] | None,
                 headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
-    """Send the request upstream; the provider's response, headers read."""
     upstream_config = s.config.upstream
     url = upstream_url(upstream_config.require_base_url(), request)
     provider = s.provider_of(request)
     if provider is not None and (body is None or isinstance(body, bytes)):
-        # Signed (Bedrock) or given a token (Vertex) for these exact bytes and this path.
         try:
             headers = await provider.authorise(request.method, url, headers, body or b"")
         except LookupError as exc:
@@ -322,8 +245,6 @@ async def _send(s: Services, request: web.Request, record: RequestRecord,
                                   reason="upstream_credentials") from None
     started = time.perf_counter()
     try:
-        # The answer's headers within the read timeout (the session's ``sock_read``, counted
-        # from when the request's body is sent).
         upstream = await s.upstream.session.request(
             request.method,
             url,
@@ -341,9 +262,8 @@ async def _send(s: Services, request: web.Request, record: RequestRecord,
         health = s.upstream.health
         if not timed_out:
             health.unreachable(type(exc).__name__)
-        raise _upstream_error(exc, upstream_config.read_timeout_s,
-                              upstream_config.connect_timeout_s, upstream_config.pool_wait_s,
-                              time.perf_counter() - started, health.url) from None
+        raise _upstream_error(exc, upstream_config, time.perf_counter() - started,
+                              health.url) from None
     s.upstream.health.answered()
     s.metrics.observe_upstream(record.route, time.perf_counter() - started)
     record.upstream_status = upstream.status
@@ -354,9 +274,7 @@ async def _relay(request: web.Request, record: RequestRecord,
                  upstream: aiohttp.ClientResponse, held: bytes = b"",
                  before_end: BeforeEnd | None = None,
                  provider: Provider | None = None) -> web.StreamResponse:
-    """Relay the answer as it arrives; ``held`` is the start of its body, already read.
-    With ``before_end``, a body not framed here goes out one chunk late (its last chunk
-    after ``before_end``)."""
+    """Relay the answer as it arrives; ``held`` is the start of its body, already read."""
     content_type = upstream.headers.get("Content-Type", "")
     framer = (
         SSEFramer()
@@ -366,12 +284,13 @@ async def _relay(request: web.Request, record: RequestRecord,
     )
     response = (web.StreamResponse if framer is not None else _WholeAnswerResponse)(
         status=upstream.status, reason=upstream.reason)
-    response.headers.extend(_downstream_headers(upstream.headers, framed=framer is not None))
+    headers = _filtered(upstream.headers, HOP_BY_HOP)
+    if framer is not None:  # relayed event by event, chunked
+        headers.popall("Content-Length", None)
+    response.headers.extend(headers)
     response.headers.update(record.response_headers())
     await response.prepare(request)
-    # A Messages stream is complete only with ``message_stop``; one that carried the
-    # provider's own ``error`` event failed. Either is noted from the event names of what was
-    # relayed (one regex scan per chunk), so neither is counted as a success.
+    # A Messages stream is complete only with ``message_stop`` and no ``error`` event.
     answered = record.route == "messages" and upstream.status == 200
     watch = StreamWatch() if framer is not None and answered else None
     # Bedrock's event stream: relayed as it comes, read from a decoded copy.
@@ -379,7 +298,6 @@ async def _relay(request: web.Request, record: RequestRecord,
               and content_type.startswith(EVENT_STREAM) else None)
     if frames is not None:
         watch = frames.watch
-    # A JSON Message is kept too (up to a bound) to read its usage once relayed.
     kept = bytearray() if framer is None and answered and content_type.startswith(
         "application/json") else None
     last = b""  # with before_end, a body not framed here: its chunk not written yet
@@ -421,8 +339,7 @@ async def _relay(request: web.Request, record: RequestRecord,
     if watch is not None and watch.provider_error:
         record.outcome = Outcome.UPSTREAM_ERROR_EVENT
     elif watch is not None and watch.last_event != b"message_stop":
-        # Ended cleanly but early, or in bytes that are not SSE: say so in the stream's own
-        # terms, so the client does not take a partial answer for a whole one.
+        # Ended early: say so in the stream's own terms.
         _log.warning("upstream_stream_incomplete")
         record.outcome = Outcome.STREAM_FAILED
         incomplete = "upstream provider stream ended before message_stop (incomplete)"
@@ -434,7 +351,6 @@ async def _relay(request: web.Request, record: RequestRecord,
         if not await _write(response, record, b"\n\n" + event if rest else event):
             return response
     else:
-        # A provider error relayed as it came is not a success either.
         record.outcome = (Outcome.FORWARDED if upstream.status < 400
                           else Outcome.UPSTREAM_ERROR)
     await response.write_eof()
@@ -442,7 +358,6 @@ async def _relay(request: web.Request, record: RequestRecord,
 
 
 async def _write(response: web.StreamResponse, record: RequestRecord, data: bytes) -> bool:
-    """Write to the client; ``False`` when it has gone away."""
     try:
         await response.write(data)
     except ConnectionResetError:  # includes aiohttp's ClientConnectionResetError
@@ -456,8 +371,7 @@ async def _failed_mid_body(response: web.StreamResponse, record: RequestRecord,
     record.outcome = Outcome.STREAM_FAILED
     _log.warning("upstream_stream_failed", error_class=type(exc).__name__)
     if framer is None:
-        # No way to signal inside an opaque body: close the connection, so the client sees
-        # a short body rather than a complete-looking one.
+        # Closed, so the client sees a short body rather than a complete-looking one.
         response.force_close()
         return response
     framer.flush()  # a partial event is dropped, never sent half

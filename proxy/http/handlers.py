@@ -1,21 +1,9 @@
-"""The request path of ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+"""The request path of ``POST /v1/messages`` and ``count_tokens`` (SPEC section 1).
 
-One visible sequence (SPEC section 1), each step its own function::
-
-    read (size limit) -> parse -> resolve session -> load + resolve durable state
-    -> pick role policy (below the model's learnt window) and calibration factor
-    -> compact (validates the tool protocol first; sticky: from the session's checkpoint;
-       thresholds against counted tokens x factor) -> keep the new checkpoint
-    -> append durable block to system -> thinking-binding opt-out -> forward -> relay
-    -> learn from the provider's usage (calibration, metrics, the usage ledger)
-
-A refusal ``prompt is too long: N tokens > M maximum`` arrives before the client has seen a
-byte: the same request is compacted again below M, at the ratio N / estimate the refusal
-showed, and sent once more; that answer is relayed, whatever it is (``request_recompacted``).
-
-``count_tokens`` runs the same steps with a summarizer that only reads the summary cache, so
-it counts exactly the view the next ``/v1/messages`` would send and never calls a model.
-A request that fails any step is answered by :mod:`proxy.http.errors` and never forwarded.
+read -> parse -> session -> durable state -> plan (role, window, calibration) -> compact ->
+append the durable block, thinking opt-out -> forward -> learn from the provider's usage. A
+``prompt is too long`` refusal before the client saw a byte is compacted again below its
+window and sent once more. ``count_tokens`` reads summaries from the cache only.
 """
 
 from __future__ import annotations
@@ -24,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterable, Callable
 from concurrent.futures import Executor
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import structlog
@@ -41,12 +29,7 @@ from proxy.http.body import check_objects, read_body
 from proxy.http.compute import OFFLOAD_FROM_BYTES, run_on
 from proxy.http.durable import DurableContext, SessionRef, load_durable_context
 from proxy.http.errors import RequestRejected
-from proxy.http.forward import (
-    PromptTooLong,
-    forward,
-    request_body_stream,
-    upstream_request_headers,
-)
+from proxy.http.forward import PromptTooLong, forward, upstream_request_headers
 from proxy.http.plan import (
     CompactionPlan,
     Measured,
@@ -81,40 +64,22 @@ from proxy.summary.summarizer import (
 )
 from proxy.telemetry.logs import bind_request_fields
 
-__all__ = ["Handlers", "make_handlers"]
+__all__ = ["make_handlers"]
 
 _log = structlog.get_logger("proxy.http.handlers")
 
 
-class Handlers(NamedTuple):
-    """The request path's route handlers, made over the app's services."""
-
-    #: ``POST /v1/messages``: compact, inject durable context, forward, relay.
-    messages: Handler
-    #: ``POST /v1/messages/count_tokens``: the same view, summaries from the cache only.
-    count_tokens: Handler
-    #: Every other path and method: forwarded untouched, the body streamed as it arrives.
-    passthrough: Handler
-
-
-def make_handlers(s: Services) -> Handlers:
-    """The handlers of the request path, each holding ``s``."""
-
-    async def messages(request: web.Request) -> web.StreamResponse:
-        return await _compact_and_forward(s, request, may_call_model=True)
-
-    async def count_tokens(request: web.Request) -> web.StreamResponse:
-        return await _compact_and_forward(s, request, may_call_model=False)
-
-    async def passthrough(request: web.Request) -> web.StreamResponse:
-        return await _passthrough(s, request)
-
-    return Handlers(messages, count_tokens, passthrough)
+def make_handlers(s: Services) -> dict[str, Handler]:
+    """The request path's handlers by route name, each holding ``s`` (``passthrough``: every
+    other path, forwarded untouched)."""
+    return {"messages": functools.partial(_compact_and_forward, s, may_call_model=True),
+            "count_tokens": functools.partial(_compact_and_forward, s, may_call_model=False),
+            "passthrough": functools.partial(_passthrough, s)}
 
 
 async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
     request[RECORD].path = request.path
-    headers = _upstream_headers(s, request)
+    headers = upstream_request_headers(request.headers, s.forward_policy)
     body: bytes | AsyncIterable[bytes] | None = None
     if s.provider_of(request) is not None:
         # A Bedrock or Vertex path: authorised for its exact bytes, so read whole (small).
@@ -122,16 +87,11 @@ async def _passthrough(s: Services, request: web.Request) -> web.StreamResponse:
         headers.popall("Content-Encoding", None)  # read_body decoded it
         return await forward(s, request, request[RECORD], body=raw, headers=headers)
     if request.body_exists:
-        body = request_body_stream(request)
+        body = request.content.iter_any()  # streamed as it arrives
         if request.content_length is not None:
             # The body is relayed unchanged, so its length is the one the client declared.
             headers["Content-Length"] = str(request.content_length)
     return await forward(s, request, request[RECORD], body=body, headers=headers)
-
-
-def _upstream_headers(s: Services, request: web.Request) -> CIMultiDict[str]:
-    """The client's headers as the provider may see them (:mod:`proxy.http.upstream_headers`)."""
-    return upstream_request_headers(request.headers, s.forward_policy)
 
 
 def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
@@ -144,7 +104,6 @@ def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
     source: Summarizer | None = None
 
     async def summarize(summary: compactor.SummaryRequest) -> str | None:
-        # The source is made when L4 first asks (most requests never do).
         nonlocal source
         if source is None:
             source = _summary_source(s, request, session, may_call_model, body, durable,
@@ -163,8 +122,7 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
     provider = s.summarizer if may_call_model else None
 
     def fork() -> ForkSource:
-        # Made only when a summary call is (a cached summary needs none).
-        headers = _upstream_headers(s, request)
+        headers = upstream_request_headers(request.headers, s.forward_policy)
         headers.popall("Content-Encoding", None)  # the call's body is the SDK's, plain JSON
         system = body.get("system")
         if durable.text:  # as forwarded: what the provider has cached
@@ -178,20 +136,19 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
     metrics = s.metrics
 
     def on_usage(model: str, usage: ProviderUsage) -> None:
-        # Billed under the model that made the summary (its own price in the report).
         metrics.observe_provider_usage(usage, summary=True)
-        # A summary made ahead has a ledger row of its own (the report tells unused ones).
+        # A summary made ahead has a ledger row of its own.
         row = session.key if prepared is None else session.key + PREPARED_ROW
         s.usage_ledger.add(row, model, Accounting.summary_entry(usage))
         if prepared is not None:
             prepared(model, usage)
 
     def on_window(model: str, maximum: int) -> None:
-        # A refused summary call teaches the window as a refused request does.
         s.calibration.learn_window(session.key, model, maximum)
 
     return summary_source(
-        s.backend, provider, CallerCredentials.from_headers(_upstream_headers(s, request)),
+        s.backend, provider,
+        CallerCredentials.from_headers(upstream_request_headers(request.headers, s.forward_policy)),
         tenant=session.tenant, fork=fork if provider is not None else None,
         counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
 
@@ -201,8 +158,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
                    plan: CompactionPlan, may_call_model: bool, measured: Measured,
                    scope: RequestScope, executor: Executor | None
                    ) -> tuple[compactor.CompactionResult, bool]:
-    """The compacted view, and whether its checkpoint is a new one (kept once the provider
-    accepts the request: :func:`_succeeded`)."""
+    """The compacted view, and whether its checkpoint is new (kept by :func:`_succeeded`)."""
     body = parsed.doc
     record.role = plan.role
     policy = plan.policy
@@ -222,7 +178,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
             parsed.messages,
             durable.state,
             policy=plan.policy,
-            summarizer=timed.get(),
+            summarizer=None if timed.inner is None else timed,
             counter=scope.counter,
             options=compactor.CompactionOptions(
                 reserved_tokens=plan.folded_reserved,
@@ -233,8 +189,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
             executor=executor,
         )
     except compactor.MessageShapeError as exc:
-        # A block that is not an object, a content of the wrong type: the client's mistake.
-        # Any other exception is a bug in a layer: the error middleware's 500, never a 400.
+        # The client's mistake; any other exception is a bug in a layer (a 500).
         raise RequestRejected(400, "invalid_request_error", str(exc),
                               reason="invalid_messages") from None
     record.tokens_before = result.tokens_before
@@ -249,7 +204,6 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
     s.metrics.observe_compaction(o for o in result.outcomes if o.applied)
     if result.thrash:
         s.metrics.compaction_thrash.inc()
-        # (The request's id, session and tenant are bound to every line it logs.)
         _log.warning("compaction_thrash", tokens_before=result.tokens_before,
                      tokens_after=result.tokens_after)
     await observe_crossing(s, record, session, plan.lane, result, plan.prepared,
@@ -260,9 +214,8 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
 def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
               result: compactor.CompactionResult, durable: DurableContext,
               headers: CIMultiDict[str]) -> bytes:
-    """The body to forward: the client's (spliced from its own bytes where unchanged) with
-    the compacted messages, the durable block appended to its ``system``, and the
-    thinking-binding opt-out where needed."""
+    """The body to forward: the compacted messages, the durable block appended to ``system``,
+    the thinking-binding opt-out where needed."""
     body = parsed.doc
     replaced: dict[str, Any] = {}
     if durable.text:
@@ -278,7 +231,9 @@ def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
             replaced["anthropic_beta"] = [*listed, *(
                 () if BINDING_BETA in listed else (BINDING_BETA,))]
         else:
-            _set_beta(headers, merge_beta_header(request.headers.getall("anthropic-beta", ())))
+            beta = merge_beta_header(request.headers.getall("anthropic-beta", ()))
+            headers.popall("anthropic-beta", None)
+            headers["anthropic-beta"] = beta
     views = s.encoded_views
     return parsed.encode(result.messages, replaced, views.of(result.checkpoint),
                          views.since(result.checkpoint))
@@ -291,16 +246,13 @@ async def _compact_and_forward(s: Services, request: web.Request, *,
     try:
         raw = await read_body(request, config.limits.max_body_bytes)
         large = len(raw) >= OFFLOAD_FROM_BYTES
-        # A large body is worked on by the compute threads; what it decodes is kept only if
-        # the provider accepts the request (parsed.commit(), in _succeeded).
         executor = s.compute if large else None
         await run_on(executor, functools.partial(check_objects, raw,
                                                  config.limits.max_json_objects))
         return await _serve(s, request, raw, executor, may_call_model=may_call_model)
     finally:
         if large and not _accepted(request[RECORD]):
-            # What a large refused body made is all garbage now: its pages go back to the
-            # system, not kept by the allocator for a caller who may never come back.
+            # What a large refused body made is garbage: its pages go back to the system.
             s.compute.give_back_memory()
 
 
@@ -311,8 +263,7 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
     tenant = s.tenants.tenant_of(request.headers)
     named = (request.headers.get(config.session.header)
              or request.headers.get(CLAUDE_CODE_SESSION_HEADER))
-    # A large body waits its turn to be decoded and worked on: the objects of one at a time
-    # make the peak, not those of every large body that arrived at once.
+    # One large body at a time: its objects alone make the peak.
     turn = s.compute.turn() if executor is not None else None
     async with turn or contextlib.nullcontext():
         parsed = await run_on(executor, functools.partial(
@@ -338,17 +289,16 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
             plan = msgspec.structs.replace(plan, prepared=prepared)
         result, new = await _compact(s, request, record, session, parsed, durable, plan,
                                      may_call_model, measured, scope, executor)
-        if may_call_model:  # (the next summary, made in the background: never for count_tokens)
+        if may_call_model:  # (never for count_tokens)
             await prepare_next(
                 s, session, plan.lane, prepared, plan.policy, result, scale=plan.scale,
                 reserved=plan.folded_reserved,
                 executor=executor, source=functools.partial(
                     _summary_source, s, request, session, True, body, durable, s.counter))
 
-        headers = _upstream_headers(s, request)
-        headers.popall("Content-Encoding", None)  # read_body decoded it: the body goes out plain
+        headers = upstream_request_headers(request.headers, s.forward_policy)
+        headers.popall("Content-Encoding", None)  # read_body decoded it
         if not result.changed and not durable.text and not mended:
-            # Nothing to rewrite: the client's bytes go out as they came.
             outgoing = raw
         else:
             outgoing = await run_on(executor, functools.partial(
@@ -362,13 +312,10 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
     sent = plan, result, new  # what the provider answered last: learnt from below
 
     async def recompact(refusal: PromptTooLong) -> bytes | None:
-        # The provider counted the view at N > M: compact the same request again below M, at
-        # the ratio this refusal showed over the view as compacted (fixed part included),
-        # uniformly — the per-message counts that estimated the refused view are not trusted.
+        # Compact again below M, every count scaled by the ratio the refusal showed.
         nonlocal sent
         if plan.model is None:
             return None
-        # (Bedrock's, Vertex's wording has no numbers: estimated from the view.)
         tokens, maximum = refusal.counts(result.tokens_after)
         s.calibration.learn_window(session.key, plan.model, maximum)
         tighter = plan.tightened(maximum, shown=max(1.0, tokens / max(1, result.tokens_after)))
@@ -385,8 +332,7 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
     learnt = False
 
     async def learn_before_end() -> None:
-        # What the answer teaches is saved where every replica reads it before the client
-        # sees the answer end: its next request, on any replica, is planned with it.
+        # Saved before the answer ends: the next request, on any replica, is planned with it.
         nonlocal learnt
         learnt = True
         _learn(s, record, session, *sent[:2])
@@ -399,14 +345,13 @@ async def _serve(s: Services, request: web.Request, raw: bytes, executor: Execut
         _learn(s, record, session, *sent[:2])
         await _succeeded(s, record, session, parsed, *sent)
     summarizer = s.summarizer
-    if summarizer is not None and summarizer.checks_callers:  # (does the provider know them?)
+    if summarizer is not None and summarizer.checks_callers:
         summarizer.caller_answered(CallerCredentials.from_headers(headers),
                                    record.upstream_status)
     return response
 
 
 def _accepted(record: RequestRecord) -> bool:
-    """Whether the provider accepted the request (a 2xx answer)."""
     status = record.upstream_status
     return status is not None and 200 <= status < 300
 
@@ -414,8 +359,7 @@ def _accepted(record: RequestRecord) -> bool:
 async def _succeeded(s: Services, record: RequestRecord, session: SessionRef,
                      parsed: RequestBody, plan: CompactionPlan,
                      result: compactor.CompactionResult, new: bool) -> None:
-    """Keep what only an accepted request may leave behind: what its body decoded, and the
-    new checkpoint of the view it was sent (the session's next request reuses it)."""
+    """Keep what only an accepted request leaves behind: its decoded body, its new checkpoint."""
     if not _accepted(record):
         return
     parsed.commit()
@@ -423,7 +367,6 @@ async def _succeeded(s: Services, record: RequestRecord, session: SessionRef,
         await s.checkpoints.save(session.key, plan.lane, result.checkpoint)
     recorder = s.transcripts
     if recorder is not None:
-        # (The client's messages as sent: message n of the session is event n.)
         messages = parsed.messages
         s.background.run(lambda: recorder.record(session.tenant, session.session_id,
                                                    messages),
@@ -432,8 +375,7 @@ async def _succeeded(s: Services, record: RequestRecord, session: SessionRef,
 
 def _learn(s: Services, record: RequestRecord, session: SessionRef,
            plan: CompactionPlan, result: compactor.CompactionResult) -> None:
-    """What the provider's answer teaches: its count of the view calibrates the session's
-    factor; its usage goes to the log line, the metrics and (off the request) the ledger."""
+    """Calibrate from the provider's count of the view; its usage to the metrics and ledger."""
     usage = record.usage
     if usage is None or plan.model is None or usage.prompt_tokens <= 0:
         return
@@ -446,9 +388,4 @@ def _learn(s: Services, record: RequestRecord, session: SessionRef,
     plan.learn(s.calibration, session.key, result, provider)
     entry = s.accounting.entry(session.key, plan.lane, result.tokens_before,
                                result.tokens_after, usage)
-    s.usage_ledger.add(session.key, plan.model, entry)  # summed, written now and then
-
-
-def _set_beta(headers: CIMultiDict[str], value: str) -> None:
-    headers.popall("anthropic-beta", None)
-    headers["anthropic-beta"] = value
+    s.usage_ledger.add(session.key, plan.model, entry)

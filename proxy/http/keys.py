@@ -1,9 +1,5 @@
-"""The one application key: the app's :class:`~proxy.http.services.Services`.
-
-The request path is handed its services when its handlers and middlewares are made; this key
-is for what is reached through the app instead (the error middleware's rare store outage, the
-demo, tests). The per-request key, ``RECORD``, lives with its record in :mod:`proxy.http.audit`.
-"""
+"""The one application key: the app's :class:`~proxy.http.services.Services`, for what reaches
+them through the app (the error middleware, the demo, tests); ``RECORD`` is in audit.py."""
 
 from __future__ import annotations
 
@@ -16,6 +12,5 @@ if TYPE_CHECKING:
 
 __all__ = ["SERVICES"]
 
-#: The app's services (set by :func:`proxy.server.app.create_app`).
 # Typed in the annotation only: the services import most of the proxy.
 SERVICES: Final[web.AppKey[Services]] = web.AppKey("services")

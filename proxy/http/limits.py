@@ -1,13 +1,6 @@
-"""Per-tenant concurrency: no tenant holds more than ``limits.max_concurrent_per_tenant``
-requests in flight in one process.
-
-A request over its tenant's limit gets 429 ``rate_limit_error`` with ``retry-after`` at once,
-before its body is read, so one tenant's burst of long streams cannot take every upstream
-connection (``upstream.max_connections``) or all of the process's memory from the others.
-Only forwarded routes count (``/v1/messages``, ``count_tokens``, every passthrough path); the
-proxy's own routes (``/healthz``, ``/metrics``, ``/admin``) do not. A request whose tenant
-cannot be told (no credential under ``session.scope: credential``) counts in one shared
-bucket; its handler still answers the 401.
+"""Per-tenant concurrency: at most ``limits.max_concurrent_per_tenant`` forwarded requests
+of a tenant in flight in one process; the next gets 429 before its body is read. A request
+whose tenant cannot be told counts in one shared bucket (its handler answers the 401).
 """
 
 from __future__ import annotations
@@ -65,22 +58,18 @@ class TenantLimiter:
             del self._in_flight[tenant]
 
 
-def _tenant(tenants: TenantScope, request: web.Request) -> str:
-    try:
-        return tenants.tenant_of(request.headers)
-    except RequestRejected:
-        return UNKNOWN_TENANT
-
-
 def tenant_limit_middleware(limiter: TenantLimiter, tenants: TenantScope) -> Middleware:
     """Hold a slot of the request's tenant while a forwarded request runs; 429 when none is
-    free. (Inside :func:`~proxy.http.errors.error_middleware`, which answers the 429.)"""
+    free (inside the error middleware, which answers it)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request[RECORD].route not in LIMITED_ROUTES:  # (a provider's path: its kind)
             return await handler(request)
-        tenant = _tenant(tenants, request)
+        try:
+            tenant = tenants.tenant_of(request.headers)
+        except RequestRejected:
+            tenant = UNKNOWN_TENANT
         if not limiter.enter(tenant):
             raise RequestRejected(
                 429, "rate_limit_error",

@@ -29,8 +29,7 @@ __all__ = ["CompactionPlan", "Measured", "RequestScope", "estimate", "measure", 
 
 def _reserved_tokens(counter: compactor.CachingCounter, parsed: RequestBody,
                      durable_text: str) -> int:
-    """Tokens outside ``messages`` that count toward the thresholds (``system`` and
-    ``tools`` counted once per decoded value)."""
+    """Tokens outside ``messages`` that count toward the thresholds."""
     doc = parsed.doc
     reserved = 0
     for name in ("system", "tools"):  # (a loop, not a generator: this runs on every request)
@@ -42,8 +41,7 @@ def _reserved_tokens(counter: compactor.CachingCounter, parsed: RequestBody,
 
 
 def _conversation_key(parsed: RequestBody) -> str:
-    """:meth:`compactor.CompactionCheckpoint.conversation_key` of the request's messages,
-    made once per decoded first user message."""
+    """The conversation key of the request's messages, once per decoded first user message."""
     key_of = compactor.CompactionCheckpoint.conversation_key
     for index, message in enumerate(parsed.messages):
         if message.get("role") == "user":
@@ -53,8 +51,7 @@ def _conversation_key(parsed: RequestBody) -> str:
 
 
 class Measured(msgspec.Struct, frozen=True):
-    """What a request's body is, counted once (on the compute threads for a large body):
-    its conversation key, the tokens outside ``messages`` and each message's facts."""
+    """A request's body counted once: its conversation key, tokens outside ``messages``, facts."""
 
     conversation: str
     reserved: int
@@ -68,10 +65,8 @@ def measure(counter: compactor.CachingCounter, parsed: RequestBody,
 
 
 class RequestScope(msgspec.Struct, frozen=True):
-    """What one request works with: the token counts and tool-protocol walks it reads and
-    adds to — the shared ones, or (a large body) staged ones kept only when its answer is a
-    success, so a refused body leaves nothing, not even the small entries that would pin its
-    memory —, and a large body's turn at the compute threads."""
+    """A request's token counts and tool-protocol walks (a large body's staged, kept only
+    when its answer is a success) and a large body's turn at the compute threads."""
 
     counter: compactor.CachingCounter
     memo: compactor.ProtocolMemo | compactor.StagedMemo
@@ -87,14 +82,12 @@ class RequestScope(msgspec.Struct, frozen=True):
         return cls(counter, memo, turn)
 
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """The turn given up meanwhile (a summary call)."""
         return contextlib.nullcontext() if self.turn is None else self.turn.paused()
 
 
 class CompactionPlan(msgspec.Struct, frozen=True):
-    """How one request is compacted: its role and policy (below the model's learnt window),
-    its conversation lane, its model and the calibration factors (of the messages, and of the
-    fixed part: system, tools, durable block)."""
+    """How one request is compacted: role, policy (below the learnt window), lane, model and
+    the calibration factors of the messages and of the fixed part."""
 
     role: str
     policy: CompactionPolicy
@@ -108,22 +101,19 @@ class CompactionPlan(msgspec.Struct, frozen=True):
 
     @property
     def folded_reserved(self) -> int:
-        """The fixed part as the compactor is given it: the compactor scales all by the
-        messages' factor, so the fixed part's own factor is folded into its count."""
+        """The fixed part with its own factor folded in (the compactor scales all by ``scale``)."""
         return round(self.reserved * self.reserved_scale / self.scale)
 
     def tightened(self, maximum: int, shown: float) -> CompactionPlan:
-        """The plan for compacting again below a refusal's window ``maximum``, with every
-        count scaled by the ratio ``shown`` the refusal showed over the refused view's
-        estimate (the per-message counts behind that estimate are no longer trusted)."""
+        """The plan for compacting again below a refusal's window ``maximum``, every count
+        scaled by the ratio ``shown`` (the per-message counts are no longer trusted)."""
         return msgspec.structs.replace(
             self, policy=clamp_to_window(self.policy, maximum), scale=self.scale * shown,
             reserved_scale=self.reserved_scale * shown, known=None)
 
     def learn(self, calibration: Calibration, session_key: str,
               result: compactor.CompactionResult, provider_tokens: int) -> None:
-        """What the provider's count of the view sent teaches the session's calibration:
-        the messages as counted, and the fixed part as counted (unfolded)."""
+        """Teach the session's calibration the provider's count of the view sent."""
         if self.model is None:
             return
         calibration.observe(session_key, self.model,
@@ -141,8 +131,7 @@ def model_of(s: Services, request: web.Request, body: dict[str, Any]) -> str | N
 
 def plan_compaction(s: Services, request: web.Request, session: SessionRef,
                     parsed: RequestBody, measured: Measured) -> CompactionPlan:
-    """The request's role and policy (below the model's learnt window), its lane and the
-    calibration factors of its session and model."""
+    """The request's :class:`CompactionPlan`."""
     model = model_of(s, request, parsed.doc)
     role, policy = s.role_policies.select(request.headers, model)
     lane = f"{role}:{measured.conversation}"

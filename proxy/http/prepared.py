@@ -1,21 +1,16 @@
-"""The request path's side of zero-wait compaction (:mod:`proxy.summary.prepare`).
-
-Before compacting, a request whose history nears the threshold reads its lane's preparation
-(:func:`prepared_record`), which the compactor uses at a crossing. Its summarizer is timed
-(:class:`TimedSummarizer`): a crossing logs and counts how its summary was served
-(``summary_served``: ``prepared``, ``inline``, ``none``) and how long the request waited for
-it (``summary_wait_ms``). A ``/v1/messages`` request whose view reached
-``summary.prepare_at`` of the soft threshold starts the next preparation in the background
-(:func:`prepare_next`: its record is written before the request is forwarded, the summary
-call runs in the background).
+"""The request path's side of zero-wait compaction (:mod:`proxy.summary.prepare`): read the
+lane's preparation before compacting, time the summarizer (``summary_served``,
+``summary_wait_ms``), and start the next preparation once the view reaches
+``summary.prepare_at`` of the soft threshold.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import compactor
 from policies import CompactionPolicy
@@ -31,21 +26,19 @@ if TYPE_CHECKING:
 
 __all__ = ["TimedSummarizer", "observe_crossing", "prepare_next", "prepared_record"]
 
-#: Makes the request's summarizer for a preparation; the callback is told the model and
-#: ``usage`` of every call it makes.
+#: Makes the request's summarizer for a preparation, told each call's model and ``usage``.
 SourceFactory = Callable[[Callable[[str, ProviderUsage], None]], Summarizer]
 
 
 def _preparations(s: Services, policy: CompactionPolicy) -> Preparations | None:
-    """The app's preparations (``summary.prepare_at`` set), when the policy summarises."""
     return s.preparations if policy.summary_enabled else None
 
 
 async def prepared_record(s: Services, session: SessionRef, lane: str,
                           policy: CompactionPolicy, estimate: int | None,
                           ) -> PreparedRecord | None:
-    """The lane's preparation record, read only for a history that has reached
-    ``summary.prepare_at`` (``estimate``: its calibrated size, None: unknown)."""
+    """The lane's preparation record, read only for a history (``estimate``: its calibrated
+    size, None: unknown) that has reached ``summary.prepare_at``."""
     preparations = _preparations(s, policy)
     if preparations is None:
         return None
@@ -60,10 +53,6 @@ class TimedSummarizer:
     def __init__(self, inner: Summarizer | None) -> None:
         self.inner = inner
         self.waited_s = 0.0
-
-    def get(self) -> Summarizer | None:
-        """The summarizer to give the compactor (None when there is none)."""
-        return None if self.inner is None else self
 
     async def __call__(self, request: compactor.SummaryRequest) -> str | None:
         assert self.inner is not None
@@ -96,9 +85,8 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
                        prepared: PreparedRecord | None, policy: CompactionPolicy,
                        result: compactor.CompactionResult, *, scale: float, reserved: int,
                        executor: Executor | None, source: SourceFactory) -> None:
-    """When the lane's forwarded view ``result`` reached ``summary.prepare_at`` of the soft
-    threshold without crossing it and needs a preparation, record it and start its summary
-    call in the background (``prepared``: the lane's record as read for this request)."""
+    """When the forwarded view reached ``summary.prepare_at`` without crossing and needs a
+    preparation, record it and start its summary call in the background."""
     preparations = _preparations(s, policy)
     if preparations is None or result.outcomes:
         return
@@ -107,29 +95,20 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
     if prepared is None:  # (not read before compacting: the history's estimate was smaller)
         prepared = await preparations.load(session.key, lane)
 
-    async def plan_span(work: Callable[[], Any]) -> Any:
-        return await run_on(executor, work)
-
     found = await preparations.consider(session.key, lane, prepared, policy, result,
                                         scale=scale, reserved=reserved, counter=s.counter,
-                                        plan_span=plan_span)
+                                        plan_span=functools.partial(run_on, executor))
     if found is None:
         return
     request, started = found
 
     async def summarize() -> None:
-        usages: list[ProviderUsage] = []
-        models: list[str] = []
-
-        def add(model: str, usage: ProviderUsage) -> None:
-            models.append(model)
-            usages.append(usage)
-
-        text = await source(add)(request)
+        calls: list[tuple[str, ProviderUsage]] = []  # (model, usage) of each call
+        text = await source(lambda model, usage: calls.append((model, usage)))(request)
         total = ProviderUsage(*(sum(kind) for kind in zip(
-            *((u.input, u.cache_read, u.cache_write, u.output) for u in usages),
-            strict=True))) if usages else ProviderUsage()
+            *((u.input, u.cache_read, u.cache_write, u.output) for _, u in calls),
+            strict=True))) if calls else ProviderUsage()
         await preparations.finish(session.key, lane, started, text,
-                                  models[0] if models else "", total)
+                                  calls[0][0] if calls else "", total)
 
     s.background.run(summarize, failure_event="summary_prepare_failed")

@@ -1,9 +1,5 @@
 """The last body of recent conversations, so the next one is read from where it stops
-repeating it: a warm request costs what is new in it.
-
-Bounded by what the kept bodies' decoded objects occupy (each message's
-:attr:`~proxy.http.decoded.Decoded.size`), least recently used conversations first.
-"""
+repeating it: a warm request costs what is new in it."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ from proxy.http.spans import _GAP, _SPANS, RequestBody, _distinct
 __all__ = ["CUTS", "RecentBodies"]
 
 
-#: How many of a body's last message starts are tried as the end of what the next body of
-#: the conversation repeats (clients move cache markers onto the newest messages).
+#: How many of a body's last message starts are tried as the end of what the next repeats.
 CUTS: Final = 4
 
 
@@ -38,28 +33,16 @@ class _Seen(msgspec.Struct, eq=False):
 
 
 class RecentBodies:
-    """The last body of recent conversations, so the next one is read from where it stops
-    repeating it: a warm request costs what is new in it.
-
-    A body is the previous one plus a message or two, with a cache marker moved. When its
-    bytes up to the start of one of the previous body's last messages hash (xxh3-128) to
-    what they did, and its bytes after its messages are the previous body's, only the rest
-    is scanned and decoded; the messages before are the previous body's own objects and
-    facts. Anything else is read whole. Keyed by what the caller knows before parsing (its
-    tenant and session header, or the start of the body). Used from the event loop and the
-    compaction threads (a lock around the map).
-
-    Args:
-        max_entries: how many conversations to remember.
-        max_bytes: how many bytes of decoded objects their bodies may hold in all (a body
-            larger than this is not kept).
-    """
+    """When a body's bytes up to one of the previous body's last message starts hash
+    (xxh3-128) as they did, and its bytes after the messages are the same, only the rest is
+    decoded; the messages before are the previous body's own objects. At most
+    ``max_entries`` conversations and ``max_bytes`` of decoded objects (a lock: the
+    compaction threads use it too)."""
 
     def __init__(self, max_entries: int = 1024, *,
                  max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max(1, max_entries)
-        # Bounded by bytes (a conversation's bodies charged their size); by count in keep().
         self._seen: LRUCache[object, list[_Seen]] = LRUCache(max(1, max_bytes),
                                                              getsizeof=_charged)
         self._lock = threading.Lock()
@@ -71,16 +54,14 @@ class RecentBodies:
 
     @staticmethod
     def key_of(tenant: str, session: str | None, raw: bytes) -> object:
-        """The key of ``raw``'s conversation: its tenant and session header, else its first
-        kilobytes (a guess: every candidate is checked byte for byte)."""
+        """The key of ``raw``'s conversation: tenant and session header, else its first bytes."""
         if session is not None:
             return (tenant, session)
         return (tenant, xxhash.xxh3_64_intdigest(memoryview(raw)[:4096]))
 
     def extend(self, raw: bytes, key: object, cache: DecodedSpans,
                staged: Staged | None = None) -> RequestBody | None:
-        """``raw`` read as a known earlier body plus what is new (decoded into ``staged``,
-        see :meth:`DecodedSpans.decode`), or None."""
+        """``raw`` read as a known earlier body plus what is new, or None."""
         with self._lock:
             candidates = self._seen.get(key, ())
         for seen in candidates:
@@ -96,9 +77,7 @@ class RecentBodies:
             return
         first = max(0, len(bounds) - CUTS)
         starts = list(map(operator.itemgetter(0), bounds[first:]))
-        # Each cut's (digest, hasher state): the earlier body's where its bytes held for this
-        # one too (a body that repeats the last one: C loops only), else hashed on from the
-        # previous cut (or from the body's start).
+        # Each cut's (digest, hasher): the earlier body's where valid, else hashed on.
         before, upto = parsed._hashed, parsed._hashed_upto
         marks: list[tuple[int, Any]] = list(map(before.get, starts))  # type: ignore[arg-type]  # (Nones filled:)
         if None in marks or starts[-1] > upto:
@@ -157,15 +136,12 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans,
         bounds = before.bounds[:index]
         at = 1
         for span in spans:
-            # Each span starts where the whitespace and commas after the previous one end (a
-            # search would first study the whole span).
             at = _GAP.match(tail, at).end()  # type: ignore[union-attr]  # (matches the empty)
             if not tail.startswith(span, at):
                 return None
             bounds.append((start + at - 1, start + at - 1 + len(span)))
             at += len(span)
         doc = dict(before.doc)
-        # The repeated messages are the earlier body's own objects: its list, sliced.
         messages = before.doc["messages"][:index]
         messages.extend(entry.value for entry in entries[index:])
         doc["messages"] = messages

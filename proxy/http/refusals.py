@@ -1,13 +1,5 @@
-"""What kind of refusal a refused request is, and a broken tool protocol in the provider's words.
-
-Three kinds, one meaning in the log, the metric's ``outcome``, the audit record and the CLI:
-
-* ``blocked``: a limit of the proxy refused it (the hard limit, the body's size, a tenant's
-  concurrency, a slow body, an admin client locked out); logged as ``request_blocked``.
-* ``invalid``: the client's mistake (bad JSON, a block of the wrong shape, a broken tool
-  protocol, a wrong admin token, a missing tenant header); logged as ``request_invalid``.
-* a routine answer of the admin API (404 for a state that does not exist, 409 for a stale
-  version): outcome ``http_error`` and no line of its own beyond ``request_completed``.
+"""What kind of refusal a refused request is (``blocked`` by a limit, ``invalid``: the client's
+mistake, or a routine admin ``http_error``), and a broken tool protocol in the provider's words.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Every route of the proxy, in one place and in match order.
-
-The catch-all comes last: ``/admin`` and everything under it (the admin sub-application:
-the admin API, or 404 when it is off) and the proxy's own routes resolve before anything is
-forwarded.
-"""
+"""Every route of the proxy, in one place and in match order (the forwarding catch-all last)."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ __all__ = ["setup_routes"]
 
 
 async def root_handler(request: web.Request) -> web.Response:
-    """``HEAD /`` (Claude Code's check that its base URL answers, at each launch): answered
-    here, 200 and no body, never forwarded (the provider would answer 404)."""
+    """``HEAD /`` (Claude Code's check that its base URL answers): 200, never forwarded."""
     return web.Response(status=200)
 
 
@@ -28,11 +22,7 @@ def setup_routes(app: web.Application, s: Services) -> None:
     """Register the routes on ``app``, their handlers holding ``s``."""
 
     async def healthz(request: web.Request) -> web.Response:
-        """``GET /healthz``: ``{"status": "ok", "store": "ok"}`` while the process serves
-        requests and reaches its store; 503 with ``"store": "unavailable"`` while the store
-        cannot be reached (a load balancer routes away). The store is asked cheaply: a PING
-        at most once a second, none while it is known to be down. While the provider cannot
-        be reached, ``"upstream": "unreachable since <time>"`` is added (the status stays)."""
+        """``GET /healthz`` (docs/operations.md): 503 while the store cannot be reached."""
         upstream = s.upstream.health.status()
         extra = {} if upstream is None else {"upstream": upstream}
         if await s.store_health.available():
@@ -41,13 +31,12 @@ def setup_routes(app: web.Application, s: Services) -> None:
                                  status=503)
 
     async def metrics(request: web.Request) -> web.Response:
-        """``GET /metrics``: the app's metrics in the Prometheus text format."""
         return web.Response(body=s.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     handlers = make_handlers(s)
     router = app.router
-    router.add_post("/v1/messages", handlers.messages, name="messages")
-    router.add_post("/v1/messages/count_tokens", handlers.count_tokens, name="count_tokens")
+    router.add_post("/v1/messages", handlers["messages"], name="messages")
+    router.add_post("/v1/messages/count_tokens", handlers["count_tokens"], name="count_tokens")
     router.add_get("/healthz", healthz, name="healthz")
     router.add_get("/metrics", metrics, name="metrics")
     router.add_route("HEAD", "/", root_handler, name="root")
@@ -55,5 +44,5 @@ def setup_routes(app: web.Application, s: Services) -> None:
     setup_admin(app, s.store, config.admin_token(), log=s.backend,  # mounts /admin
                 resolvers=s.resolvers, record_changes=config.audit.enabled,
                 throttle=s.auth_throttle)
-    add_provider_routes(app, s.provider, handlers._asdict())  # Bedrock's, Vertex's paths
-    router.add_route("*", "/{tail:.*}", handlers.passthrough, name="passthrough")
+    add_provider_routes(app, s.provider, handlers)  # Bedrock's, Vertex's paths
+    router.add_route("*", "/{tail:.*}", handlers["passthrough"], name="passthrough")

@@ -1,9 +1,6 @@
 """What the request path works with: one frozen :class:`Services`, built once by
-:func:`build_services` (called by :func:`proxy.server.app.create_app`) and handed to the handlers
-and middlewares when they are made, instead of a key per service looked up on every request.
-
-Each collaborator keeps its own arithmetic (calibration plans and learns, accounting keys its
-ledger); the request path only calls them.
+:func:`build_services` and handed to the handlers and middlewares when they are made. Each
+collaborator keeps its own arithmetic; the request path only calls them.
 """
 
 from __future__ import annotations
@@ -57,7 +54,6 @@ class Services:
     """The app's collaborators, each made once (absent ones ``None``: off in the config)."""
 
     config: Config
-    #: Bedrock's or Vertex's own paths and signing; first-party Anthropic otherwise.
     provider: Provider
     upstream: Upstream
     forward_policy: ForwardPolicy
@@ -67,22 +63,16 @@ class Services:
     auth_throttle: AuthThrottle
     fixed_part: FixedPartWarnings
     metrics: ProxyMetrics
-    #: Token counts and tool-protocol walks shared by requests (a large body stages its own).
     counter: compactor.CachingCounter
     protocol_memo: compactor.ProtocolMemo
-    #: Decoded messages by their bytes, the last body of each conversation, and the encoded
-    #: messages of recent views: what a warm request reuses.
     decoded_spans: DecodedSpans
     recent_bodies: RecentBodies
     encoded_views: EncodedViews
-    #: The threads that parse and compact large bodies off the event loop.
     compute: ComputeThreads
     role_policies: RolePolicies
     resolvers: ResolverPool
     durable_blocks: DurableBlocks
-    #: The per-session state (reads cached briefly; the admin API writes through it).
-    store: CachedStateReads
-    #: The store backend itself: its summary cache and audit log.
+    store: CachedStateReads  # reads cached briefly; the admin API writes through it
     backend: StoreBackend
     store_health: StoreHealth
     checkpoints: SessionCheckpoints
@@ -90,45 +80,34 @@ class Services:
     calibration: Calibration
     accounting: Accounting
     background: Background
-    #: Summaries made ahead (``summary.prepare_at``), the L4 client (``summary.enabled``),
-    #: the proxy's own transcripts (``sources.record_transcripts``).
     preparations: Preparations | None
     summarizer: ProviderSummarizer | None
     transcripts: TranscriptRecorder | None
-    #: What a small body's request works with: the shared counts and walks.
-    shared_scope: RequestScope
+    shared_scope: RequestScope  # a small body's: the shared counts and walks
 
     def provider_of(self, request: web.Request) -> Provider | None:
-        """The provider whose own path (Bedrock's, Vertex's) ``request`` came on; ``None``
-        for first-party paths (all of them when the provider is Anthropic's own)."""
+        """The provider whose own path (Bedrock's, Vertex's) ``request`` came on, else None."""
         if self.provider.name == "anthropic":
             return None
         return provider_of(request, self.provider)
 
 
 def _token_counter(config: Config) -> compactor.CachingCounter:
-    if config.compaction.token_counter == "chars4":
-        return compactor.CachingCounter(compactor.Chars4Counter(),
-                                        max_entries=COUNTER_CACHE_ENTRIES)
     try:
-        base = compactor.TiktokenCounter()
+        base = (compactor.Chars4Counter() if config.compaction.token_counter == "chars4"
+                else compactor.TiktokenCounter())
     except RuntimeError as exc:
         raise ConfigError("compaction.token_counter", str(exc)) from None
     return compactor.CachingCounter(base, max_entries=COUNTER_CACHE_ENTRIES)
 
 
 def build_services(config: Config, backend: StoreBackend) -> Services:
-    """Every collaborator of the request path, from a validated config and its store.
-
-    Raises:
-        ConfigError: a setting that cannot work here (tiktoken's offline encoding missing,
-            a provider's library not installed), naming its key.
-    """
+    """Every collaborator of the request path, from a validated config and its store
+    (ConfigError for a setting that cannot work here)."""
     base_url = config.upstream.require_base_url()
     provider = make_provider(config)
     metrics = ProxyMetrics()
-    # Per-session calibration: shared through the store when other processes serve from it
-    # (refreshed with each request's state read), else this process's own.
+    # Shared through the store when other processes serve from it, else this process's own.
     ttl = config.compaction.learnt_window_ttl_s
     calibration = (SharedCalibration(backend, window_ttl_s=ttl) if backend.shared
                    else Calibration(window_ttl_s=ttl))
@@ -146,8 +125,7 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
                                         provider=provider)
     sources = config.sources
     admin = config.admin
-    # The decoded objects kept in all: half for spans by their bytes, half for the last body
-    # of each conversation (the two mostly share objects; together never more than this).
+    # Half for spans by their bytes, half for the last body of each conversation.
     decoded_half = config.limits.decoded_cache_bytes // 2
     counter, memo = _token_counter(config), compactor.ProtocolMemo()
     return Services(
@@ -182,8 +160,7 @@ def build_services(config: Config, backend: StoreBackend) -> Services:
         background=Background(health),
         preparations=(Preparations(
             backend, metrics, summary.max_tokens, ledger, prepare_at=summary.prepare_at,
-            # Every try of a call (summary.timeout_s each) has ended by then, unless its
-            # process died.
+            # Every try of a call has ended by then, unless its process died.
             lifetime_s=summary.timeout_s * (summary.max_retries + 1))
             if summary.enabled and summary.prepare_at is not None else None),
         summarizer=summarizer,

@@ -1,22 +1,10 @@
 """Which session a request belongs to (SPEC section 4, "Session resolution").
 
-First that applies:
-
-1. the configured header (default ``x-compact-session-id``);
-2. ``X-Claude-Code-Session-Id``;
-3. ``metadata.user_id``: the ``session_id`` inside it when it is a JSON object string, the
-   ``<uuid>`` of Claude Code's older ``user_<hex>_account_<uuid>_session_<uuid>`` form, else the
-   string itself;
-4. ``conv-`` + a stable hash of the conversation's first message, ``system`` and the tenant.
-
-Every id follows the one rule for session ids (:func:`compactor.check_session_id`: runs of
-``A-Z a-z 0-9 _ -`` joined by single dots, at most 128 characters), so whatever session is
-served can also be given durable state whose pointers resolve. A value of the configured
-header that is not a valid id is refused (400 ``invalid_request_error`` naming the header and
-the rule): the client chose that id, and serving another session instead would silently hide
-its state. A candidate from ``X-Claude-Code-Session-Id`` or ``metadata.user_id`` that is not
-a valid id is skipped, and the next rule applies. The derived ``conv-`` id is valid by
-construction.
+First that applies: the configured header (``session.header``; an invalid value is a 400),
+``X-Claude-Code-Session-Id``, ``metadata.user_id`` (its ``session_id``, its legacy
+``_session_<uuid>``, else itself; an invalid candidate is skipped), else ``conv-`` + a hash
+of the first message, ``system`` and the tenant. Every id follows
+:func:`compactor.check_session_id`'s rule.
 """
 
 from __future__ import annotations
@@ -64,9 +52,7 @@ def _from_user_id(user_id: object) -> str | None:
 def _derived(body: Mapping[str, Any], tenant: str) -> str:
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
-    # Canonical JSON: the same conversation gives the same id whatever the key order. Another
-    # tenant's equal opener is another conversation (tenant "none" adds nothing: ids stay as
-    # they were before tenants).
+    # Canonical JSON; tenant "none" adds nothing (ids stay as they were before tenants).
     seen: dict[str, Any] = {"first_message": first, "system": body.get("system")}
     if tenant != "none":
         seen["tenant"] = tenant
@@ -77,23 +63,15 @@ def _derived(body: Mapping[str, Any], tenant: str) -> str:
 
 def resolve_session_id(headers: Mapping[str, str], body: Mapping[str, Any],
                        configured_header: str, tenant: str = "none") -> str:
-    """The session id of a request (the client's own; its tenant keys it in the store).
-
-    Args:
-        headers: the request headers (a case-insensitive mapping, e.g. aiohttp's).
-        body: the parsed JSON body.
-        configured_header: ``session.header`` from the config.
-        tenant: the request's tenant (:mod:`proxy.http.tenants`); part of a derived id.
+    """The session id of a request (``headers`` case-insensitive, ``body`` parsed).
 
     Raises:
-        RequestRejected: 400 ``invalid_request_error``: the configured header is present but
-            its value is not a valid session id.
+        RequestRejected: 400: ``configured_header`` holds an invalid session id.
     """
     chosen = headers.get(configured_header)
     if chosen is not None:
         problem = session_id_problem(chosen)
         if problem is not None:
-            # The value is the client's own; the message names the header and the rule only.
             raise RequestRejected(
                 400, "invalid_request_error",
                 f"{configured_header}: not a valid session id ({problem}); "

@@ -1,16 +1,10 @@
 """The request body as raw spans: each message kept as the bytes the client sent, decoded
 once per process, and the forwarded body spliced from bytes.
 
-An agent's request is its previous request plus a message or two, so ``msgspec`` scans the
-body once into the raw bytes of each top-level field and message, each keyed by an xxh3
-128-bit hash; a span seen before, by any request, is not decoded again (:class:`DecodedSpans`
-hands back the same object, its fingerprint made). Shared decoded objects are read-only: the
-compactor never mutates its input, and a body that needs mending takes the plain path. Within
-one request every message is a distinct object, since the compactor tells messages apart by
-identity. :meth:`RequestBody.encode` splices the client's own bytes for what the proxy did
-not change and ``msgspec`` for what it rewrote: strict JSON, the same in every process
-whatever a cache held. Anything the fast decoder refuses takes
-:func:`proxy.http.body.parse_body`, which names the problem exactly.
+An agent's request is its previous one plus a message or two, so a span seen before is not
+decoded again (:class:`DecodedSpans`; shared objects are read-only), and
+:meth:`RequestBody.encode` splices the client's own bytes for what the proxy did not change.
+Anything the fast decoder refuses takes :func:`proxy.http.body.parse_body`.
 """
 
 from __future__ import annotations
@@ -60,40 +54,22 @@ class _Slow(Exception):
 
 
 class RequestBody(msgspec.Struct, eq=False):
-    """A parsed ``/v1/messages`` (or ``count_tokens``) body (a :class:`msgspec.Struct`: two
-    are made per request, built in C).
+    """A parsed ``/v1/messages`` (or ``count_tokens``) body; ``doc["messages"]`` read-only
+    (shared with other requests). The span fields are ``None`` when parsed the plain way."""
 
-    Attributes:
-        raw: the body's bytes, as read (decoded from its content coding).
-        doc: the body as a JSON object; ``doc["messages"]`` the messages (read-only: they
-            may be shared with other requests).
-        fields: each top-level field's bytes in the client's order, ``messages`` as None
-            (None: parsed the plain way, see :func:`parse_request`).
-        bounds: where each message's bytes are in ``raw`` (start, end).
-        entries: each message's :class:`Decoded` (None with ``fields``).
-        values: each top-level field's :class:`Decoded`, but ``messages``.
-        mended: how many lone surrogates were replaced (the plain path only).
-        reused: how many leading messages were taken from an earlier body of the same
-            conversation without reading their bytes again (:class:`RecentBodies`).
-    """
-
-    raw: bytes
+    raw: bytes  # as read (decoded from its content coding)
     doc: dict[str, Any]
-    fields: dict[str, bytes | None] | None = None
-    bounds: list[tuple[int, int]] | None = None
-    entries: list[Decoded] | None = None
-    values: dict[str, Decoded] = msgspec.field(default_factory=dict)
-    mended: int = 0
-    reused: int = 0
-    # The earlier body's cuts (start -> (xxh3-128 of the bytes before it, the hasher state)),
-    # which hold for this body up to _hashed_upto (its bytes there were checked the same):
-    # RecentBodies.keep takes them, or goes on from one, instead of hashing the body again.
+    fields: dict[str, bytes | None] | None = None  # top-level fields' bytes, messages None
+    bounds: list[tuple[int, int]] | None = None  # each message's (start, end) in raw
+    entries: list[Decoded] | None = None  # each message's
+    values: dict[str, Decoded] = msgspec.field(default_factory=dict)  # the other fields'
+    mended: int = 0  # lone surrogates replaced
+    reused: int = 0  # leading messages taken from an earlier body (RecentBodies)
+    # The earlier body's cuts (start -> (digest before it, hasher)), valid up to _hashed_upto.
     _hashed: dict[int, tuple[int, Any]] = msgspec.field(default_factory=dict)
     _hashed_upto: int = -1
-    # What this request decoded and remembers, kept aside until commit() (a request that
-    # is refused keeps nothing): (the cache, its staged entries, the recent bodies, the key).
+    # What this request decoded, kept aside until commit(): (cache, staged, recent, key).
     _pending: tuple[DecodedSpans, Staged, RecentBodies | None, object] | None = None
-    # More to keep with it (the request's staged counts and protocol walks: on_commit()).
     _also: list[Callable[[], None]] = msgspec.field(default_factory=list)
 
     def on_commit(self, keep: Callable[[], None]) -> None:
@@ -102,7 +78,7 @@ class RequestBody(msgspec.Struct, eq=False):
 
     def commit(self) -> None:
         """Keep what this request decoded, and remember it as its conversation's latest
-        body: its answer was a success. Idempotent; nothing to do for an immediate parse."""
+        body: its answer was a success. Idempotent."""
         also, self._also = self._also, []
         for keep in also:
             keep()
@@ -120,14 +96,13 @@ class RequestBody(msgspec.Struct, eq=False):
         return messages
 
     def facts(self, counter: compactor.CachingCounter) -> list[compactor.MessageFact] | None:
-        """Each message's facts (:class:`compactor.MessageFact`, made once per decoded message
-        with ``counter``: always pass the same one), or None on the plain path or when a
-        message is not well shaped (the pipeline's own check names it)."""
+        """Each message's facts (made once per decoded message: always pass the same
+        ``counter``), or None on the plain path or for a message not well shaped."""
         entries = self.entries
         if entries is None:
             return None
         new = [entry for entry in entries if "fact" not in entry.memo]
-        if len(new) > 1:  # (a cold history: its long texts counted in one batch)
+        if len(new) > 1:  # (counted in one batch)
             made = compactor.message_facts([entry.value for entry in new], counter)
             for entry, fact in zip(new, made, strict=True):
                 entry.memo["fact"] = fact
@@ -150,17 +125,11 @@ class RequestBody(msgspec.Struct, eq=False):
     def encode(self, messages: Sequence[dict[str, Any]], replaced: Mapping[str, Any],
                reused: Iterable[tuple[Sequence[dict[str, Any]], Sequence[bytes]]] = (),
                since: dict[int, tuple[Any, bytes]] | None = None) -> bytes:
-        """The body to forward: this one with ``messages`` in place of the client's and each
-        field of ``replaced`` in place of (or after) the client's.
+        """The body to forward: ``messages`` and ``replaced``'s fields in place of the client's.
 
-        A message of a ``reused`` pair ``(objects, encoded)`` goes out as its encoded bytes; a
-        message that is one of the client's own objects as the client's bytes (a run of them
-        that ends both lists: the client's bytes from the first to the last, separators
-        included); a message ``since`` holds (by object id: the very object) as those bytes;
-        any other message, and every replaced field, through the one encoder. ``since`` is
-        left holding what the encoder wrote for this body's messages (for the next request
-        on the same view). Only the messages that are not part of such a run or pair are
-        looked at one by one: a warm request's view is mostly both.
+        Each message goes out as the bytes a ``reused`` ``(objects, encoded)`` pair, the
+        client's own body or ``since`` (left holding what was encoded now) has for that very
+        object, else through the one encoder.
         """
         if self.fields is None or self.bounds is None:
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
@@ -193,7 +162,6 @@ class RequestBody(msgspec.Struct, eq=False):
                     parts[index] = found
             if tail:
                 parts.append(view[bounds[-tail][0]:bounds[-1][1]])
-            # One list of pieces joined once: the body is copied once, however long.
             out: list[Any] = [b"{"]
             for key, value in self.fields.items():
                 out += (encode(key), b":")
@@ -213,8 +181,7 @@ class RequestBody(msgspec.Struct, eq=False):
                 if key not in self.fields:
                     out += (encode(key), b":", encode(value), b",")
         except (UnicodeEncodeError, OverflowError, TypeError):
-            # What the one encoder cannot write (a lone surrogate a layer made by cutting a
-            # text): the plain dump escapes it.
+            # (a lone surrogate a layer made by cutting a text: the plain dump escapes it)
             return dump_body({**self.doc, **replaced, "messages": list(messages)})
         out[-1] = b"}"  # (the last separator)
         if since is not None:
@@ -224,8 +191,7 @@ class RequestBody(msgspec.Struct, eq=False):
 
 
 def _own_tail(messages: Sequence[Any], own: Sequence[Any], parts: Sequence[Any]) -> int:
-    """How many of ``messages`` at the end are, in order, the last of the client's ``own``
-    objects and have no bytes in ``parts`` (C loops)."""
+    """How many of ``messages`` at the end are the last of ``own`` with no bytes in ``parts``."""
     same = map(operator.is_, reversed(messages), reversed(own))
     unknown = map(operator.is_, reversed(parts), repeat(None))
     run = list(map(operator.and_, same, unknown))
@@ -236,12 +202,8 @@ def _own_tail(messages: Sequence[Any], own: Sequence[Any], parts: Sequence[Any])
 
 
 class EncodedViews:
-    """The encoded bytes of each message of recent checkpoints' views, so a warm request
-    encodes none of the prefix it forwarded before. Used from the event loop only.
-
-    Args:
-        max_bytes: how many encoded bytes to keep (least recently used checkpoints go first).
-    """
+    """The encoded messages of recent checkpoints' views, so a warm request encodes none of
+    the prefix it forwarded before (``max_bytes`` of them at most)."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, *, max_checkpoints: int = 1024) -> None:
         self._entries: LRUCache[int, tuple[compactor.CompactionCheckpoint, list[bytes]]] = (
@@ -254,9 +216,8 @@ class EncodedViews:
 
     def since(self, checkpoint: compactor.CompactionCheckpoint | None,
               ) -> dict[int, tuple[Any, bytes]] | None:
-        """What the last body forwarded on ``checkpoint`` encoded beyond its view (the new
-        tool results L1 cut: the same objects, request after request), for
-        :meth:`RequestBody.encode` to reuse and refill; None for no checkpoint."""
+        """What the last body forwarded on ``checkpoint`` encoded beyond its view, for
+        :meth:`RequestBody.encode` to reuse and refill."""
         if checkpoint is None:
             return None
         with self._lock:
@@ -267,8 +228,7 @@ class EncodedViews:
 
     def of(self, checkpoint: compactor.CompactionCheckpoint | None,
            ) -> list[tuple[Sequence[dict[str, Any]], Sequence[bytes]]]:
-        """``[(checkpoint.view, its messages encoded)]`` for :meth:`RequestBody.encode`
-        (``[]`` for no checkpoint, or a view the encoder cannot write)."""
+        """``[(checkpoint.view, its messages encoded)]`` for :meth:`RequestBody.encode`."""
         if checkpoint is None:
             return []
         with self._lock:
@@ -286,26 +246,13 @@ class EncodedViews:
 
 def parse_request(raw: bytes, cache: DecodedSpans, recent: RecentBodies | None = None,
                   key: object = None, *, tenant: str | None = None) -> RequestBody:
-    """``raw`` as a :class:`RequestBody`: from an earlier body of the same conversation
-    (``recent``, under ``key``) plus what is new, or by spans where the fast decoder takes it,
-    else the plain way (:func:`proxy.http.body.parse_body`, whose errors name the problem).
-
-    With ``tenant``, what is decoded anew is found only by that tenant and kept only once
-    the caller calls :meth:`RequestBody.commit` (the request succeeded); without, it is kept
-    at once.
-
-    A body holding a lone surrogate escape is parsed the plain way and mended: each lone
-    surrogate becomes U+FFFD (:func:`proxy.http.body.replace_lone_surrogates`, counted in
-    :attr:`RequestBody.mended`).
-
-    Raises:
-        RequestRejected: 400 ``invalid_request_error`` naming the problem, as
-            :func:`proxy.http.body.parse_body`.
-    """
+    """``raw`` as a :class:`RequestBody`: an earlier body of its conversation (``recent``,
+    ``key``) plus what is new, or by spans, else the plain way (lone surrogates mended; a 400
+    naming the problem). With ``tenant``, what is decoded anew is that tenant's and kept only
+    at :meth:`RequestBody.commit`."""
     staged = None if tenant is None else Staged(tenant)
     try:
-        # The fast decoder refuses every lone surrogate, and decodes every span it hands
-        # out (or decoded the same bytes before): a body that needs mending is never here.
+        # (the fast decoder refuses every lone surrogate: a body needing mending is not here)
         parsed = None if recent is None else recent.extend(raw, key, cache, staged)
         if parsed is None:
             parsed = _by_spans(raw, cache, staged)
@@ -322,8 +269,7 @@ def parse_request(raw: bytes, cache: DecodedSpans, recent: RecentBodies | None =
 
 def _distinct(entries: list[Decoded], spans: Sequence[Any], start: int,
               seen: set[int]) -> None:
-    """Give every message from ``start`` on an object of its own (the same bytes twice in
-    one request are two objects), and refuse a message that is not an object."""
+    """Give every message from ``start`` on an object of its own; _Slow for a non-object."""
     for index in range(start, len(entries)):
         entry = entries[index]
         if id(entry.value) in seen:
@@ -359,11 +305,8 @@ def _by_spans(raw: bytes, cache: DecodedSpans, staged: Staged | None) -> Request
 
 def _bounds(raw: bytes, array: msgspec.Raw, spans: list[msgspec.Raw],
             ) -> list[tuple[int, int]] | None:
-    """Where each span is in ``raw`` (None when the array's place is not certain).
-
-    The array is found by its first bytes, compared whole where they are (a search for a
-    megabyte needle costs a millisecond; a comparison a tenth of that), and must be there
-    once; each span starts where the whitespace and commas after the previous one end."""
+    """Where each span is in ``raw`` (None when the array's place is not certain: it is
+    found by its first bytes, then compared whole, and must be there once)."""
     head = bytes(memoryview(array)[:64])
     found = [at for at in _occurrences(raw, head) if raw.startswith(array, at)]
     if len(found) != 1:

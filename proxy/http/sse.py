@@ -12,16 +12,14 @@ import msgspec
 
 from proxy.accounting.usage import ProviderUsage
 from proxy.http.body import decoded
+from proxy.http.errors import error_body
 
 __all__ = ["SSEFramer", "StreamWatch", "json_usage", "sse_error_event"]
 
 
 class SSEFramer:
-    """Splits a byte stream at Server-Sent-Event boundaries (a blank line).
-
-    :meth:`feed` returns every complete event received so far and keeps the incomplete
-    rest; :meth:`flush` returns that rest when the stream ends.
-    """
+    """Splits a byte stream at Server-Sent-Event boundaries (a blank line): :meth:`feed`
+    returns the complete events, :meth:`flush` the incomplete rest when the stream ends."""
 
     __slots__ = ("_pending",)
 
@@ -29,7 +27,6 @@ class SSEFramer:
         self._pending = bytearray()
 
     def feed(self, chunk: bytes) -> bytes:
-        """Append ``chunk``; return the complete events now available (may be empty)."""
         if not self._pending and chunk.endswith(b"\n\n"):
             return chunk  # whole events, nothing held (a provider's usual chunk): no copy
         start = max(0, len(self._pending) - 3)  # a boundary may straddle the old tail
@@ -46,7 +43,6 @@ class SSEFramer:
         return ready
 
     def flush(self) -> bytes:
-        """Whatever is left after the last boundary."""
         rest = bytes(self._pending)
         self._pending.clear()
         return rest
@@ -57,11 +53,8 @@ class SSEFramer:
         return bool(self._pending)
 
 
-# An SSE ``event:`` field at the start of a line (a JSON ``data`` value never holds a raw
-# newline, so text inside the data cannot match).
+# An SSE ``event:`` field at the start of a line (JSON ``data`` never holds a raw newline).
 _EVENT_NAME: Final = re.compile(rb"^event:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
-
-
 _USAGE_EVENTS: Final = (b"message_start", b"message_delta")
 #: Where one event ends and the next begins (a blank line).
 _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
@@ -69,8 +62,7 @@ _DATA_LINE: Final = re.compile(rb"^data:[ \t]?([^\r\n]*)", re.MULTILINE)
 
 
 def _last_event_name(data: bytes) -> bytes | None:
-    """The name of the last ``event:`` line of ``data`` that :data:`_EVENT_NAME` reads
-    (``_EVENT_NAME.findall(data)[-1]``), found from the end with C searches."""
+    """``_EVENT_NAME.findall(data)[-1]`` (or None), found from the end with C searches."""
     end = len(data)
     while True:
         at = data.rfind(b"event:", 0, end)
@@ -79,18 +71,13 @@ def _last_event_name(data: bytes) -> bytes | None:
         found = _EVENT_NAME.match(data, at)  # (its ``^``: only at a line's start)
         if found is not None:
             return found.group(1)
-        end = at  # ("event:" cannot overlap itself: the earlier ones end before this one)
+        end = at
 
 
 class StreamWatch:
     """The event names seen in a relayed Messages stream (the last one, and any ``error``)
-    and the ``usage`` its ``message_start`` and ``message_delta`` events report.
-
-    It runs on every chunk of every stream, so it reads the bytes with C searches and a
-    regular expression only where they can match: the last ``event:`` line (its name, as
-    :data:`_EVENT_NAME` reads it), every name only when the bytes hold ``error``, the events
-    only when they hold a usage event's name (a regular-expression scan of the whole chunk
-    would cost a step per byte)."""
+    and the ``usage`` its ``message_start`` and ``message_delta`` report; on every chunk, so
+    a regular expression runs only where a C search found it can match."""
 
     __slots__ = ("last_event", "provider_error", "usage")
 
@@ -100,7 +87,6 @@ class StreamWatch:
         self.usage: ProviderUsage | None = None
 
     def see(self, data: bytes) -> None:
-        """Note the ``event:`` names in ``data`` (complete events, as relayed)."""
         last = _last_event_name(data)
         if last is None:
             return
@@ -111,8 +97,7 @@ class StreamWatch:
             self._read_usage(data)
 
     def _read_usage(self, data: bytes) -> None:
-        # Only the two small usage events are decoded; text deltas are never parsed. (Without
-        # a carriage return, the events are split at "\n\n" exactly as the expression splits.)
+        # Only the two small usage events are decoded; text deltas are never parsed.
         events = data.split(b"\n\n") if b"\r" not in data else _EVENT_END.split(data)
         for event in events:
             if b"message_" not in event:
@@ -122,7 +107,6 @@ class StreamWatch:
                 continue
             payload = b"".join(_DATA_LINE.findall(event))
             try:
-                # Only ``usage`` is decoded (the message's content is skipped, not built).
                 if found.group(1) == _USAGE_EVENTS[0]:
                     message = _MESSAGE_START.decode(payload).message
                     usage = None if message is None else message.usage
@@ -140,7 +124,6 @@ def json_usage(body: bytes, content_encoding: str, limit: int) -> ProviderUsage 
     if plain is None:
         return None
     try:
-        # Only ``usage`` is decoded: the message's content is skipped, not built.
         usage = _USAGE_ONLY.decode(plain).usage
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
@@ -161,5 +144,5 @@ _MESSAGE_START: Final = msgspec.json.Decoder(_MessageStart)
 
 def sse_error_event(error_type: str, message: str) -> bytes:
     """An ``event: error`` carrying an Anthropic error object (what SDKs raise on)."""
-    data = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    data = json.dumps(error_body(error_type, message))
     return f"event: error\ndata: {data}\n\n".encode()

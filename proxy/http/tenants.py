@@ -1,22 +1,9 @@
-"""Whose sessions a request's are: its tenant (``session.scope``).
+"""Whose sessions a request's are: its tenant (``session.scope``, docs/operations.md).
 
-A proxy in front of several people's agents must never mix their contexts: the session id
-comes from a header or the body, which the client chooses, so on its own it would let any
-caller read any session's durable state. So every per-session thing — durable state, sticky
-checkpoints, summary cache entries — is kept under the request's *tenant* as well:
-
-* ``credential``: ``t`` + 16 hex of HMAC-SHA256(secret, the caller's ``x-api-key``, else its
-  ``Authorization`` bearer token: one key is one tenant however it is sent); the secret comes
-  from the environment variable named by ``session.secret_env``; the credential itself is
-  never stored or logged. A credential that rotates (Claude Code's OAuth tokens refresh
-  during long sessions) starts a new tenant: use ``header:<name>`` behind an authenticating
-  proxy instead.
-* ``header:<name>``: ``h`` + 16 hex of a hash of that header's value (set by a front proxy
-  such as oauth2-proxy's ``x-forwarded-user``); a request without it gets a 401.
-* ``none``: one tenant, ``none`` — one person's proxy on localhost. Its keys are the session
-  ids themselves, so a store written before tenants existed reads as tenant ``none``.
-
-Everything in ``__all__`` gets re-exported.
+Every per-session thing (durable state, checkpoints, summary cache entries) is kept under the
+tenant as well, so a client-chosen session id never reaches another caller's state:
+``credential`` (``t`` + an HMAC of the caller's key), ``header:<name>`` (``h`` + a hash of a
+front proxy's header) or ``none`` (one tenant, whose keys are the bare session ids).
 """
 
 from __future__ import annotations
@@ -45,8 +32,7 @@ def is_tenant(value: str) -> bool:
 
 
 def scoped_key(tenant: str, session_id: str) -> str:
-    """The store key of a tenant's session: the session id itself for tenant ``none`` (as
-    before tenants existed), else ``<tenant>/<session id>``."""
+    """The store key of a tenant's session: the bare id for ``none``, else ``tenant/id``."""
     return session_id if tenant == NO_TENANT else f"{tenant}/{session_id}"
 
 
@@ -60,11 +46,7 @@ class TenantScope:
     @classmethod
     def from_config(cls, session: SessionConfig,
                     environ: Mapping[str, str] = os.environ) -> TenantScope:
-        """The scope of a config; the secret read from ``session.secret_env``.
-
-        Raises:
-            ConfigError: scope ``credential`` without a secret in its variable.
-        """
+        """The scope of a config; ConfigError for ``credential`` without its secret."""
         secret = environ.get(session.secret_env, "")
         if session.effective_scope == "credential" and not secret:
             raise ConfigError("session.secret_env", (
@@ -79,8 +61,7 @@ class TenantScope:
                         hashlib.sha256).hexdigest()[:16]
 
     def credential_tenant(self, credential: str) -> str:
-        """The tenant of a credential: an ``x-api-key`` value, or an ``Authorization`` value
-        (its ``Bearer`` scheme dropped, so one key is one tenant however it is sent)."""
+        """The tenant of an ``x-api-key`` or ``Authorization`` value (``Bearer`` dropped)."""
         scheme, _, token = credential.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             credential = token
@@ -91,12 +72,7 @@ class TenantScope:
         return "h" + self._digest(value.strip())
 
     def tenant_of(self, headers: Mapping[str, str]) -> str:
-        """The tenant of a request.
-
-        Raises:
-            RequestRejected: 401 ``authentication_error``: the scope needs a credential or a
-                header the request does not carry.
-        """
+        """The tenant of a request; RequestRejected 401 without the credential or header."""
         if self.scope == "none":
             return NO_TENANT
         # Imported here: the CLI's audit and move commands use this module without the
@@ -110,8 +86,7 @@ class TenantScope:
                     "x-api-key or Authorization header is required (session.scope credential)",
                     reason="no_credential")
             if credential.startswith(_SIGV4):
-                # Its access key id is no secret, and the proxy cannot check the signature:
-                # anyone could claim another's tenant with it.
+                # Its access key id is no secret: anyone could claim another's tenant.
                 raise RequestRejected(
                     401, "authentication_error",
                     "session.scope credential cannot take a tenant from a SigV4 signature "

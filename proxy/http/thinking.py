@@ -1,11 +1,8 @@
-"""The thinking-binding opt-out (reference section 5.4).
+"""The thinking-binding opt-out (reference section 5.4, SPEC section 2).
 
-Newer models bind each ``thinking`` block's signature to its prefix: ``system``, ``tools`` and
-every earlier message. Compaction rewrites that prefix, and so does the durable block appended
-to ``system``, so the provider would answer 400 for every surviving thinking block. When the
-proxy changed the prefix of a request that still carries thinking blocks, it opts the request
-into ``prefix_mismatch_behavior: drop_block`` (which needs the beta header below), unless the
-client chose a behaviour itself.
+Newer models bind each thinking block's signature to its prefix, which compaction and the
+durable block rewrite; such a request is opted into ``prefix_mismatch_behavior: drop_block``
+(with its beta header) unless the client chose a behaviour itself.
 """
 
 from __future__ import annotations
@@ -22,16 +19,6 @@ _THINKING_ON: Final = frozenset({"enabled", "adaptive"})
 _THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
-def _has_thinking_blocks(messages: Iterable[Any]) -> bool:
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for block in content:
-                if isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS:
-                    return True
-    return False
-
-
 def needs_binding_opt_out(body: dict[str, Any], *, prefix_changed: bool) -> bool:
     """Whether to add ``thinking.block_binding``: thinking is on, the forwarded messages still
     hold thinking blocks, the proxy changed their prefix, and the client set no binding."""
@@ -42,19 +29,20 @@ def needs_binding_opt_out(body: dict[str, Any], *, prefix_changed: bool) -> bool
         return False
     if "block_binding" in thinking:
         return False
-    return _has_thinking_blocks(body.get("messages") or ())
+    return any(isinstance(block, dict) and block.get("type") in _THINKING_BLOCKS
+               for message in body.get("messages") or ()
+               if isinstance(message, dict) and isinstance(message.get("content"), list)
+               for block in message["content"])
 
 
 def apply_binding_opt_out(body: dict[str, Any]) -> None:
-    """Set ``thinking.block_binding`` on ``body`` (a new ``thinking`` object; the caller's is
-    not touched)."""
+    """Set ``thinking.block_binding`` on ``body`` (in a new ``thinking`` object)."""
     body["thinking"] = {**body["thinking"],
                         "block_binding": {"prefix_mismatch_behavior": "drop_block"}}
 
 
 def merge_beta_header(values: Iterable[str], beta: str = BINDING_BETA) -> str:
-    """One ``anthropic-beta`` value: the existing values exactly as sent (several headers
-    comma-joined), then ``beta`` unless it is already listed."""
+    """One ``anthropic-beta`` value: the existing values as sent, then ``beta`` if missing."""
     kept = [value for value in values if value.strip()]
     listed = {part.strip() for value in kept for part in value.split(",")}
     if beta in listed:

@@ -1,9 +1,5 @@
-"""The provider as the request path reaches it: one HTTP session (its connection pool) and
-the provider's reachability (``/healthz``).
-
-The session needs a running event loop, so it is opened when the app starts
-(:meth:`Upstream.running`, a cleanup context) and closed when it stops.
-"""
+"""The provider as the request path reaches it: one HTTP session (opened and closed with the
+app) and the provider's reachability (``/healthz``)."""
 
 from __future__ import annotations
 
@@ -19,12 +15,7 @@ __all__ = ["Upstream"]
 
 
 class Upstream:
-    """The provider's connection pool and its health.
-
-    Args:
-        config: the ``upstream`` section.
-        masked_url: its base URL with any credentials masked (for logs and ``/healthz``).
-    """
+    """The provider's connection pool and its health (``masked_url`` for logs and healthz)."""
 
     def __init__(self, config: UpstreamConfig, masked_url: str) -> None:
         self.config = config
@@ -33,7 +24,6 @@ class Upstream:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        """The HTTP session (only while the app runs)."""
         if self._session is None:
             raise RuntimeError("the upstream session is opened when the app starts")
         return self._session
@@ -42,13 +32,10 @@ class Upstream:
         """The app's cleanup context: the session while the app runs."""
         config = self.config
         self._session = aiohttp.ClientSession(
-            # ``sock_read``: the read timeout, from the end of the upload. ``connect`` bounds
-            # getting a connection: waiting for one of the pool's to be free, and opening a
-            # new one (the TCP connect itself also within ``sock_connect``).
+            # ``connect`` bounds getting a connection: a pooled one free, or a new one opened.
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=config.pool_wait_s, sock_connect=config.connect_timeout_s,
                 sock_read=config.read_timeout_s),
-            # Bodies are relayed as the bytes they are, Content-Encoding included.
             auto_decompress=False,
             # Cookies set by the provider belong to the client, never to the next caller.
             cookie_jar=aiohttp.DummyCookieJar(),

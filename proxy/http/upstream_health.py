@@ -1,11 +1,7 @@
-"""Whether the provider could be reached, as ``/healthz`` tells it.
+"""Whether the provider could be reached, as ``/healthz`` tells it (docs/operations.md).
 
-The first request that cannot reach the provider (a 502: connection refused, DNS, TLS) marks
-it unreachable since then, with one ``upstream_unreachable`` warning naming its URL; the next
-answer from it, whatever its status, marks it reachable again (``upstream_reachable``). The
-process keeps serving meanwhile, so ``/healthz`` stays 200 and adds
-``"upstream": "unreachable since <time>"``: every replica shares the provider, routing away
-would not help.
+A 502 marks it unreachable (one ``upstream_unreachable`` warning), its next answer reachable
+again; ``/healthz`` stays 200 meanwhile: every replica shares the provider.
 """
 
 from __future__ import annotations
@@ -27,13 +23,11 @@ class UpstreamHealth:
         self.unreachable_since: datetime | None = None
 
     def unreachable(self, error_class: str) -> None:
-        """A request could not reach the provider."""
         if self.unreachable_since is None:
             self.unreachable_since = datetime.now(UTC)
             _log.warning("upstream_unreachable", upstream=self.url, error_class=error_class)
 
     def answered(self) -> None:
-        """The provider answered (any status)."""
         if self.unreachable_since is not None:
             self.unreachable_since = None
             _log.info("upstream_reachable", upstream=self.url)
@@ -44,5 +38,3 @@ class UpstreamHealth:
         if since is None:
             return None
         return f"unreachable since {since.isoformat(timespec='seconds').replace('+00:00', 'Z')}"
-
-
