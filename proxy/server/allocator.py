@@ -1,20 +1,10 @@
 """Fixed thresholds for the C allocator of a process that holds whole request bodies.
 
-glibc's ``malloc`` serves a block of 128 KiB or more from a fresh ``mmap`` and gives memory
-at the top of its heap back to the kernel once more than a threshold of it is free; both
-thresholds move with what the process happens to free first. A proxy that reads a 2.6 MB
-body in chunks, joins it, decodes it and frees it all on every request so lands, depending
-on its first requests, either where that memory is reused or where every request maps fresh
-pages again, at a cost in page faults and CPU on every large request (bench/README.md,
-"Figures the README used to quote"). Fixing the thresholds once at startup removes that lottery.
-
-The cost is memory the kernel does not get back at once: up to :data:`TRIM_THRESHOLD`
-bytes free at the top of the heap stay with the process, and blocks up to
-:data:`MMAP_THRESHOLD` come from the heap, not from their own mapping.
-
-Nothing is changed when the C library is not glibc, or when the operator already set either
-threshold through glibc's own environment variables (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``): their choice wins.
+glibc's mmap and trim thresholds move with what the process happens to free first, so a proxy
+that frees large bodies can settle where every large request maps fresh pages again; fixing
+them once at startup removes that lottery, at the cost of up to :data:`TRIM_THRESHOLD` free
+bytes kept (docs/performance.md). Nothing changes off glibc, or when the operator set either
+threshold (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``).
 """
 
 from __future__ import annotations
@@ -38,12 +28,8 @@ _OPERATOR_SETTINGS: Final = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def tune_allocator() -> str:
-    """Fix glibc's mmap and trim thresholds for this process (once, at startup).
-
-    Returns what was done, for the startup log line: ``"fixed"``, ``"operator"`` (the
-    environment already sets a threshold), ``"not_glibc"`` or ``"refused"`` (``mallopt``
-    did not take the values; the process runs with glibc's defaults).
-    """
+    """Fix glibc's mmap and trim thresholds for this process (once, at startup); returns the
+    startup line's ``allocator``: ``fixed``, ``operator``, ``not_glibc`` or ``refused``."""
     if any(name in os.environ for name in _OPERATOR_SETTINGS):
         return "operator"
     if platform.libc_ver()[0] != "glibc":

@@ -1,9 +1,6 @@
-"""The lines ``compact-proxy serve`` prints on stdout once it listens: where, in front of
-what, the thresholds per role, and the line that points Claude Code at it.
-
-The log (stderr) has the same facts as ``proxy_started``; these lines are for the person who
-started the proxy in a terminal, and are printed once (by the supervisor with several
-workers).
+"""The lines ``compact-proxy serve`` prints on stdout once it listens, for the person at the
+terminal (the log has the same facts): where, in front of what, the thresholds per role, and
+the line that points Claude Code at it. Printed once (by the supervisor with several workers).
 """
 
 from __future__ import annotations
