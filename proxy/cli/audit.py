@@ -1,6 +1,6 @@
 """The audit log's commands of ``compact-proxy``: ``sessions`` (every session's totals),
 ``session`` (one session's requests, durable state and changes) and ``blocked`` (the refused
-requests since a time), each reading the store of an already-loaded config."""
+requests since a time)."""
 
 from __future__ import annotations
 
@@ -8,55 +8,17 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
-from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
-from proxy.config import Config, ConfigError
+from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, read_store
+from proxy.config import Config
 
 if TYPE_CHECKING:
     from proxy.audit.log import RequestEntry, SessionSummary, StateChange
     from proxy.store import StoreBackend, StoredState
 
 __all__ = ["AUDIT_COMMANDS"]
-
-_T = TypeVar("_T")
-
-
-class _CommandFailed(Exception):
-    """A command stops with one line on stderr and this exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
-                empty: _T) -> _T:
-    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
-    does not exist yet (a command that reads never creates it).
-
-    Raises:
-        _CommandFailed: the store failed (exit 1) or cannot be configured (exit 2).
-    """
-    from proxy.store import StoreError, store_for
-
-    async def run() -> _T:
-        store = await store_for(config).open()
-        try:
-            return await read(store)
-        finally:
-            await store.close()
-
-    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
-        return empty
-    try:
-        return asyncio.run(run())
-    except ConfigError as exc:
-        raise _CommandFailed(str(exc), EXIT_CONFIG) from None
-    except StoreError as exc:
-        raise _CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
 
 
 def _sessions(config: Config, args: argparse.Namespace) -> int:
@@ -67,11 +29,7 @@ def _sessions(config: Config, args: argparse.Namespace) -> int:
                                     contains=args.contains, order=args.order)
 
     empty: tuple[list[SessionSummary], int] = ([], 0)
-    try:
-        summaries, total = _read_store(config, "sessions", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    summaries, total = read_store(config, "sessions", read, empty)
     if args.json:
         print(json.dumps({"sessions": [summary.as_json() for summary in summaries],
                           "total": total, "offset": args.offset, "limit": args.limit},
@@ -108,11 +66,7 @@ def _session(config: Config, args: argparse.Namespace) -> int:
 
     empty: tuple[list[RequestEntry], int, StoredState | None, list[StateChange]] = (
         [], 0, None, [])
-    try:
-        entries, total, stored, changes = _read_store(config, "session", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    entries, total, stored, changes = read_store(config, "session", read, empty)
     if not total and stored is None and not changes:
         print(f"session: no session {sid} under tenant {tenant}: no request, durable state or "
               "change (`compact-proxy sessions` lists the sessions and their tenants)",
@@ -154,12 +108,8 @@ def _blocked(config: Config, args: argparse.Namespace) -> int:
     async def read(store: StoreBackend) -> list[RequestEntry]:
         return await store.blocked_since(since, limit=args.limit)
 
-    try:
-        none: list[RequestEntry] = []
-        entries = _read_store(config, "blocked", read, none)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    none: list[RequestEntry] = []
+    entries = read_store(config, "blocked", read, none)
     if args.json:
         print(json.dumps({"since": since.isoformat(),
                           "blocked": [entry.as_json() for entry in entries]}, indent=2))

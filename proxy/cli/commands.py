@@ -1,12 +1,5 @@
-"""The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
-``report`` (what each session cost, and would have cost without the proxy), the audit log's
-``sessions``, ``session`` and ``blocked`` (:mod:`proxy.cli.audit`), and for ``session.scope``:
-``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
-files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
-Redis store's durable states to the hash-tagged key layout (once, after upgrading).
-
-``check-config`` ends with one ``OK`` line (``--show`` prints every effective value first);
-``--version`` prints the package's version.
+"""The ``compact-proxy`` command: its parser, the commands that are not the audit log's
+(:mod:`proxy.cli.audit`) and the store helper they share.
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -21,19 +14,26 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
 from proxy.config import CONFIG_ENV_VAR, Config, ConfigError, load_config
 from proxy.telemetry.masking import mask_config
 
+if TYPE_CHECKING:
+    from proxy.store import StoreBackend
+
 __all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+
+_T = TypeVar("_T")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -170,33 +170,42 @@ def _positive(text: str) -> int:
     return value
 
 
-def _load(path: str | None) -> Config | None:
-    """The config, or ``None`` after printing the one-line error to stderr."""
+class CommandFailed(Exception):
+    """A command stops with one line on stderr and this exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
+               empty: _T) -> _T:
+    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
+    does not exist yet (a command that reads never creates it). ``CommandFailed`` (exit 1)
+    when the store fails."""
+    from proxy.store import StoreError, store_for
+
+    async def run() -> _T:
+        store = await store_for(config).open()
+        try:
+            return await read(store)
+        finally:
+            await store.close()
+
+    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
+        return empty
     try:
-        return load_config(path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return None
+        return asyncio.run(run())
+    except StoreError as exc:
+        raise CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
 
 
-def _admin_token_ok(config: Config) -> bool:
-    """Whether the admin token (if set) is usable; else the one-line error is printed."""
-    try:
-        config.admin_token()
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return False
-    return True
-
-
-def _serve(path: str | None, workers: int | None = None) -> int:
-    config = _load(path)
-    if config is None or not _admin_token_ok(config):
-        return EXIT_CONFIG
-    if workers is not None:  # --workers overrides listen.workers
+def _serve(config: Config, args: argparse.Namespace) -> int:
+    config.admin_token()  # a set but unusable token stops here
+    if args.workers is not None:  # --workers overrides listen.workers
         try:
             config = dataclasses.replace(
-                config, listen=dataclasses.replace(config.listen, workers=workers))
+                config, listen=dataclasses.replace(config.listen, workers=args.workers))
         except ConfigError as exc:
             print(f"serve: --workers: {exc.problem}", file=sys.stderr)
             return EXIT_CONFIG
@@ -204,32 +213,23 @@ def _serve(path: str | None, workers: int | None = None) -> int:
         # The supervisor checks the address and the store before it imports the app.
         from proxy.server.workers import supervise as run_server
     else:
-        from proxy.server.app import (
-            run_server,  # imported here: aiohttp and the app only when serving
-        )
-
+        from proxy.server.app import run_server  # aiohttp and the app only when serving
     try:
-        code = run_server(config)  # runs until SIGINT / SIGTERM
-    except ConfigError as exc:  # a problem only found at startup (e.g. an unusable store)
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
+        return run_server(config)  # runs until SIGINT / SIGTERM
     except KeyboardInterrupt:
         return EXIT_OK
-    return code
 
 
-def _check_config(path: str | None, show: bool) -> int:
-    config = _load(path)
-    if config is None or not _admin_token_ok(config):
-        return EXIT_CONFIG
-    if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
+def _check_config(config: Config, args: argparse.Namespace) -> int:
+    config.admin_token()  # a set but unusable token stops here
+    if args.show:  # secrets a URL carries (store.url's Redis password) are shown as ***
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
     problem = _store_problem(config)
     if problem is not None:
         print(problem, file=sys.stderr)
         return EXIT_CONFIG
-    print(_config_summary(config, show))
+    print(_config_summary(config, args.show))
     return EXIT_OK
 
 
@@ -269,17 +269,10 @@ def _config_summary(config: Config, shown: bool) -> str:
             + ("" if shown else " (--show prints every value)"))
 
 
-def _tenant_id(path: str | None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _tenant_id(config: Config, args: argparse.Namespace) -> int:
     from proxy.http.tenants import NO_TENANT, TenantScope
 
-    try:
-        scope = TenantScope.from_config(config.session)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
+    scope = TenantScope.from_config(config.session)
     if scope.scope == "none":
         print(NO_TENANT)
         return EXIT_OK
@@ -295,10 +288,7 @@ def _tenant_id(path: str | None) -> int:
     return EXIT_OK
 
 
-def _migrate_redis_keys(path: str | None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
     if config.store.backend != "redis":
         print("migrate-redis-keys: store.backend is not redis: nothing to migrate",
               file=sys.stderr)
@@ -316,12 +306,9 @@ def _migrate_redis_keys(path: str | None) -> int:
 
     try:
         done = asyncio.run(run())
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
     except StoreError as exc:
         print(f"migrate-redis-keys: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
     for session_key in done.kept:
         print(f"kept the old state of {session_key}: a state exists under its new key "
@@ -329,14 +316,12 @@ def _migrate_redis_keys(path: str | None) -> int:
     return EXIT_OK
 
 
-def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant: str) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _move_session(config: Config, args: argparse.Namespace) -> int:
     from proxy.sources.migrate import MoveRefused, SessionMoved, move_session_and_sources
     from proxy.store import StoreError, store_for
 
     roots = config.sources.transcript_root, config.sources.artifact_root
+    session_id, from_tenant, to_tenant = args.session, args.from_tenant, args.to_tenant
 
     async def run() -> SessionMoved:
         objects = None
@@ -355,48 +340,28 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
 
     try:
         moved = asyncio.run(run())
-    except (ConfigError, MoveRefused) as exc:
-        print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
+    except MoveRefused as exc:
+        print(f"move-session: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except StoreError as exc:
         print(f"move-session: store failed: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if moved.state is not None:
         print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
               f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were "
-              "not moved and are "
-              "rebuilt on its next request")
+              "not moved and are rebuilt on its next request")
     for source, target in moved.sources:
         print(f"moved {source} -> {target}")
     return EXIT_OK
 
 
-def _report(path: str | None, as_json: bool, session: str | None,
-            tenant: str | None = None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _report(config: Config, args: argparse.Namespace) -> int:
     from proxy.accounting.report import build_report
     from proxy.accounting.usage import UsageRow
-    from proxy.store import StoreError, store_for
 
-    async def read() -> list[UsageRow]:
-        store = await store_for(config).open()
-        try:
-            return await store.usage_rows()
-        finally:
-            await store.close()
-
-    try:
-        # A report reads: it does not create the SQLite file of a proxy that never ran.
-        missing = config.store.backend == "sqlite" and not Path(config.store.path).exists()
-        rows = [] if missing else asyncio.run(read())
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except StoreError as exc:
-        print(f"report: store failed: {exc}", file=sys.stderr)
-        return 1
+    session, tenant = args.session, args.tenant
+    none: list[UsageRow] = []
+    rows = read_store(config, "report", lambda store: store.usage_rows(), none)
     if session is not None and tenant is not None:
         from proxy.http.tenants import scoped_key
 
@@ -405,7 +370,7 @@ def _report(path: str | None, as_json: bool, session: str | None,
         rows = [row for row in rows
                 if session in (row.session_key, row.session_key.rpartition("/")[2])]
     report = build_report(rows, config.price_for)
-    if as_json:
+    if args.json:
         print(json.dumps(report.as_json(), indent=2))
     elif not rows:
         print("no usage recorded yet" if session is None
@@ -413,12 +378,6 @@ def _report(path: str | None, as_json: bool, session: str | None,
     else:
         sys.stdout.write(report.as_text())
     return EXIT_OK
-
-
-def _demo() -> int:
-    from proxy.cli import demo
-
-    return int(demo.main())
 
 
 def _fake_upstream(args: argparse.Namespace) -> int:
@@ -448,32 +407,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
-    if args.command == "serve":
-        return _serve(args.config, args.workers)
-    if args.command == "check-config":
-        return _check_config(args.config, args.show)
-    if args.command == "tenant-id":
-        return _tenant_id(args.config)
-    if args.command == "move-session":
-        return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
-    if args.command == "migrate-redis-keys":
-        return _migrate_redis_keys(args.config)
-    if args.command == "report":
-        return _report(args.config, args.json, args.session, args.tenant)
-    if args.command in ("sessions", "session", "blocked"):
-        config = _load(args.config)
-        if config is None:
-            return EXIT_CONFIG
-        from proxy.cli.audit import AUDIT_COMMANDS
-
-        return AUDIT_COMMANDS[args.command](config, args)
     if args.command == "demo":
-        return _demo()
+        from proxy.cli import demo
+
+        return demo.main()
     if args.command == "fake-upstream":
         return _fake_upstream(args)
-    parser.print_help(sys.stderr)
-    return EXIT_CONFIG
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_CONFIG
+    from proxy.cli.audit import AUDIT_COMMANDS
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    command = {"serve": _serve, "check-config": _check_config, "tenant-id": _tenant_id,
+               "move-session": _move_session, "migrate-redis-keys": _migrate_redis_keys,
+               "report": _report, **AUDIT_COMMANDS}[args.command]
+    try:  # every other command reads the config first
+        return command(load_config(args.config), args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except CommandFailed as exc:
+        print(exc, file=sys.stderr)
+        return exc.code

@@ -1,13 +1,9 @@
-"""``compact-proxy demo``: the whole product, offline, in one command.
+"""``compact-proxy demo``: the whole product, offline (no network, no API key), in one command.
 
 It starts the strict fake provider and the proxy on free loopback ports, writes one durable
 fact through the admin API, then plays a scripted coding agent through the real ``anthropic``
-SDK: it reads files, runs commands with long logs, re-reads what it edited, and keeps going
-until its history no longer fits. Every request prints the tokens before and after
-compaction and the layers that ran; the session ends with a request that cannot fit — a huge
-pasted log — which the proxy blocks, and the audit line it wrote for it.
-
-No network, no API key: the fake provider accepts any key and answers deterministically.
+SDK, printing the tokens before and after compaction and the layers that ran, until a huge
+pasted log that cannot fit is blocked, with the audit line the proxy wrote for it.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -338,10 +333,6 @@ async def _write_report(out: TextIO, ledger: BufferedLedger) -> int:
     return report.total.entry.summary_calls
 
 
-def main(out: TextIO | None = None, run: Callable[..., Any] = asyncio.run) -> int:
+def main() -> int:
     """Run the demo; returns the exit code (0 when every layer and the block were shown)."""
-    return int(run(_run(out if out is not None else sys.stdout)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return asyncio.run(_run(sys.stdout))
