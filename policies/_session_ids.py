@@ -9,6 +9,7 @@ config is reported without importing the engine.
 from __future__ import annotations
 
 import re
+import string
 from typing import Final
 
 __all__ = [
@@ -29,9 +30,7 @@ SESSION_ID_RULE: Final = (
     f"1-{MAX_SESSION_ID_CHARS} characters: runs of A-Z a-z 0-9 _ - joined by single dots"
 )
 
-_RUN_CHARS: Final = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-)
+_RUN_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_-")
 
 
 def session_id_problem(value: object) -> str | None:

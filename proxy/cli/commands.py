@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,9 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_positive, metavar="N",
                        help="processes serving the port together (default: listen.workers)")
 
-    commands.add_parser(
-        "demo", help="offline demo: fake provider + proxy + a scripted agent"
-    )
+    commands.add_parser("demo", help="offline demo: fake provider + proxy + a scripted agent")
 
     fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -75,20 +74,17 @@ def _parser() -> argparse.ArgumentParser:
                       help="a summary call takes as long as writing its whole max_tokens")
 
     check = commands.add_parser(
-        "check-config", help="validate a config; one OK line (--show: every effective value)"
-    )
+        "check-config", help="validate a config; one OK line (--show: every effective value)")
     check.add_argument("--config", metavar="PATH", help=config_help)
     check.add_argument("--show", action="store_true",
                        help="print every effective value (secrets masked) before the OK line")
 
     tenant = commands.add_parser(
-        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin"
-    )
+        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin")
     tenant.add_argument("--config", metavar="PATH", help=config_help)
 
     move = commands.add_parser(
-        "move-session", help="move a session's durable state and sources to another tenant"
-    )
+        "move-session", help="move a session's durable state and sources to another tenant")
     move.add_argument("--config", metavar="PATH", help=config_help)
     move.add_argument("--session", required=True, metavar="SID", help="the session id")
     move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
@@ -101,8 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--config", metavar="PATH", help=config_help)
 
     report = commands.add_parser(
-        "report", help="tokens and cost per session, with and without the proxy"
-    )
+        "report", help="tokens and cost per session, with and without the proxy")
     report.add_argument("--config", metavar="PATH", help=config_help)
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--session", metavar="SID",
@@ -111,8 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --session: only that tenant's session (default: any)")
 
     sessions = commands.add_parser(
-        "sessions", help="every session in the audit log, newest first, with its totals"
-    )
+        "sessions", help="every session in the audit log, newest first, with its totals")
     sessions.add_argument("--config", metavar="PATH", help=config_help)
     sessions.add_argument("--json", action="store_true", help="print one JSON object")
     sessions.add_argument("--contains", metavar="TEXT",
@@ -125,8 +119,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="show at most N sessions (default 50)")
 
     session = commands.add_parser(
-        "session", help="one session: its requests, its durable state and the sources' status"
-    )
+        "session", help="one session: its requests, its durable state and the sources' status")
     session.add_argument("session_id", metavar="SID", help="the session id")
     session.add_argument("--tenant", default="none", metavar="TENANT",
                          help="its tenant (default: none)")
@@ -225,33 +218,26 @@ def _check_config(config: Config, args: argparse.Namespace) -> int:
     if args.show:  # secrets a URL carries (store.url's Redis password) are shown as ***
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
-    problem = _store_problem(config)
-    if problem is not None:
-        print(problem, file=sys.stderr)
-        return EXIT_CONFIG
+    _check_store(config)
     print(_config_summary(config, args.show))
     return EXIT_OK
 
 
-def _store_problem(config: Config) -> str | None:
-    """Why ``serve`` could not open the store, as one line; ``None`` when it could. Redis is
-    connected to (and closed); SQLite is not created here: the nearest existing folder of
-    ``store.path`` (the file itself, when it exists) must be writable."""
+def _check_store(config: Config) -> None:
+    """``ConfigError`` when ``serve`` could not open the store. Redis is connected to (and
+    closed); SQLite is not created here: the nearest existing folder of ``store.path`` (the
+    file itself, when it exists) must be writable."""
     if config.store.backend == "redis":
         from proxy.server.workers import check_store
 
-        try:
-            check_store(config)
-        except ConfigError as exc:
-            return str(exc)
-        return None
+        return check_store(config)
     path = Path(config.store.path).expanduser().absolute()
     existing = path if path.exists() else next(p for p in path.parents if p.exists())
     if existing == path and not path.is_file():
-        return str(ConfigError("store.path", f"{path} is not a file"))
+        raise ConfigError("store.path", f"{path} is not a file")
     if not os.access(existing, os.W_OK):
-        return str(ConfigError("store.path", f"cannot open the state store: {existing} is "
-                                             "not writable"))
+        raise ConfigError("store.path", f"cannot open the state store: {existing} is not "
+                                        "writable")
     return None
 
 
@@ -392,11 +378,9 @@ def _fake_upstream(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"compact-proxy fake-upstream: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         run_fake_upstream(host=args.host, port=args.port, provider=args.provider,
                           script=script, on_record=dump, summary_timing=timing)
-    except KeyboardInterrupt:
-        pass
     return EXIT_OK
 
 

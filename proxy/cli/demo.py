@@ -82,14 +82,12 @@ class Step:
 
 
 def _subagent_plan() -> list[Step]:
-    steps = [Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
-                  f"subagent reads chapter {n}") for n in range(1, 11)]
-    # A file read again: L2 drops the older read of it from the view.
-    steps.append(Step("Read", {"file_path": "docs/chapter_9.md"}, _source_file(109),
-                      "subagent re-reads chapter 9"))
-    steps.extend(Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
-                      f"subagent reads chapter {n}") for n in range(11, 14))
-    return steps
+    def read(n: int, verb: str = "reads") -> Step:
+        return Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
+                    f"subagent {verb} chapter {n}")
+
+    # Chapter 9 read again: L2 drops the older read of it from the view.
+    return [*map(read, range(1, 11)), read(9, "re-reads"), *map(read, range(11, 14))]
 
 
 def _plan() -> list[Step]:
@@ -130,16 +128,6 @@ class Agent:
         if self.planned is None or is_summarizer_request(body):
             return default_script(body, meta)
         return self.planned
-
-
-def _print_row(out: TextIO, n: int, headers: Any, note: str, upstream_messages: int,
-               provider_tokens: int) -> None:
-    before = int(headers.get("x-compact-tokens-before", "0"))
-    after = int(headers.get("x-compact-tokens-after", "0"))
-    layers = headers.get("x-compact-layers", "") or "-"
-    out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens (provider counted "
-              f"{provider_tokens:>6,})   layers {layers:<12} upstream saw "
-              f"{upstream_messages:>3} messages   ({note})\n")
 
 
 async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> None:
@@ -184,12 +172,17 @@ async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
         raw = await client.messages.with_raw_response.create(
             model=MODEL, max_tokens=1024, messages=messages, extra_headers=headers)
         message = await raw.parse()
-        seen_layers.update(filter(None, raw.headers.get("x-compact-layers", "").split(",")))
+        layers = raw.headers.get("x-compact-layers", "")
+        seen_layers.update(filter(None, layers.split(",")))
+        before = int(raw.headers.get("x-compact-tokens-before", "0"))
+        after = int(raw.headers.get("x-compact-tokens-after", "0"))
         usage = message.usage
-        _print_row(out, n, raw.headers, step.note,
-                   len(upstream.message_requests[-1].body["messages"]),
-                   usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        counted = (usage.input_tokens + (usage.cache_read_input_tokens or 0)
                    + (usage.cache_creation_input_tokens or 0))
+        upstream_messages = len(upstream.message_requests[-1].body["messages"])
+        out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens (provider counted "
+                  f"{counted:>6,})   layers {layers or '-':<12} upstream saw "
+                  f"{upstream_messages:>3} messages   ({step.note})\n")
         content = [b.model_dump(exclude_none=True) for b in message.content]
         agent.history.append({"role": "assistant", "content": content})
         agent.history.append({"role": "user", "content": [

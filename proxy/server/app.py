@@ -173,20 +173,25 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
         await runner.cleanup()
         key = "store.url" if config.store.backend == "redis" else "store.path"
         raise ConfigError(key, f"cannot open the state store: {exc}") from None
-    site = CappedTCPSite(runner, config.listen.host, config.listen.port,
-                         max_connections=connection_cap(config.listen.max_connections),
-                         reuse_port=True if reuse_port else None)
+    listen = config.listen
+    await _start_site(runner, "listen", listen.host, listen.port, CappedTCPSite(
+        runner, listen.host, listen.port, reuse_port=True if reuse_port else None,
+        max_connections=connection_cap(listen.max_connections)))
+    host, port = runner.addresses[0][:2]
+    await _start_admin_listener(runner, config, reuse_port)
+    return runner, f"http://{host}:{port}"
+
+
+async def _start_site(runner: web.AppRunner, section: str, host: str, port: int,
+                      site: web.TCPSite) -> None:
+    """Start ``site`` on ``host:port``; when it cannot bind, clean the app up and raise the
+    ``ConfigError`` of ``<section>.port``."""
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError(
-            "listen.port",
-            f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
-        ) from None
-    host, port = runner.addresses[0][:2]
-    await _start_admin_listener(runner, config, reuse_port)
-    return runner, f"http://{host}:{port}"
+        raise ConfigError(f"{section}.port",
+                          f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
@@ -196,13 +201,8 @@ async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_por
     if listen is None:
         return
     before = len(runner.addresses)
-    site = web.TCPSite(runner, listen.host, listen.port, reuse_port=True if reuse_port else None)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
-                                               f"{exc.strerror or exc}") from None
+    await _start_site(runner, "admin.listen", listen.host, listen.port, web.TCPSite(
+        runner, listen.host, listen.port, reuse_port=True if reuse_port else None))
     gate = runner.app[SERVICES].admin_gate
     addresses = runner.addresses[before:]
     gate.ports.update(address[1] for address in addresses)
