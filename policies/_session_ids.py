@@ -12,14 +12,8 @@ import re
 import string
 from typing import Final
 
-__all__ = [
-    "MAX_SESSION_ID_CHARS",
-    "SESSION_ID_PATTERN",
-    "SESSION_ID_RULE",
-    "check_session_id",
-    "is_session_id",
-    "session_id_problem",
-]
+__all__ = ["MAX_SESSION_ID_CHARS", "SESSION_ID_PATTERN", "SESSION_ID_RULE", "check_session_id",
+           "is_session_id", "session_id_problem"]
 
 #: The longest session id, in characters (each is one ASCII byte).
 MAX_SESSION_ID_CHARS: Final = 128

@@ -8,20 +8,19 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, read_store
+from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, CommandFailed, read_store
 from proxy.config import Config
 
 if TYPE_CHECKING:
     from proxy.audit.log import RequestEntry, SessionSummary, StateChange
     from proxy.store import StoreBackend, StoredState
 
-__all__ = ["AUDIT_COMMANDS"]
+__all__ = ["blocked", "session", "sessions"]
 
 
-def _sessions(config: Config, args: argparse.Namespace) -> int:
+def sessions(config: Config, args: argparse.Namespace) -> int:
     from proxy.audit.report import sessions_table
 
     async def read(store: StoreBackend) -> tuple[list[SessionSummary], int]:
@@ -42,7 +41,7 @@ def _sessions(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _session(config: Config, args: argparse.Namespace) -> int:
+def session(config: Config, args: argparse.Namespace) -> int:
     from compactor import SourceResolution, session_id_problem
     from proxy.audit.report import session_json, session_text
     from proxy.http.tenants import is_tenant, scoped_key
@@ -51,12 +50,10 @@ def _session(config: Config, args: argparse.Namespace) -> int:
     sid, tenant = args.session_id, args.tenant
     problem = session_id_problem(sid)
     if problem is not None:
-        print(f"session: session id: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"session: session id: {problem}", EXIT_CONFIG)
     if not is_tenant(tenant):
-        print("session: --tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex>",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed("session: --tenant: not a tenant; a tenant is none, t<16 hex> or "
+                            "h<16 hex>", EXIT_CONFIG)
 
     async def read(store: StoreBackend
                    ) -> tuple[list[RequestEntry], int, StoredState | None, list[StateChange]]:
@@ -68,10 +65,9 @@ def _session(config: Config, args: argparse.Namespace) -> int:
         [], 0, None, [])
     entries, total, stored, changes = read_store(config, "session", read, empty)
     if not total and stored is None and not changes:
-        print(f"session: no session {sid} under tenant {tenant}: no request, durable state or "
-              "change (`compact-proxy sessions` lists the sessions and their tenants)",
-              file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"session: no session {sid} under tenant {tenant}: no request, "
+                            "durable state or change (`compact-proxy sessions` lists the "
+                            "sessions and their tenants)", EXIT_FAILED)
     statuses: tuple[SourceResolution, ...] = ()
     if stored is not None:
         # The session's own resolver, as on the request path (statuses only: no text).
@@ -94,7 +90,7 @@ def _session(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _blocked(config: Config, args: argparse.Namespace) -> int:
+def blocked(config: Config, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from proxy.audit.report import blocked_table, parse_since
@@ -102,8 +98,7 @@ def _blocked(config: Config, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since, datetime.now(UTC))
     except ValueError as exc:
-        print(f"blocked: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"blocked: {exc}", EXIT_CONFIG) from None
 
     async def read(store: StoreBackend) -> list[RequestEntry]:
         return await store.blocked_since(since, limit=args.limit)
@@ -119,7 +114,3 @@ def _blocked(config: Config, args: argparse.Namespace) -> int:
         sys.stdout.write(blocked_table(entries))
     return EXIT_OK
 
-
-#: Each command's function, by its name.
-AUDIT_COMMANDS: Final[dict[str, Callable[[Config, argparse.Namespace], int]]] = {
-    "sessions": _sessions, "session": _session, "blocked": _blocked}

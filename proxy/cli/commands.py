@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 import yaml
 
 from proxy.config import CONFIG_ENV_VAR, Config, ConfigError, load_config
-from proxy.telemetry.masking import mask_config
+from proxy.telemetry.masking import mask_config, mask_url
 
 if TYPE_CHECKING:
     from proxy.store import StoreBackend
@@ -200,8 +200,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
             config = dataclasses.replace(
                 config, listen=dataclasses.replace(config.listen, workers=args.workers))
         except ConfigError as exc:
-            print(f"serve: --workers: {exc.problem}", file=sys.stderr)
-            return EXIT_CONFIG
+            raise CommandFailed(f"serve: --workers: {exc.problem}", EXIT_CONFIG) from None
     if config.listen.workers > 1:
         # The supervisor checks the address and the store before it imports the app.
         from proxy.server.workers import supervise as run_server
@@ -219,7 +218,15 @@ def _check_config(config: Config, args: argparse.Namespace) -> int:
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
     _check_store(config)
-    print(_config_summary(config, args.show))
+    # The one OK line: where it listens, the upstream, the store and main's thresholds.
+    main_policy = config.role_policies().policy_for("main")
+    store = (f"sqlite {config.store.path}" if config.store.backend == "sqlite"
+             else f"redis {mask_url(config.store.url or '')}")
+    upstream = mask_url(str(config.upstream.base_url))
+    print(f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
+          f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
+          f"{main_policy.hard_limit_tokens:,} tokens"
+          + ("" if args.show else " (--show prints every value)"))
     return EXIT_OK
 
 
@@ -241,20 +248,6 @@ def _check_store(config: Config) -> None:
     return None
 
 
-def _config_summary(config: Config, shown: bool) -> str:
-    """The one ``OK`` line: where it listens, the upstream, the store and main's thresholds."""
-    from proxy.telemetry.masking import mask_url
-
-    main_policy = config.role_policies().policy_for("main")
-    store = (f"sqlite {config.store.path}" if config.store.backend == "sqlite"
-             else f"redis {mask_url(config.store.url or '')}")
-    upstream = mask_url(str(config.upstream.base_url))
-    return (f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
-            f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
-            f"{main_policy.hard_limit_tokens:,} tokens"
-            + ("" if shown else " (--show prints every value)"))
-
-
 def _tenant_id(config: Config, args: argparse.Namespace) -> int:
     from proxy.http.tenants import NO_TENANT, TenantScope
 
@@ -266,8 +259,8 @@ def _tenant_id(config: Config, args: argparse.Namespace) -> int:
     header = scope.scope.partition(":")[2]
     what = f"{header} header value" if header else "credential"
     if not value:
-        print(f"tenant-id: no {what} on stdin (session.scope {scope.scope})", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"tenant-id: no {what} on stdin (session.scope {scope.scope})",
+                            EXIT_CONFIG)
     tenant = (scope.credential_tenant(value) if scope.scope == "credential"
               else scope.header_tenant(value))
     print(tenant)
@@ -276,9 +269,8 @@ def _tenant_id(config: Config, args: argparse.Namespace) -> int:
 
 def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
     if config.store.backend != "redis":
-        print("migrate-redis-keys: store.backend is not redis: nothing to migrate",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed("migrate-redis-keys: store.backend is not redis: nothing to migrate",
+                            EXIT_CONFIG)
     from proxy.sources.migrate import LayoutMigration, migrate_redis_layout
     from proxy.store import RedisStateStore, StoreError, store_for
 
@@ -293,8 +285,7 @@ def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
     try:
         done = asyncio.run(run())
     except StoreError as exc:
-        print(f"migrate-redis-keys: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"migrate-redis-keys: {exc}", EXIT_FAILED) from None
     print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
     for session_key in done.kept:
         print(f"kept the old state of {session_key}: a state exists under its new key "
@@ -327,11 +318,9 @@ def _move_session(config: Config, args: argparse.Namespace) -> int:
     try:
         moved = asyncio.run(run())
     except MoveRefused as exc:
-        print(f"move-session: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"move-session: {exc}", EXIT_CONFIG) from None
     except StoreError as exc:
-        print(f"move-session: store failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"move-session: store failed: {exc}", EXIT_FAILED) from None
     if moved.state is not None:
         print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
               f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were "
@@ -400,11 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG
-    from proxy.cli.audit import AUDIT_COMMANDS
+    from proxy.cli import audit
 
     command = {"serve": _serve, "check-config": _check_config, "tenant-id": _tenant_id,
                "move-session": _move_session, "migrate-redis-keys": _migrate_redis_keys,
-               "report": _report, **AUDIT_COMMANDS}[args.command]
+               "report": _report, "sessions": audit.sessions, "session": audit.session,
+               "blocked": audit.blocked}[args.command]
     try:  # every other command reads the config first
         return command(load_config(args.config), args)
     except ConfigError as exc:

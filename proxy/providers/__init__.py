@@ -14,14 +14,8 @@ from aiohttp.typedefs import Handler, Middleware
 from proxy.config import Config, ConfigError
 from proxy.providers.base import TOO_LONG_STATUSES, Provider, decoded_json
 
-__all__ = [
-    "TOO_LONG_STATUSES",
-    "Provider",
-    "add_provider_routes",
-    "make_provider",
-    "provider_error_middleware",
-    "provider_of",
-]
+__all__ = ["TOO_LONG_STATUSES", "Provider", "add_provider_routes", "make_provider",
+           "provider_error_middleware", "provider_of"]
 
 #: A provider route's name: ``<kind>:<provider>:<n>`` (its audit label is ``<kind>``).
 _SEPARATOR: Final = ":"

@@ -16,6 +16,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import web
+from botocore.credentials import RefreshableCredentials
 from botocore.session import Session
 from multidict import CIMultiDict
 from yarl import URL
@@ -48,10 +49,6 @@ _ERROR_TYPES: Final[Mapping[str, str]] = {
 }
 #: Bedrock's too-long wordings (its own; the Messages API's passed through).
 _TOO_LONG: Final = ("input is too long", "prompt is too long")
-
-
-def _never() -> bool:
-    return False
 
 
 class BedrockProvider(Provider):
@@ -93,7 +90,7 @@ class BedrockProvider(Provider):
                 self._session.get_credentials)
         if credentials is None:
             raise LookupError("no AWS credentials (environment, profile or instance role)")
-        if getattr(credentials, "refresh_needed", _never)():  # a role's, about to expire
+        if isinstance(credentials, RefreshableCredentials) and credentials.refresh_needed():
             frozen = await asyncio.to_thread(credentials.get_frozen_credentials)
         else:
             frozen = credentials.get_frozen_credentials()

@@ -20,13 +20,7 @@ from typing import Any, Final
 
 from proxy.http.sse import StreamWatch
 
-__all__ = [
-    "CONTENT_TYPE",
-    "EventStreamWatch",
-    "chunk_frame",
-    "encode_frame",
-    "exception_frame",
-]
+__all__ = ["CONTENT_TYPE", "EventStreamWatch", "chunk_frame", "encode_frame", "exception_frame"]
 
 CONTENT_TYPE: Final = "application/vnd.amazon.eventstream"
 _STRING: Final = 7  # the header value type of a UTF-8 string

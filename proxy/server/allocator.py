@@ -27,45 +27,33 @@ _M_MMAP_THRESHOLD: Final = -3
 _OPERATOR_SETTINGS: Final = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
+#: The C library when it is glibc (``None`` elsewhere: nothing is tuned or trimmed).
+_GLIBC: Final[Any] = ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+if _GLIBC is not None:
+    _GLIBC.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    _GLIBC.mallopt.restype = ctypes.c_int
+    _GLIBC.malloc_trim.argtypes = (ctypes.c_size_t,)
+    _GLIBC.malloc_trim.restype = ctypes.c_int
+
+
 def tune_allocator() -> str:
     """Fix glibc's mmap and trim thresholds for this process (once, at startup); returns the
     startup line's ``allocator``: ``fixed``, ``operator``, ``not_glibc`` or ``refused``."""
     if any(name in os.environ for name in _OPERATOR_SETTINGS):
         return "operator"
-    if platform.libc_ver()[0] != "glibc":
+    if _GLIBC is None:
         return "not_glibc"
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has mallopt
-        return "not_glibc"
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success, 0 on a value it does not take.
-    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+    if _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
         return "refused"
-    if mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value is taken
+    if _GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value
         return "refused"
     return "fixed"
-
-
-def _malloc_trim() -> Any:
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has malloc_trim
-        return None
-    trim.argtypes = (ctypes.c_size_t,)
-    trim.restype = ctypes.c_int
-    return trim
-
-
-_TRIM: Final = _malloc_trim()
 
 
 def give_back_memory() -> None:
     """Return the free memory of every glibc arena to the kernel (``malloc_trim``): after a
     large body that was refused, so a hostile caller's garbage does not stay resident in
     the heap of each thread that touched it. Nothing where the C library is not glibc."""
-    if _TRIM is not None:
-        _TRIM(0)
+    if _GLIBC is not None:
+        _GLIBC.malloc_trim(0)

@@ -35,14 +35,8 @@ from proxy.telemetry.logs import configure_logging
 from proxy.telemetry.masking import config_secrets
 from proxy.telemetry.metrics import MULTIPROCESS_ENV
 
-__all__ = [
-    "BACKOFF_FIRST_S",
-    "BACKOFF_MAX_S",
-    "BACKOFF_RESET_S",
-    "STOP_MARGIN_S",
-    "backoff_s",
-    "supervise",
-]
+__all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "BACKOFF_RESET_S", "STOP_MARGIN_S", "backoff_s",
+           "supervise"]
 
 _log = structlog.get_logger("proxy.server.workers")
 
@@ -102,17 +96,6 @@ def _reserve(host: str, port: int, section: str = "listen") -> tuple[list[socket
         raise ConfigError(f"{section}.port",
                           f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sockets, chosen
-
-
-def _reserve_admin(config: Config) -> tuple[Config, list[socket.socket]]:
-    """Reserve ``admin.listen`` as the main port is (when set): the config naming the port
-    every worker binds, and the sockets holding it."""
-    listen = config.admin.listen
-    if listen is None:
-        return config, []
-    sockets, port = _reserve(listen.host, listen.port, "admin.listen")
-    admin = dataclasses.replace(config.admin, listen=dataclasses.replace(listen, port=port))
-    return dataclasses.replace(config, admin=admin), sockets
 
 
 def check_store(config: Config) -> None:
@@ -321,18 +304,17 @@ def supervise(config: Config) -> int:
     configure_logging(config.logging, secrets=config_secrets(config),
                       fields={"pid": os.getpid()})
     sockets, port = _reserve(config.listen.host, config.listen.port)
-    try:
-        config, admin_sockets = _reserve_admin(config)
-    except ConfigError:
-        for sock in sockets:
-            sock.close()
-        raise
-    sockets += admin_sockets
     metrics_dir: str | None = None
     read_end, write_end = os.pipe()
     previous: dict[int, Any] = {}
     old_wakeup = -1
     try:
+        admin = config.admin.listen
+        if admin is not None:  # reserved as the main port is: every worker binds that port
+            admin_sockets, admin_port = _reserve(admin.host, admin.port, "admin.listen")
+            sockets += admin_sockets
+            config = dataclasses.replace(config, admin=dataclasses.replace(
+                config.admin, listen=dataclasses.replace(admin, port=admin_port)))
         check_store(config)
         # The app's modules and the event loop's, once, here: every worker forked from this
         # process has them (and a loop that cannot be loaded stops serve before any fork).
