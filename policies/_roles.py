@@ -46,9 +46,8 @@ def _regex(value: str, info: ValidationInfo) -> str:
     try:
         re.compile(value)
     except re.error as exc:
-        raise invalid(
-            info.field_name, f"is not a valid regular expression ({exc}): {value!r}"
-        ) from None
+        raise invalid(info.field_name,
+                      f"is not a valid regular expression ({exc}): {value!r}") from None
     return value
 
 
@@ -125,18 +124,16 @@ class RolePolicies:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.policies) - set(ROLE_NAMES))
         if unknown:
-            raise ValueError(
-                f"unknown role {unknown[0]!r} in policies; roles are {', '.join(ROLE_NAMES)}"
-            )
+            raise ValueError(f"unknown role {unknown[0]!r} in policies; roles are "
+                             f"{', '.join(ROLE_NAMES)}")
         if "main" not in self.policies:
             raise ValueError("policies must include the 'main' role")
         for role, policy in self.policies.items():
             if not isinstance(policy, CompactionPolicy):
                 raise ValueError(f"policy for role {role!r} must be a CompactionPolicy")
         if self.default_role not in ROLE_NAMES:
-            raise ValueError(
-                f"default_role must be one of {', '.join(ROLE_NAMES)}, got {self.default_role!r}"
-            )
+            raise ValueError(f"default_role must be one of {', '.join(ROLE_NAMES)}, got "
+                             f"{self.default_role!r}")
         rules = tuple(self.rules)
         for rule in rules:
             if not isinstance(rule, RoleRule):

@@ -37,18 +37,15 @@ class SourceAccessPolicy:
     def __init__(self, allow_cross_session: bool = False,
                  shared_sessions: Sequence[str] = ()) -> None:
         if not isinstance(allow_cross_session, bool):
-            raise ValueError(
-                f"allow_cross_session: must be true or false, got {allow_cross_session!r}"
-            )
+            raise ValueError(f"allow_cross_session: must be true or false, got "
+                             f"{allow_cross_session!r}")
         object.__setattr__(self, "allow_cross_session", allow_cross_session)
-        shared = shared_sessions
-        if not isinstance(shared, (list, tuple)):
-            raise ValueError(
-                f"shared_sessions: must be a list of session ids, got {type(shared).__name__}"
-            )
-        for index, sid in enumerate(shared):
+        if not isinstance(shared_sessions, (list, tuple)):
+            raise ValueError(f"shared_sessions: must be a list of session ids, got "
+                             f"{type(shared_sessions).__name__}")
+        for index, sid in enumerate(shared_sessions):
             check_session_id(sid, f"shared_sessions[{index}]")
-        object.__setattr__(self, "shared_sessions", tuple(shared))
+        object.__setattr__(self, "shared_sessions", tuple(shared_sessions))
 
     def authorizer(self, requesting_session_id: str) -> Callable[[SessionScoped], bool]:
         """The ``authorize`` callable for a resolver serving ``requesting_session_id``

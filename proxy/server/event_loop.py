@@ -25,8 +25,7 @@ def loop_factory(name: EventLoopName) -> Callable[[], asyncio.AbstractEventLoop]
     except ImportError as exc:
         raise ConfigError("listen.event_loop",
                           f"uvloop cannot be loaded here ({exc}); set it to asyncio") from None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+    return uvloop.new_event_loop
 
 
 def run(main: Coroutine[Any, Any, T], name: EventLoopName) -> T:
