@@ -1,11 +1,8 @@
 """Compaction thresholds and the file-read tool list, per deployment.
 
-The five thresholds are declared once, with their limits, in :class:`Thresholds`; the policy
-(:class:`CompactionPolicy`), the ``compaction`` config section and the per-role overrides of
-``proxy.config`` are all derived from it. Every value here is a frozen pydantic dataclass, so
-a bad value is a :class:`ValueError` (pydantic's ``ValidationError``) naming its field.
-
-Everything in ``__all__`` gets re-exported by ``policies/__init__.py``.
+The five thresholds are declared once, with their limits, in :class:`Thresholds`; the policy,
+the ``compaction`` config section and the per-role overrides of ``proxy.config`` derive from
+it. Every value is a frozen pydantic dataclass: a bad value is a ``ValueError`` naming its field.
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ Ratio = Annotated[float, Strict(), Gt(0), Le(1)]
 
 
 def invalid(field: str | None, problem: str) -> PydanticCustomError:
-    """The error for a bad ``field`` (``None``: the value as a whole).
-
-    The message starts with the field's name, so the ``ValueError`` alone says what is wrong;
-    ``ctx["field"]`` names the field for a reader that reports the location itself.
-    """
+    """The error for a bad ``field`` (``None``: the value as a whole); the message starts with
+    the field's name, ``ctx["field"]`` names it for a reader that reports the location itself."""
     message = f"{field} {problem}" if field else problem
     return PydanticCustomError("invalid", "{message}", {"field": field or "", "message": message})
 
@@ -53,13 +47,8 @@ Text = Annotated[str, Strict(), AfterValidator(_not_blank)]
 
 @dataclass(frozen=True, config=STRICT)
 class ReadToolSpec:
-    """How to recognise a file read from a ``tool_use`` block.
-
-    A ``tool_use`` whose ``name`` equals :attr:`name` (and, when :attr:`command` is set,
-    whose ``input["command"]`` equals it) reads the file named by ``input[path_field]``.
-    The fields named in :attr:`range_fields` (e.g. ``offset``/``limit``) make a different
-    read: two reads supersede each other only when path and range are equal.
-    """
+    """How to recognise a file read from a ``tool_use`` block: two reads supersede each other
+    only when path and range are equal."""
 
     name: Annotated[Text, Field(description="The tool_use name.")]
     path_field: Annotated[Text, Field(description="The input field holding the path.")]
@@ -83,16 +72,7 @@ DEFAULT_READ_TOOLS: tuple[ReadToolSpec, ...] = (
 
 @dataclass(frozen=True, config=STRICT)
 class Thresholds:
-    """The five compaction thresholds, their limits and defaults (SPEC §3 ``compaction``).
-
-    Args:
-        soft_threshold_tokens: compaction starts at or above this many tokens and stops as
-            soon as the view is below it; always below ``hard_limit_tokens``.
-        hard_limit_tokens: a view still at or above this after every layer is rejected.
-        max_tool_result_tokens: L1 truncates tool results larger than this.
-        keep_recent_messages: L3 keeps this many most recent messages verbatim.
-        summary_keep_recent: L4 keeps this many most recent messages verbatim.
-    """
+    """The five compaction thresholds, their limits and defaults (SPEC §3 ``compaction``)."""
 
     soft_threshold_tokens: Annotated[TokenCount, Field(
         description="Compaction starts when the view is at or above this many tokens, and "
@@ -127,21 +107,8 @@ THRESHOLD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Thre
 
 @dataclass(frozen=True, config=STRICT)
 class CompactionPolicy(Thresholds):
-    """The thresholds one role compacts with (see :class:`Thresholds`), and:
-
-    Args:
-        read_tools: the tools L2 recognises as file reads.
-        summary_enabled: whether L4 may run at all.
-        compact_to_ratio: in sticky mode a compaction, once started, goes on until the view
-            is below ``soft_threshold_tokens × compact_to_ratio``, so the next crossing (and
-            the next cache miss) is far away — the provider's "clear at least" idea.
-        user_text_budget_tokens: what a person typed inside a span L3 drops or L4 summarises
-            is kept verbatim up to this many tokens, the newest first (None: a tenth of the
-            soft threshold; 0: none kept).
-        artifact_trail_budget_tokens: the files read, written or edited and the commands run
-            by the tool calls of such a span are kept, exactly, up to this many tokens, the
-            newest first (None: a twentieth of the soft threshold; 0: none kept).
-    """
+    """The thresholds one role compacts with, the tools L2 recognises as file reads, whether
+    L4 may run, and the sticky and kept-text settings (docs/configuration.md, ``compaction``)."""
 
     read_tools: tuple[ReadToolSpec, ...] = DEFAULT_READ_TOOLS
     summary_enabled: Annotated[bool, Strict()] = True

@@ -1,19 +1,9 @@
-"""Which compaction policy a request gets: the roles, the rules that pick one, the lookup.
+"""Which compaction policy a request gets: the roles (``main``, ``subagent``,
+``summary_recovery``), the rules that pick one, the lookup.
 
-Everything in ``__all__`` gets re-exported by ``policies/__init__.py`` (except
-``DEFAULT_ROLE_RULES``, which the config module imports from here).
-
-A deployment compacts three kinds of conversation differently:
-
-* ``main`` — the user's own agent session, the default;
-* ``subagent`` — a conversation an agent spawned (Claude Code marks these requests with an
-  ``x-claude-code-agent-id`` header); these are short-lived, so they can compact harder;
-* ``summary_recovery`` — a request that must not itself trigger an L4 summary (by default its
-  policy has ``summary_enabled=False``).
-
-Rules are data: a tuple of :class:`RoleRule`, tried in order, first match wins; a request
-that no rule matches gets the default role. :meth:`RolePolicies.select` runs on every
-request, so every regex is compiled and every role's policy resolved once, at construction.
+Rules are data: :class:`RoleRule` values tried in order, first match wins, else the default
+role. :meth:`RolePolicies.select` runs on every request, so every regex is compiled and every
+role's policy resolved once, at construction.
 """
 
 from __future__ import annotations
@@ -56,9 +46,8 @@ def _regex(value: str, info: ValidationInfo) -> str:
     try:
         re.compile(value)
     except re.error as exc:
-        raise invalid(
-            info.field_name, f"is not a valid regular expression ({exc}): {value!r}"
-        ) from None
+        raise invalid(info.field_name,
+                      f"is not a valid regular expression ({exc}): {value!r}") from None
     return value
 
 
@@ -71,20 +60,8 @@ Regex = Annotated[str, Strict(), AfterValidator(_regex)]
 
 @pydantic_dataclass(frozen=True, config=STRICT)
 class RoleRule:
-    """One rule mapping a request to a role; it matches when every given condition holds.
-
-    Args:
-        role: the role (one of :data:`ROLE_NAMES`) a matching request gets.
-        header: the request must carry this header (name compared case-insensitively, kept
-            lower-case).
-        header_pattern: and the header's value must fully match this regex (needs ``header``).
-        model_pattern: the body's ``model`` must fully match this regex (a request without a
-            string ``model`` does not match).
-
-    Raises:
-        ValueError: unknown role, no condition at all, ``header_pattern`` without ``header``,
-            a header name that is not an HTTP token, or a bad regex (the message names the field).
-    """
+    """One rule mapping a request to a role; it matches when every given condition holds
+    (``header_pattern`` needs ``header``; a rule needs ``header`` or ``model_pattern``)."""
 
     role: Annotated[RoleName, Field(description="The role a matching request gets.")]
     header: Annotated[HeaderName | None, Field(
@@ -135,18 +112,8 @@ DEFAULT_ROLE_RULES: tuple[RoleRule, ...] = (
 
 @dataclass(frozen=True)
 class RolePolicies:
-    """The compaction policy of every role, and the rules that choose the role of a request.
-
-    Args:
-        policies: role name -> policy. ``main`` is required; a role left out (including one a
-            rule names) uses the ``main`` policy.
-        rules: tried in order by :meth:`select`; the first match decides.
-        default_role: the role of a request no rule matches.
-
-    Raises:
-        ValueError: an unknown role name, a missing ``main`` policy, or a value that is not a
-            :class:`CompactionPolicy` / :class:`RoleRule`.
-    """
+    """The compaction policy of every role (``main`` required; a role left out uses it), and
+    the rules that choose the role of a request (``default_role`` when none matches)."""
 
     policies: Mapping[str, CompactionPolicy]
     rules: tuple[RoleRule, ...] = DEFAULT_ROLE_RULES
@@ -157,18 +124,16 @@ class RolePolicies:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.policies) - set(ROLE_NAMES))
         if unknown:
-            raise ValueError(
-                f"unknown role {unknown[0]!r} in policies; roles are {', '.join(ROLE_NAMES)}"
-            )
+            raise ValueError(f"unknown role {unknown[0]!r} in policies; roles are "
+                             f"{', '.join(ROLE_NAMES)}")
         if "main" not in self.policies:
             raise ValueError("policies must include the 'main' role")
         for role, policy in self.policies.items():
             if not isinstance(policy, CompactionPolicy):
                 raise ValueError(f"policy for role {role!r} must be a CompactionPolicy")
         if self.default_role not in ROLE_NAMES:
-            raise ValueError(
-                f"default_role must be one of {', '.join(ROLE_NAMES)}, got {self.default_role!r}"
-            )
+            raise ValueError(f"default_role must be one of {', '.join(ROLE_NAMES)}, got "
+                             f"{self.default_role!r}")
         rules = tuple(self.rules)
         for rule in rules:
             if not isinstance(rule, RoleRule):
@@ -182,23 +147,12 @@ class RolePolicies:
                            tuple(dict.fromkeys(r.header for r in rules if r.header is not None)))
 
     def policy_for(self, role: str) -> CompactionPolicy:
-        """The policy of ``role`` (the ``main`` policy for a role given none).
-
-        Raises:
-            KeyError: ``role`` is not one of :data:`ROLE_NAMES`.
-        """
+        """The policy of ``role`` (``main``'s for a role given none); ``KeyError`` for no role."""
         return self._resolved[role]
 
-    def select(
-        self, headers: Mapping[str, str], model: str | None
-    ) -> tuple[str, CompactionPolicy]:
+    def select(self, headers: Mapping[str, str], model: str | None) -> tuple[str, CompactionPolicy]:
         """The role of a request and its policy: the first matching rule's role, else the default.
-
-        ``headers`` may be any mapping (a plain dict or aiohttp's case-insensitive headers);
-        names are compared case-insensitively. Cost: only when some rule tests a header, a
-        lookup per such header in aiohttp's headers (a pass over the headers of any other
-        mapping), then one cheap test per rule.
-        """
+        ``headers``: any mapping (a dict, aiohttp's headers); names compared in any case."""
         lowered = self._lowered(headers) if self._header_names else {}
         for rule in self.rules:
             if rule.matches(lowered, model):

@@ -1,34 +1,19 @@
-"""The one rule for session ids.
+"""The one rule for session ids (docs/how-it-works.md, "Sessions"): an id is a field of a
+source pointer, a file and a directory name, and a response header.
 
-A session id is one or more runs of ``A-Z a-z 0-9 _ -`` joined by single dots, at most 128
-characters: ``demo-session``, ``a.b``, a UUID, ``conv-<hex>``. Never ``.``, ``..``, a leading
-or trailing dot, two dots in a row, a space, ``:``, ``/``, ``\\`` or anything outside ASCII.
-The rule is the source-pointer grammar's: an id is a field of ``transcript:<id>:<n>``, a file
-name (``<transcript_root>/<id>.jsonl``) and a directory (``<artifact_root>/<id>/``), and it
-goes back out in the ``x-compact-session-id`` response header, so every session that can be
-served can also be given durable state whose pointers resolve.
-
-Why it lives here, in ``policies``: the source-access policy checks ids, and ``policies``
-never imports ``compactor`` (the authorizer is duck-typed for the same reason), while
-``compactor`` may import this stdlib-only module. ``compactor`` re-exports it as its public
-API (``compactor.check_session_id``, ...); the proxy uses it through ``compactor``, the
-config through this module (so a bad config is reported without importing the engine).
-The import graph stays acyclic: proxy -> compactor -> policies, proxy -> policies.
+It lives in ``policies`` (stdlib only), which never imports ``compactor``: ``compactor``
+re-exports it (``compactor.check_session_id``, ...), the config uses it from here, so a bad
+config is reported without importing the engine.
 """
 
 from __future__ import annotations
 
 import re
+import string
 from typing import Final
 
-__all__ = [
-    "MAX_SESSION_ID_CHARS",
-    "SESSION_ID_PATTERN",
-    "SESSION_ID_RULE",
-    "check_session_id",
-    "is_session_id",
-    "session_id_problem",
-]
+__all__ = ["MAX_SESSION_ID_CHARS", "SESSION_ID_PATTERN", "SESSION_ID_RULE", "check_session_id",
+           "is_session_id", "session_id_problem"]
 
 #: The longest session id, in characters (each is one ASCII byte).
 MAX_SESSION_ID_CHARS: Final = 128
@@ -39,9 +24,7 @@ SESSION_ID_RULE: Final = (
     f"1-{MAX_SESSION_ID_CHARS} characters: runs of A-Z a-z 0-9 _ - joined by single dots"
 )
 
-_RUN_CHARS: Final = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-)
+_RUN_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_-")
 
 
 def session_id_problem(value: object) -> str | None:
@@ -71,15 +54,8 @@ def is_session_id(value: object) -> bool:
 
 
 def check_session_id(value: object, field: str = "session_id") -> str:
-    """``value`` when it is a valid session id.
-
-    Args:
-        value: the candidate.
-        field: what to call it in the error message (``shared_sessions[0]``, ...).
-
-    Raises:
-        ValueError: ``"<field>: <why>; a session id is <the rule>"``.
-    """
+    """``value`` when it is a valid session id; else ``ValueError("<field>: <why>; a session id
+    is <the rule>")``."""
     problem = session_id_problem(value)
     if problem is None and isinstance(value, str):
         return value

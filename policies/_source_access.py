@@ -1,15 +1,7 @@
-"""Who may resolve which source pointers.
-
-A pointer names a session's transcript or artifact; a request belongs to a session. By
-default a session may read only its own sources, so one session's durable state cannot
-surface another's files. A deployment may open it up: ``shared_sessions`` lists sessions
-everyone may read (a shared knowledge session, say), and ``allow_cross_session`` lifts the
-restriction altogether.
-
-The authorizer is duck-typed on ``pointer.session_id`` so that ``policies`` never imports
-``compactor``; anything without a string ``session_id`` is refused.
-
-Everything in ``__all__`` gets re-exported by ``policies/__init__.py``.
+"""Who may resolve which source pointers: by default a session only its own, so one session's
+durable state cannot surface another's files; ``shared_sessions`` everyone may read, and
+``allow_cross_session`` lifts the rule. The authorizer is duck-typed on ``pointer.session_id``
+(``policies`` never imports ``compactor``): anything without a string ``session_id`` is refused.
 """
 
 from __future__ import annotations
@@ -34,16 +26,8 @@ class SessionScoped(Protocol):
 
 @dataclass(frozen=True, slots=True, init=False)
 class SourceAccessPolicy:
-    """The source-access rule of a deployment.
-
-    Args:
-        allow_cross_session: any session may resolve any session's pointers.
-        shared_sessions: session ids whose sources every session may resolve.
-
-    Raises:
-        ValueError: ``allow_cross_session`` is not a bool, or ``shared_sessions`` is not a
-            list/tuple of session ids (the one rule: ``policies._session_ids``).
-    """
+    """The source-access rule of a deployment; ``ValueError`` for a non-bool
+    ``allow_cross_session`` or ``shared_sessions`` that is not a list/tuple of session ids."""
 
     allow_cross_session: bool
     shared_sessions: tuple[str, ...]
@@ -53,25 +37,19 @@ class SourceAccessPolicy:
     def __init__(self, allow_cross_session: bool = False,
                  shared_sessions: Sequence[str] = ()) -> None:
         if not isinstance(allow_cross_session, bool):
-            raise ValueError(
-                f"allow_cross_session: must be true or false, got {allow_cross_session!r}"
-            )
+            raise ValueError(f"allow_cross_session: must be true or false, got "
+                             f"{allow_cross_session!r}")
         object.__setattr__(self, "allow_cross_session", allow_cross_session)
-        shared = shared_sessions
-        if not isinstance(shared, (list, tuple)):
-            raise ValueError(
-                f"shared_sessions: must be a list of session ids, got {type(shared).__name__}"
-            )
-        for index, sid in enumerate(shared):
+        if not isinstance(shared_sessions, (list, tuple)):
+            raise ValueError(f"shared_sessions: must be a list of session ids, got "
+                             f"{type(shared_sessions).__name__}")
+        for index, sid in enumerate(shared_sessions):
             check_session_id(sid, f"shared_sessions[{index}]")
-        object.__setattr__(self, "shared_sessions", tuple(shared))
+        object.__setattr__(self, "shared_sessions", tuple(shared_sessions))
 
     def authorizer(self, requesting_session_id: str) -> Callable[[SessionScoped], bool]:
-        """The ``authorize`` callable for a resolver serving ``requesting_session_id``.
-
-        Raises:
-            ValueError: ``requesting_session_id`` is not a valid session id.
-        """
+        """The ``authorize`` callable for a resolver serving ``requesting_session_id``
+        (``ValueError`` when it is not a valid session id)."""
         requester = check_session_id(requesting_session_id, "requesting_session_id")
         if self.allow_cross_session:
             return _allow_any

@@ -1,6 +1,6 @@
 """The audit log's commands of ``compact-proxy``: ``sessions`` (every session's totals),
 ``session`` (one session's requests, durable state and changes) and ``blocked`` (the refused
-requests since a time), each reading the store of an already-loaded config."""
+requests since a time)."""
 
 from __future__ import annotations
 
@@ -8,58 +8,19 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING
 
-from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
-from proxy.config import Config, ConfigError
+from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, CommandFailed, read_store
+from proxy.config import Config
 
 if TYPE_CHECKING:
     from proxy.audit.log import RequestEntry, SessionSummary, StateChange
     from proxy.store import StoreBackend, StoredState
 
-__all__ = ["AUDIT_COMMANDS"]
-
-_T = TypeVar("_T")
+__all__ = ["blocked", "session", "sessions"]
 
 
-class _CommandFailed(Exception):
-    """A command stops with one line on stderr and this exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
-                empty: _T) -> _T:
-    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
-    does not exist yet (a command that reads never creates it).
-
-    Raises:
-        _CommandFailed: the store failed (exit 1) or cannot be configured (exit 2).
-    """
-    from proxy.store import StoreError, store_for
-
-    async def run() -> _T:
-        store = await store_for(config).open()
-        try:
-            return await read(store)
-        finally:
-            await store.close()
-
-    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
-        return empty
-    try:
-        return asyncio.run(run())
-    except ConfigError as exc:
-        raise _CommandFailed(str(exc), EXIT_CONFIG) from None
-    except StoreError as exc:
-        raise _CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
-
-
-def _sessions(config: Config, args: argparse.Namespace) -> int:
+def sessions(config: Config, args: argparse.Namespace) -> int:
     from proxy.audit.report import sessions_table
 
     async def read(store: StoreBackend) -> tuple[list[SessionSummary], int]:
@@ -67,11 +28,7 @@ def _sessions(config: Config, args: argparse.Namespace) -> int:
                                     contains=args.contains, order=args.order)
 
     empty: tuple[list[SessionSummary], int] = ([], 0)
-    try:
-        summaries, total = _read_store(config, "sessions", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    summaries, total = read_store(config, "sessions", read, empty)
     if args.json:
         print(json.dumps({"sessions": [summary.as_json() for summary in summaries],
                           "total": total, "offset": args.offset, "limit": args.limit},
@@ -84,7 +41,7 @@ def _sessions(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _session(config: Config, args: argparse.Namespace) -> int:
+def session(config: Config, args: argparse.Namespace) -> int:
     from compactor import SourceResolution, session_id_problem
     from proxy.audit.report import session_json, session_text
     from proxy.http.tenants import is_tenant, scoped_key
@@ -93,12 +50,10 @@ def _session(config: Config, args: argparse.Namespace) -> int:
     sid, tenant = args.session_id, args.tenant
     problem = session_id_problem(sid)
     if problem is not None:
-        print(f"session: session id: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"session: session id: {problem}", EXIT_CONFIG)
     if not is_tenant(tenant):
-        print("session: --tenant: not a tenant; a tenant is none, t<16 hex> or h<16 hex>",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed("session: --tenant: not a tenant; a tenant is none, t<16 hex> or "
+                            "h<16 hex>", EXIT_CONFIG)
 
     async def read(store: StoreBackend
                    ) -> tuple[list[RequestEntry], int, StoredState | None, list[StateChange]]:
@@ -108,16 +63,11 @@ def _session(config: Config, args: argparse.Namespace) -> int:
 
     empty: tuple[list[RequestEntry], int, StoredState | None, list[StateChange]] = (
         [], 0, None, [])
-    try:
-        entries, total, stored, changes = _read_store(config, "session", read, empty)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    entries, total, stored, changes = read_store(config, "session", read, empty)
     if not total and stored is None and not changes:
-        print(f"session: no session {sid} under tenant {tenant}: no request, durable state or "
-              "change (`compact-proxy sessions` lists the sessions and their tenants)",
-              file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"session: no session {sid} under tenant {tenant}: no request, "
+                            "durable state or change (`compact-proxy sessions` lists the "
+                            "sessions and their tenants)", EXIT_FAILED)
     statuses: tuple[SourceResolution, ...] = ()
     if stored is not None:
         # The session's own resolver, as on the request path (statuses only: no text).
@@ -140,7 +90,7 @@ def _session(config: Config, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _blocked(config: Config, args: argparse.Namespace) -> int:
+def blocked(config: Config, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from proxy.audit.report import blocked_table, parse_since
@@ -148,18 +98,13 @@ def _blocked(config: Config, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since, datetime.now(UTC))
     except ValueError as exc:
-        print(f"blocked: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"blocked: {exc}", EXIT_CONFIG) from None
 
     async def read(store: StoreBackend) -> list[RequestEntry]:
         return await store.blocked_since(since, limit=args.limit)
 
-    try:
-        none: list[RequestEntry] = []
-        entries = _read_store(config, "blocked", read, none)
-    except _CommandFailed as exc:
-        print(exc, file=sys.stderr)
-        return exc.code
+    none: list[RequestEntry] = []
+    entries = read_store(config, "blocked", read, none)
     if args.json:
         print(json.dumps({"since": since.isoformat(),
                           "blocked": [entry.as_json() for entry in entries]}, indent=2))
@@ -169,7 +114,3 @@ def _blocked(config: Config, args: argparse.Namespace) -> int:
         sys.stdout.write(blocked_table(entries))
     return EXIT_OK
 
-
-#: Each command's function, by its name.
-AUDIT_COMMANDS: Final[dict[str, Callable[[Config, argparse.Namespace], int]]] = {
-    "sessions": _sessions, "session": _session, "blocked": _blocked}

@@ -1,12 +1,5 @@
-"""The ``compact-proxy`` command: ``serve``, ``demo``, ``fake-upstream``, ``check-config``,
-``report`` (what each session cost, and would have cost without the proxy), the audit log's
-``sessions``, ``session`` and ``blocked`` (:mod:`proxy.cli.audit`), and for ``session.scope``:
-``tenant-id`` (a caller's tenant) and ``move-session`` (a session's durable state and source
-files from one tenant to another, when switching scope); ``migrate-redis-keys`` moves the
-Redis store's durable states to the hash-tagged key layout (once, after upgrading).
-
-``check-config`` ends with one ``OK`` line (``--show`` prints every effective value first);
-``--version`` prints the package's version.
+"""The ``compact-proxy`` command: its parser, the commands that are not the audit log's
+(:mod:`proxy.cli.audit`) and the store helper they share.
 
 Configuration problems are reported as one line on stderr with exit code 2, before anything
 is started (SPEC §2). The heavy modules (the aiohttp app, the demo, the fake provider) are
@@ -17,23 +10,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
 from proxy.config import CONFIG_ENV_VAR, Config, ConfigError, load_config
-from proxy.telemetry.masking import mask_config
+from proxy.telemetry.masking import mask_config, mask_url
+
+if TYPE_CHECKING:
+    from proxy.store import StoreBackend
 
 __all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+
+_T = TypeVar("_T")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -49,9 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_positive, metavar="N",
                        help="processes serving the port together (default: listen.workers)")
 
-    commands.add_parser(
-        "demo", help="offline demo: fake provider + proxy + a scripted agent"
-    )
+    commands.add_parser("demo", help="offline demo: fake provider + proxy + a scripted agent")
 
     fake = commands.add_parser("fake-upstream", help="run the strict offline fake provider")
     fake.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -75,20 +74,17 @@ def _parser() -> argparse.ArgumentParser:
                       help="a summary call takes as long as writing its whole max_tokens")
 
     check = commands.add_parser(
-        "check-config", help="validate a config; one OK line (--show: every effective value)"
-    )
+        "check-config", help="validate a config; one OK line (--show: every effective value)")
     check.add_argument("--config", metavar="PATH", help=config_help)
     check.add_argument("--show", action="store_true",
                        help="print every effective value (secrets masked) before the OK line")
 
     tenant = commands.add_parser(
-        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin"
-    )
+        "tenant-id", help="print the tenant of the credential (or scope header value) on stdin")
     tenant.add_argument("--config", metavar="PATH", help=config_help)
 
     move = commands.add_parser(
-        "move-session", help="move a session's durable state and sources to another tenant"
-    )
+        "move-session", help="move a session's durable state and sources to another tenant")
     move.add_argument("--config", metavar="PATH", help=config_help)
     move.add_argument("--session", required=True, metavar="SID", help="the session id")
     move.add_argument("--to-tenant", required=True, metavar="TENANT", help="the new tenant")
@@ -101,8 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--config", metavar="PATH", help=config_help)
 
     report = commands.add_parser(
-        "report", help="tokens and cost per session, with and without the proxy"
-    )
+        "report", help="tokens and cost per session, with and without the proxy")
     report.add_argument("--config", metavar="PATH", help=config_help)
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.add_argument("--session", metavar="SID",
@@ -111,8 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --session: only that tenant's session (default: any)")
 
     sessions = commands.add_parser(
-        "sessions", help="every session in the audit log, newest first, with its totals"
-    )
+        "sessions", help="every session in the audit log, newest first, with its totals")
     sessions.add_argument("--config", metavar="PATH", help=config_help)
     sessions.add_argument("--json", action="store_true", help="print one JSON object")
     sessions.add_argument("--contains", metavar="TEXT",
@@ -125,8 +119,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="show at most N sessions (default 50)")
 
     session = commands.add_parser(
-        "session", help="one session: its requests, its durable state and the sources' status"
-    )
+        "session", help="one session: its requests, its durable state and the sources' status")
     session.add_argument("session_id", metavar="SID", help="the session id")
     session.add_argument("--tenant", default="none", metavar="TENANT",
                          help="its tenant (default: none)")
@@ -170,116 +163,95 @@ def _positive(text: str) -> int:
     return value
 
 
-def _load(path: str | None) -> Config | None:
-    """The config, or ``None`` after printing the one-line error to stderr."""
+class CommandFailed(Exception):
+    """A command stops with one line on stderr and this exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
+               empty: _T) -> _T:
+    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
+    does not exist yet (a command that reads never creates it). ``CommandFailed`` (exit 1)
+    when the store fails."""
+    from proxy.store import StoreError, store_for
+
+    async def run() -> _T:
+        store = await store_for(config).open()
+        try:
+            return await read(store)
+        finally:
+            await store.close()
+
+    if config.store.backend == "sqlite" and not Path(config.store.path).exists():
+        return empty
     try:
-        return load_config(path)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return None
+        return asyncio.run(run())
+    except StoreError as exc:
+        raise CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
 
 
-def _admin_token_ok(config: Config) -> bool:
-    """Whether the admin token (if set) is usable; else the one-line error is printed."""
-    try:
-        config.admin_token()
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return False
-    return True
-
-
-def _serve(path: str | None, workers: int | None = None) -> int:
-    config = _load(path)
-    if config is None or not _admin_token_ok(config):
-        return EXIT_CONFIG
-    if workers is not None:  # --workers overrides listen.workers
+def _serve(config: Config, args: argparse.Namespace) -> int:
+    config.admin_token()  # a set but unusable token stops here
+    if args.workers is not None:  # --workers overrides listen.workers
         try:
             config = dataclasses.replace(
-                config, listen=dataclasses.replace(config.listen, workers=workers))
+                config, listen=dataclasses.replace(config.listen, workers=args.workers))
         except ConfigError as exc:
-            print(f"serve: --workers: {exc.problem}", file=sys.stderr)
-            return EXIT_CONFIG
+            raise CommandFailed(f"serve: --workers: {exc.problem}", EXIT_CONFIG) from None
     if config.listen.workers > 1:
         # The supervisor checks the address and the store before it imports the app.
         from proxy.server.workers import supervise as run_server
     else:
-        from proxy.server.app import (
-            run_server,  # imported here: aiohttp and the app only when serving
-        )
-
+        from proxy.server.app import run_server  # aiohttp and the app only when serving
     try:
-        code = run_server(config)  # runs until SIGINT / SIGTERM
-    except ConfigError as exc:  # a problem only found at startup (e.g. an unusable store)
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
+        return run_server(config)  # runs until SIGINT / SIGTERM
     except KeyboardInterrupt:
         return EXIT_OK
-    return code
 
 
-def _check_config(path: str | None, show: bool) -> int:
-    config = _load(path)
-    if config is None or not _admin_token_ok(config):
-        return EXIT_CONFIG
-    if show:  # secrets a URL carries (store.url's Redis password) are shown as ***
+def _check_config(config: Config, args: argparse.Namespace) -> int:
+    config.admin_token()  # a set but unusable token stops here
+    if args.show:  # secrets a URL carries (store.url's Redis password) are shown as ***
         sys.stdout.write(yaml.safe_dump(mask_config(config.as_dict()), sort_keys=False,
                                         default_flow_style=False))
-    problem = _store_problem(config)
-    if problem is not None:
-        print(problem, file=sys.stderr)
-        return EXIT_CONFIG
-    print(_config_summary(config, show))
-    return EXIT_OK
-
-
-def _store_problem(config: Config) -> str | None:
-    """Why ``serve`` could not open the store, as one line; ``None`` when it could. Redis is
-    connected to (and closed); SQLite is not created here: the nearest existing folder of
-    ``store.path`` (the file itself, when it exists) must be writable."""
-    if config.store.backend == "redis":
-        from proxy.server.workers import check_store
-
-        try:
-            check_store(config)
-        except ConfigError as exc:
-            return str(exc)
-        return None
-    path = Path(config.store.path).expanduser().absolute()
-    existing = path if path.exists() else next(p for p in path.parents if p.exists())
-    if existing == path and not path.is_file():
-        return str(ConfigError("store.path", f"{path} is not a file"))
-    if not os.access(existing, os.W_OK):
-        return str(ConfigError("store.path", f"cannot open the state store: {existing} is "
-                                             "not writable"))
-    return None
-
-
-def _config_summary(config: Config, shown: bool) -> str:
-    """The one ``OK`` line: where it listens, the upstream, the store and main's thresholds."""
-    from proxy.telemetry.masking import mask_url
-
+    _check_store(config)
+    # The one OK line: where it listens, the upstream, the store and main's thresholds.
     main_policy = config.role_policies().policy_for("main")
     store = (f"sqlite {config.store.path}" if config.store.backend == "sqlite"
              else f"redis {mask_url(config.store.url or '')}")
     upstream = mask_url(str(config.upstream.base_url))
-    return (f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
-            f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
-            f"{main_policy.hard_limit_tokens:,} tokens"
-            + ("" if shown else " (--show prints every value)"))
+    print(f"OK: listen http://{config.listen.host}:{config.listen.port}, upstream {upstream}, "
+          f"store {store}, main soft {main_policy.soft_threshold_tokens:,} / hard "
+          f"{main_policy.hard_limit_tokens:,} tokens"
+          + ("" if args.show else " (--show prints every value)"))
+    return EXIT_OK
 
 
-def _tenant_id(path: str | None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _check_store(config: Config) -> None:
+    """``ConfigError`` when ``serve`` could not open the store. Redis is connected to (and
+    closed); SQLite is not created here: the nearest existing folder of ``store.path`` (the
+    file itself, when it exists) must be writable."""
+    if config.store.backend == "redis":
+        from proxy.server.workers import check_store
+
+        return check_store(config)
+    path = Path(config.store.path).expanduser().absolute()
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing == path and not path.is_file():
+        raise ConfigError("store.path", f"{path} is not a file")
+    if not os.access(existing, os.W_OK):
+        raise ConfigError("store.path", f"cannot open the state store: {existing} is not "
+                                        "writable")
+    return None
+
+
+def _tenant_id(config: Config, args: argparse.Namespace) -> int:
     from proxy.http.tenants import NO_TENANT, TenantScope
 
-    try:
-        scope = TenantScope.from_config(config.session)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
+    scope = TenantScope.from_config(config.session)
     if scope.scope == "none":
         print(NO_TENANT)
         return EXIT_OK
@@ -287,22 +259,18 @@ def _tenant_id(path: str | None) -> int:
     header = scope.scope.partition(":")[2]
     what = f"{header} header value" if header else "credential"
     if not value:
-        print(f"tenant-id: no {what} on stdin (session.scope {scope.scope})", file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed(f"tenant-id: no {what} on stdin (session.scope {scope.scope})",
+                            EXIT_CONFIG)
     tenant = (scope.credential_tenant(value) if scope.scope == "credential"
               else scope.header_tenant(value))
     print(tenant)
     return EXIT_OK
 
 
-def _migrate_redis_keys(path: str | None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
     if config.store.backend != "redis":
-        print("migrate-redis-keys: store.backend is not redis: nothing to migrate",
-              file=sys.stderr)
-        return EXIT_CONFIG
+        raise CommandFailed("migrate-redis-keys: store.backend is not redis: nothing to migrate",
+                            EXIT_CONFIG)
     from proxy.sources.migrate import LayoutMigration, migrate_redis_layout
     from proxy.store import RedisStateStore, StoreError, store_for
 
@@ -316,12 +284,8 @@ def _migrate_redis_keys(path: str | None) -> int:
 
     try:
         done = asyncio.run(run())
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
     except StoreError as exc:
-        print(f"migrate-redis-keys: {exc}", file=sys.stderr)
-        return 1
+        raise CommandFailed(f"migrate-redis-keys: {exc}", EXIT_FAILED) from None
     print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
     for session_key in done.kept:
         print(f"kept the old state of {session_key}: a state exists under its new key "
@@ -329,14 +293,12 @@ def _migrate_redis_keys(path: str | None) -> int:
     return EXIT_OK
 
 
-def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant: str) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _move_session(config: Config, args: argparse.Namespace) -> int:
     from proxy.sources.migrate import MoveRefused, SessionMoved, move_session_and_sources
     from proxy.store import StoreError, store_for
 
     roots = config.sources.transcript_root, config.sources.artifact_root
+    session_id, from_tenant, to_tenant = args.session, args.from_tenant, args.to_tenant
 
     async def run() -> SessionMoved:
         objects = None
@@ -355,48 +317,26 @@ def _move_session(path: str | None, session_id: str, from_tenant: str, to_tenant
 
     try:
         moved = asyncio.run(run())
-    except (ConfigError, MoveRefused) as exc:
-        print(f"move-session: {exc}" if isinstance(exc, MoveRefused) else exc, file=sys.stderr)
-        return EXIT_CONFIG
+    except MoveRefused as exc:
+        raise CommandFailed(f"move-session: {exc}", EXIT_CONFIG) from None
     except StoreError as exc:
-        print(f"move-session: store failed: {exc}", file=sys.stderr)
-        return 1
+        raise CommandFailed(f"move-session: store failed: {exc}", EXIT_FAILED) from None
     if moved.state is not None:
         print(f"moved the durable state of session {session_id} from tenant {from_tenant} to "
               f"tenant {to_tenant} (now version {moved.state.version}); its checkpoints were "
-              "not moved and are "
-              "rebuilt on its next request")
+              "not moved and are rebuilt on its next request")
     for source, target in moved.sources:
         print(f"moved {source} -> {target}")
     return EXIT_OK
 
 
-def _report(path: str | None, as_json: bool, session: str | None,
-            tenant: str | None = None) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG
+def _report(config: Config, args: argparse.Namespace) -> int:
     from proxy.accounting.report import build_report
     from proxy.accounting.usage import UsageRow
-    from proxy.store import StoreError, store_for
 
-    async def read() -> list[UsageRow]:
-        store = await store_for(config).open()
-        try:
-            return await store.usage_rows()
-        finally:
-            await store.close()
-
-    try:
-        # A report reads: it does not create the SQLite file of a proxy that never ran.
-        missing = config.store.backend == "sqlite" and not Path(config.store.path).exists()
-        rows = [] if missing else asyncio.run(read())
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except StoreError as exc:
-        print(f"report: store failed: {exc}", file=sys.stderr)
-        return 1
+    session, tenant = args.session, args.tenant
+    none: list[UsageRow] = []
+    rows = read_store(config, "report", lambda store: store.usage_rows(), none)
     if session is not None and tenant is not None:
         from proxy.http.tenants import scoped_key
 
@@ -405,7 +345,7 @@ def _report(path: str | None, as_json: bool, session: str | None,
         rows = [row for row in rows
                 if session in (row.session_key, row.session_key.rpartition("/")[2])]
     report = build_report(rows, config.price_for)
-    if as_json:
+    if args.json:
         print(json.dumps(report.as_json(), indent=2))
     elif not rows:
         print("no usage recorded yet" if session is None
@@ -413,12 +353,6 @@ def _report(path: str | None, as_json: bool, session: str | None,
     else:
         sys.stdout.write(report.as_text())
     return EXIT_OK
-
-
-def _demo() -> int:
-    from proxy.cli import demo
-
-    return int(demo.main())
 
 
 def _fake_upstream(args: argparse.Namespace) -> int:
@@ -433,11 +367,9 @@ def _fake_upstream(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"compact-proxy fake-upstream: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         run_fake_upstream(host=args.host, port=args.port, provider=args.provider,
                           script=script, on_record=dump, summary_timing=timing)
-    except KeyboardInterrupt:
-        pass
     return EXIT_OK
 
 
@@ -448,32 +380,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
-    if args.command == "serve":
-        return _serve(args.config, args.workers)
-    if args.command == "check-config":
-        return _check_config(args.config, args.show)
-    if args.command == "tenant-id":
-        return _tenant_id(args.config)
-    if args.command == "move-session":
-        return _move_session(args.config, args.session, args.from_tenant, args.to_tenant)
-    if args.command == "migrate-redis-keys":
-        return _migrate_redis_keys(args.config)
-    if args.command == "report":
-        return _report(args.config, args.json, args.session, args.tenant)
-    if args.command in ("sessions", "session", "blocked"):
-        config = _load(args.config)
-        if config is None:
-            return EXIT_CONFIG
-        from proxy.cli.audit import AUDIT_COMMANDS
-
-        return AUDIT_COMMANDS[args.command](config, args)
     if args.command == "demo":
-        return _demo()
+        from proxy.cli import demo
+
+        return demo.main()
     if args.command == "fake-upstream":
         return _fake_upstream(args)
-    parser.print_help(sys.stderr)
-    return EXIT_CONFIG
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_CONFIG
+    from proxy.cli import audit
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    command = {"serve": _serve, "check-config": _check_config, "tenant-id": _tenant_id,
+               "move-session": _move_session, "migrate-redis-keys": _migrate_redis_keys,
+               "report": _report, "sessions": audit.sessions, "session": audit.session,
+               "blocked": audit.blocked}[args.command]
+    try:  # every other command reads the config first
+        return command(load_config(args.config), args)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except CommandFailed as exc:
+        print(exc, file=sys.stderr)
+        return exc.code

@@ -1,13 +1,9 @@
-"""``compact-proxy demo``: the whole product, offline, in one command.
+"""``compact-proxy demo``: the whole product, offline (no network, no API key), in one command.
 
 It starts the strict fake provider and the proxy on free loopback ports, writes one durable
 fact through the admin API, then plays a scripted coding agent through the real ``anthropic``
-SDK: it reads files, runs commands with long logs, re-reads what it edited, and keeps going
-until its history no longer fits. Every request prints the tokens before and after
-compaction and the layers that ran; the session ends with a request that cannot fit — a huge
-pasted log — which the proxy blocks, and the audit line it wrote for it.
-
-No network, no API key: the fake provider accepts any key and answers deterministically.
+SDK, printing the tokens before and after compaction and the layers that ran, until a huge
+pasted log that cannot fit is blocked, with the audit line the proxy wrote for it.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -87,14 +82,12 @@ class Step:
 
 
 def _subagent_plan() -> list[Step]:
-    steps = [Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
-                  f"subagent reads chapter {n}") for n in range(1, 11)]
-    # A file read again: L2 drops the older read of it from the view.
-    steps.append(Step("Read", {"file_path": "docs/chapter_9.md"}, _source_file(109),
-                      "subagent re-reads chapter 9"))
-    steps.extend(Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
-                      f"subagent reads chapter {n}") for n in range(11, 14))
-    return steps
+    def read(n: int, verb: str = "reads") -> Step:
+        return Step("Read", {"file_path": f"docs/chapter_{n}.md"}, _source_file(100 + n),
+                    f"subagent {verb} chapter {n}")
+
+    # Chapter 9 read again: L2 drops the older read of it from the view.
+    return [*map(read, range(1, 11)), read(9, "re-reads"), *map(read, range(11, 14))]
 
 
 def _plan() -> list[Step]:
@@ -135,16 +128,6 @@ class Agent:
         if self.planned is None or is_summarizer_request(body):
             return default_script(body, meta)
         return self.planned
-
-
-def _print_row(out: TextIO, n: int, headers: Any, note: str, upstream_messages: int,
-               provider_tokens: int) -> None:
-    before = int(headers.get("x-compact-tokens-before", "0"))
-    after = int(headers.get("x-compact-tokens-after", "0"))
-    layers = headers.get("x-compact-layers", "") or "-"
-    out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens (provider counted "
-              f"{provider_tokens:>6,})   layers {layers:<12} upstream saw "
-              f"{upstream_messages:>3} messages   ({note})\n")
 
 
 async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> None:
@@ -189,12 +172,17 @@ async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
         raw = await client.messages.with_raw_response.create(
             model=MODEL, max_tokens=1024, messages=messages, extra_headers=headers)
         message = await raw.parse()
-        seen_layers.update(filter(None, raw.headers.get("x-compact-layers", "").split(",")))
+        layers = raw.headers.get("x-compact-layers", "")
+        seen_layers.update(filter(None, layers.split(",")))
+        before = int(raw.headers.get("x-compact-tokens-before", "0"))
+        after = int(raw.headers.get("x-compact-tokens-after", "0"))
         usage = message.usage
-        _print_row(out, n, raw.headers, step.note,
-                   len(upstream.message_requests[-1].body["messages"]),
-                   usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        counted = (usage.input_tokens + (usage.cache_read_input_tokens or 0)
                    + (usage.cache_creation_input_tokens or 0))
+        upstream_messages = len(upstream.message_requests[-1].body["messages"])
+        out.write(f"  #{n:02d}  {before:>6,} -> {after:>6,} tokens (provider counted "
+                  f"{counted:>6,})   layers {layers or '-':<12} upstream saw "
+                  f"{upstream_messages:>3} messages   ({step.note})\n")
         content = [b.model_dump(exclude_none=True) for b in message.content]
         agent.history.append({"role": "assistant", "content": content})
         agent.history.append({"role": "user", "content": [
@@ -338,10 +326,6 @@ async def _write_report(out: TextIO, ledger: BufferedLedger) -> int:
     return report.total.entry.summary_calls
 
 
-def main(out: TextIO | None = None, run: Callable[..., Any] = asyncio.run) -> int:
+def main() -> int:
     """Run the demo; returns the exit code (0 when every layer and the block were shown)."""
-    return int(run(_run(out if out is not None else sys.stdout)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return asyncio.run(_run(sys.stdout))

@@ -1,11 +1,7 @@
 """Upstream providers other than the first-party Messages API: Amazon Bedrock and Google
-Vertex AI (``upstream.provider``).
-
-The body inside their requests is the Messages API's, so the request path is the same; the
-hooks it calls are here: :func:`provider_of` (the request's provider, from its route), the
-routes (:func:`add_provider_routes`), :func:`provider_error_middleware` (the proxy's own errors
-in the provider's shape), the summary calls' transport (:mod:`.summary`) and the event-stream
-reader (:mod:`.eventstream`).
+Vertex AI (``upstream.provider``). The body inside is the Messages API's, so the request path
+is the same; here are the hooks it calls (routes, the request's provider, errors in the
+provider's shape), the summary calls' transport and the event-stream frames.
 """
 
 from __future__ import annotations
@@ -16,16 +12,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.config import Config, ConfigError
-from proxy.providers.base import TOO_LONG_STATUSES, Provider
+from proxy.providers.base import TOO_LONG_STATUSES, Provider, decoded_json
 
-__all__ = [
-    "TOO_LONG_STATUSES",
-    "Provider",
-    "add_provider_routes",
-    "make_provider",
-    "provider_error_middleware",
-    "provider_of",
-]
+__all__ = ["TOO_LONG_STATUSES", "Provider", "add_provider_routes", "make_provider",
+           "provider_error_middleware", "provider_of"]
 
 #: A provider route's name: ``<kind>:<provider>:<n>`` (its audit label is ``<kind>``).
 _SEPARATOR: Final = ":"
@@ -92,21 +82,13 @@ def provider_error_middleware(provider: Provider) -> Middleware:
 def _shaped(provider: Provider, response: web.StreamResponse) -> web.StreamResponse:
     if not isinstance(response, web.Response) or response.prepared:
         return response
-    error = _anthropic_error(response)
-    if error is None:
-        return response
-    headers = {k: v for k, v in response.headers.items()
-               if k.lower() not in ("content-type", "content-length")}
-    shaped = provider.error_response(response.status, *error, headers)
-    return shaped if shaped is not None else response
-
-
-def _anthropic_error(response: web.Response) -> tuple[str, str] | None:
-    from proxy.providers.base import decoded_json
-
     body = decoded_json(response.body) if isinstance(response.body, bytes) else None
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
-        return None
-    return str(error.get("type", "api_error")), str(error.get("message", ""))
+        return response
+    headers = {k: v for k, v in response.headers.items()
+               if k.lower() not in ("content-type", "content-length")}
+    shaped = provider.error_response(response.status, str(error.get("type", "api_error")),
+                                     str(error.get("message", "")), headers)
+    return shaped if shaped is not None else response
 

@@ -1,10 +1,7 @@
-"""What an upstream provider changes on the wire (``upstream.provider``), as one interface.
-
-The body inside stays the Messages API's, so compaction is the same; a provider only says
-where its requests go and which model they name (the path), how they are authorised (signed
-over the exact bytes and path sent), how it refuses a prompt as too long, how its errors look,
-and how a summary call is put in its format. :class:`Provider` is the first-party API: nothing
-changes.
+"""What an upstream provider changes on the wire (``upstream.provider``), as one interface:
+where requests go and which model they name, how they are authorised, how it refuses a prompt
+as too long, how its errors look and how a summary call is put in its format.
+:class:`Provider` is the first-party API: nothing changes.
 """
 
 from __future__ import annotations
@@ -31,6 +28,8 @@ class Provider:
     """The first-party Messages API; Bedrock and Vertex override what differs."""
 
     name = "anthropic"
+    #: Whether the proxy's own credentials authorise requests (summary calls too).
+    signs_calls = False
 
     def routes(self) -> tuple[Route, ...]:
         """The provider's own client paths (the first-party ones are the proxy's)."""
@@ -39,11 +38,6 @@ class Provider:
     def model_of(self, request: web.Request) -> str | None:
         """The model a request names outside its body (in its path), if any."""
         return None
-
-    @property
-    def signs_calls(self) -> bool:
-        """Whether the proxy's own credentials authorise requests (summary calls too)."""
-        return False
 
     async def authorise(self, method: str, url: URL, headers: CIMultiDict[str],
                         body: bytes) -> CIMultiDict[str]:

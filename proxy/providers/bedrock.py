@@ -1,17 +1,9 @@
-"""Amazon Bedrock behind the proxy (``upstream.provider: bedrock``).
+"""Amazon Bedrock behind the proxy (``upstream.provider: bedrock``; docs/bedrock.md).
 
-Clients (Claude Code with ``CLAUDE_CODE_USE_BEDROCK=1``, the SDKs' Bedrock clients) send
-``POST /model/{modelId}/invoke`` or ``/invoke-with-response-stream`` with an Anthropic body
-less ``model`` and ``stream``, plus ``anthropic_version`` and an ``anthropic_beta`` list. The
-proxy compacts that body, keeps the path byte for byte (a model id's ``:`` unencoded, an ARN's
-``%2F``: the URL is built encoded, never re-encoded), and signs what it sends with SigV4 over
-the exact bytes and path (botocore's signer and credential chain: environment, profile,
-container or instance role). A client's own Bedrock API key (``Authorization: Bearer``) is
-forwarded instead. The client's own SigV4 headers, made for the proxy's host, are dropped.
-
-Answers stream as event-stream frames, relayed as they arrive; the proxy's own errors take
-Bedrock's shape (``x-amzn-ErrorType`` + ``{"message": ...}``); ``Input is too long for
-requested model.`` (no numbers) is recovered by recompaction.
+Clients send ``POST /model/{modelId}/invoke[-with-response-stream]`` with an Anthropic body less
+``model`` and ``stream``. The path is kept byte for byte (built encoded, never re-encoded) and
+what is sent is signed with SigV4 over the exact bytes (botocore's credential chain), unless
+the client brings its own Bedrock API key. The proxy's own errors take Bedrock's shape.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from aiohttp import web
+from botocore.credentials import RefreshableCredentials
 from botocore.session import Session
 from multidict import CIMultiDict
 from yarl import URL
@@ -58,14 +51,11 @@ _ERROR_TYPES: Final[Mapping[str, str]] = {
 _TOO_LONG: Final = ("input is too long", "prompt is too long")
 
 
-def _never() -> bool:
-    return False
-
-
 class BedrockProvider(Provider):
     """Bedrock's paths, SigV4 signing, refusal, error shape and summary-call format."""
 
     name = "bedrock"
+    signs_calls = True
 
     def __init__(self, region: str | None, profile: str | None) -> None:
         self._session = Session(profile=profile)
@@ -86,10 +76,6 @@ class BedrockProvider(Provider):
         parts = request.raw_path.partition("?")[0].split("/")
         return unquote(parts[2]) if len(parts) > 3 and parts[1] == "model" else None
 
-    @property
-    def signs_calls(self) -> bool:
-        return True
-
     async def authorise(self, method: str, url: URL, headers: CIMultiDict[str],
                         body: bytes) -> CIMultiDict[str]:
         out = CIMultiDict(headers)
@@ -104,7 +90,7 @@ class BedrockProvider(Provider):
                 self._session.get_credentials)
         if credentials is None:
             raise LookupError("no AWS credentials (environment, profile or instance role)")
-        if getattr(credentials, "refresh_needed", _never)():  # a role's, about to expire
+        if isinstance(credentials, RefreshableCredentials) and credentials.refresh_needed():
             frozen = await asyncio.to_thread(credentials.get_frozen_credentials)
         else:
             frozen = credentials.get_frozen_credentials()

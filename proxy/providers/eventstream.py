@@ -1,14 +1,10 @@
-"""AWS event-stream frames, as Bedrock streams a Messages answer (``application/vnd.amazon.
-eventstream``).
+"""AWS event-stream frames, as Bedrock streams a Messages answer.
 
 A frame is a prelude (total length, headers length, the prelude's CRC-32), typed headers, the
-payload and the CRC-32 of all before it. Bedrock sends each Anthropic stream event as one
-``chunk`` event whose payload is ``{"bytes": base64(the event's JSON)}``, and a failure as an
-``exception`` frame (``:exception-type``, payload ``{"message": ...}``).
-
-Frames are written here (the fake provider, the proxy's own exception frames) and read with
-botocore's own decoder (:class:`EventStreamWatch`: the proxy relays the bytes untouched and
-reads the usage from a decoded copy).
+payload and the CRC-32 of all before it. Each Anthropic stream event is one ``chunk`` event
+(payload ``{"bytes": base64(the event's JSON)}``), a failure an ``exception`` frame. Frames
+are written here (the fake provider, the proxy's own exception frames) and read by
+:class:`EventStreamWatch` (the bytes are relayed untouched).
 """
 
 from __future__ import annotations
@@ -24,13 +20,7 @@ from typing import Any, Final
 
 from proxy.http.sse import StreamWatch
 
-__all__ = [
-    "CONTENT_TYPE",
-    "EventStreamWatch",
-    "chunk_frame",
-    "encode_frame",
-    "exception_frame",
-]
+__all__ = ["CONTENT_TYPE", "EventStreamWatch", "chunk_frame", "encode_frame", "exception_frame"]
 
 CONTENT_TYPE: Final = "application/vnd.amazon.eventstream"
 _STRING: Final = 7  # the header value type of a UTF-8 string
@@ -66,15 +56,10 @@ def exception_frame(exception_type: str, message: str) -> bytes:
 
 
 class EventStreamWatch:
-    """A decoded copy of a relayed Bedrock stream, as a :class:`StreamWatch` of the same
-    events would see their SSE: the last event's name, a provider failure and the usage.
-
-    It runs on every chunk of every Bedrock stream, so it reads only what it needs: each
-    frame's length and CRC (C), its message type, and of a ``chunk`` the first bytes of the
-    event (its ``type``); only ``message_start`` and ``message_delta`` (the usage) are decoded
-    whole. An ``exception`` frame counts as the provider's error; bytes that are not frames
-    (a bad length or CRC) too, and nothing after them is read.
-    """
+    """What a :class:`StreamWatch` would see of a relayed Bedrock stream's events: the last
+    event's name, a provider failure (an ``exception`` frame, or bytes that are not frames:
+    nothing after them is read) and the usage (only ``message_start``/``message_delta`` are
+    decoded whole; of other chunks, only the event's ``type``)."""
 
     __slots__ = ("_broken", "_pending", "watch")
 

@@ -1,13 +1,9 @@
-"""Google Vertex AI behind the proxy (``upstream.provider: vertex``).
+"""Google Vertex AI behind the proxy (``upstream.provider: vertex``; docs/vertex.md).
 
-Clients (Claude Code with ``CLAUDE_CODE_USE_VERTEX=1``, the SDKs' Vertex clients) send
-``POST /projects/{p}/locations/{l}/publishers/anthropic/models/{m}:streamRawPredict`` (or
-``:rawPredict``; ``count-tokens:rawPredict``), with or without the base URL's ``/v1``, an
-Anthropic body less ``model`` plus ``anthropic_version``, betas in the ``anthropic-beta``
-header. Answers are SSE as first-party. The proxy sends the client's own ``Authorization`` if
-it has one, else its own access token: from ``upstream.vertex_token_env``, or Google
-application-default credentials (google-auth, refreshed when stale). ``Prompt is too long``
-(413, no numbers) is recovered by recompaction.
+Clients send ``POST …/publishers/anthropic/models/{m}:streamRawPredict`` (or ``:rawPredict``),
+an Anthropic body less ``model``; answers are SSE as first-party. The proxy sends the client's
+own ``Authorization``, else its own token (``upstream.vertex_token_env`` or application-default
+credentials); ``Prompt is too long`` (413, no numbers) is recovered by recompaction.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ class VertexProvider(Provider):
     """Vertex's paths, bearer token, refusal and summary-call format."""
 
     name = "vertex"
+    signs_calls = True
 
     def __init__(self, token_env: str | None, project: str | None = None,
                  region: str | None = None) -> None:
@@ -57,10 +54,6 @@ class VertexProvider(Provider):
 
     def model_of(self, request: web.Request) -> str | None:
         return request.match_info.get("model")
-
-    @property
-    def signs_calls(self) -> bool:
-        return True
 
     async def authorise(self, method: str, url: URL, headers: CIMultiDict[str],
                         body: bytes) -> CIMultiDict[str]:

@@ -1,20 +1,10 @@
 """Fixed thresholds for the C allocator of a process that holds whole request bodies.
 
-glibc's ``malloc`` serves a block of 128 KiB or more from a fresh ``mmap`` and gives memory
-at the top of its heap back to the kernel once more than a threshold of it is free; both
-thresholds move with what the process happens to free first. A proxy that reads a 2.6 MB
-body in chunks, joins it, decodes it and frees it all on every request so lands, depending
-on its first requests, either where that memory is reused or where every request maps fresh
-pages again, at a cost in page faults and CPU on every large request (bench/README.md,
-"Figures the README used to quote"). Fixing the thresholds once at startup removes that lottery.
-
-The cost is memory the kernel does not get back at once: up to :data:`TRIM_THRESHOLD`
-bytes free at the top of the heap stay with the process, and blocks up to
-:data:`MMAP_THRESHOLD` come from the heap, not from their own mapping.
-
-Nothing is changed when the C library is not glibc, or when the operator already set either
-threshold through glibc's own environment variables (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``): their choice wins.
+glibc's mmap and trim thresholds move with what the process happens to free first, so a proxy
+that frees large bodies can settle where every large request maps fresh pages again; fixing
+them once at startup removes that lottery, at the cost of up to :data:`TRIM_THRESHOLD` free
+bytes kept (docs/performance.md). Nothing changes off glibc, or when the operator set either
+threshold (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``).
 """
 
 from __future__ import annotations
@@ -37,49 +27,33 @@ _M_MMAP_THRESHOLD: Final = -3
 _OPERATOR_SETTINGS: Final = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
-def tune_allocator() -> str:
-    """Fix glibc's mmap and trim thresholds for this process (once, at startup).
+#: The C library when it is glibc (``None`` elsewhere: nothing is tuned or trimmed).
+_GLIBC: Final[Any] = ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+if _GLIBC is not None:
+    _GLIBC.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    _GLIBC.mallopt.restype = ctypes.c_int
+    _GLIBC.malloc_trim.argtypes = (ctypes.c_size_t,)
+    _GLIBC.malloc_trim.restype = ctypes.c_int
 
-    Returns what was done, for the startup log line: ``"fixed"``, ``"operator"`` (the
-    environment already sets a threshold), ``"not_glibc"`` or ``"refused"`` (``mallopt``
-    did not take the values; the process runs with glibc's defaults).
-    """
+
+def tune_allocator() -> str:
+    """Fix glibc's mmap and trim thresholds for this process (once, at startup); returns the
+    startup line's ``allocator``: ``fixed``, ``operator``, ``not_glibc`` or ``refused``."""
     if any(name in os.environ for name in _OPERATOR_SETTINGS):
         return "operator"
-    if platform.libc_ver()[0] != "glibc":
+    if _GLIBC is None:
         return "not_glibc"
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has mallopt
-        return "not_glibc"
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success, 0 on a value it does not take.
-    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+    if _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
         return "refused"
-    if mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value is taken
+    if _GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value
         return "refused"
     return "fixed"
-
-
-def _malloc_trim() -> Any:
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # pragma: no cover - glibc always has malloc_trim
-        return None
-    trim.argtypes = (ctypes.c_size_t,)
-    trim.restype = ctypes.c_int
-    return trim
-
-
-_TRIM: Final = _malloc_trim()
 
 
 def give_back_memory() -> None:
     """Return the free memory of every glibc arena to the kernel (``malloc_trim``): after a
     large body that was refused, so a hostile caller's garbage does not stay resident in
     the heap of each thread that touched it. Nothing where the C library is not glibc."""
-    if _TRIM is not None:
-        _TRIM(0)
+    if _GLIBC is not None:
+        _GLIBC.malloc_trim(0)

@@ -1,10 +1,9 @@
 """The application factory and the server runner.
 
-:func:`create_app` builds the app's :class:`~proxy.http.services.Services` from an
-already-validated :class:`~proxy.config.Config` (no module globals) and hands them to the
-routes and middlewares; cleanup contexts open what needs a running loop (the store, the
-upstream session) and close everything when the app stops. :func:`start_proxy` serves an app on a
-TCP site (port 0 picks a free one); :func:`run_server` is what ``compact-proxy serve`` runs.
+:func:`create_app` builds the app's :class:`~proxy.http.services.Services` from a validated
+config and hands them to the routes and middlewares; cleanup contexts open what needs a running
+loop (the store, the upstream session) and close everything when the app stops.
+:func:`start_proxy` serves an app on a TCP site; :func:`run_server` is ``compact-proxy serve``.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from proxy.admin.console import setup_console
 from proxy.config import Config, ConfigError
 from proxy.http.admin_gate import admin_gate_middleware
 from proxy.http.audit import request_context_middleware
-from proxy.http.compute import ComputeThreads
 from proxy.http.connections import (
     CappedTCPSite,
     body_deadline_middleware,
@@ -37,7 +35,7 @@ from proxy.http.errors import error_middleware
 from proxy.http.keys import SERVICES
 from proxy.http.limits import tenant_limit_middleware
 from proxy.http.routes import setup_routes
-from proxy.http.services import Services, build_services
+from proxy.http.services import build_services
 from proxy.providers import provider_error_middleware
 from proxy.server.allocator import tune_allocator
 from proxy.server.event_loop import run as run_loop
@@ -64,82 +62,59 @@ AUDIT_TRIM_STOP_S: Final = 2.0
 READ_BUFSIZE: Final = 4 * 1024 * 1024
 
 
-async def _shutdown(compute: ComputeThreads) -> None:
-    """Stop the compute threads (a step still running finishes first, off the loop)."""
-    await asyncio.get_running_loop().run_in_executor(None, compute.shutdown)
+async def _store_ctx(app: web.Application) -> AsyncIterator[None]:
+    # A bad store.path or store.url fails here, before the site accepts a connection.
+    await app[SERVICES].backend.open()
+    yield
+    await app[SERVICES].backend.close()
 
 
-def _store_ctx(store: StoreBackend,
-               owned: bool) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
-        if owned:
-            # A bad store.path or store.url fails here, before the site accepts a connection.
-            await store.open()
-        yield
-        if owned:
-            await store.close()
-
-    return store_ctx
+async def _background_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Registered after the store's context, so it ends first: bookkeeping still running
+    # at shutdown finishes (bounded) while the store is open.
+    yield
+    s = app[SERVICES]
+    await s.backend.flush()  # the audit entries gathered for a batch: written now
+    if s.background.tasks:
+        await asyncio.wait(s.background.tasks, timeout=BACKGROUND_DRAIN_S)
+    await s.usage_ledger.close()  # the usage summed since its last write
 
 
-def _background_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def background_ctx(app: web.Application) -> AsyncIterator[None]:
-        # Registered after the store's context, so it ends first: bookkeeping still running
-        # at shutdown finishes (bounded) while the store is open.
-        yield
-        await s.backend.flush()  # the audit entries gathered for a batch: written now
-        tasks = s.background.tasks
-        if tasks:
-            await asyncio.wait(tasks, timeout=BACKGROUND_DRAIN_S)
-        await s.usage_ledger.close()  # the usage summed since its last write
+async def _audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Registered after the store's context, so the store is open while it runs.
+    backend = app[SERVICES].backend
 
-    return background_ctx
+    async def trim_now_and_then() -> None:
+        while True:
+            try:
+                removed = await backend.trim(datetime.now(UTC))
+            except Exception as exc:  # noqa: BLE001 - retried at the next interval
+                _log.warning("audit_trim_failed", error_class=type(exc).__name__)
+            else:
+                if removed:
+                    _log.info("audit_trimmed", removed=removed)
+            await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
 
-
-def _audit_trim_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def audit_trim_ctx(app: web.Application) -> AsyncIterator[None]:
-        # Registered after the store's context, so the store is open while it runs.
-        async def trim_now_and_then() -> None:
-            while True:
-                try:
-                    removed = await s.backend.trim(datetime.now(UTC))
-                except Exception as exc:  # noqa: BLE001 - retried at the next interval
-                    _log.warning("audit_trim_failed", error_class=type(exc).__name__)
-                else:
-                    if removed:
-                        _log.info("audit_trimmed", removed=removed)
-                await asyncio.sleep(AUDIT_TRIM_INTERVAL_S)
-
-        task = asyncio.get_running_loop().create_task(trim_now_and_then())
-        yield
-        task.cancel()
-        # A trim in the middle of a store call may not end at once (redis-py shields giving
-        # its connection back): it must not hold the shutdown; the store is closed right after.
-        await asyncio.wait({task}, timeout=AUDIT_TRIM_STOP_S)
-
-    return audit_trim_ctx
+    task = asyncio.get_running_loop().create_task(trim_now_and_then())
+    yield
+    task.cancel()
+    # A trim in the middle of a store call may not end at once (redis-py shields giving
+    # its connection back): it must not hold the shutdown; the store is closed right after.
+    await asyncio.wait({task}, timeout=AUDIT_TRIM_STOP_S)
 
 
-def _summarizer_ctx(s: Services) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
-        yield
-        if s.summarizer is not None:
-            await s.summarizer.close()
-
-    return summarizer_ctx
+async def _summarizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    summarizer = app[SERVICES].summarizer
+    if summarizer is not None:
+        await summarizer.close()
 
 
 def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Application:
-    """Build the proxy application from a validated config.
+    """Build the proxy application from a validated config (``upstream.base_url`` set).
 
-    Args:
-        config: the configuration (``upstream.base_url`` must be set).
-        store: a store to use instead of opening ``config.store``; the caller keeps
-            ownership (it is not closed with the app).
-
-    Raises:
-        ConfigError: a setting that cannot work here (no upstream, tiktoken's offline
-            encoding missing, an unavailable store backend), naming its key.
+    ``store``: used instead of opening ``config.store``; the caller keeps it (never closed
+    here). ``ConfigError`` for a setting that cannot work here, naming its key.
     """
     config.upstream.require_base_url()
     # The request path reads the session's state on every call; the admin API writes
@@ -157,15 +132,17 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
         tenant_limit_middleware(s.tenant_limiter, s.tenants)],
         handler_args={"auto_decompress": False})
     app[SERVICES] = s
-    app.on_cleanup.append(lambda _app: _shutdown(s.compute))
+    # The compute threads stop off the loop (a step still running finishes first).
+    app.on_cleanup.append(lambda _app: asyncio.to_thread(s.compute.shutdown))
     # The object store's client (s3:// roots) is closed with the app.
     app.on_cleanup.append(lambda _app: s.resolvers.close())
-    app.cleanup_ctx.append(_store_ctx(backend, owned=store is None))
+    if store is None:
+        app.cleanup_ctx.append(_store_ctx)
     if config.audit.enabled:
-        app.cleanup_ctx.append(_audit_trim_ctx(s))
-    app.cleanup_ctx.append(_background_ctx(s))
+        app.cleanup_ctx.append(_audit_trim_ctx)
+    app.cleanup_ctx.append(_background_ctx)
     app.cleanup_ctx.append(s.upstream.running)
-    app.cleanup_ctx.append(_summarizer_ctx(s))
+    app.cleanup_ctx.append(_summarizer_ctx)
     setup_routes(app, s)
     # The console at /admin/ui (resolved before the admin API's /admin), when the token is set.
     setup_console(app, token=config.admin_token(), store=s.store, log=s.backend,
@@ -179,19 +156,10 @@ def create_app(config: Config, *, store: StoreBackend | None = None) -> web.Appl
 
 async def start_proxy(config: Config, *, store: StoreBackend | None = None,
                       reuse_port: bool = False) -> tuple[web.AppRunner, str]:
-    """Serve a new app on ``config.listen``; returns the runner and the base URL.
-
-    Clients going away cancel their handler (and so the upstream request); aiohttp's access
-    log is off, the proxy writes its own ``request_completed`` line. ``runner.cleanup()``
-    stops accepting, then waits up to ``listen.drain_timeout_s`` for the requests in flight.
-    ``reuse_port`` binds with ``SO_REUSEPORT`` (a worker sharing the port with others).
-    With ``admin.listen`` a second site of the same app serves the admin API and the console
-    (:mod:`proxy.http.admin_gate`); its URL is the app's ``AdminGate.url``.
-
-    Raises:
-        ConfigError: the app cannot be built, the store cannot be opened (``store.path``) or
-            an address cannot be bound (``listen.port``, ``admin.listen.port``).
-    """
+    """Serve a new app on ``config.listen`` (and ``admin.listen``); returns the runner and the
+    base URL. A client going away cancels its handler; ``runner.cleanup()`` drains for up to
+    ``listen.drain_timeout_s``. ``ConfigError``: the app cannot be built, the store opened or an
+    address bound."""
     app = create_app(config, store=store)
     # keepalive_timeout: a request's headers must come whole within it of the connection's
     # opening or of its previous answer (proxy.http.connections).
@@ -205,40 +173,36 @@ async def start_proxy(config: Config, *, store: StoreBackend | None = None,
         await runner.cleanup()
         key = "store.url" if config.store.backend == "redis" else "store.path"
         raise ConfigError(key, f"cannot open the state store: {exc}") from None
-    site = CappedTCPSite(runner, config.listen.host, config.listen.port,
-                         max_connections=connection_cap(config.listen.max_connections),
-                         reuse_port=True if reuse_port else None)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ConfigError(
-            "listen.port",
-            f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror or exc}",
-        ) from None
+    listen = config.listen
+    await _start_site(runner, "listen", listen.host, listen.port, CappedTCPSite(
+        runner, listen.host, listen.port, reuse_port=True if reuse_port else None,
+        max_connections=connection_cap(listen.max_connections)))
     host, port = runner.addresses[0][:2]
     await _start_admin_listener(runner, config, reuse_port)
     return runner, f"http://{host}:{port}"
 
 
-async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
-    """Bind ``admin.listen`` (when set) on the same app; its ports go to the app's
-    :class:`~proxy.http.admin_gate.AdminGate`, which serves only the admin there.
-
-    Raises:
-        ConfigError: the address cannot be bound (``admin.listen.port``).
-    """
-    listen = config.admin.listen
-    if listen is None:
-        return
-    before = len(runner.addresses)
-    site = web.TCPSite(runner, listen.host, listen.port, reuse_port=True if reuse_port else None)
+async def _start_site(runner: web.AppRunner, section: str, host: str, port: int,
+                      site: web.TCPSite) -> None:
+    """Start ``site`` on ``host:port``; when it cannot bind, clean the app up and raise the
+    ``ConfigError`` of ``<section>.port``."""
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise ConfigError("admin.listen.port", f"cannot listen on {listen.host}:{listen.port}: "
-                                               f"{exc.strerror or exc}") from None
+        raise ConfigError(f"{section}.port",
+                          f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_port: bool) -> None:
+    """Bind ``admin.listen`` (when set) on the same app; its ports go to the app's
+    :class:`~proxy.http.admin_gate.AdminGate`, which serves only the admin there."""
+    listen = config.admin.listen
+    if listen is None:
+        return
+    before = len(runner.addresses)
+    await _start_site(runner, "admin.listen", listen.host, listen.port, web.TCPSite(
+        runner, listen.host, listen.port, reuse_port=True if reuse_port else None))
     gate = runner.app[SERVICES].admin_gate
     addresses = runner.addresses[before:]
     gate.ports.update(address[1] for address in addresses)
@@ -249,13 +213,15 @@ async def _start_admin_listener(runner: web.AppRunner, config: Config, reuse_por
 async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event | None = None,
                 started: Callable[[], None] | None = None) -> int:
     """Serve until SIGINT / SIGTERM (or ``stop`` is set), then drain and clean up; returns 0.
-
-    ``started`` is called once the site accepts connections (a worker tells its supervisor).
-    """
+    ``started`` is called once the site accepts connections (a worker tells its supervisor)."""
+    loop = asyncio.get_running_loop()
     allocator = tune_allocator()
     open_files = raise_open_files_limit()
     runner, base_url = await start_proxy(config, reuse_port=reuse_port)
-    _freeze_startup_objects()
+    # What startup made (modules, the app, the config) lives as long as the process: frozen,
+    # it is left out of every later garbage collection. Startup's garbage goes first.
+    gc.collect()
+    gc.freeze()
     upstream = urlsplit(config.upstream.require_base_url())
     _log.info(
         "proxy_started",
@@ -269,7 +235,7 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         admin_port=min(runner.app[SERVICES].admin_gate.ports, default=None),
         log_format=config.logging.format,
         allocator=allocator,
-        event_loop=_loop_kind(),
+        event_loop=type(loop).__module__.partition(".")[0],  # uvloop or asyncio
         open_files_limit=open_files,
     )
     if started is None:  # the process serves alone (a worker's supervisor prints it)
@@ -279,7 +245,6 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
         _log.warning("connection_cap_lowered", max_connections=cap,
                      configured=config.listen.max_connections, open_files_limit=open_files)
     stop = asyncio.Event() if stop is None else stop
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
@@ -293,34 +258,8 @@ async def serve(config: Config, *, reuse_port: bool = False, stop: asyncio.Event
     return 0
 
 
-def _loop_kind() -> str:
-    """The package of the running event loop's class (``uvloop``, ``asyncio``): what the
-    startup line says the process runs on, whatever was asked for."""
-    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
-
-
-def _freeze_startup_objects() -> None:
-    """Leave what startup made (modules, the app, the config: ~200k objects) out of every
-    later garbage collection: they live as long as the process. A full collection had to
-    walk them all each time, stalling the event loop; frozen, it walks only what was made
-    since. Garbage made by startup goes first.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def run_server(config: Config) -> int:
-    """Run the proxy until SIGINT or SIGTERM; returns the exit code (0).
-
-    With ``listen.workers`` above 1 this process supervises that many worker processes
-    (:func:`proxy.server.workers.supervise`) instead of serving itself.
-
-    Raises:
-        ConfigError: the proxy could not start (see :func:`start_proxy`); nothing is served.
-    """
-    if config.listen.workers > 1:
-        from proxy.server.workers import supervise
-
-        return supervise(config)
+    """Run the proxy in this one process until SIGINT or SIGTERM; returns the exit code (0)
+    (``ConfigError``: it could not start, nothing is served). ``--workers``: ``supervise``."""
     configure_logging(config.logging, secrets=config_secrets(config), final=True)
     return run_loop(serve(config), config.listen.event_loop)

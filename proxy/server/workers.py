@@ -1,15 +1,10 @@
-"""``compact-proxy serve --workers N``: N processes serving one port, and the supervisor.
+"""``compact-proxy serve --workers N``: N processes serving one port, and the supervisor
+(docs/operations.md, "Several processes").
 
-The supervisor serves nothing: it binds the port once (``SO_REUSEPORT``, kept bound so a bad
-port fails before anything starts and nobody takes it during a restart), opens the store once
-and imports the app, then forks N workers (pre-fork, as gunicorn does: fast restarts, shared
-code pages). Each worker runs :func:`proxy.server.app.serve` on its own socket on that port;
-the kernel spreads connections. A pipe per worker tells the supervisor it started and, by its
-end-of-file, that it died (restarted after a backoff); a second pipe tells the worker its
-supervisor is gone, so no worker outlives it. SIGTERM / SIGINT is passed on for a graceful
-drain. Workers share everything through the store (:mod:`proxy.store`) and ``/metrics``
-through prometheus_client's multi-process mode (:mod:`proxy.telemetry.metrics`); what each
-keeps in memory and what operators see: docs/operations.md, "Several processes".
+The supervisor serves nothing: it binds the port once (``SO_REUSEPORT``, kept bound so nobody
+takes it during a restart), opens the store, imports the app, then forks N workers that each
+run :func:`proxy.server.app.serve`. A pipe per worker says it started and, by its end-of-file,
+that it died; a second pipe tells the worker its supervisor is gone.
 """
 
 from __future__ import annotations
@@ -40,14 +35,8 @@ from proxy.telemetry.logs import configure_logging
 from proxy.telemetry.masking import config_secrets
 from proxy.telemetry.metrics import MULTIPROCESS_ENV
 
-__all__ = [
-    "BACKOFF_FIRST_S",
-    "BACKOFF_MAX_S",
-    "BACKOFF_RESET_S",
-    "STOP_MARGIN_S",
-    "backoff_s",
-    "supervise",
-]
+__all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "BACKOFF_RESET_S", "STOP_MARGIN_S", "backoff_s",
+           "supervise"]
 
 _log = structlog.get_logger("proxy.server.workers")
 
@@ -74,21 +63,12 @@ def backoff_s(deaths_in_a_row: int) -> float:
     return min(BACKOFF_FIRST_S * 2.0 ** max(deaths_in_a_row - 1, 0), BACKOFF_MAX_S)
 
 
-def _secrets(config: Config) -> list[str]:
-    return config_secrets(config)
-
-
 # -- the supervisor ----------------------------------------------------------------------------
 
 
 def _reserve(host: str, port: int, section: str = "listen") -> tuple[list[socket.socket], int]:
     """Bind (without listening) every address of ``host`` with ``SO_REUSEPORT``; returns the
-    sockets and the port (the kernel's pick when ``port`` is 0). Errors name ``section``'s
-    keys (``listen``, or ``admin.listen``).
-
-    Raises:
-        ConfigError: no ``SO_REUSEPORT`` here, ``host`` does not resolve, or the port is taken.
-    """
+    sockets and the port (the kernel's pick for 0). ``ConfigError`` names ``section``'s keys."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise ConfigError("listen.workers", "more than 1 needs SO_REUSEPORT, which this "
                                             "platform does not have; use 1")
@@ -118,23 +98,9 @@ def _reserve(host: str, port: int, section: str = "listen") -> tuple[list[socket
     return sockets, chosen
 
 
-def _reserve_admin(config: Config) -> tuple[Config, list[socket.socket]]:
-    """Reserve ``admin.listen`` as the main port is (when set): the config naming the port
-    every worker binds, and the sockets holding it."""
-    listen = config.admin.listen
-    if listen is None:
-        return config, []
-    sockets, port = _reserve(listen.host, listen.port, "admin.listen")
-    admin = dataclasses.replace(config.admin, listen=dataclasses.replace(listen, port=port))
-    return dataclasses.replace(config, admin=admin), sockets
-
-
 def check_store(config: Config) -> None:
-    """Open the store once and close it (creating the SQLite file, in WAL mode).
-
-    Raises:
-        ConfigError: the store cannot be opened.
-    """
+    """Open the store once and close it (creating the SQLite file, in WAL mode);
+    ``ConfigError`` when it cannot be opened."""
     from proxy.store import StoreError, store_for
 
     async def open_and_close() -> None:
@@ -333,25 +299,22 @@ def _no_other_threads() -> None:
 
 def supervise(config: Config) -> int:
     """Run ``config.listen.workers`` worker processes on one port until SIGTERM / SIGINT;
-    returns the exit code (0 once every worker drained and exited).
-
-    Raises:
-        ConfigError: the address cannot be bound or the store cannot be opened; nothing runs.
-    """
-    configure_logging(config.logging, secrets=_secrets(config), fields={"pid": os.getpid()})
+    returns the exit code (0 once every worker drained and exited). ``ConfigError``: the
+    address cannot be bound or the store opened; nothing runs."""
+    configure_logging(config.logging, secrets=config_secrets(config),
+                      fields={"pid": os.getpid()})
     sockets, port = _reserve(config.listen.host, config.listen.port)
-    try:
-        config, admin_sockets = _reserve_admin(config)
-    except ConfigError:
-        for sock in sockets:
-            sock.close()
-        raise
-    sockets += admin_sockets
     metrics_dir: str | None = None
     read_end, write_end = os.pipe()
     previous: dict[int, Any] = {}
     old_wakeup = -1
     try:
+        admin = config.admin.listen
+        if admin is not None:  # reserved as the main port is: every worker binds that port
+            admin_sockets, admin_port = _reserve(admin.host, admin.port, "admin.listen")
+            sockets += admin_sockets
+            config = dataclasses.replace(config, admin=dataclasses.replace(
+                config.admin, listen=dataclasses.replace(admin, port=admin_port)))
         check_store(config)
         # The app's modules and the event loop's, once, here: every worker forked from this
         # process has them (and a loop that cannot be loaded stops serve before any fork).
@@ -402,7 +365,7 @@ def _run_worker(config: Config, index: int, ready: int, lifeline: int, metrics_d
     # in files of this worker's pid in the shared directory, summed by /metrics.
     os.environ[MULTIPROCESS_ENV] = metrics_dir
     prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call]
-    configure_logging(config.logging, secrets=_secrets(config),
+    configure_logging(config.logging, secrets=config_secrets(config),
                       fields={"worker": index, "pid": os.getpid()}, final=True)
     try:
         return run_loop(_serve_worker(config, ready, lifeline), config.listen.event_loop)
