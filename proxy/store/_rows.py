@@ -30,7 +30,7 @@ import msgspec
 
 from compactor import DurableContextState
 from proxy.accounting.usage import UsageEntry, UsageRow
-from proxy.audit.log import RequestEntry, StateChange, utc_iso
+from proxy.audit.log import SESSION_ORDERS, RequestEntry, StateChange, utc_iso
 
 from .base import CorruptStateError, StoredState
 
@@ -76,6 +76,12 @@ def audit_stamp(when: datetime) -> str:
     return utc_iso(when)
 
 
+def check_type(name: str, value: object, kind: type) -> None:
+    """Refuse an argument of another type than ``kind`` (:class:`TypeError`)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+
+
 def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
     """Refuse audit bounds no store can keep (a backend's constructor calls this).
 
@@ -89,16 +95,15 @@ def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
 
 
-def check_page(offset: int, limit: int) -> None:
-    """Refuse a page of the audit log no store can read (an offset below 0, a limit below 1).
-
-    Raises:
-        ValueError: either is out of range, or not an integer.
-    """
+def check_page(offset: int, limit: int, order: str = SESSION_ORDERS[0]) -> None:
+    """Refuse a page of the audit log no store can read: an offset below 0, a limit below 1
+    (or either not an integer), an unknown session order (:class:`ValueError`)."""
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    if order not in SESSION_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
 
 
 def check_change(session_id: str, change: StateChange | None, action: str) -> None:
@@ -121,6 +126,13 @@ def check_change(session_id: str, change: StateChange | None, action: str) -> No
     key = change.session_id if change.tenant == "none" else f"{change.tenant}/{change.session_id}"
     if key != session_id:
         raise ValueError("change: names another session than the one written")
+
+
+def lease_ms(ttl_ms: int) -> int:
+    """A lease's time to live (milliseconds), refused below 1 (:class:`ValueError`)."""
+    if ttl_ms < 1:
+        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
+    return int(ttl_ms)
 
 
 def retention_cutoff(now: datetime, retention_days: int) -> datetime:

@@ -6,7 +6,8 @@ an outage a probe that PINGs until the server answers (see :mod:`proxy.store.red
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Final, Self
 
 import redis.asyncio as aioredis
@@ -38,8 +39,7 @@ HEALTH_TTL_S: Final = 1.0
 
 
 class RedisConnection(RedisKeys):
-    """The state every part of :class:`~proxy.store.RedisStateStore` works on (its
-    arguments are documented there)."""
+    """What every part of :class:`~proxy.store.RedisStateStore` works on (arguments there)."""
 
     if TYPE_CHECKING:
         async def _write_requests(self, batch: list[RequestEntry]) -> None: ...
@@ -70,11 +70,10 @@ class RedisConnection(RedisKeys):
         except ValueError as exc:
             # redis-py's messages name the scheme or option, never the URL itself.
             raise ValueError(f"invalid redis url {self.url}: {exc}") from None
-        # The scripts every request runs go by a lane of the store's own (not in a cluster,
-        # whose client routes each key to its node: see proxy.store.redis.lane).
+        # The scripts every request runs go by a lane (not in a cluster: see .lane).
         self._lane = (Lane(self._redis.connection_pool)
                       if isinstance(self._redis, aioredis.Redis) else None)
-        # The scripts (proxy.store.redis.scripts), registered on first use, by their text.
+        # The scripts (.scripts), registered on first use, by their text.
         self._scripts: dict[str, AsyncScript] = {}
         self._summary_keys = [self._key("summary", "summary:text"),
                               self._key("summary", "summary:order"),
@@ -82,8 +81,7 @@ class RedisConnection(RedisKeys):
         self._closed = False
         # Audit entries waiting for their batch's write (used from the event loop only).
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
-        # Why the server is unreachable (None: it is not known to be); while set, every
-        # call fails fast and a probe PINGs until it answers.
+        # Why the server is unreachable (None: not known to be); while set, calls fail fast.
         self._down: str | None = None
         self._probe: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] | None = None  # (when, answered) of the last PING
@@ -141,8 +139,6 @@ class RedisConnection(RedisKeys):
                 await self._lane.close()
             await self._redis.aclose()
 
-    # -- helpers -----------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         """Called first by every method: a closed store raises :class:`StoreError`, and one
         whose server is known to be unreachable :class:`StoreUnavailable`, at once."""
@@ -150,6 +146,17 @@ class RedisConnection(RedisKeys):
             raise StoreError(f"redis store {self.url} is closed")
         if self._down is not None:
             raise StoreUnavailable(self._down)
+
+    @contextlib.contextmanager
+    def _failures(self, action: str, *, audit: bool = False) -> Iterator[None]:
+        """:meth:`_check_open`, then what redis-py raises in the block as a
+        :class:`StoreError` (``audit``: a key of the audit log holding something else is a
+        :class:`CorruptStateError`)."""
+        self._check_open()
+        try:
+            yield
+        except FAILURES as exc:
+            raise (self._audit_error if audit else self._error)(action, exc) from exc
 
     def _error(self, action: str, exc: Failure) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.

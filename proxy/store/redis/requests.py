@@ -10,17 +10,12 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from proxy.audit.log import (
-    SESSION_ORDERS,
-    RequestEntry,
-    SessionOrder,
-    SessionSummary,
-    StateChange,
-)
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange
 
 from .._rows import (
     audit_stamp,
     check_page,
+    check_type,
     decode_change,
     decode_entry,
     encode_audit,
@@ -40,23 +35,10 @@ class RedisRequestLog(RedisConnection):
     """:class:`~proxy.audit.log.RequestLog` on Redis."""
 
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
-        """Keep ``entry``, then trim its session (bound and retention).
-
-        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
-        under way, go together (:class:`~proxy.store.audit_batches.AuditBatches`): one
-        script per session of the batch, then its places in the global indexes (a round trip per
-        entry would cost more than the rest of its request's bookkeeping). The indexes follow
-        what each session's trim dropped; other sessions' old entries wait for :meth:`trim`, as
-        the SQLite store's do. Returns the batch's future, done once it is written (or failed
-        with its error).
-
-        Raises:
-            TypeError: ``entry`` is not a :class:`RequestEntry`.
-            StoreError: the store is closed; :class:`StoreUnavailable` when its server is
-                known to be unreachable.
-        """
-        if not isinstance(entry, RequestEntry):
-            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        """Batched (:class:`~proxy.store.audit_batches.AuditBatches`): one script per session
+        of the batch, then its places in the global indexes, which follow what its trim
+        dropped; other sessions' old entries wait for :meth:`trim`."""
+        check_type("entry", entry, RequestEntry)
         self._check_open()
         return self._batches.add(entry)
 
@@ -88,38 +70,27 @@ class RedisRequestLog(RedisConnection):
             raise self._audit_error("add audit entries", exc) from exc
 
     async def flush(self) -> None:
-        """Write the entries :meth:`add_request` still holds back, now."""
         await self._batches.flush()
 
     async def add_state_change(self, change: StateChange) -> None:
-        """Keep ``change``, then trim the session's changes by count and age."""
-        if not isinstance(change, StateChange):
-            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
-        self._check_open()
-        member, _, cutoff = self._trim_args(change.tenant, change.session_id)
-        key = self.change_keys(change.tenant, change.session_id)[0]
-        try:
+        check_type("change", change, StateChange)
+        with self._failures("add state change", audit=True):
+            member, _, cutoff = self._trim_args(change.tenant, change.session_id)
+            key = self.change_keys(change.tenant, change.session_id)[0]
             newest = await self._script(scripts.ADD_CHANGE)(
                 keys=[key], args=[encode_audit(change), as_score(change.at),
                                   self.max_requests_per_session, cutoff])
             await self._index(self.audit_changed_key, member,
                               None if newest is None else as_text(newest),
                               partial(self._newest_change, key))
-        except FAILURES as exc:
-            raise self._audit_error("add state change", exc) from exc
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
                        tenant: str | None = None) -> tuple[list[SessionSummary], int]:
-        """One page of sessions and how many match; see
-        :meth:`proxy.audit.log.RequestLog.sessions`."""
-        check_page(offset, limit)
-        if order not in SESSION_ORDERS:
-            raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        index = self.audit_sessions_key
-        try:
+        check_page(offset, limit, order)
+        with self._failures("read audit sessions", audit=True):
+            await self._batches.flush()  # this process's entries are read too
+            index = self.audit_sessions_key
             if order == "last_seen" and not contains and tenant is None:
                 # The index is in the order asked for: read just the page.
                 total = int(await self._redis.zcard(index))
@@ -141,57 +112,41 @@ class RedisRequestLog(RedisConnection):
                     # Stable: equal counts keep the index's newest-first order.
                     everything.sort(key=lambda summary: -summary.blocked)
                     summaries = everything[offset:offset + limit]
-        except FAILURES as exc:
-            raise self._audit_error("read audit sessions", exc) from exc
         return summaries, total
 
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
                                limit: int = 100) -> tuple[list[RequestEntry], int]:
-        """One page of a session's requests, newest first, and how many it has."""
         check_page(offset, limit)
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        key = self.audit_keys(tenant, session_id)[0]
-        try:
+        with self._failures("read audit entries", audit=True):
+            await self._batches.flush()  # this process's entries are read too
+            key = self.audit_keys(tenant, session_id)[0]
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.zcard(key)
                 pipe.zrevrange(key, offset, offset + limit - 1)
                 total, members = await pipe.execute()
-        except FAILURES as exc:
-            raise self._audit_error("read audit entries", exc) from exc
         return [decode_entry(member) for member in members], int(total)
 
     async def state_changes(self, tenant: str, session_id: str, *,
                             limit: int = 100) -> list[StateChange]:
-        """A session's state changes, newest first."""
         check_page(0, limit)
-        self._check_open()
-        try:
+        with self._failures("read state changes", audit=True):
             members = await self._redis.zrevrange(self.change_keys(tenant, session_id)[0],
                                                   0, limit - 1)
-        except FAILURES as exc:
-            raise self._audit_error("read state changes", exc) from exc
         return [decode_change(member) for member in listed(members)]
 
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
-        """Refused requests that arrived at or after ``since``, oldest first."""
         check_page(0, limit)
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        try:
+        with self._failures("read blocked requests", audit=True):
+            await self._batches.flush()  # this process's entries are read too
             members = await self._redis.zrangebyscore(self.audit_blocked_key,
                                                       as_score(since), "+inf", start=0, num=limit)
-        except FAILURES as exc:
-            raise self._audit_error("read blocked requests", exc) from exc
         return [decode_entry(member) for member in listed(members)]
 
     async def trim(self, now: datetime) -> int:
-        """Drop the audit entries older than the retention at ``now``, session by session;
-        returns how many went."""
-        self._check_open()
+        """Session by session."""
         cutoff = as_score(retention_cutoff(now, self.retention_days))
         removed = 0
-        try:
+        with self._failures("trim the audit log", audit=True):
             sessions = listed(await self._redis.zrange(self.audit_sessions_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in sessions]:
                 member, maximum, _ = self._trim_args(tenant, session_id)
@@ -207,8 +162,6 @@ class RedisRequestLog(RedisConnection):
                 removed += int(gone)
                 await self._index(self.audit_changed_key, pair_member(tenant, session_id),
                                   as_text(newest) or None, partial(self._newest_change, key))
-        except FAILURES as exc:
-            raise self._audit_error("trim the audit log", exc) from exc
         return removed
 
     async def _summaries(self, members: list[str]) -> list[SessionSummary]:

@@ -46,16 +46,14 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         yield
         conn.execute("COMMIT")
     except BaseException:
-        # SQLite may already have rolled back by itself (e.g. disk full); a second
-        # ROLLBACK would raise and hide the original error.
+        # SQLite may have rolled back by itself (disk full): a second ROLLBACK would raise.
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
 
 
 class SQLiteConnection:
-    """The state every part of :class:`~proxy.store.SQLiteStateStore` works on (its
-    arguments are documented there)."""
+    """What every part of :class:`~proxy.store.SQLiteStateStore` works on (arguments there)."""
 
     if TYPE_CHECKING:
         async def _write_requests(self, entries: list[RequestEntry]) -> None: ...
@@ -80,10 +78,9 @@ class SQLiteConnection:
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
-        # Touched only from the worker thread (the loop only asks whether it is there yet).
+        # Set by the worker thread (the loop only asks whether it is there yet).
         self._conn: sqlite3.Connection | None = None
-        # The event loop's own connection, for what is done at once (_now), and its commits
-        # since the worker thread last checkpointed.
+        # The event loop's own connection (_now), and its commits since the last checkpoint.
         self._loop_conn: sqlite3.Connection | None = None
         self._loop_commits = 0
 
@@ -124,19 +121,10 @@ class SQLiteConnection:
     # -- the event loop's own connection --------------------------------------------------
 
     def _now(self, call: Callable[..., _T], *args: Any) -> _T | None:
-        """``call(connection, *args)`` on the event loop's own connection, or ``None`` when
-        it cannot be done at once: the file is not open yet (the worker thread creates it
-        and its schema), or SQLite is busy or locked (the worker thread, whose connection
-        waits up to ``busy_timeout_s``, does it instead).
-
-        For the few small reads and writes every request of a worker makes (its session's
-        versions, the calibration its answer taught): in WAL mode a writer never blocks a
-        reader, and a commit appends to the log without a sync (``synchronous = NORMAL``), so
-        each costs less than the hop to the worker thread and back. This connection waits for
-        nothing (``timeout=0``), never creates the file (``mode=rw``) and never checkpoints (a
-        checkpoint syncs the file): every :data:`CHECKPOINT_EVERY` of its commits, a write goes
-        to the worker thread, which checkpoints after it.
-        """
+        """``call(connection, *args)`` on the event loop's own connection (which waits for
+        nothing, never creates the file and never checkpoints), or ``None`` when that cannot
+        be done at once: the file is not open yet, or SQLite is busy or locked (then the
+        worker thread, whose connection waits, does it)."""
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._loop_conn
@@ -156,9 +144,8 @@ class SQLiteConnection:
             raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
 
     def _open_loop_connection(self) -> sqlite3.Connection | None:
-        """The loop's own connection to the file the worker thread opened, or ``None`` when
-        it cannot be opened (the file was removed or made read-only since: the worker
-        thread's connection, still open, does the work, as it did before)."""
+        """The loop's own connection to the file the worker thread opened, or ``None`` (the
+        file was removed or made read-only since: the worker thread's connection does it)."""
         try:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
                                    timeout=0, isolation_level=None, check_same_thread=False)
@@ -182,7 +169,6 @@ class SQLiteConnection:
             # Private whatever the umask: 0600, in directories made 0700 (SQLite gives the
             # -wal and -shm the database's mode).
             private_file(self.path)
-            # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc}") from exc
@@ -195,7 +181,7 @@ class SQLiteConnection:
                 )
             conn.execute("PRAGMA synchronous = NORMAL")
             private_companions(self.path)
-            with self._immediate(conn):
+            with write_transaction(conn):
                 for statement in SCHEMA:
                     conn.execute(statement)
                 row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -220,10 +206,6 @@ class SQLiteConnection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-    def _immediate(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
-        """One write transaction holding the write lock from its first statement."""
-        return write_transaction(conn)
 
     @contextlib.contextmanager
     def _sqlite_errors(self, action: str) -> Iterator[sqlite3.Connection]:

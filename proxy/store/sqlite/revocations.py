@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, write_transaction
 
 __all__ = ["SQLiteLoginRevocations"]
 
@@ -30,7 +30,7 @@ class SQLiteLoginRevocations(SQLiteConnection):
         return await self._call(self._login_revoked, nonce, int(time.time()))
 
     def _revoke_login(self, nonce: str, expires_at: int, now: int) -> None:
-        with self._sqlite_errors("revoke login") as conn, self._immediate(conn):
+        with self._sqlite_errors("revoke login") as conn, write_transaction(conn):
             conn.execute(_TABLE)
             conn.execute("DELETE FROM console_revoked WHERE expires_at <= ?", (now,))
             conn.execute("INSERT INTO console_revoked (nonce, expires_at) VALUES (?, ?)"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..base import CorruptStateError
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, write_transaction
 
 __all__ = ["SQLiteSummaries"]
 
@@ -30,7 +30,7 @@ class SQLiteSummaries(SQLiteConnection):
         return row[0]
 
     def _put_summary(self, key: str, text: str) -> None:
-        with self._sqlite_errors("write summary") as conn, self._immediate(conn):
+        with self._sqlite_errors("write summary") as conn, write_transaction(conn):
             # Content-addressed: a key already cached keeps its text and its age.
             conn.execute(
                 "INSERT INTO summary_cache (key, text) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
