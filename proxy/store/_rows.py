@@ -30,12 +30,11 @@ import msgspec
 
 from compactor import DurableContextState
 from proxy.accounting.usage import UsageEntry, UsageRow
-from proxy.audit.log import SESSION_ORDERS, RequestEntry, StateChange, utc_iso
+from proxy.audit.log import SESSION_ORDERS, RequestEntry, StateChange
 
 from .base import CorruptStateError, StoredState
 
 __all__ = [
-    "audit_stamp",
     "check_bounds",
     "check_change",
     "check_page",
@@ -68,12 +67,6 @@ def utc_now() -> datetime:
 def usage_stamp() -> str:
     """The ``last_seen`` of a usage addition: now, in UTC, as fixed-width ISO text."""
     return utc_now().isoformat(timespec="microseconds")
-
-
-def audit_stamp(when: datetime) -> str:
-    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text;
-    :func:`proxy.audit.log.utc_iso`)."""
-    return utc_iso(when)
 
 
 def check_type(name: str, value: object, kind: type) -> None:

@@ -10,10 +10,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
 from .._rows import (
-    audit_stamp,
     check_page,
     check_type,
     decode_change,
@@ -55,7 +54,7 @@ class RedisRequestLog(RedisConnection):
                 args: list[Any] = [maximum, cutoff]
                 texts = [encode_audit(entry) for entry in entries]
                 for entry, text in zip(entries, texts, strict=True):
-                    args += [text, as_score(entry.at), audit_stamp(entry.at),
+                    args += [text, as_score(entry.at), utc_iso(entry.at),
                              entry.tokens_before or 0, entry.tokens_after or 0,
                              int(entry.blocked)]
                 reply = await self._script(scripts.ADD_REQUESTS)(keys=keys, args=args)

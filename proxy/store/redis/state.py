@@ -1,14 +1,8 @@
 """The Redis store's durable-state writes: each one Lua script with the change it records.
 
-*Versions are never reused.* Deleting a state leaves ``<prefix>{<session key>}:tombstone``
-holding its last version; a state created again starts after it (and the tombstone goes), so
-a writer still holding the ETag of a deleted state gets a conflict, never a silent overwrite.
-
-*A write and its change record are one script.* The change goes into the session's changes
-sorted set (``...:audit:changes``, in the state's hash slot) and the set is trimmed in the
-script that writes the state, so both are kept or neither. Redis does not roll a script back
-when a command in it fails, so the script checks every key's type before its first write.
-The version a ``put`` writes is decided in the script: its change is sent as the JSON text
+A deleted state leaves ``...:tombstone`` (docs/operations.md, "Redis keys"). Redis does not roll
+a script back when a command in it fails, so each script checks every key's type before its
+first write. A ``put``'s version is decided in the script: its change is sent as the JSON text
 before and after the version's value, which the script joins around it.
 """
 
@@ -26,6 +20,7 @@ from proxy.audit.log import StateChange
 
 from .._rows import (
     check_change,
+    check_type,
     decode_state,
     encode_audit,
     encode_state,
@@ -42,11 +37,9 @@ __all__ = ["RedisState", "delete_change_args", "put_change_args"]
 
 
 class RedisState(RedisConnection):
-    """:class:`~proxy.store.base.StateStore`: the durable state, by compare-and-swap
-    scripts."""
+    """:class:`~proxy.store.base.StateStore` on Redis."""
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """Return the session's current state, or ``None`` when it has none."""
         self._check_open()
         try:
             values = await self._redis.hmget(
@@ -66,10 +59,7 @@ class RedisState(RedisConnection):
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
                         change: StateChange | None = None) -> StoredState:
-        """Compare-and-swap write, with ``change`` in the same script; see
-        :meth:`proxy.store.base.StateStore.put_state`."""
-        if not isinstance(state, DurableContextState):
-            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_type("state", state, DurableContextState)
         check_change(session_id, change, "put")
         self._check_open()
         state_json = encode_state(state)
@@ -91,8 +81,6 @@ class RedisState(RedisConnection):
 
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
-        """Delete the state, with ``change`` in the same script; see
-        :meth:`proxy.store.base.StateStore.delete_state`."""
         check_change(session_id, change, "delete")
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))

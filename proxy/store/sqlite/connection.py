@@ -18,10 +18,11 @@ from proxy.audit.log import (
     DEFAULT_MAX_REQUESTS_PER_SESSION,
     DEFAULT_RETENTION_DAYS,
     RequestEntry,
+    utc_iso,
 )
 from proxy.store.private_files import private_companions, private_file
 
-from .._rows import audit_stamp, check_bounds, retention_cutoff, utc_now
+from .._rows import check_bounds, retention_cutoff, utc_now
 from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import StoreError
 from .schema import SCHEMA, SCHEMA_VERSION
@@ -218,4 +219,4 @@ class SQLiteConnection:
     def _change_bounds(self) -> tuple[int, str]:
         """How many changes a session keeps, and the oldest time one may have now."""
         return (self.max_requests_per_session,
-                audit_stamp(retention_cutoff(utc_now(), self.retention_days)))
+                utc_iso(retention_cutoff(utc_now(), self.retention_days)))

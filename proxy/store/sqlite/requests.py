@@ -9,17 +9,15 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
 from .._rows import (
-    audit_stamp,
     check_page,
     check_type,
     decode_change,
     decode_entry,
     encode_audit,
     retention_cutoff,
-    utc_now,
 )
 from ..base import CorruptStateError, StoreError
 from .connection import SQLiteConnection, write_transaction
@@ -94,10 +92,10 @@ class SQLiteRequestLog(SQLiteConnection):
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
         check_page(0, limit)
         await self._batches.flush()  # this process's entries are read too
-        return await self._call(self._blocked_since, audit_stamp(since), limit)
+        return await self._call(self._blocked_since, utc_iso(since), limit)
 
     async def trim(self, now: datetime) -> int:
-        return await self._call(self._trim, audit_stamp(
+        return await self._call(self._trim, utc_iso(
             retention_cutoff(now, self.retention_days)))
 
     # -- worker-thread side -------------------------------------------------------------------
@@ -105,13 +103,13 @@ class SQLiteRequestLog(SQLiteConnection):
     def _add_requests(self, batch: list[RequestEntry]) -> None:
         """Write a batch in one transaction, trimming each session it touched (an entry that
         cannot be encoded fails the batch, as a failed write does)."""
-        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+        cutoff = self._change_bounds()[1]
         rows = []
         # (tenant, session id) -> [last_seen, requests, tokens_before, tokens_after, blocked]
         totals: dict[tuple[str, str], list[Any]] = {}
         for entry in batch:
             before, after = entry.tokens_before or 0, entry.tokens_after or 0
-            blocked, when = int(entry.blocked), audit_stamp(entry.at)
+            blocked, when = int(entry.blocked), utc_iso(entry.at)
             rows.append((entry.tenant, entry.session_id, when, before, after, blocked,
                          encode_audit(entry)))
             sums = totals.setdefault((entry.tenant, entry.session_id), [when, 0, 0, 0, 0])
