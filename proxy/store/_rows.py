@@ -1,21 +1,10 @@
-"""How every backend turns a state (or a usage row) into a stored row and back: one encoding,
-one clock, one memo of decoded rows.
+"""How every backend turns a state, a usage row or an audit entry into stored text and back,
+and the argument checks both backends make.
 
-Rows are the canonical JSON of ``DurableContextState.to_dict()`` (the same state always gives
-the same text) with an ISO ``updated_at`` in UTC. Decoding validates the whole state, so it is
-memoised on the row itself: an unchanged row, read on every request, is decoded once. The memo
-is keyed by everything the result is made of (session id, version, JSON, timestamp), so a row
-that changed in any way, by this process or another, is decoded afresh, and a row that does
-not decode raises every time (exceptions are never cached).
-
-Usage rows store each counter of :class:`~proxy.accounting.usage.UsageEntry` as an integer under
-its field name, and ``last_seen`` as an ISO time in UTC with microseconds, so later times
-compare greater as text too.
-
-Audit entries (:class:`~proxy.audit.log.RequestEntry`,
-:class:`~proxy.audit.log.StateChange`) are stored as the compact JSON of their
-``as_json()``, their times in the same fixed-width ISO form; one that does not read back
-raises :class:`CorruptStateError`.
+A state is the canonical JSON of ``DurableContextState.to_dict()`` with an ISO ``updated_at``
+in UTC; decoding validates the whole state, so it is memoised on everything the result is made
+of (a row that changed in any way is decoded afresh; errors are never cached). Usage counters
+are integers under their field names; times are fixed-width ISO in UTC (they compare as text).
 """
 
 from __future__ import annotations
@@ -49,7 +38,7 @@ __all__ = [
     "utc_now",
 ]
 
-#: Decoded rows kept, least recently used evicted.
+#: Decoded states kept, least recently used evicted.
 DECODED_ROWS: Final = 1024
 
 
@@ -76,11 +65,7 @@ def check_type(name: str, value: object, kind: type) -> None:
 
 
 def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
-    """Refuse audit bounds no store can keep (a backend's constructor calls this).
-
-    Raises:
-        ValueError: a bound below 1.
-    """
+    """Refuse audit bounds no store can keep: below 1 (:class:`ValueError`)."""
     if max_requests_per_session < 1:
         raise ValueError(
             f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
@@ -100,19 +85,12 @@ def check_page(offset: int, limit: int, order: str = SESSION_ORDERS[0]) -> None:
 
 
 def check_change(session_id: str, change: StateChange | None, action: str) -> None:
-    """Refuse a change a state write cannot record with it: not a :class:`StateChange` of
-    ``action``, or of another session than the one written (its tenant and session id make
-    the store key ``session_id``, so its records live with the state: one transaction, one
-    Redis hash slot).
-
-    Raises:
-        TypeError: ``change`` is not a :class:`StateChange` (nor ``None``).
-        ValueError: another action, or another session.
-    """
+    """Refuse a change a state write cannot record with it: not a :class:`StateChange`
+    (:class:`TypeError`), of another action or another session than the one written (its
+    records live with the state: one transaction, one Redis hash slot)."""
     if change is None:
         return
-    if not isinstance(change, StateChange):
-        raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+    check_type("change", change, StateChange)
     if change.action != action:
         raise ValueError(f"change: a {action} records a {action!r} change, got "
                          f"{change.action!r}")
@@ -137,15 +115,10 @@ _AUDIT_JSON: Final = msgspec.json.Encoder()
 
 
 def encode_audit(item: RequestEntry | StateChange) -> str:
-    """The stored text of an audit entry: the compact JSON of its ``as_json()``.
-
-    That is ``json.dumps(..., ensure_ascii=False, separators=(",", ":"), allow_nan=False)``,
-    which msgspec writes byte for byte, faster, for every entry but one whose float (an
-    entry's only float is a request's ``duration_ms``) ``json.dumps`` writes with an exponent
-    (msgspec writes ``1e16``, not ``1e+16``) or refuses (NaN, infinity: msgspec would write
-    ``null``), or with a string msgspec cannot encode (a lone surrogate): those go through
-    ``json.dumps`` itself.
-    """
+    """The stored text of an audit entry: the compact JSON of its ``as_json()``, as
+    ``json.dumps`` writes it. msgspec writes the same bytes, faster, except for a
+    ``duration_ms`` written with an exponent or not finite, and a lone surrogate: those go
+    through ``json.dumps`` itself."""
     data = item.as_json()
     duration = data.get("duration_ms")
     if not isinstance(duration, float) or duration == 0 or 1e-4 <= abs(duration) < 1e16:
@@ -184,11 +157,8 @@ def decode_change(raw: str | bytes) -> StateChange:
 
 def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],
                      last_seen: object) -> UsageRow:
-    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`.
-
-    A counter missing from ``counters`` is 0 (a row written before the counter existed);
-    each present one must be an integer >= 0 (or its decimal text, as Redis returns it).
-    """
+    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`:
+    a missing counter is 0 (it did not exist yet), a present one an integer >= 0 (or its text)."""
     def problem(detail: str) -> CorruptStateError:
         return CorruptStateError(session_key, f"usage row of model {model!r}: {detail}")
 
@@ -215,13 +185,8 @@ def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object
 @functools.lru_cache(maxsize=DECODED_ROWS)
 def decode_state(session_id: str, version: int, state_json: str | bytes,
                  updated_at: str) -> StoredState:
-    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
-
-    Whatever the backend's encoding, the state must be a JSON object that validates as a
-    ``DurableContextState`` and ``updated_at`` an ISO time with a zone. The backend checks
-    ``version`` (an integer >= 1) before calling. Results are shared between callers; they
-    are frozen.
-    """
+    """A stored row (``version`` checked by the backend) turned back into a frozen, shared
+    :class:`StoredState`, or :class:`CorruptStateError`."""
     try:
         data = json.loads(state_json)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError too

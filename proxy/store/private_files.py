@@ -1,11 +1,8 @@
 """Files that hold durable state kept private to the proxy's user, whatever the umask.
 
-The SQLite store's file holds every session's durable state and audit log; its ``-wal``
-(recent commits) and ``-shm`` hold the same. The proxy creates the file ``0600`` and the
-directories it creates for it ``0700`` (SQLite then gives its companion files the database
-file's mode), and narrows an existing file (or companion) that group or others may read to
-its owner's bits. Directories that already exist are the operator's and are left as they are.
-A file the proxy may not change the mode of (another user's) is left to the operator.
+The SQLite file (and its ``-wal``, ``-shm``) is created ``0600`` in directories created ``0700``;
+an existing one others may read is narrowed. Existing directories, and files the proxy may not
+change the mode of, are the operator's (docs/operations.md, "Config notes").
 """
 
 from __future__ import annotations

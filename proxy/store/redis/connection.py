@@ -1,7 +1,6 @@
-"""What every part of the Redis store shares: the client and the lane, the lifecycle (open,
-health, close), and how a failure becomes a :class:`~proxy.store.base.StoreError`,
-an outage a probe that PINGs until the server answers (see :mod:`proxy.store.redis`).
-"""
+"""What every part of the Redis store shares: the client and the lane, the lifecycle, and how
+a failure becomes a :class:`~proxy.store.base.StoreError` (an outage: fail fast while a probe
+PINGs every :data:`PROBE_INTERVAL_S` until the server answers)."""
 
 from __future__ import annotations
 
@@ -87,12 +86,8 @@ class RedisConnection(RedisKeys):
         self._health: tuple[float, bool] | None = None  # (when, answered) of the last PING
 
     async def open(self) -> Self:
-        """PING the server now; returns the store itself.
-
-        Raises:
-            StoreError: the server does not answer (or refuses the credentials); the store is
-                closed.
-        """
+        """PING the server now; returns the store itself (:class:`StoreError`, the store
+        closed, when the server does not answer or refuses the credentials)."""
         try:
             self._check_open()
             await self._redis.ping()
@@ -105,9 +100,8 @@ class RedisConnection(RedisKeys):
         return self
 
     async def available(self) -> bool:
-        """Whether the server answers now: ``False`` while it is known to be unreachable,
-        else a PING (at most :data:`PROBE_TIMEOUT_S`), whose answer is reused for
-        :data:`HEALTH_TTL_S`. What ``/healthz`` asks; never raises."""
+        """Whether the server answers now (``/healthz``): ``False`` while it is known to be
+        unreachable, else a PING whose answer is reused for :data:`HEALTH_TTL_S`."""
         if self._closed or self._down is not None:
             return False
         now = asyncio.get_running_loop().time()
@@ -121,8 +115,7 @@ class RedisConnection(RedisKeys):
 
     @property
     def client(self) -> aioredis.Redis | RedisCluster:
-        """The redis-py client, for maintenance (:mod:`proxy.sources.migrate`); the request
-        path never uses it directly."""
+        """The redis-py client, for maintenance (:mod:`proxy.sources.migrate`)."""
         return self._redis
 
     async def close(self) -> None:
@@ -217,11 +210,9 @@ class RedisConnection(RedisKeys):
 
     async def _index(self, index: str, member: str, score: str | None,
                      current: Callable[[], Awaitable[str | None]]) -> None:
-        """Bring ``member``'s place in ``index`` (a global sorted set) in line with its
-        session's keys just written: at ``score`` (only ever raised), or out when ``score``
-        is ``None`` (the session has nothing left). A write of the same session that raced
-        this one may have indexed it just before the ZREM, so ``current`` (the session's
-        score now, ``None``: nothing) is asked again after it."""
+        """Put ``member`` in the global sorted set ``index`` at ``score`` (only ever raised),
+        or out when ``None``; a racing write of the session may have indexed it just before
+        the ZREM, so ``current()`` (its score now) is asked again after it."""
         if score is None:
             await self._redis.zrem(index, member)
             score = await current()

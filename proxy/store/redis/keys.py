@@ -1,11 +1,8 @@
 """The Redis store's key layout, and how values are written into keys and members.
 
-Every key is ``<prefix>{<tag>}:<suffix>``: Redis Cluster hashes only the text in the braces,
-so every key of one session (its state, tombstone, records, usage rows, audit entries and
-totals) lives in one slot and one script can change them together. What belongs to no session
-has a tag per group (``{summary}``, ``{usage}``, ``{audit}``). Keys never collide: each ends in
-``}:`` and one of a fixed set of suffixes, or ``}:usage:`` and a JSON string; the prefix may
-not hold a brace. The full table is in docs/operations.md, "Redis keys".
+Every key is ``<prefix>{<tag>}:<suffix>``: Redis Cluster hashes only the text in the braces, so
+every key of one session lives in one slot and one script can change them together; what
+belongs to no session has a tag per group. The full table: docs/operations.md, "Redis keys".
 """
 
 from __future__ import annotations

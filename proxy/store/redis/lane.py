@@ -1,13 +1,10 @@
 """Connections of the Redis store's own for the two scripts every request runs.
 
-A :class:`Lane` sends a request's versions read and its calibration save on one of redis-py's
-own connections, packed by hiredis and read with the connection's parser, skipping the
-client's pool lock, metrics and per-command task (what that saves: bench/README.md, "The
-stores' twins"). It keeps what the client guarantees: every call bounded by the store's timeout
-(a timeout is never retried: a script may have run), one immediate retry on a connection
-error, a failed or interrupted connection closed before reuse, server errors as redis-py's
-exceptions. In ``sentinel`` mode the connections follow a failover as redis-py's do; a
-cluster keeps the client's path. Used from the event loop only.
+A :class:`Lane` sends a command on one of redis-py's own connections, packed by hiredis, without
+the client's pool lock, metrics and per-command task (bench/README.md, "The stores' twins"),
+keeping what the client guarantees: a timeout per call (never retried), one retry on a
+connection error, a failed connection closed before reuse, redis-py's exceptions. Sentinel
+mode follows a failover as redis-py does; a cluster keeps the client's path. Event loop only.
 """
 
 from __future__ import annotations

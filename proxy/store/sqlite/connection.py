@@ -1,7 +1,6 @@
-"""What every part of the SQLite store shares: the worker thread that owns the connection,
-the event loop's own connection for what is done at once, the lifecycle (open, close), the
-write transaction and how a failure becomes a :class:`~proxy.store.base.StoreError`
-(see :mod:`proxy.store.sqlite`)."""
+"""What every part of the SQLite store shares: the worker thread that owns the connection, the
+event loop's own connection, the lifecycle, the write transaction and how a failure becomes a
+:class:`~proxy.store.base.StoreError`."""
 
 from __future__ import annotations
 
@@ -86,12 +85,8 @@ class SQLiteConnection:
         self._loop_commits = 0
 
     async def open(self) -> Self:
-        """Create the file and its schema now (idempotent); returns the store itself.
-
-        Raises:
-            StoreError: the file cannot be opened or its schema is not this program's; the
-                store is closed.
-        """
+        """Create the file and its schema now (idempotent); returns the store itself
+        (:class:`StoreError`, the store closed, when the file or its schema is unusable)."""
         try:
             await self._call(self._connection)
         except BaseException:

@@ -16,21 +16,14 @@ __all__ = ["SQLiteStateStore"]
 
 class SQLiteStateStore(SQLiteState, SQLiteSummaries, SQLiteRecords, SQLiteLedger,
                        SQLiteRequestLog, SQLiteConsistency, SQLiteLoginRevocations):
-    """The :class:`~proxy.store.base.StoreBackend` backed by one SQLite file.
-
-    Construction does no I/O; the file (``0600``, and its missing parent directories,
-    ``0700``: :mod:`proxy.store.private_files`) is created and the schema checked on first
-    use, or up front by :meth:`open`, which is what the service calls at startup so a bad
-    path fails before anything is served.
+    """The :class:`~proxy.store.base.StoreBackend` backed by one SQLite file, created (private:
+    :mod:`proxy.store.private_files`) and its schema checked on first use or by :meth:`open`.
 
     Args:
-        path: the database file.
         max_summaries: how many summaries the cache keeps before evicting the oldest.
         busy_timeout_s: how long a write waits for another writer's lock before failing.
-        max_requests_per_session: how many request entries a session keeps in the audit log.
-        retention_days: how long audit entries are kept.
+        max_requests_per_session, retention_days: the audit log's bounds (``audit.*``).
         shared: whether other processes serve from the same file (``listen.workers`` > 1):
             then in-memory copies are checked against the file's versions on every request.
-        audit_linger_s: how long the first audit entry of a batch waits for others
-            (:mod:`~proxy.store.audit_batches`).
+        audit_linger_s: how long the first audit entry of a batch waits for others.
     """
