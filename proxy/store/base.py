@@ -90,7 +90,6 @@ class StateStore(Protocol):
 
     async def get_state(self, session_id: str) -> StoredState | None:
         """Return the session's current state, or ``None`` when it has none."""
-        ...
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
@@ -99,14 +98,12 @@ class StateStore(Protocol):
         none may exist), else raise :class:`VersionConflict`. The new version is the old one
         plus 1; on creation, 1 plus the session's last deleted version (or 1). ``change`` (a
         ``put`` of this session) is recorded with the version written, in the same step."""
-        ...
 
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
         """Delete the session's state (``False``: none existed); a state at another version
         than ``expected_version``, when given, is kept (:class:`VersionConflict`). ``change``
         (a ``delete`` of this session) is recorded with the delete, atomically."""
-        ...
 
 
 @runtime_checkable
@@ -115,12 +112,10 @@ class SummaryCache(Protocol):
 
     async def get_summary(self, key: str) -> str | None:
         """Return the cached summary stored under ``key``, or ``None``."""
-        ...
 
     async def put_summary(self, key: str, text: str) -> None:
         """Cache ``text`` under ``key`` (a key already cached keeps its first text and its
         age), evicting the oldest entries beyond the bound."""
-        ...
 
 
 @runtime_checkable
@@ -129,11 +124,9 @@ class RecordStore(Protocol):
 
     async def get_record(self, session_id: str, kind: str) -> bytes | None:
         """Return the opaque compaction record ``kind`` of the session, or ``None``."""
-        ...
 
     async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
         """Store (replace) the opaque compaction record ``kind`` of the session."""
-        ...
 
 
 @runtime_checkable
@@ -144,11 +137,9 @@ class UsageLedger(Protocol):
     async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
         """Add each counter of ``entry`` to the row of ``(session_key, model)`` atomically,
         creating the row at zero first, and set its ``last_seen`` to now."""
-        ...
 
     async def usage_rows(self) -> list[UsageRow]:
         """Every row, ordered by session key, then model."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -203,35 +194,28 @@ class ReplicaConsistency(Protocol):
     def shared(self) -> bool:
         """Whether other processes may write this store while this one runs (Redis: always;
         SQLite: when configured so); when not, in-memory copies stay authoritative."""
-        ...
 
     async def session_versions(self, session_id: str,
                                fetch: RecordFetch | None = None) -> SessionVersions:
         """The session's versions, and the records ``fetch`` wants, in one round trip."""
-        ...
 
     async def get_versioned_record(self, session_id: str, kind: str
                                    ) -> tuple[int, bytes] | None:
         """The record ``kind`` and its version, read together (``None``: no such record)."""
-        ...
 
     async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
         """Store (replace) the record ``kind`` and bump its version atomically; returns the
         new version."""
-        ...
 
     async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """Take the lease ``name`` for ``ttl_ms`` milliseconds for the holder ``token`` if it
         is free or expired; ``True`` when taken."""
-        ...
 
     async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """Renew the lease to ``ttl_ms`` from now if ``token`` still holds it."""
-        ...
 
     async def release_lock(self, name: str, token: str) -> bool:
         """Drop the lease if ``token`` still holds it (never another holder's)."""
-        ...
 
 
 @runtime_checkable
@@ -242,8 +226,6 @@ class StoreBackend(StateStore, SummaryCache, RecordStore, UsageLedger, RequestLo
     async def open(self) -> Self:
         """Connect and verify the backend now, as startup does (idempotent); on failure the
         store is closed and :class:`StoreError` raised."""
-        ...
 
     async def close(self) -> None:
         """Release the backend's resources (idempotent); later calls raise :class:`StoreError`."""
-        ...

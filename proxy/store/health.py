@@ -27,7 +27,6 @@ class Availability(Protocol):
 
     async def available(self) -> bool:
         """Whether the store answers now (cheap; never raises)."""
-        ...
 
 
 class StoreHealth:

@@ -65,7 +65,6 @@ class RedisKeys:
     """Every key of the store, by what it holds (see the module's docstring)."""
 
     key_prefix: str
-    _summary_keys: list[str]
 
     def _key(self, tag: str, suffix: str) -> str:
         """``<prefix>{<tag>}:<suffix>``: every key with the same tag is in one hash slot."""
@@ -91,11 +90,6 @@ class RedisKeys:
     def usage_index_key(self) -> str:
         """The Redis key of the set indexing every usage row."""
         return self._key("usage", "usage:rows")
-
-    @property
-    def summary_keys(self) -> list[str]:
-        """The summary cache's keys: its text hash, its age index, its sequence counter."""
-        return list(self._summary_keys)
 
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's audit log, as the scripts take them: its entries and its

@@ -10,13 +10,14 @@ import sqlite3
 import time
 
 from .._rows import lease_ms, utc_now
-from ..base import CorruptStateError, RecordFetch, SessionVersions
+from ..base import RecordFetch, SessionVersions
 from .connection import (
     CHECKPOINT_EVERY,
     INLINE_WRITE_MAX_BYTES,
     SQLiteConnection,
     write_transaction,
 )
+from .records import PUT_RECORD, record_data
 
 __all__ = ["SQLiteConsistency"]
 
@@ -80,11 +81,7 @@ class SQLiteConsistency(SQLiteConnection):
                 "SELECT v.version, r.data FROM record_version v JOIN session_record r"
                 " ON r.session_id = v.session_id AND r.kind = v.kind"
                 " WHERE v.session_id = ? AND v.kind = ?", (session_id, kind)).fetchone()
-        if row is None:
-            return None
-        if not isinstance(row[1], bytes):
-            raise CorruptStateError(session_id, f"record {kind!r} is not a blob")
-        return int(row[0]), row[1]
+        return None if row is None else (int(row[0]), record_data(session_id, kind, row[1]))
 
     def _put_versioned_record(self, session_id: str, kind: str, data: bytes,
                               checkpoint: bool = False) -> int:
@@ -153,12 +150,7 @@ def _put_versioned_on(conn: sqlite3.Connection, session_id: str, kind: str, data
     """:meth:`SQLiteStateStore.put_versioned_record` on ``conn``: the record and its bumped
     version in one write transaction; returns the new version."""
     with write_transaction(conn):
-        conn.execute(
-            "INSERT INTO session_record (session_id, kind, data, updated_at)"
-            " VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
-            " updated_at = excluded.updated_at",
-            (session_id, kind, data, updated_at))
+        conn.execute(PUT_RECORD, (session_id, kind, data, updated_at))
         row = conn.execute(
             "INSERT INTO record_version (session_id, kind, version) VALUES (?, ?, 1)"
             " ON CONFLICT (session_id, kind) DO UPDATE SET version = version + 1"
