@@ -26,11 +26,7 @@ COMPANION_SUFFIXES: Final = ("-wal", "-shm", "-journal")
 
 def private_file(path: Path) -> None:
     """Make sure ``path`` exists and only its owner may read it: its missing parent
-    directories created ``0700``, the file ``0600`` (an existing one narrowed).
-
-    Raises:
-        OSError: a directory or the file cannot be created.
-    """
+    directories created ``0700``, the file ``0600`` (an existing one narrowed)."""
     _private_directories(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)

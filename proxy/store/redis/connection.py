@@ -62,7 +62,7 @@ class RedisConnection(RedisKeys):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.url = redacted_url(url)
         self.max_summaries = max_summaries
-        self.key_prefix = key_prefix
+        super().__init__(key_prefix)
         self.mode = mode
         try:
             self._redis = make_client(url, mode, sentinel_service, timeout_s)
@@ -74,9 +74,6 @@ class RedisConnection(RedisKeys):
                       if isinstance(self._redis, aioredis.Redis) else None)
         # The scripts (.scripts), registered on first use, by their text.
         self._scripts: dict[str, AsyncScript] = {}
-        self._summary_keys = [self._key("summary", "summary:text"),
-                              self._key("summary", "summary:order"),
-                              self._key("summary", "summary:seq")]
         self._closed = False
         # Audit entries waiting for their batch's write (used from the event loop only).
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)

@@ -64,7 +64,17 @@ def as_score(when: datetime) -> str:
 class RedisKeys:
     """Every key of the store, by what it holds (see the module's docstring)."""
 
-    key_prefix: str
+    def __init__(self, key_prefix: str) -> None:
+        self.key_prefix = key_prefix
+        # The global indexes: every usage row; the audit log's sessions by last_seen, its
+        # refused entries by time, and the sessions with state changes by their newest.
+        self.usage_index_key = self._key("usage", "usage:rows")
+        self.audit_sessions_key = self._key("audit", "audit:sessions")
+        self.audit_blocked_key = self._key("audit", "audit:blocked")
+        self.audit_changed_key = self._key("audit", "audit:changed")
+        # The summary cache: its text hash, its age index, its sequence counter.
+        self._summary_keys = [self._key("summary", f"summary:{name}")
+                              for name in ("text", "order", "seq")]
 
     def _key(self, tag: str, suffix: str) -> str:
         """``<prefix>{<tag>}:<suffix>``: every key with the same tag is in one hash slot."""
@@ -86,11 +96,6 @@ class RedisKeys:
         """The Redis key of the usage row of ``(session_key, model)``."""
         return self._key(session_key, "usage:" + json.dumps(model, ensure_ascii=False))
 
-    @property
-    def usage_index_key(self) -> str:
-        """The Redis key of the set indexing every usage row."""
-        return self._key("usage", "usage:rows")
-
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's audit log, as the scripts take them: its entries and its
         totals (in the slot of the session's state)."""
@@ -100,18 +105,3 @@ class RedisKeys:
     def change_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's state changes: its changes (in the session's slot)."""
         return [self._key(session_key_of(tenant, session_id), "audit:changes")]
-
-    @property
-    def audit_sessions_key(self) -> str:
-        """The index of the audit log's sessions, by ``last_seen``."""
-        return self._key("audit", "audit:sessions")
-
-    @property
-    def audit_blocked_key(self) -> str:
-        """The index of every refused request entry, by time."""
-        return self._key("audit", "audit:blocked")
-
-    @property
-    def audit_changed_key(self) -> str:
-        """The index of the sessions with state changes, by their newest."""
-        return self._key("audit", "audit:changed")

@@ -26,14 +26,8 @@ MAX_IDLE: Final = 32
 
 
 class Lane:
-    """Send single commands on connections like ``pool``'s, without its bookkeeping.
-
-    Args:
-        pool: the client's pool: its connection class and settings (address, TLS,
-            credentials, database, protocol, connect timeout), and its socket timeout as the
-            bound of each call (None: unbounded, as the client would be).
-        max_idle: how many idle connections to keep.
-    """
+    """Send single commands on connections like ``pool``'s (its connection class and
+    settings), without its bookkeeping; its socket timeout bounds each whole call."""
 
     def __init__(self, pool: ConnectionPool, *, max_idle: int = MAX_IDLE) -> None:
         settings = dict(pool.connection_kwargs)
@@ -51,14 +45,8 @@ class Lane:
         return len(self._idle)
 
     async def call(self, *args: str | int | bytes) -> Any:
-        """Send the command ``args`` (name first) and return the server's reply.
-
-        Raises:
-            redis.exceptions.TimeoutError: no reply within :attr:`timeout_s`.
-            redis.exceptions.ConnectionError: the server cannot be reached (twice).
-            redis.exceptions.ResponseError: the server's error (e.g. ``NoScriptError``).
-            RuntimeError: the lane is closed.
-        """
+        """Send the command ``args`` (name first) and return the server's reply; raises
+        redis-py's exceptions (a timeout, a connection error twice, the server's error)."""
         if self._closed:
             raise RuntimeError("the lane is closed")
         packed = pack_command(args)  # type: ignore[arg-type]  # (its stub says a 1-tuple)
@@ -90,8 +78,7 @@ class Lane:
             self._idle.append(connection)
 
     async def close(self) -> None:
-        """Close the idle connections; a connection in use is closed when it comes back.
-        Idempotent."""
+        """Close the idle connections (one in use is closed when it comes back); idempotent."""
         self._closed = True
         idle, self._idle = self._idle, []
         for connection in idle:

@@ -155,16 +155,13 @@ class SQLiteConnection:
             return None
         return conn
 
-    # -- worker-thread side ----------------------------------------------------------------
-    # Everything below runs in the single worker thread only.
+    # -- worker-thread side (everything below) -----------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
         try:
-            # Private whatever the umask: 0600, in directories made 0700 (SQLite gives the
-            # -wal and -shm the database's mode).
-            private_file(self.path)
+            private_file(self.path)  # (SQLite gives the -wal and -shm the file's mode)
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc}") from exc

@@ -53,8 +53,8 @@ class SQLiteConsistency(SQLiteConnection):
             if version is not None:
                 self._loop_commits += 1
                 return version
-        # A large record, a busy file, or the turn of the loop's connection to have its log
-        # checkpointed (it never does so itself): the worker thread writes, then checkpoints.
+        # A large record, a busy file, or the turn of the log to be checkpointed (the loop's
+        # connection never does it): the worker thread writes, then checkpoints.
         checkpoint = self._loop_commits >= CHECKPOINT_EVERY
         version = await self._call(self._put_versioned_record, session_id, kind, data,
                                    checkpoint)
@@ -88,8 +88,7 @@ class SQLiteConsistency(SQLiteConnection):
         with self._sqlite_errors("write record") as conn:
             version = _put_versioned_on(conn, session_id, kind, data, utc_now().isoformat())
             if checkpoint:
-                # Everything the log holds into the file, and the log emptied (it waits for
-                # the readers and writers of the moment); a failure is left to the next one.
+                # The log into the file and emptied; a failure is left to the next one.
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             return version

@@ -17,16 +17,12 @@ _TABLE = """CREATE TABLE IF NOT EXISTS console_revoked (
 
 
 class SQLiteLoginRevocations(SQLiteConnection):
-    """:class:`~proxy.store.revocations.LoginRevocations` for
-    :class:`~proxy.store.SQLiteStateStore` (a mixin: its worker thread and connection
-    do the work)."""
+    """:class:`~proxy.store.revocations.LoginRevocations` on SQLite."""
 
     async def revoke_login(self, nonce: str, expires_at: int) -> None:
-        """Keep the revocation; drop the ones whose cookies have expired."""
         await self._call(self._revoke_login, nonce, int(expires_at), int(time.time()))
 
     async def login_revoked(self, nonce: str) -> bool:
-        """One indexed read."""
         return await self._call(self._login_revoked, nonce, int(time.time()))
 
     def _revoke_login(self, nonce: str, expires_at: int, now: int) -> None:

@@ -13,11 +13,9 @@ class SQLiteSummaries(SQLiteConnection):
     """:class:`~proxy.store.base.SummaryCache` on SQLite."""
 
     async def get_summary(self, key: str) -> str | None:
-        """Return the cached summary stored under ``key``, or ``None``."""
         return await self._call(self._get_summary, key)
 
     async def put_summary(self, key: str, text: str) -> None:
-        """Cache ``text`` under ``key``, evicting the oldest entries beyond ``max_summaries``."""
         await self._call(self._put_summary, key, text)
 
     def _get_summary(self, key: str) -> str | None:
@@ -36,8 +34,7 @@ class SQLiteSummaries(SQLiteConnection):
                 "INSERT INTO summary_cache (key, text) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
                 (key, text),
             )
-            # Keep the newest max_summaries rows: delete everything at or below the seq of the
-            # (max_summaries + 1)-th newest row, if there is one.
+            # Everything at or below the seq of the (max_summaries + 1)-th newest row goes.
             conn.execute(
                 "DELETE FROM summary_cache WHERE seq <= ("
                 " SELECT seq FROM summary_cache ORDER BY seq DESC LIMIT 1 OFFSET ?)",
