@@ -64,8 +64,10 @@ def check_type(name: str, value: object, kind: type) -> None:
         raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
-def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
-    """Refuse audit bounds no store can keep: below 1 (:class:`ValueError`)."""
+def check_bounds(max_summaries: int, max_requests_per_session: int, retention_days: int) -> None:
+    """Refuse bounds no store can keep: below 1 (:class:`ValueError`)."""
+    if max_summaries < 1:
+        raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
     if max_requests_per_session < 1:
         raise ValueError(
             f"max_requests_per_session must be >= 1, got {max_requests_per_session}")

@@ -49,9 +49,7 @@ class RedisConnection(RedisKeys):
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
                  retention_days: int = DEFAULT_RETENTION_DAYS,
                  audit_linger_s: float = AUDIT_LINGER_S) -> None:
-        if max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
-        check_bounds(max_requests_per_session, retention_days)
+        check_bounds(max_summaries, max_requests_per_session, retention_days)
         self.max_requests_per_session = max_requests_per_session
         self.retention_days = retention_days
         if not key_prefix:

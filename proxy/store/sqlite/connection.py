@@ -63,11 +63,9 @@ class SQLiteConnection:
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
                  retention_days: int = DEFAULT_RETENTION_DAYS, shared: bool = False,
                  audit_linger_s: float = AUDIT_LINGER_S) -> None:
-        if max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
+        check_bounds(max_summaries, max_requests_per_session, retention_days)
         if busy_timeout_s <= 0:
             raise ValueError(f"busy_timeout_s must be > 0, got {busy_timeout_s}")
-        check_bounds(max_requests_per_session, retention_days)
         self.path = Path(path)
         self.max_summaries = max_summaries
         self.busy_timeout_s = busy_timeout_s
@@ -132,11 +130,10 @@ class SQLiteConnection:
                 return None
         try:
             return call(conn, *args)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return None
-            raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
         except sqlite3.Error as exc:
+            if (isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF
+                    in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)):
+                return None
             raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
 
     def _open_loop_connection(self) -> sqlite3.Connection | None:
