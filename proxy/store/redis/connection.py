@@ -20,11 +20,11 @@ from proxy.audit.log import (
     RequestEntry,
 )
 
-from .._rows import check_bounds
+from .._rows import check_bounds, retention_cutoff, utc_now
 from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import CorruptStateError, StoreError, StoreUnavailable
 from .client import FAILURES, OUTAGES, Failure, RedisMode, make_client, redacted_url
-from .keys import RedisKeys
+from .keys import RedisKeys, as_score
 from .lane import Lane
 
 __all__ = ["HEALTH_TTL_S", "PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "RedisConnection"]
@@ -178,6 +178,11 @@ class RedisConnection(RedisKeys):
             return False
         return True
 
+    def _bounds(self) -> tuple[int, str]:
+        """How many audit entries a session keeps, and the oldest score one may have now."""
+        return (self.max_requests_per_session,
+                as_score(retention_cutoff(utc_now(), self.retention_days)))
+
     def _audit_error(self, action: str, exc: Failure) -> StoreError:
         if isinstance(exc, ResponseError) and ("WRONGTYPE" in str(exc)
                                                or "cjson" in str(exc).lower()):
@@ -185,7 +190,7 @@ class RedisConnection(RedisKeys):
                                      "what the audit log keeps there")
         return self._error(action, exc)
 
-    def _write_error(self, session_id: str, action: str, exc: Failure) -> StoreError:
+    def _state_error(self, session_id: str, action: str, exc: Failure) -> StoreError:
         if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
             return CorruptStateError(session_id, "the state key is not a hash")
         return self._error(action, exc)

@@ -19,13 +19,13 @@ from .._rows import (
     decode_entry,
     encode_audit,
     retention_cutoff,
-    utc_now,
 )
 from ..base import CorruptStateError
 from . import scripts
 from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_score, as_text, listed, pair_member, pair_of
+from .state import change_args
 
 __all__ = ["RedisRequestLog"]
 
@@ -49,9 +49,8 @@ class RedisRequestLog(RedisConnection):
             sessions.setdefault((entry.tenant, entry.session_id), []).append(entry)
         try:
             for (tenant, session_id), entries in sessions.items():
-                member, maximum, cutoff = self._trim_args(tenant, session_id)
                 keys = self.audit_keys(tenant, session_id)
-                args: list[Any] = [maximum, cutoff]
+                args: list[Any] = list(self._bounds())
                 texts = [encode_audit(entry) for entry in entries]
                 for entry, text in zip(entries, texts, strict=True):
                     args += [text, as_score(entry.at), utc_iso(entry.at),
@@ -64,7 +63,7 @@ class RedisRequestLog(RedisConnection):
                            if entry.blocked and text not in refused}
                 if blocked:  # (refusals are few: their index is written session by session)
                     await self._redis.zadd(self.audit_blocked_key, blocked)
-                await self._after_trim(member, keys[1], reply)
+                await self._after_trim(tenant, session_id, reply)
         except FAILURES as exc:
             raise self._audit_error("add audit entries", exc) from exc
 
@@ -74,12 +73,10 @@ class RedisRequestLog(RedisConnection):
     async def add_state_change(self, change: StateChange) -> None:
         check_type("change", change, StateChange)
         with self._failures("add state change", audit=True):
-            member, _, cutoff = self._trim_args(change.tenant, change.session_id)
             key = self.change_keys(change.tenant, change.session_id)[0]
             newest = await self._script(scripts.ADD_CHANGE)(
-                keys=[key], args=[encode_audit(change), as_score(change.at),
-                                  self.max_requests_per_session, cutoff])
-            await self._index(self.audit_changed_key, member,
+                keys=[key], args=change_args(change, *self._bounds()))
+            await self._index(self.audit_changed_key, pair_member(change.tenant, change.session_id),
                               None if newest is None else as_text(newest),
                               partial(self._newest_change, key))
 
@@ -148,11 +145,11 @@ class RedisRequestLog(RedisConnection):
         with self._failures("trim the audit log", audit=True):
             sessions = listed(await self._redis.zrange(self.audit_sessions_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in sessions]:
-                member, maximum, _ = self._trim_args(tenant, session_id)
-                keys = self.audit_keys(tenant, session_id)
-                reply = await self._script(scripts.TRIM_SESSION)(keys=keys, args=[maximum, cutoff])
+                reply = await self._script(scripts.TRIM_SESSION)(
+                    keys=self.audit_keys(tenant, session_id),
+                    args=[self.max_requests_per_session, cutoff])
                 removed += int(reply[0])
-                await self._after_trim(member, keys[1], reply)
+                await self._after_trim(tenant, session_id, reply)
             await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
             changed = listed(await self._redis.zrange(self.audit_changed_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in changed]:
@@ -172,7 +169,7 @@ class RedisRequestLog(RedisConnection):
             hashes = await pipe.execute()
         return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True) if raw]
 
-    async def _after_trim(self, member: str, totals_key: str, reply: list[Any]) -> None:
+    async def _after_trim(self, tenant: str, session_id: str, reply: list[Any]) -> None:
         """The global indexes after a session's add or trim script (its ``reply``): the
         refused entries it dropped leave the blocked index, and the session's entry in the
         sessions index follows its totals."""
@@ -182,16 +179,11 @@ class RedisRequestLog(RedisConnection):
         score = None if int(reply[1]) else as_text(reply[3]) or None
 
         async def last_score() -> str | None:
-            value = await self._redis.hget(totals_key, "last_score")
+            value = await self._redis.hget(self.audit_keys(tenant, session_id)[1], "last_score")
             return None if value is None else as_text(value)
 
-        await self._index(self.audit_sessions_key, member, score, last_score)
-
-    def _trim_args(self, tenant: str, session_id: str) -> list[Any]:
-        """The trim script's ARGV for a session: its member, the bound, the cutoff score."""
-        cutoff = retention_cutoff(utc_now(), self.retention_days)
-        return [pair_member(tenant, session_id), self.max_requests_per_session,
-                as_score(cutoff)]
+        await self._index(self.audit_sessions_key, pair_member(tenant, session_id), score,
+                          last_score)
 
 
 def _totals(member: str, raw: dict[Any, Any]) -> SessionSummary:

@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any, Final
 
 import structlog
-from redis.exceptions import ResponseError
 
 from compactor import DurableContextState
 from proxy.audit.log import StateChange
@@ -24,7 +23,6 @@ from .._rows import (
     decode_state,
     encode_audit,
     encode_state,
-    retention_cutoff,
     utc_now,
 )
 from ..base import CorruptStateError, StoredState, VersionConflict
@@ -33,7 +31,7 @@ from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_bytes, as_score, as_text, pair_member
 
-__all__ = ["RedisState", "delete_change_args", "put_change_args"]
+__all__ = ["RedisState", "change_args", "put_change_args"]
 
 
 class RedisState(RedisConnection):
@@ -42,15 +40,10 @@ class RedisState(RedisConnection):
     async def get_state(self, session_id: str) -> StoredState | None:
         self._check_open()
         try:
-            values = await self._redis.hmget(
-                self.state_key(session_id), ["version", "state", "updated_at"]
-            )
-        except ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
-                raise CorruptStateError(session_id, "the state key is not a hash") from None
-            raise self._error("read state", exc) from exc
+            values = await self._redis.hmget(self.state_key(session_id),
+                                             ["version", "state", "updated_at"])
         except FAILURES as exc:
-            raise self._error("read state", exc) from exc
+            raise self._state_error(session_id, "read state", exc) from exc
         version, state_json, updated_at = (as_bytes(value) for value in values)
         if version is None and state_json is None and updated_at is None:
             return None
@@ -65,13 +58,13 @@ class RedisState(RedisConnection):
         state_json = encode_state(state)
         when = utc_now()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = put_change_args(change, *self._change_bounds(change))
+        args = put_change_args(change, *self._bounds())
         try:
             outcome, version, *newest = await self._script(scripts.PUT_STATE)(
                 keys=self._state_keys(session_id),
                 args=[expected, state_json, when.isoformat(), *args])
         except FAILURES as exc:
-            raise self._write_error(session_id, "write state", exc) from exc
+            raise self._state_error(session_id, "write state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 0:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
@@ -84,12 +77,12 @@ class RedisState(RedisConnection):
         check_change(session_id, change, "delete")
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = delete_change_args(change, *self._change_bounds(change))
+        args = change_args(change, *self._bounds())
         try:
             outcome, current, *newest = await self._script(scripts.DELETE_STATE)(
                 keys=self._state_keys(session_id), args=[expected, *args])
         except FAILURES as exc:
-            raise self._write_error(session_id, "delete state", exc) from exc
+            raise self._state_error(session_id, "delete state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 2:
             raise VersionConflict(session_id, expected_version, int(current))
@@ -101,12 +94,6 @@ class RedisState(RedisConnection):
         """The keys a state write touches: the state, its tombstone, its changes (one slot)."""
         return [self.state_key(session_id), self._key(session_id, "tombstone"),
                 self._key(session_id, "audit:changes")]
-
-    def _change_bounds(self, change: StateChange | None) -> tuple[str, int, str]:
-        """A change's score, how many a session keeps and the oldest score one may have."""
-        cutoff = retention_cutoff(utc_now(), self.retention_days)
-        return ("" if change is None else as_score(change.at), self.max_requests_per_session,
-                as_score(cutoff))
 
     @staticmethod
     def _check_outcome(session_id: str, outcome: int) -> None:
@@ -156,19 +143,17 @@ class RedisState(RedisConnection):
 _VERSION_FIELD: Final = '"version":null'
 
 
-def delete_change_args(change: StateChange | None, score: str, max_changes: int,
-                       cutoff: str) -> list[Any]:
-    """A delete's change arguments: the change's JSON, its score, the bound and the cutoff
-    (all empty without a change)."""
+def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
+    """A change's script arguments (a delete's, or one on its own): its JSON, its score, the
+    bound and the cutoff (all empty without a change)."""
     if change is None:
         return ["", "", "", ""]
-    return [encode_audit(change), score, max_changes, cutoff]
+    return [encode_audit(change), as_score(change.at), max_changes, cutoff]
 
 
-def put_change_args(change: StateChange | None, score: str, max_changes: int,
-                    cutoff: str) -> list[Any]:
+def put_change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
     """A put's change arguments: the change's JSON cut where the version written goes, then
-    as :func:`delete_change_args`. ``"version":null`` is found once, and only as the field
+    as :func:`change_args`. ``"version":null`` is found once, and only as the field
     itself: inside a JSON string every ``"`` is escaped."""
     if change is None:
         return ["", "", "", "", ""]
@@ -176,4 +161,4 @@ def put_change_args(change: StateChange | None, score: str, max_changes: int,
     head, found, tail = text.partition(_VERSION_FIELD)
     if not found:  # (as_json always writes the field; kept as a loud failure)
         raise ValueError("a state change's JSON has no version field")
-    return [head + '"version":', tail, score, max_changes, cutoff]
+    return [head + '"version":', tail, as_score(change.at), max_changes, cutoff]
