@@ -34,6 +34,7 @@ __all__ = [
     "encode_audit",
     "encode_state",
     "retention_cutoff",
+    "session_key_of",
     "usage_stamp",
     "utc_now",
 ]
@@ -86,6 +87,11 @@ def check_page(offset: int, limit: int, order: str = SESSION_ORDERS[0]) -> None:
         raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
 
 
+def session_key_of(tenant: str, session_id: str) -> str:
+    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it."""
+    return session_id if tenant == "none" else f"{tenant}/{session_id}"
+
+
 def check_change(session_id: str, change: StateChange | None, action: str) -> None:
     """Refuse a change a state write cannot record with it: not a :class:`StateChange`
     (:class:`TypeError`), of another action or another session than the one written (its
@@ -96,8 +102,7 @@ def check_change(session_id: str, change: StateChange | None, action: str) -> No
     if change.action != action:
         raise ValueError(f"change: a {action} records a {action!r} change, got "
                          f"{change.action!r}")
-    key = change.session_id if change.tenant == "none" else f"{change.tenant}/{change.session_id}"
-    if key != session_id:
+    if session_key_of(change.tenant, change.session_id) != session_id:
         raise ValueError("change: names another session than the one written")
 
 

@@ -144,17 +144,11 @@ class UsageLedger(Protocol):
 
 @dataclass(frozen=True)
 class SessionVersions:
-    """The store's current versions of one session's state and versioned records, read in one
-    round trip (:meth:`ReplicaConsistency.session_versions`).
-
-    Attributes:
-        state: the durable state's version, ``None`` when the session has none.
-        state_updated_at: when it was written (ISO text, as stored): a state written before
-            versions outlived a delete may share its version with an older one.
-        records: the version of each versioned record by kind (absent: no such record).
-        fetched: ``(version, data)`` by kind of the records a :class:`RecordFetch` asked for,
-            from the same snapshot (one whose data is not bytes is missing: read it alone).
-    """
+    """The store's current versions of one session, read in one round trip: its state's
+    (``None``: none) and when it was written (ISO text: a state written before versions
+    outlived a delete may share its version with an older one); each versioned record's by
+    kind; and ``(version, data)`` of the records a :class:`RecordFetch` asked for, from the
+    same snapshot (one whose data is not bytes is missing: read it alone)."""
 
     state: int | None = None
     state_updated_at: str | None = None

@@ -1,11 +1,9 @@
 """Sticky-compaction checkpoints per session and lane: in memory first, the store behind.
 
-A *lane* is one conversation within a session (the role plus
-:meth:`compactor.CompactionCheckpoint.conversation_key`), so subagents sharing their parent's
-session id keep checkpoints of their own. A checkpoint is an optimisation (a store failure is
-logged and compaction starts afresh); a copy in memory is used only while the store's version
-of its record is the one it was kept with (:func:`proxy.store.read_cache.request_versions`),
-or always when the store is not shared.
+A *lane* is one conversation within a session (its role and conversation key), so subagents
+sharing their parent's session id keep their own. A store failure is logged and compaction
+starts afresh; a copy in memory is used only while the store's version of its record is the
+one it was kept with (:func:`proxy.store.read_cache.request_versions`), or the store unshared.
 """
 
 from __future__ import annotations

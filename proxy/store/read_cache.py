@@ -44,13 +44,8 @@ def request_versions(store: object, session_id: str) -> SessionVersions | None:
 
 class CachedStateReads:
     """A :class:`StateStore` that checks its cached ``get_state`` against the store's version
-    on every read, and writes through; a store without versions is read every time. Used
-    from the event loop only.
-
-    Args:
-        listeners: told each session's versions on every read.
-        fetch: the records the listeners want read with the versions (one round trip).
-    """
+    on every read (telling ``listeners``, with the records ``fetch`` wants), and writes
+    through; a store without versions is read every time. Used from the event loop only."""
 
     def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES,
                  listeners: Sequence[VersionsListener] = (),

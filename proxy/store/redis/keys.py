@@ -11,10 +11,10 @@ import json
 from datetime import datetime
 from typing import cast
 
+from .._rows import session_key_of
 from ..base import CorruptStateError
 
-__all__ = ["RedisKeys", "as_bytes", "as_score", "as_text", "listed", "pair_member", "pair_of",
-           "session_key_of"]
+__all__ = ["RedisKeys", "as_bytes", "as_score", "as_text", "listed", "pair_member", "pair_of"]
 
 
 def as_bytes(value: bytes | str | None) -> bytes | None:
@@ -25,12 +25,6 @@ def as_bytes(value: bytes | str | None) -> bytes | None:
 
 def as_text(value: bytes | str) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-
-
-def session_key_of(tenant: str, session_id: str) -> str:
-    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it
-    (the audit log's keys share the hash slot of the session's state)."""
-    return session_id if tenant == "none" else f"{tenant}/{session_id}"
 
 
 def pair_member(first: str, second: str) -> str:
