@@ -54,7 +54,6 @@ class AuditBatches:
         return written
 
     async def _write_later(self) -> None:
-        """After the linger, write the pending batches."""
         try:
             await asyncio.sleep(self._linger_s)
             await self.flush()

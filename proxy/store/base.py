@@ -70,8 +70,7 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """The backend cannot be reached for now (refused, timed out, failing over); nothing was
-    done, and the same call may succeed later. ``store.on_unavailable`` says what a request
-    does then."""
+    done, and the same call may succeed later (``store.on_unavailable`` says what then)."""
 
 
 class CorruptStateError(StoreError):

@@ -40,8 +40,7 @@ def private_file(path: Path) -> None:
 
 
 def private_companions(path: Path) -> None:
-    """Narrow the companion files of the database ``path`` that exist (one left by a
-    version of the proxy that created them readable by others)."""
+    """Narrow the companion files of the database ``path`` that exist."""
     for suffix in COMPANION_SUFFIXES:
         _narrow(path.with_name(path.name + suffix))
 
@@ -60,8 +59,7 @@ def _private_directories(directory: Path) -> None:
 
 
 def _narrow(path: Path) -> None:
-    """Drop the group's and others' bits of ``path`` if it has any (a missing file, or one
-    whose mode this user may not change, is left as it is)."""
+    """Drop the group's and others' bits of ``path``, if it has any and may be changed."""
     with contextlib.suppress(OSError):
         mode = stat.S_IMODE(os.stat(path).st_mode)
         if mode & 0o077:

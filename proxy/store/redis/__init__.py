@@ -25,8 +25,9 @@ __all__ = ["PROBE_INTERVAL_S", "REDIS_MODES", "RedisMode", "RedisStateStore", "r
 class RedisStateStore(RedisState, RedisSummaries, RedisRecords, RedisLedger, RedisRequestLog,
                       RedisConsistency, RedisLoginRevocations):
     """The :class:`~proxy.store.base.StoreBackend` backed by a Redis server; :meth:`open`
-    PINGs it. ``url``, ``mode`` and ``sentinel_service`` are ``store.*``'s
-    (docs/operations.md, "Redis"); redis-py options in the URL's query string win over ours.
+    PINGs it. ``url``, ``mode`` and ``sentinel_service`` are ``store.*``'s (docs/operations.md,
+    "Redis"; redis-py options in the URL's query string win over ours); a bad one, or a bound
+    out of range, raises :class:`ValueError`.
 
     Args:
         max_summaries: how many summaries the cache keeps before evicting the oldest.
@@ -34,7 +35,4 @@ class RedisStateStore(RedisState, RedisSummaries, RedisRecords, RedisLedger, Red
         timeout_s: connect and per-command socket timeout.
         max_requests_per_session, retention_days: the audit log's bounds (``audit.*``).
         audit_linger_s: how long the first audit entry of a batch waits for others.
-
-    Raises:
-        ValueError: a bound out of range, a bad prefix, URL or mode, or no sentinel service.
     """

@@ -75,19 +75,17 @@ class RedisKeys:
         return f"{self.key_prefix}{{{tag}}}:{suffix}"
 
     def state_key(self, session_id: str) -> str:
-        """The Redis key of the session's state hash."""
         return self._key(session_id, "state")
 
     def record_key(self, session_id: str) -> str:
-        """The Redis key of the session's record hash."""
         return self._key(session_id, "record")
 
     def lock_key(self, name: str) -> str:
-        """The Redis key of the lock ``name`` (in the slot of a session named ``name``)."""
+        """The lease ``name`` (in the slot of a session named ``name``)."""
         return self._key(name, "lock")
 
     def usage_key(self, session_key: str, model: str) -> str:
-        """The Redis key of the usage row of ``(session_key, model)``."""
+        """The usage row of ``(session_key, model)`` (the model as a JSON string)."""
         return self._key(session_key, "usage:" + json.dumps(model, ensure_ascii=False))
 
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:

@@ -69,13 +69,10 @@ class Lane:
         except TimeoutError:  # (asyncio's: redis-py closed the connection on the cancel)
             raise RedisTimeoutError(f"no reply within {self.timeout_s} s") from None
         finally:
-            await self._put_back(connection)
-
-    async def _put_back(self, connection: AbstractConnection) -> None:
-        if self._closed or len(self._idle) >= self._max_idle:
-            await connection.disconnect(nowait=True)
-        else:
-            self._idle.append(connection)
+            if self._closed or len(self._idle) >= self._max_idle:
+                await connection.disconnect(nowait=True)
+            else:
+                self._idle.append(connection)
 
     async def close(self) -> None:
         """Close the idle connections (one in use is closed when it comes back); idempotent."""

@@ -170,9 +170,8 @@ class RedisRequestLog(RedisConnection):
         return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True) if raw]
 
     async def _after_trim(self, tenant: str, session_id: str, reply: list[Any]) -> None:
-        """The global indexes after a session's add or trim script (its ``reply``): the
-        refused entries it dropped leave the blocked index, and the session's entry in the
-        sessions index follows its totals."""
+        """After a session's add or trim script (its ``reply``): the refused entries it dropped
+        leave the blocked index, and the session's place in the sessions index follows."""
         refused = [as_text(m) for m in reply[2]]
         if refused:
             await self._redis.zrem(self.audit_blocked_key, *refused)

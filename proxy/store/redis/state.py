@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 import structlog
 
@@ -58,11 +58,11 @@ class RedisState(RedisConnection):
         state_json = encode_state(state)
         when = utc_now()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = put_change_args(change, *self._bounds())
         try:
             outcome, version, *newest = await self._script(scripts.PUT_STATE)(
                 keys=self._state_keys(session_id),
-                args=[expected, state_json, when.isoformat(), *args])
+                args=[expected, state_json, when.isoformat(),
+                      *put_change_args(change, *self._bounds())])
         except FAILURES as exc:
             raise self._state_error(session_id, "write state", exc) from exc
         self._check_outcome(session_id, outcome)
@@ -77,10 +77,10 @@ class RedisState(RedisConnection):
         check_change(session_id, change, "delete")
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = change_args(change, *self._bounds())
         try:
             outcome, current, *newest = await self._script(scripts.DELETE_STATE)(
-                keys=self._state_keys(session_id), args=[expected, *args])
+                keys=self._state_keys(session_id),
+                args=[expected, *change_args(change, *self._bounds())])
         except FAILURES as exc:
             raise self._state_error(session_id, "delete state", exc) from exc
         self._check_outcome(session_id, outcome)
@@ -105,9 +105,8 @@ class RedisState(RedisConnection):
 
     async def _index_change(self, session_id: str, change: StateChange | None,
                             newest: list[Any]) -> None:
-        """List the session in the index of changed sessions, after a write recorded
-        ``change``. The write and its record are kept already: a failure here is logged,
-        and the next change or ``trim`` lists it again."""
+        """List the session in the index of changed sessions after a write recorded ``change``
+        (a failure is logged: the next change or ``trim`` lists it again)."""
         if change is None or not newest or not newest[0]:
             return
         key = self._key(session_id, "audit:changes")
@@ -140,9 +139,6 @@ class RedisState(RedisConnection):
         return decode_state(session_id, number, state_json, stamp)
 
 
-_VERSION_FIELD: Final = '"version":null'
-
-
 def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
     """A change's script arguments (a delete's, or one on its own): its JSON, its score, the
     bound and the cutoff (all empty without a change)."""
@@ -152,13 +148,13 @@ def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> li
 
 
 def put_change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
-    """A put's change arguments: the change's JSON cut where the version written goes, then
-    as :func:`change_args`. ``"version":null`` is found once, and only as the field
-    itself: inside a JSON string every ``"`` is escaped."""
+    """A put's change arguments: the change's JSON cut where the version written goes (only
+    the field itself matches: inside a JSON string every ``"`` is escaped), then as
+    :func:`change_args`."""
     if change is None:
         return ["", "", "", "", ""]
     text = encode_audit(dataclasses.replace(change, version=None))
-    head, found, tail = text.partition(_VERSION_FIELD)
+    head, found, tail = text.partition('"version":null')
     if not found:  # (as_json always writes the field; kept as a loud failure)
         raise ValueError("a state change's JSON has no version field")
     return [head + '"version":', tail, as_score(change.at), max_changes, cutoff]

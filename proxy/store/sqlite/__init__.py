@@ -31,7 +31,6 @@ class SQLiteStateStore(SQLiteState, SQLiteSummaries, SQLiteRecords, SQLiteLedger
         max_summaries: how many summaries the cache keeps before evicting the oldest.
         busy_timeout_s: how long a write waits for another writer's lock before failing.
         max_requests_per_session, retention_days: the audit log's bounds (``audit.*``).
-        shared: whether other processes serve from the same file (``listen.workers`` > 1):
-            then in-memory copies are checked against the file's versions on every request.
+        shared: whether other processes serve from the same file (``listen.workers`` > 1).
         audit_linger_s: how long the first audit entry of a batch waits for others.
     """
