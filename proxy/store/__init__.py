@@ -58,12 +58,8 @@ __all__ = [
 
 
 def store_for(config: Config) -> StoreBackend:
-    """The configured store, not yet opened (``open()`` creates the file and checks its
-    schema, or reaches the server), keeping the audit log within ``audit.*``'s bounds.
-
-    Raises:
-        ConfigError: an unusable ``store.url``.
-    """
+    """The configured store, not yet opened, keeping the audit log within ``audit.*``'s
+    bounds (:class:`~proxy.config.ConfigError` for an unusable ``store.url``)."""
     from proxy.config import ConfigError
 
     audit = config.audit

@@ -1,21 +1,10 @@
-"""How every backend turns a state (or a usage row) into a stored row and back: one encoding,
-one clock, one memo of decoded rows.
+"""How every backend turns a state, a usage row or an audit entry into stored text and back,
+and the argument checks both backends make.
 
-Rows are the canonical JSON of ``DurableContextState.to_dict()`` (the same state always gives
-the same text) with an ISO ``updated_at`` in UTC. Decoding validates the whole state, so it is
-memoised on the row itself: an unchanged row, read on every request, is decoded once. The memo
-is keyed by everything the result is made of (session id, version, JSON, timestamp), so a row
-that changed in any way, by this process or another, is decoded afresh, and a row that does
-not decode raises every time (exceptions are never cached).
-
-Usage rows store each counter of :class:`~proxy.accounting.usage.UsageEntry` as an integer under
-its field name, and ``last_seen`` as an ISO time in UTC with microseconds, so later times
-compare greater as text too.
-
-Audit entries (:class:`~proxy.audit.log.RequestEntry`,
-:class:`~proxy.audit.log.StateChange`) are stored as the compact JSON of their
-``as_json()``, their times in the same fixed-width ISO form; one that does not read back
-raises :class:`CorruptStateError`.
+A state is the canonical JSON of ``DurableContextState.to_dict()`` with an ISO ``updated_at``
+in UTC; decoding validates the whole state, so it is memoised on everything the result is made
+of (a row that changed in any way is decoded afresh; errors are never cached). Usage counters
+are integers under their field names; times are fixed-width ISO in UTC (they compare as text).
 """
 
 from __future__ import annotations
@@ -30,12 +19,11 @@ import msgspec
 
 from compactor import DurableContextState
 from proxy.accounting.usage import UsageEntry, UsageRow
-from proxy.audit.log import RequestEntry, StateChange, utc_iso
+from proxy.audit.log import SESSION_ORDERS, RequestEntry, StateChange
 
 from .base import CorruptStateError, StoredState
 
 __all__ = [
-    "audit_stamp",
     "check_bounds",
     "check_change",
     "check_page",
@@ -46,11 +34,12 @@ __all__ = [
     "encode_audit",
     "encode_state",
     "retention_cutoff",
+    "session_key_of",
     "usage_stamp",
     "utc_now",
 ]
 
-#: Decoded rows kept, least recently used evicted.
+#: Decoded states kept, least recently used evicted.
 DECODED_ROWS: Final = 1024
 
 
@@ -70,18 +59,16 @@ def usage_stamp() -> str:
     return utc_now().isoformat(timespec="microseconds")
 
 
-def audit_stamp(when: datetime) -> str:
-    """An audit time as stored: ISO in UTC with microseconds (fixed width: compares as text;
-    :func:`proxy.audit.log.utc_iso`)."""
-    return utc_iso(when)
+def check_type(name: str, value: object, kind: type) -> None:
+    """Refuse an argument of another type than ``kind`` (:class:`TypeError`)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
-def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
-    """Refuse audit bounds no store can keep (a backend's constructor calls this).
-
-    Raises:
-        ValueError: a bound below 1.
-    """
+def check_bounds(max_summaries: int, max_requests_per_session: int, retention_days: int) -> None:
+    """Refuse bounds no store can keep: below 1 (:class:`ValueError`)."""
+    if max_summaries < 1:
+        raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
     if max_requests_per_session < 1:
         raise ValueError(
             f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
@@ -89,38 +76,41 @@ def check_bounds(max_requests_per_session: int, retention_days: int) -> None:
         raise ValueError(f"retention_days must be >= 1, got {retention_days}")
 
 
-def check_page(offset: int, limit: int) -> None:
-    """Refuse a page of the audit log no store can read (an offset below 0, a limit below 1).
-
-    Raises:
-        ValueError: either is out of range, or not an integer.
-    """
+def check_page(offset: int, limit: int, order: str = SESSION_ORDERS[0]) -> None:
+    """Refuse a page of the audit log no store can read: an offset below 0, a limit below 1
+    (or either not an integer), an unknown session order (:class:`ValueError`)."""
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    if order not in SESSION_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
+
+
+def session_key_of(tenant: str, session_id: str) -> str:
+    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it."""
+    return session_id if tenant == "none" else f"{tenant}/{session_id}"
 
 
 def check_change(session_id: str, change: StateChange | None, action: str) -> None:
-    """Refuse a change a state write cannot record with it: not a :class:`StateChange` of
-    ``action``, or of another session than the one written (its tenant and session id make
-    the store key ``session_id``, so its records live with the state: one transaction, one
-    Redis hash slot).
-
-    Raises:
-        TypeError: ``change`` is not a :class:`StateChange` (nor ``None``).
-        ValueError: another action, or another session.
-    """
+    """Refuse a change a state write cannot record with it: not a :class:`StateChange`
+    (:class:`TypeError`), of another action or another session than the one written (its
+    records live with the state: one transaction, one Redis hash slot)."""
     if change is None:
         return
-    if not isinstance(change, StateChange):
-        raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+    check_type("change", change, StateChange)
     if change.action != action:
         raise ValueError(f"change: a {action} records a {action!r} change, got "
                          f"{change.action!r}")
-    key = change.session_id if change.tenant == "none" else f"{change.tenant}/{change.session_id}"
-    if key != session_id:
+    if session_key_of(change.tenant, change.session_id) != session_id:
         raise ValueError("change: names another session than the one written")
+
+
+def lease_ms(ttl_ms: int) -> int:
+    """A lease's time to live (milliseconds), refused below 1 (:class:`ValueError`)."""
+    if ttl_ms < 1:
+        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
+    return int(ttl_ms)
 
 
 def retention_cutoff(now: datetime, retention_days: int) -> datetime:
@@ -132,15 +122,10 @@ _AUDIT_JSON: Final = msgspec.json.Encoder()
 
 
 def encode_audit(item: RequestEntry | StateChange) -> str:
-    """The stored text of an audit entry: the compact JSON of its ``as_json()``.
-
-    That is ``json.dumps(..., ensure_ascii=False, separators=(",", ":"), allow_nan=False)``,
-    which msgspec writes byte for byte, faster, for every entry but one whose float (an
-    entry's only float is a request's ``duration_ms``) ``json.dumps`` writes with an exponent
-    (msgspec writes ``1e16``, not ``1e+16``) or refuses (NaN, infinity: msgspec would write
-    ``null``), or with a string msgspec cannot encode (a lone surrogate): those go through
-    ``json.dumps`` itself.
-    """
+    """The stored text of an audit entry: the compact JSON of its ``as_json()``, as
+    ``json.dumps`` writes it. msgspec writes the same bytes, faster, except for a
+    ``duration_ms`` written with an exponent or not finite, and a lone surrogate: those go
+    through ``json.dumps`` itself."""
     data = item.as_json()
     duration = data.get("duration_ms")
     if not isinstance(duration, float) or duration == 0 or 1e-4 <= abs(duration) < 1e16:
@@ -179,11 +164,8 @@ def decode_change(raw: str | bytes) -> StateChange:
 
 def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],
                      last_seen: object) -> UsageRow:
-    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`.
-
-    A counter missing from ``counters`` is 0 (a row written before the counter existed);
-    each present one must be an integer >= 0 (or its decimal text, as Redis returns it).
-    """
+    """A stored usage row turned back into a :class:`UsageRow`, or :class:`CorruptStateError`:
+    a missing counter is 0 (it did not exist yet), a present one an integer >= 0 (or its text)."""
     def problem(detail: str) -> CorruptStateError:
         return CorruptStateError(session_key, f"usage row of model {model!r}: {detail}")
 
@@ -210,13 +192,8 @@ def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object
 @functools.lru_cache(maxsize=DECODED_ROWS)
 def decode_state(session_id: str, version: int, state_json: str | bytes,
                  updated_at: str) -> StoredState:
-    """A stored row turned back into a :class:`StoredState`, or :class:`CorruptStateError`.
-
-    Whatever the backend's encoding, the state must be a JSON object that validates as a
-    ``DurableContextState`` and ``updated_at`` an ISO time with a zone. The backend checks
-    ``version`` (an integer >= 1) before calling. Results are shared between callers; they
-    are frozen.
-    """
+    """A stored row (``version`` checked by the backend) turned back into a frozen, shared
+    :class:`StoredState`, or :class:`CorruptStateError`."""
     try:
         data = json.loads(state_json)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError too

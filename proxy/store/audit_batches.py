@@ -1,15 +1,10 @@
 """Audit entries gathered for a moment and written as one batch, by either store.
 
-A request's audit entry is written after its response, and nobody waits for it; written one by
-one, each is a store transaction (SQLite: a commit costs far more than a row) or a round trip
-(Redis: a sizeable part of what the whole request costs; bench/README.md). :class:`AuditBatches`
-gathers the entries added within :data:`AUDIT_LINGER_S` of the first, or while a write is under
-way, and hands them to the store's ``write`` together (at most :data:`MAX_AUDIT_BATCH` at once).
-Each batch has one future, resolved once its write ended (or failed with its error), which every
-entry of the batch is handed back: no coroutine and no task per entry. The store's own reads
-call :meth:`AuditBatches.flush` first, so a process never reads around its own entries; with
-several processes, an entry another one holds appears within the linger. Used from the event
-loop only.
+Nobody waits for a request's audit entry, and written one by one each would be a transaction
+or a round trip (bench/README.md). :class:`AuditBatches` gathers the entries added within
+:data:`AUDIT_LINGER_S` of the first, or while a write is under way, into batches of at most
+:data:`MAX_AUDIT_BATCH`, each with one future every entry of it is handed. The store's own
+reads :meth:`~AuditBatches.flush` first. Used from the event loop only.
 """
 
 from __future__ import annotations
@@ -24,19 +19,13 @@ __all__ = ["AUDIT_LINGER_S", "MAX_AUDIT_BATCH", "AuditBatches"]
 
 #: The most request entries written at once.
 MAX_AUDIT_BATCH: Final = 256
-#: How long the first of a batch of request entries waits for others to join it (seconds):
-#: a commit costs far more than a row (bench/README.md), and nobody waits for these entries.
+#: How long the first of a batch of request entries waits for others to join it (seconds).
 AUDIT_LINGER_S: Final = 1.0
 
 
 class AuditBatches:
-    """Request entries waiting for their batch's write.
-
-    Args:
-        write: writes one batch (in the store's way: one transaction, one script per
-            session); raises what the batch's callers are to be told.
-        linger_s: how long the first entry of a batch waits for others.
-    """
+    """Request entries waiting for their batch's ``write`` (in the store's way), which raises
+    what the batch's callers are to be told."""
 
     def __init__(self, write: Callable[[list[RequestEntry]], Awaitable[None]], *,
                  linger_s: float = AUDIT_LINGER_S) -> None:
@@ -44,8 +33,7 @@ class AuditBatches:
             raise ValueError(f"linger_s must be >= 0, got {linger_s}")
         self._write = write
         self._linger_s = linger_s
-        # Each batch (at most MAX_AUDIT_BATCH entries) with the one future its callers are
-        # handed, and the task that writes them.
+        # Each batch with the one future its callers are handed, and the task that writes them.
         self._pending: list[tuple[list[RequestEntry], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -66,7 +54,6 @@ class AuditBatches:
         return written
 
     async def _write_later(self) -> None:
-        """After the linger, write the pending batches."""
         try:
             await asyncio.sleep(self._linger_s)
             await self.flush()

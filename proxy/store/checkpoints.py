@@ -1,17 +1,9 @@
 """Sticky-compaction checkpoints per session and lane: in memory first, the store behind.
 
-A *lane* is one conversation within a session (the role plus
-:meth:`compactor.CompactionCheckpoint.conversation_key`), so subagents sharing their parent's
-session id keep checkpoints of their own. A checkpoint holds the compacted view so far; while
-the history only grows, the next request reuses that exact prefix, so the prompt cache keeps
-hitting. Checkpoints are an optimisation: a store failure is logged and compaction starts
-afresh.
-
-Compaction is deterministic, and the checkpoint is the one input a replica could hold
-privately, so each copy in memory is used only while the store's version of that (session,
-lane) record is the one it was kept with (versions come with the request's state read,
-:func:`proxy.store.read_cache.request_versions`); a miss is remembered the same way. When the
-store is not shared, this process's memory is authoritative.
+A *lane* is one conversation within a session (its role and conversation key), so subagents
+sharing their parent's session id keep their own. A store failure is logged and compaction
+starts afresh; a copy in memory is used only while the store's version of its record is the
+one it was kept with (:func:`proxy.store.read_cache.request_versions`), or the store unshared.
 """
 
 from __future__ import annotations
@@ -39,12 +31,7 @@ class CheckpointStore(RecordStore, ReplicaConsistency, Protocol):
 
 
 class SessionCheckpoints:
-    """The latest checkpoint of each recent (session, lane). Used from the event loop only.
-
-    Args:
-        store: where checkpoints are persisted (versioned records).
-        max_entries: how many checkpoints to keep in memory.
-    """
+    """The latest checkpoint of each recent (session, lane). Used from the event loop only."""
 
     def __init__(self, store: CheckpointStore, *,
                  max_entries: int = DEFAULT_MAX_ENTRIES) -> None:

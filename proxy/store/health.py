@@ -1,13 +1,9 @@
 """The store's availability as the proxy sees it: what ``/healthz`` reports, and the one
-``store_unavailable`` log line a second while the store cannot be reached.
+``store_unavailable`` log line a second while the store cannot be reached (what a request does
+meanwhile is ``store.on_unavailable``'s: docs/operations.md, "Redis").
 
-A backend that can become unreachable (Redis) answers :meth:`Availability.available`
-cheaply (a PING at most once a second, and none while it is known to be down); one that
-cannot (SQLite, a file of this host) is always available. What a request does meanwhile is
-``store.on_unavailable``'s: ``reject`` answers 503 (:mod:`proxy.http.errors`), ``forward``
-forwards without the durable block (:mod:`proxy.http.durable`). Either way the failures
-are counted, and logged at most once per :data:`LOG_INTERVAL_S` with how many there were
-since the last line — never once per request.
+A backend that can become unreachable (Redis) answers :meth:`Availability.available` cheaply;
+one that cannot (SQLite) is always available.
 """
 
 from __future__ import annotations
@@ -31,17 +27,11 @@ class Availability(Protocol):
 
     async def available(self) -> bool:
         """Whether the store answers now (cheap; never raises)."""
-        ...
 
 
 class StoreHealth:
-    """The availability of one store, and the rate-limited report of its outages.
-
-    Args:
-        store: the backend (asked only if it is an :class:`Availability`).
-        on_unavailable: ``store.on_unavailable`` (named in the log line).
-        log_interval_s: the least time between two ``store_unavailable`` lines.
-    """
+    """The availability of one store (asked only if it is an :class:`Availability`), and the
+    rate-limited report of its outages (``on_unavailable`` is named in the log line)."""
 
     def __init__(self, store: object, *, on_unavailable: str,
                  log_interval_s: float = LOG_INTERVAL_S) -> None:
@@ -57,8 +47,7 @@ class StoreHealth:
 
     def note_unavailable(self, what: str, exc: BaseException) -> None:
         """Count one thing not done because the store is unavailable (``what``: ``request``,
-        ``audit_entry``, ``usage``...), logging ``store_unavailable`` if none was logged for
-        :attr:`log_interval_s`."""
+        ``usage``...), logging ``store_unavailable`` if none was logged for a while."""
         self._unlogged += 1
         now = time.monotonic()
         if self._logged_at is not None and now - self._logged_at < self._interval_s:

@@ -1,11 +1,8 @@
 """Files that hold durable state kept private to the proxy's user, whatever the umask.
 
-The SQLite store's file holds every session's durable state and audit log; its ``-wal``
-(recent commits) and ``-shm`` hold the same. The proxy creates the file ``0600`` and the
-directories it creates for it ``0700`` (SQLite then gives its companion files the database
-file's mode), and narrows an existing file (or companion) that group or others may read to
-its owner's bits. Directories that already exist are the operator's and are left as they are.
-A file the proxy may not change the mode of (another user's) is left to the operator.
+The SQLite file (and its ``-wal``, ``-shm``) is created ``0600`` in directories created ``0700``;
+an existing one others may read is narrowed. Existing directories, and files the proxy may not
+change the mode of, are the operator's (docs/operations.md, "Config notes").
 """
 
 from __future__ import annotations
@@ -29,11 +26,7 @@ COMPANION_SUFFIXES: Final = ("-wal", "-shm", "-journal")
 
 def private_file(path: Path) -> None:
     """Make sure ``path`` exists and only its owner may read it: its missing parent
-    directories created ``0700``, the file ``0600`` (an existing one narrowed).
-
-    Raises:
-        OSError: a directory or the file cannot be created.
-    """
+    directories created ``0700``, the file ``0600`` (an existing one narrowed)."""
     _private_directories(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -47,8 +40,7 @@ def private_file(path: Path) -> None:
 
 
 def private_companions(path: Path) -> None:
-    """Narrow the companion files of the database ``path`` that exist (one left by a
-    version of the proxy that created them readable by others)."""
+    """Narrow the companion files of the database ``path`` that exist."""
     for suffix in COMPANION_SUFFIXES:
         _narrow(path.with_name(path.name + suffix))
 
@@ -67,8 +59,7 @@ def _private_directories(directory: Path) -> None:
 
 
 def _narrow(path: Path) -> None:
-    """Drop the group's and others' bits of ``path`` if it has any (a missing file, or one
-    whose mode this user may not change, is left as it is)."""
+    """Drop the group's and others' bits of ``path``, if it has any and may be changed."""
     with contextlib.suppress(OSError):
         mode = stat.S_IMODE(os.stat(path).st_mode)
         if mode & 0o077:

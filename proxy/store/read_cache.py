@@ -1,13 +1,10 @@
 """A cache in front of a store's state reads, for the request hot path, never stale.
 
-Most sessions have no durable state and the others rarely change, so each read first asks
-the store for the session's *versions* (``ReplicaConsistency.session_versions``: one small
-round trip, no state text) and re-reads the state only when its version changed: a
-state written through any process is in the very next request everywhere. A store no other
-process writes skips even that. The versions are kept for the rest of the request
-(:func:`request_versions`), so the checkpoints (:mod:`proxy.store.checkpoints`) and the
-listeners given here (the shared calibration, fed the records the same round trip brought)
-check their copies without another round trip. Only the durable state goes through here.
+Each read asks the store for the session's *versions* (one small round trip, no state text;
+none at all for a store no other process writes) and re-reads the state only when its version
+changed. The versions are kept for the rest of the request (:func:`request_versions`), so the
+checkpoints and the listeners given here (the shared calibration, fed the records the same
+round trip brought) check their copies without another round trip.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ _READ: ContextVar[tuple[object, str, SessionVersions] | None] = ContextVar(
 
 
 def request_versions(store: object, session_id: str) -> SessionVersions | None:
-    """The versions of ``session_id`` that this request (task) read from ``store`` (its
-    state read comes first on the request path), ``None`` when it read none."""
+    """The versions of ``session_id`` this request (task) read from ``store``, or ``None``."""
     read = _READ.get()
     if read is None or read[0] is not store or read[1] != session_id:
         return None
@@ -48,18 +44,8 @@ def request_versions(store: object, session_id: str) -> SessionVersions | None:
 
 class CachedStateReads:
     """A :class:`StateStore` that checks its cached ``get_state`` against the store's version
-    on every read, and writes through.
-
-    Used from the event loop only. Beyond ``max_entries`` sessions the least recently used
-    entry goes. A store without versions (not a
-    :class:`~proxy.store.base.ReplicaConsistency`) is read every time.
-
-    Args:
-        store: the backend.
-        max_entries: how many sessions' states to keep.
-        listeners: told each session's versions on every read.
-        fetch: the records the listeners want read with the versions (one round trip).
-    """
+    on every read (telling ``listeners``, with the records ``fetch`` wants), and writes
+    through; a store without versions is read every time. Used from the event loop only."""
 
     def __init__(self, store: StateStore, *, max_entries: int = DEFAULT_MAX_ENTRIES,
                  listeners: Sequence[VersionsListener] = (),
@@ -71,12 +57,8 @@ class CachedStateReads:
         self._states: LRUCache[str, StoredState | None] = LRUCache(max_entries)
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """The session's current state: the cached one while the store's version is its.
-
-        A store no other process writes (:attr:`ReplicaConsistency.shared` false: SQLite with
-        one worker) is written only through this object, so what it cached is current: no
-        round trip at all.
-        """
+        """The cached state while the store's version is its; a store no other process
+        writes is written only through here, so what it cached is current."""
         if self._versioned is None:
             return await self.inner.get_state(session_id)
         if self._versioned.shared:
@@ -101,7 +83,6 @@ class CachedStateReads:
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
                         change: StateChange | None = None) -> StoredState:
-        """Write through (with the change it records), keeping what was written."""
         self._states.pop(session_id, None)
         stored = await self.inner.put_state(session_id, state, expected_version, change)
         self._states[session_id] = stored
@@ -109,7 +90,6 @@ class CachedStateReads:
 
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
-        """Delete through (with the change it records), forgetting the cached read."""
         self._states.pop(session_id, None)
         try:
             return await self.inner.delete_state(session_id, expected_version, change)

@@ -1,12 +1,8 @@
 """Console logouts every process sees, and that outlive a restart.
 
-A console cookie is signed, not stored (:mod:`proxy.admin.console._auth`), so a logout is kept as
-the cookie's nonce, revoked until the cookie would have expired anyway; every worker and
-replica reading the same store refuses it from then on, after a restart too. Each backend
-keeps them apart (:mod:`proxy.store.sqlite.revocations`,
-:mod:`proxy.store.redis.revocations`): SQLite's
-``console_revoked`` is created on first use, and rows past their expiry are deleted with
-each new logout, so it holds at most the logins of the last ``SESSION_TTL_S``.
+A console cookie is signed, not stored (:mod:`proxy.admin.console._auth`), so a logout keeps the
+cookie's nonce, refused until the cookie would have expired anyway, in the store every worker
+and replica reads (:mod:`proxy.store.sqlite.revocations`, :mod:`proxy.store.redis.revocations`).
 """
 
 from __future__ import annotations

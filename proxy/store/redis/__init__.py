@@ -1,23 +1,38 @@
 """The shared store backend: Redis (one server, a Sentinel-managed primary, or a Cluster),
 safe for any number of proxy processes.
 
-Every key of a session shares one Cluster hash tag (:mod:`.keys`), so each Lua script touches
-one slot and runs atomically: the state's compare-and-swap with its change record, the summary
-cache's insert and eviction, a usage row's increments, a session's audit writes. The global
-indexes live in other slots and follow by separate commands (readers skip an entry whose row
-is gone). After a connection failure the store fails fast while a probe PINGs every
-:data:`PROBE_INTERVAL_S`; a state that does not decode raises ``CorruptStateError``.
-
-One mixin per part of ``StoreBackend`` over :class:`~.connection.RedisConnection` (:mod:`.state`,
-:mod:`.summaries`, :mod:`.records`, :mod:`.ledger`, :mod:`.requests`, :mod:`.consistency`),
-composed in :class:`RedisStateStore`; scripts in ``lua/*.lua``. ``proxy.store`` imports this
-(and redis-py) only when named. For operators: docs/operations.md, "Redis".
+Every key of a session shares one hash tag (:mod:`.keys`), so each Lua script (``lua/*.lua``)
+touches one slot and runs atomically; the global indexes follow by separate commands. One mixin
+per part of ``StoreBackend`` over :class:`~.connection.RedisConnection`, composed in
+:class:`RedisStateStore`; ``proxy.store`` imports it only when named. docs/operations.md, "Redis".
 """
 
 from __future__ import annotations
 
 from .client import REDIS_MODES, RedisMode, redacted_url
 from .connection import PROBE_INTERVAL_S
-from .store import RedisStateStore
+from .consistency import RedisConsistency
+from .ledger import RedisLedger
+from .records import RedisRecords
+from .requests import RedisRequestLog
+from .revocations import RedisLoginRevocations
+from .state import RedisState
+from .summaries import RedisSummaries
 
 __all__ = ["PROBE_INTERVAL_S", "REDIS_MODES", "RedisMode", "RedisStateStore", "redacted_url"]
+
+
+class RedisStateStore(RedisState, RedisSummaries, RedisRecords, RedisLedger, RedisRequestLog,
+                      RedisConsistency, RedisLoginRevocations):
+    """The :class:`~proxy.store.base.StoreBackend` backed by a Redis server; :meth:`open`
+    PINGs it. ``url``, ``mode`` and ``sentinel_service`` are ``store.*``'s (docs/operations.md,
+    "Redis"; redis-py options in the URL's query string win over ours); a bad one, or a bound
+    out of range, raises :class:`ValueError`.
+
+    Args:
+        max_summaries: how many summaries the cache keeps before evicting the oldest.
+        key_prefix: the prefix of every key this store reads or writes (no braces).
+        timeout_s: connect and per-command socket timeout.
+        max_requests_per_session, retention_days: the audit log's bounds (``audit.*``).
+        audit_linger_s: how long the first audit entry of a batch waits for others.
+    """

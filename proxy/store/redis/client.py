@@ -55,12 +55,7 @@ def redacted_url(url: str) -> str:
 
 def sentinels(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The Sentinels' addresses of a ``sentinel`` mode URL, and the primary's connection
-    options (database, credentials, TLS) from it.
-
-    Raises:
-        ValueError: not ``redis://`` or ``rediss://``, no address, a bad port or database,
-            or a query string.
-    """
+    options (database, credentials, TLS) from it; :class:`ValueError` for a bad URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         raise ValueError("sentinel mode needs a redis:// or rediss:// URL")
@@ -92,11 +87,8 @@ def sentinels(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
 
 def make_client(url: str, mode: str, service: str | None,
             timeout_s: float) -> aioredis.Redis | RedisCluster:
-    """The redis-py client of ``mode``: one connection pool, nothing connected yet.
-
-    A command is retried once, at once, on a connection error (a pooled connection the
-    server closed); never on a timeout, since a script may have run.
-    """
+    """The redis-py client of ``mode``, nothing connected yet; a command is retried once on a
+    connection error, never on a timeout (a script may have run)."""
     options: dict[str, Any] = {
         "socket_connect_timeout": timeout_s, "socket_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),

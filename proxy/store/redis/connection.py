@@ -1,12 +1,12 @@
-"""What every part of the Redis store shares: the client and the lane, the lifecycle (open,
-health, close), and how a failure becomes a :class:`~proxy.store.base.StoreError`,
-an outage a probe that PINGs until the server answers (see :mod:`proxy.store.redis`).
-"""
+"""What every part of the Redis store shares: the client and the lane, the lifecycle, and how
+a failure becomes a :class:`~proxy.store.base.StoreError` (an outage: fail fast while a probe
+PINGs every :data:`PROBE_INTERVAL_S` until the server answers)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Final, Self
 
 import redis.asyncio as aioredis
@@ -20,11 +20,11 @@ from proxy.audit.log import (
     RequestEntry,
 )
 
-from .._rows import check_bounds
+from .._rows import check_bounds, retention_cutoff, utc_now
 from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import CorruptStateError, StoreError, StoreUnavailable
 from .client import FAILURES, OUTAGES, Failure, RedisMode, make_client, redacted_url
-from .keys import RedisKeys
+from .keys import RedisKeys, as_score
 from .lane import Lane
 
 __all__ = ["HEALTH_TTL_S", "PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "RedisConnection"]
@@ -38,8 +38,7 @@ HEALTH_TTL_S: Final = 1.0
 
 
 class RedisConnection(RedisKeys):
-    """The state every part of :class:`~proxy.store.RedisStateStore` works on (its
-    arguments are documented there)."""
+    """What every part of :class:`~proxy.store.RedisStateStore` works on (arguments there)."""
 
     if TYPE_CHECKING:
         async def _write_requests(self, batch: list[RequestEntry]) -> None: ...
@@ -50,9 +49,7 @@ class RedisConnection(RedisKeys):
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
                  retention_days: int = DEFAULT_RETENTION_DAYS,
                  audit_linger_s: float = AUDIT_LINGER_S) -> None:
-        if max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
-        check_bounds(max_requests_per_session, retention_days)
+        check_bounds(max_summaries, max_requests_per_session, retention_days)
         self.max_requests_per_session = max_requests_per_session
         self.retention_days = retention_days
         if not key_prefix:
@@ -63,38 +60,29 @@ class RedisConnection(RedisKeys):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.url = redacted_url(url)
         self.max_summaries = max_summaries
-        self.key_prefix = key_prefix
+        super().__init__(key_prefix)
         self.mode = mode
         try:
             self._redis = make_client(url, mode, sentinel_service, timeout_s)
         except ValueError as exc:
             # redis-py's messages name the scheme or option, never the URL itself.
             raise ValueError(f"invalid redis url {self.url}: {exc}") from None
-        # The scripts every request runs go by a lane of the store's own (not in a cluster,
-        # whose client routes each key to its node: see proxy.store.redis.lane).
+        # The scripts every request runs go by a lane (not in a cluster: see .lane).
         self._lane = (Lane(self._redis.connection_pool)
                       if isinstance(self._redis, aioredis.Redis) else None)
-        # The scripts (proxy.store.redis.scripts), registered on first use, by their text.
+        # The scripts (.scripts), registered on first use, by their text.
         self._scripts: dict[str, AsyncScript] = {}
-        self._summary_keys = [self._key("summary", "summary:text"),
-                              self._key("summary", "summary:order"),
-                              self._key("summary", "summary:seq")]
         self._closed = False
         # Audit entries waiting for their batch's write (used from the event loop only).
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
-        # Why the server is unreachable (None: it is not known to be); while set, every
-        # call fails fast and a probe PINGs until it answers.
+        # Why the server is unreachable (None: not known to be); while set, calls fail fast.
         self._down: str | None = None
         self._probe: asyncio.Task[None] | None = None
         self._health: tuple[float, bool] | None = None  # (when, answered) of the last PING
 
     async def open(self) -> Self:
-        """PING the server now; returns the store itself.
-
-        Raises:
-            StoreError: the server does not answer (or refuses the credentials); the store is
-                closed.
-        """
+        """PING the server now; returns the store itself (:class:`StoreError`, the store
+        closed, when the server does not answer or refuses the credentials)."""
         try:
             self._check_open()
             await self._redis.ping()
@@ -107,9 +95,8 @@ class RedisConnection(RedisKeys):
         return self
 
     async def available(self) -> bool:
-        """Whether the server answers now: ``False`` while it is known to be unreachable,
-        else a PING (at most :data:`PROBE_TIMEOUT_S`), whose answer is reused for
-        :data:`HEALTH_TTL_S`. What ``/healthz`` asks; never raises."""
+        """Whether the server answers now (``/healthz``): ``False`` while it is known to be
+        unreachable, else a PING whose answer is reused for :data:`HEALTH_TTL_S`."""
         if self._closed or self._down is not None:
             return False
         now = asyncio.get_running_loop().time()
@@ -123,8 +110,7 @@ class RedisConnection(RedisKeys):
 
     @property
     def client(self) -> aioredis.Redis | RedisCluster:
-        """The redis-py client, for maintenance (:mod:`proxy.sources.migrate`); the request
-        path never uses it directly."""
+        """The redis-py client, for maintenance (:mod:`proxy.sources.migrate`)."""
         return self._redis
 
     async def close(self) -> None:
@@ -141,8 +127,6 @@ class RedisConnection(RedisKeys):
                 await self._lane.close()
             await self._redis.aclose()
 
-    # -- helpers -----------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         """Called first by every method: a closed store raises :class:`StoreError`, and one
         whose server is known to be unreachable :class:`StoreUnavailable`, at once."""
@@ -150,6 +134,17 @@ class RedisConnection(RedisKeys):
             raise StoreError(f"redis store {self.url} is closed")
         if self._down is not None:
             raise StoreUnavailable(self._down)
+
+    @contextlib.contextmanager
+    def _failures(self, action: str, *, audit: bool = False) -> Iterator[None]:
+        """:meth:`_check_open`, then what redis-py raises in the block as a
+        :class:`StoreError` (``audit``: a key of the audit log holding something else is a
+        :class:`CorruptStateError`)."""
+        self._check_open()
+        try:
+            yield
+        except FAILURES as exc:
+            raise (self._audit_error if audit else self._error)(action, exc) from exc
 
     def _error(self, action: str, exc: Failure) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.
@@ -183,6 +178,11 @@ class RedisConnection(RedisKeys):
             return False
         return True
 
+    def _bounds(self) -> tuple[int, str]:
+        """How many audit entries a session keeps, and the oldest score one may have now."""
+        return (self.max_requests_per_session,
+                as_score(retention_cutoff(utc_now(), self.retention_days)))
+
     def _audit_error(self, action: str, exc: Failure) -> StoreError:
         if isinstance(exc, ResponseError) and ("WRONGTYPE" in str(exc)
                                                or "cjson" in str(exc).lower()):
@@ -190,7 +190,7 @@ class RedisConnection(RedisKeys):
                                      "what the audit log keeps there")
         return self._error(action, exc)
 
-    def _write_error(self, session_id: str, action: str, exc: Failure) -> StoreError:
+    def _state_error(self, session_id: str, action: str, exc: Failure) -> StoreError:
         if isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE"):
             return CorruptStateError(session_id, "the state key is not a hash")
         return self._error(action, exc)
@@ -210,11 +210,9 @@ class RedisConnection(RedisKeys):
 
     async def _index(self, index: str, member: str, score: str | None,
                      current: Callable[[], Awaitable[str | None]]) -> None:
-        """Bring ``member``'s place in ``index`` (a global sorted set) in line with its
-        session's keys just written: at ``score`` (only ever raised), or out when ``score``
-        is ``None`` (the session has nothing left). A write of the same session that raced
-        this one may have indexed it just before the ZREM, so ``current`` (the session's
-        score now, ``None``: nothing) is asked again after it."""
+        """Put ``member`` in the global sorted set ``index`` at ``score`` (only ever raised),
+        or out when ``None``; a racing write of the session may have indexed it just before
+        the ZREM, so ``current()`` (its score now) is asked again after it."""
         if score is None:
             await self._redis.zrem(index, member)
             score = await current()

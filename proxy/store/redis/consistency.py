@@ -12,9 +12,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from .._rows import lease_ms
 from ..base import CorruptStateError, RecordFetch, SessionVersions
 from . import scripts
-from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_bytes, as_text
 
@@ -26,8 +26,7 @@ class RedisConsistency(RedisConnection):
 
     @property
     def shared(self) -> bool:
-        """Always: any number of processes may use the same server."""
-        return True
+        return True  # any number of processes may use the same server
 
     def record_versions_key(self, session_id: str) -> str:
         """The Redis key of the hash of the session's record versions (``kind -> n``)."""
@@ -35,11 +34,9 @@ class RedisConsistency(RedisConnection):
 
     async def _replica_script(self, text: str, keys: Sequence[str],
                               args: Sequence[Any]) -> Any:
-        """Run the script ``text`` on ``keys`` (one session's, or one lease's) with ``args``:
-        EVALSHA itself, on the lane where there is one (the versions read and the calibration
-        save run on every request: bench/README.md, "The stores' twins"); a server that
-        does not hold the script (NOSCRIPT: restarted, or a new node) gets it through
-        redis-py's script object, which loads it."""
+        """Run the script ``text`` on ``keys`` with ``args``: EVALSHA on the lane where there
+        is one (bench/README.md, "The stores' twins"); a server that does not hold the script
+        (NOSCRIPT) gets it through redis-py's script object, which loads it."""
         script = self._script(text)
         try:
             if self._lane is not None:
@@ -50,12 +47,10 @@ class RedisConsistency(RedisConnection):
 
     async def session_versions(self, session_id: str,
                                fetch: RecordFetch | None = None) -> SessionVersions:
-        """The state's version and every record version of the session, and the records
-        ``fetch`` wants: one round trip (a pipeline; with ``fetch``, one script, so the
-        records are those of the versions read)."""
-        self._check_open()
+        """One round trip: a pipeline; with ``fetch``, one script, so the records are those
+        of the versions read."""
         fetched: dict[str, tuple[int, bytes]] = {}
-        try:
+        with self._failures("read versions"):
             if fetch is None:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     pipe.hmget(self.state_key(session_id), ["version", "updated_at"])
@@ -68,8 +63,6 @@ class RedisConsistency(RedisConnection):
                     (self.state_key(session_id), self.record_versions_key(session_id),
                      self.record_key(session_id)), (fetch.prefix, *held))
                 records = dict(zip(flat[::2], flat[1::2], strict=True))
-        except FAILURES as exc:
-            raise self._error("read versions", exc) from exc
         try:
             versions = {as_text(kind): int(number) for kind, number in records.items()}
         except ValueError:
@@ -85,62 +78,36 @@ class RedisConsistency(RedisConnection):
 
     async def get_versioned_record(self, session_id: str, kind: str
                                    ) -> tuple[int, bytes] | None:
-        """The record ``kind`` and its version, read by one script."""
-        self._check_open()
-        try:
+        with self._failures("read record"):
             version, data = await self._replica_script(
                 scripts.GET_VERSIONED,
                 (self.record_key(session_id), self.record_versions_key(session_id)), (kind,))
-        except FAILURES as exc:
-            raise self._error("read record", exc) from exc
         if version is None or data is None:
             return None
         return int(version), bytes(as_bytes(data) or b"")
 
     async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
-        """Replace the record ``kind`` and bump its version, in one script."""
-        self._check_open()
-        try:
+        with self._failures("write record"):
             version = await self._replica_script(
                 scripts.PUT_VERSIONED,
                 (self.record_key(session_id), self.record_versions_key(session_id)),
                 (kind, bytes(data)))
-        except FAILURES as exc:
-            raise self._error("write record", exc) from exc
         return int(version)
 
     async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """``SET lock token NX PX ttl``."""
-        self._check_open()
-        try:
-            taken = await self._redis.set(self.lock_key(name), token, nx=True,
-                                          px=_ttl_ms(ttl_ms))
-        except FAILURES as exc:
-            raise self._error("take lock", exc) from exc
-        return bool(taken)
+        with self._failures("take lock"):
+            return bool(await self._redis.set(self.lock_key(name), token, nx=True,
+                                              px=lease_ms(ttl_ms)))
 
     async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
         """``PEXPIRE`` the lease if it still holds ``token`` (one script)."""
-        self._check_open()
-        try:
-            done = await self._replica_script(scripts.EXTEND_LOCK, (self.lock_key(name),),
-                                              (token, _ttl_ms(ttl_ms)))
-        except FAILURES as exc:
-            raise self._error("extend lock", exc) from exc
-        return bool(done)
+        with self._failures("extend lock"):
+            return bool(await self._replica_script(scripts.EXTEND_LOCK, (self.lock_key(name),),
+                                                   (token, lease_ms(ttl_ms))))
 
     async def release_lock(self, name: str, token: str) -> bool:
         """Delete the lease if it still holds ``token`` (compare-and-delete, one script)."""
-        self._check_open()
-        try:
-            done = await self._replica_script(scripts.RELEASE_LOCK, (self.lock_key(name),),
-                                              (token,))
-        except FAILURES as exc:
-            raise self._error("release lock", exc) from exc
-        return bool(done)
-
-
-def _ttl_ms(ttl_ms: int) -> int:
-    if ttl_ms < 1:
-        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
-    return int(ttl_ms)
+        with self._failures("release lock"):
+            return bool(await self._replica_script(scripts.RELEASE_LOCK, (self.lock_key(name),),
+                                                   (token,)))

@@ -1,11 +1,8 @@
 """The Redis store's key layout, and how values are written into keys and members.
 
-Every key is ``<prefix>{<tag>}:<suffix>``: Redis Cluster hashes only the text in the braces,
-so every key of one session (its state, tombstone, records, usage rows, audit entries and
-totals) lives in one slot and one script can change them together. What belongs to no session
-has a tag per group (``{summary}``, ``{usage}``, ``{audit}``). Keys never collide: each ends in
-``}:`` and one of a fixed set of suffixes, or ``}:usage:`` and a JSON string; the prefix may
-not hold a brace. The full table is in docs/operations.md, "Redis keys".
+Every key is ``<prefix>{<tag>}:<suffix>``: Redis Cluster hashes only the text in the braces, so
+every key of one session lives in one slot and one script can change them together; what
+belongs to no session has a tag per group. The full table: docs/operations.md, "Redis keys".
 """
 
 from __future__ import annotations
@@ -14,10 +11,10 @@ import json
 from datetime import datetime
 from typing import cast
 
+from .._rows import session_key_of
 from ..base import CorruptStateError
 
-__all__ = ["RedisKeys", "as_bytes", "as_score", "as_text", "listed", "pair_member", "pair_of",
-           "session_key_of"]
+__all__ = ["RedisKeys", "as_bytes", "as_score", "as_text", "listed", "pair_member", "pair_of"]
 
 
 def as_bytes(value: bytes | str | None) -> bytes | None:
@@ -28,12 +25,6 @@ def as_bytes(value: bytes | str | None) -> bytes | None:
 
 def as_text(value: bytes | str) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-
-
-def session_key_of(tenant: str, session_id: str) -> str:
-    """The store key of a tenant's session, as :func:`proxy.http.tenants.scoped_key` makes it
-    (the audit log's keys share the hash slot of the session's state)."""
-    return session_id if tenant == "none" else f"{tenant}/{session_id}"
 
 
 def pair_member(first: str, second: str) -> str:
@@ -67,38 +58,35 @@ def as_score(when: datetime) -> str:
 class RedisKeys:
     """Every key of the store, by what it holds (see the module's docstring)."""
 
-    key_prefix: str
-    _summary_keys: list[str]
+    def __init__(self, key_prefix: str) -> None:
+        self.key_prefix = key_prefix
+        # The global indexes: every usage row; the audit log's sessions by last_seen, its
+        # refused entries by time, and the sessions with state changes by their newest.
+        self.usage_index_key = self._key("usage", "usage:rows")
+        self.audit_sessions_key = self._key("audit", "audit:sessions")
+        self.audit_blocked_key = self._key("audit", "audit:blocked")
+        self.audit_changed_key = self._key("audit", "audit:changed")
+        # The summary cache: its text hash, its age index, its sequence counter.
+        self._summary_keys = [self._key("summary", f"summary:{name}")
+                              for name in ("text", "order", "seq")]
 
     def _key(self, tag: str, suffix: str) -> str:
         """``<prefix>{<tag>}:<suffix>``: every key with the same tag is in one hash slot."""
         return f"{self.key_prefix}{{{tag}}}:{suffix}"
 
     def state_key(self, session_id: str) -> str:
-        """The Redis key of the session's state hash."""
         return self._key(session_id, "state")
 
     def record_key(self, session_id: str) -> str:
-        """The Redis key of the session's record hash."""
         return self._key(session_id, "record")
 
     def lock_key(self, name: str) -> str:
-        """The Redis key of the lock ``name`` (in the slot of a session named ``name``)."""
+        """The lease ``name`` (in the slot of a session named ``name``)."""
         return self._key(name, "lock")
 
     def usage_key(self, session_key: str, model: str) -> str:
-        """The Redis key of the usage row of ``(session_key, model)``."""
+        """The usage row of ``(session_key, model)`` (the model as a JSON string)."""
         return self._key(session_key, "usage:" + json.dumps(model, ensure_ascii=False))
-
-    @property
-    def usage_index_key(self) -> str:
-        """The Redis key of the set indexing every usage row."""
-        return self._key("usage", "usage:rows")
-
-    @property
-    def summary_keys(self) -> list[str]:
-        """The summary cache's keys: its text hash, its age index, its sequence counter."""
-        return list(self._summary_keys)
 
     def audit_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's audit log, as the scripts take them: its entries and its
@@ -109,18 +97,3 @@ class RedisKeys:
     def change_keys(self, tenant: str, session_id: str) -> list[str]:
         """The keys of one session's state changes: its changes (in the session's slot)."""
         return [self._key(session_key_of(tenant, session_id), "audit:changes")]
-
-    @property
-    def audit_sessions_key(self) -> str:
-        """The index of the audit log's sessions, by ``last_seen``."""
-        return self._key("audit", "audit:sessions")
-
-    @property
-    def audit_blocked_key(self) -> str:
-        """The index of every refused request entry, by time."""
-        return self._key("audit", "audit:blocked")
-
-    @property
-    def audit_changed_key(self) -> str:
-        """The index of the sessions with state changes, by their newest."""
-        return self._key("audit", "audit:changed")

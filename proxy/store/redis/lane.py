@@ -1,13 +1,10 @@
 """Connections of the Redis store's own for the two scripts every request runs.
 
-A :class:`Lane` sends a request's versions read and its calibration save on one of redis-py's
-own connections, packed by hiredis and read with the connection's parser, skipping the
-client's pool lock, metrics and per-command task (what that saves: bench/README.md, "The
-stores' twins"). It keeps what the client guarantees: every call bounded by the store's timeout
-(a timeout is never retried: a script may have run), one immediate retry on a connection
-error, a failed or interrupted connection closed before reuse, server errors as redis-py's
-exceptions. In ``sentinel`` mode the connections follow a failover as redis-py's do; a
-cluster keeps the client's path. Used from the event loop only.
+A :class:`Lane` sends a command on one of redis-py's own connections, packed by hiredis, without
+the client's pool lock, metrics and per-command task (bench/README.md, "The stores' twins"),
+keeping what the client guarantees: a timeout per call (never retried), one retry on a
+connection error, a failed connection closed before reuse, redis-py's exceptions. Sentinel
+mode follows a failover as redis-py does; a cluster keeps the client's path. Event loop only.
 """
 
 from __future__ import annotations
@@ -29,14 +26,8 @@ MAX_IDLE: Final = 32
 
 
 class Lane:
-    """Send single commands on connections like ``pool``'s, without its bookkeeping.
-
-    Args:
-        pool: the client's pool: its connection class and settings (address, TLS,
-            credentials, database, protocol, connect timeout), and its socket timeout as the
-            bound of each call (None: unbounded, as the client would be).
-        max_idle: how many idle connections to keep.
-    """
+    """Send single commands on connections like ``pool``'s (its connection class and
+    settings), without its bookkeeping; its socket timeout bounds each whole call."""
 
     def __init__(self, pool: ConnectionPool, *, max_idle: int = MAX_IDLE) -> None:
         settings = dict(pool.connection_kwargs)
@@ -54,14 +45,8 @@ class Lane:
         return len(self._idle)
 
     async def call(self, *args: str | int | bytes) -> Any:
-        """Send the command ``args`` (name first) and return the server's reply.
-
-        Raises:
-            redis.exceptions.TimeoutError: no reply within :attr:`timeout_s`.
-            redis.exceptions.ConnectionError: the server cannot be reached (twice).
-            redis.exceptions.ResponseError: the server's error (e.g. ``NoScriptError``).
-            RuntimeError: the lane is closed.
-        """
+        """Send the command ``args`` (name first) and return the server's reply; raises
+        redis-py's exceptions (a timeout, a connection error twice, the server's error)."""
         if self._closed:
             raise RuntimeError("the lane is closed")
         packed = pack_command(args)  # type: ignore[arg-type]  # (its stub says a 1-tuple)
@@ -84,17 +69,13 @@ class Lane:
         except TimeoutError:  # (asyncio's: redis-py closed the connection on the cancel)
             raise RedisTimeoutError(f"no reply within {self.timeout_s} s") from None
         finally:
-            await self._put_back(connection)
-
-    async def _put_back(self, connection: AbstractConnection) -> None:
-        if self._closed or len(self._idle) >= self._max_idle:
-            await connection.disconnect(nowait=True)
-        else:
-            self._idle.append(connection)
+            if self._closed or len(self._idle) >= self._max_idle:
+                await connection.disconnect(nowait=True)
+            else:
+                self._idle.append(connection)
 
     async def close(self) -> None:
-        """Close the idle connections; a connection in use is closed when it comes back.
-        Idempotent."""
+        """Close the idle connections (one in use is closed when it comes back); idempotent."""
         self._closed = True
         idle, self._idle = self._idle, []
         for connection in idle:

@@ -7,7 +7,7 @@ from redis.exceptions import ResponseError
 
 from proxy.accounting.usage import UsageEntry, UsageRow
 
-from .._rows import decode_usage_row, usage_stamp
+from .._rows import check_type, decode_usage_row, usage_stamp
 from ..base import CorruptStateError
 from . import scripts
 from .client import FAILURES
@@ -21,10 +21,7 @@ class RedisLedger(RedisConnection):
     """:class:`~proxy.store.base.UsageLedger` on Redis."""
 
     async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
-        """Add ``entry`` to the row of ``(session_key, model)``; see
-        :meth:`proxy.store.base.UsageLedger.add_usage`."""
-        if not isinstance(entry, UsageEntry):
-            raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
+        check_type("entry", entry, UsageEntry)
         self._check_open()
         args: list[str | int] = [usage_stamp()]
         for name in UsageEntry.field_names():
@@ -44,20 +41,14 @@ class RedisLedger(RedisConnection):
             raise self._error("add usage", exc) from exc
 
     async def usage_rows(self) -> list[UsageRow]:
-        """Every usage row, ordered by session key, then model.
-
-        A row in the index whose hash is gone (deleted by hand) is left out.
-        """
-        self._check_open()
-        try:
+        """A row in the index whose hash is gone (deleted by hand) is left out."""
+        with self._failures("read usage"):
             members = await self._redis.smembers(self.usage_index_key)
             pairs = sorted(pair_of(member, "<usage index>") for member in members)
             async with self._redis.pipeline(transaction=False) as pipe:
                 for session_key, model in pairs:
                     pipe.hgetall(self.usage_key(session_key, model))
                 hashes = await pipe.execute()
-        except FAILURES as exc:
-            raise self._error("read usage", exc) from exc
         rows = []
         for (session_key, model), raw in zip(pairs, hashes, strict=True):
             if not raw:

@@ -3,7 +3,6 @@ one hash per session, ``kind -> bytes``."""
 
 from __future__ import annotations
 
-from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_bytes
 
@@ -14,18 +13,10 @@ class RedisRecords(RedisConnection):
     """:class:`~proxy.store.base.RecordStore` on Redis."""
 
     async def get_record(self, session_id: str, kind: str) -> bytes | None:
-        """Return the opaque compaction record ``kind`` of the session, or ``None``."""
-        self._check_open()
-        try:
+        with self._failures("read record"):
             raw = await self._redis.hget(self.record_key(session_id), kind)
-        except FAILURES as exc:
-            raise self._error("read record", exc) from exc
         return as_bytes(raw)
 
     async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
-        """Store (replace) the opaque compaction record ``kind`` of the session."""
-        self._check_open()
-        try:
+        with self._failures("write record"):
             await self._redis.hset(self.record_key(session_id), kind, bytes(data))
-        except FAILURES as exc:
-            raise self._error("write record", exc) from exc

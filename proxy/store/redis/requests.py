@@ -10,28 +10,22 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from proxy.audit.log import (
-    SESSION_ORDERS,
-    RequestEntry,
-    SessionOrder,
-    SessionSummary,
-    StateChange,
-)
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
 from .._rows import (
-    audit_stamp,
     check_page,
+    check_type,
     decode_change,
     decode_entry,
     encode_audit,
     retention_cutoff,
-    utc_now,
 )
 from ..base import CorruptStateError
 from . import scripts
 from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_score, as_text, listed, pair_member, pair_of
+from .state import change_args
 
 __all__ = ["RedisRequestLog"]
 
@@ -40,23 +34,10 @@ class RedisRequestLog(RedisConnection):
     """:class:`~proxy.audit.log.RequestLog` on Redis."""
 
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
-        """Keep ``entry``, then trim its session (bound and retention).
-
-        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
-        under way, go together (:class:`~proxy.store.audit_batches.AuditBatches`): one
-        script per session of the batch, then its places in the global indexes (a round trip per
-        entry would cost more than the rest of its request's bookkeeping). The indexes follow
-        what each session's trim dropped; other sessions' old entries wait for :meth:`trim`, as
-        the SQLite store's do. Returns the batch's future, done once it is written (or failed
-        with its error).
-
-        Raises:
-            TypeError: ``entry`` is not a :class:`RequestEntry`.
-            StoreError: the store is closed; :class:`StoreUnavailable` when its server is
-                known to be unreachable.
-        """
-        if not isinstance(entry, RequestEntry):
-            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        """Batched (:class:`~proxy.store.audit_batches.AuditBatches`): one script per session
+        of the batch, then its places in the global indexes, which follow what its trim
+        dropped; other sessions' old entries wait for :meth:`trim`."""
+        check_type("entry", entry, RequestEntry)
         self._check_open()
         return self._batches.add(entry)
 
@@ -68,12 +49,11 @@ class RedisRequestLog(RedisConnection):
             sessions.setdefault((entry.tenant, entry.session_id), []).append(entry)
         try:
             for (tenant, session_id), entries in sessions.items():
-                member, maximum, cutoff = self._trim_args(tenant, session_id)
                 keys = self.audit_keys(tenant, session_id)
-                args: list[Any] = [maximum, cutoff]
+                args: list[Any] = list(self._bounds())
                 texts = [encode_audit(entry) for entry in entries]
                 for entry, text in zip(entries, texts, strict=True):
-                    args += [text, as_score(entry.at), audit_stamp(entry.at),
+                    args += [text, as_score(entry.at), utc_iso(entry.at),
                              entry.tokens_before or 0, entry.tokens_after or 0,
                              int(entry.blocked)]
                 reply = await self._script(scripts.ADD_REQUESTS)(keys=keys, args=args)
@@ -83,43 +63,30 @@ class RedisRequestLog(RedisConnection):
                            if entry.blocked and text not in refused}
                 if blocked:  # (refusals are few: their index is written session by session)
                     await self._redis.zadd(self.audit_blocked_key, blocked)
-                await self._after_trim(member, keys[1], reply)
+                await self._after_trim(tenant, session_id, reply)
         except FAILURES as exc:
             raise self._audit_error("add audit entries", exc) from exc
 
     async def flush(self) -> None:
-        """Write the entries :meth:`add_request` still holds back, now."""
         await self._batches.flush()
 
     async def add_state_change(self, change: StateChange) -> None:
-        """Keep ``change``, then trim the session's changes by count and age."""
-        if not isinstance(change, StateChange):
-            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
-        self._check_open()
-        member, _, cutoff = self._trim_args(change.tenant, change.session_id)
-        key = self.change_keys(change.tenant, change.session_id)[0]
-        try:
+        check_type("change", change, StateChange)
+        with self._failures("add state change", audit=True):
+            key = self.change_keys(change.tenant, change.session_id)[0]
             newest = await self._script(scripts.ADD_CHANGE)(
-                keys=[key], args=[encode_audit(change), as_score(change.at),
-                                  self.max_requests_per_session, cutoff])
-            await self._index(self.audit_changed_key, member,
+                keys=[key], args=change_args(change, *self._bounds()))
+            await self._index(self.audit_changed_key, pair_member(change.tenant, change.session_id),
                               None if newest is None else as_text(newest),
                               partial(self._newest_change, key))
-        except FAILURES as exc:
-            raise self._audit_error("add state change", exc) from exc
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
                        tenant: str | None = None) -> tuple[list[SessionSummary], int]:
-        """One page of sessions and how many match; see
-        :meth:`proxy.audit.log.RequestLog.sessions`."""
-        check_page(offset, limit)
-        if order not in SESSION_ORDERS:
-            raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        index = self.audit_sessions_key
-        try:
+        check_page(offset, limit, order)
+        with self._failures("read audit sessions", audit=True):
+            await self._batches.flush()  # this process's entries are read too
+            index = self.audit_sessions_key
             if order == "last_seen" and not contains and tenant is None:
                 # The index is in the order asked for: read just the page.
                 total = int(await self._redis.zcard(index))
@@ -141,64 +108,48 @@ class RedisRequestLog(RedisConnection):
                     # Stable: equal counts keep the index's newest-first order.
                     everything.sort(key=lambda summary: -summary.blocked)
                     summaries = everything[offset:offset + limit]
-        except FAILURES as exc:
-            raise self._audit_error("read audit sessions", exc) from exc
         return summaries, total
 
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
                                limit: int = 100) -> tuple[list[RequestEntry], int]:
-        """One page of a session's requests, newest first, and how many it has."""
         check_page(offset, limit)
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        key = self.audit_keys(tenant, session_id)[0]
-        try:
+        with self._failures("read audit entries", audit=True):
+            await self._batches.flush()  # this process's entries are read too
+            key = self.audit_keys(tenant, session_id)[0]
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.zcard(key)
                 pipe.zrevrange(key, offset, offset + limit - 1)
                 total, members = await pipe.execute()
-        except FAILURES as exc:
-            raise self._audit_error("read audit entries", exc) from exc
         return [decode_entry(member) for member in members], int(total)
 
     async def state_changes(self, tenant: str, session_id: str, *,
                             limit: int = 100) -> list[StateChange]:
-        """A session's state changes, newest first."""
         check_page(0, limit)
-        self._check_open()
-        try:
+        with self._failures("read state changes", audit=True):
             members = await self._redis.zrevrange(self.change_keys(tenant, session_id)[0],
                                                   0, limit - 1)
-        except FAILURES as exc:
-            raise self._audit_error("read state changes", exc) from exc
         return [decode_change(member) for member in listed(members)]
 
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
-        """Refused requests that arrived at or after ``since``, oldest first."""
         check_page(0, limit)
-        self._check_open()
-        await self._batches.flush()  # this process's entries are read too
-        try:
+        with self._failures("read blocked requests", audit=True):
+            await self._batches.flush()  # this process's entries are read too
             members = await self._redis.zrangebyscore(self.audit_blocked_key,
                                                       as_score(since), "+inf", start=0, num=limit)
-        except FAILURES as exc:
-            raise self._audit_error("read blocked requests", exc) from exc
         return [decode_entry(member) for member in listed(members)]
 
     async def trim(self, now: datetime) -> int:
-        """Drop the audit entries older than the retention at ``now``, session by session;
-        returns how many went."""
-        self._check_open()
+        """Session by session."""
         cutoff = as_score(retention_cutoff(now, self.retention_days))
         removed = 0
-        try:
+        with self._failures("trim the audit log", audit=True):
             sessions = listed(await self._redis.zrange(self.audit_sessions_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in sessions]:
-                member, maximum, _ = self._trim_args(tenant, session_id)
-                keys = self.audit_keys(tenant, session_id)
-                reply = await self._script(scripts.TRIM_SESSION)(keys=keys, args=[maximum, cutoff])
+                reply = await self._script(scripts.TRIM_SESSION)(
+                    keys=self.audit_keys(tenant, session_id),
+                    args=[self.max_requests_per_session, cutoff])
                 removed += int(reply[0])
-                await self._after_trim(member, keys[1], reply)
+                await self._after_trim(tenant, session_id, reply)
             await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
             changed = listed(await self._redis.zrange(self.audit_changed_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in changed]:
@@ -207,8 +158,6 @@ class RedisRequestLog(RedisConnection):
                 removed += int(gone)
                 await self._index(self.audit_changed_key, pair_member(tenant, session_id),
                                   as_text(newest) or None, partial(self._newest_change, key))
-        except FAILURES as exc:
-            raise self._audit_error("trim the audit log", exc) from exc
         return removed
 
     async def _summaries(self, members: list[str]) -> list[SessionSummary]:
@@ -220,26 +169,20 @@ class RedisRequestLog(RedisConnection):
             hashes = await pipe.execute()
         return [_totals(member, raw) for member, raw in zip(members, hashes, strict=True) if raw]
 
-    async def _after_trim(self, member: str, totals_key: str, reply: list[Any]) -> None:
-        """The global indexes after a session's add or trim script (its ``reply``): the
-        refused entries it dropped leave the blocked index, and the session's entry in the
-        sessions index follows its totals."""
+    async def _after_trim(self, tenant: str, session_id: str, reply: list[Any]) -> None:
+        """After a session's add or trim script (its ``reply``): the refused entries it dropped
+        leave the blocked index, and the session's place in the sessions index follows."""
         refused = [as_text(m) for m in reply[2]]
         if refused:
             await self._redis.zrem(self.audit_blocked_key, *refused)
         score = None if int(reply[1]) else as_text(reply[3]) or None
 
         async def last_score() -> str | None:
-            value = await self._redis.hget(totals_key, "last_score")
+            value = await self._redis.hget(self.audit_keys(tenant, session_id)[1], "last_score")
             return None if value is None else as_text(value)
 
-        await self._index(self.audit_sessions_key, member, score, last_score)
-
-    def _trim_args(self, tenant: str, session_id: str) -> list[Any]:
-        """The trim script's ARGV for a session: its member, the bound, the cutoff score."""
-        cutoff = retention_cutoff(utc_now(), self.retention_days)
-        return [pair_member(tenant, session_id), self.max_requests_per_session,
-                as_score(cutoff)]
+        await self._index(self.audit_sessions_key, pair_member(tenant, session_id), score,
+                          last_score)
 
 
 def _totals(member: str, raw: dict[Any, Any]) -> SessionSummary:

@@ -6,35 +6,25 @@ from __future__ import annotations
 
 import time
 
-from .client import FAILURES
 from .connection import RedisConnection
 
 __all__ = ["RedisLoginRevocations"]
 
 
 class RedisLoginRevocations(RedisConnection):
-    """:class:`~proxy.store.revocations.LoginRevocations` for
-    :class:`~proxy.store.RedisStateStore` (a mixin over its connection)."""
+    """:class:`~proxy.store.revocations.LoginRevocations` on Redis."""
 
     def revoked_login_key(self, nonce: str) -> str:
         """The key of one revoked login (every one in the ``{console}`` slot)."""
         return self._key("console", f"console:revoked:{nonce}")
 
     async def revoke_login(self, nonce: str, expires_at: int) -> None:
-        """Keep the revocation until the cookie would have expired."""
         ttl = int(expires_at) - int(time.time())
         if ttl <= 0:
             return
-        self._check_open()
-        try:
+        with self._failures("revoke login"):
             await self._redis.set(self.revoked_login_key(nonce), b"1", ex=ttl)
-        except FAILURES as exc:
-            raise self._error("revoke login", exc) from exc
 
     async def login_revoked(self, nonce: str) -> bool:
-        """One ``EXISTS``."""
-        self._check_open()
-        try:
+        with self._failures("read revoked logins"):
             return bool(await self._redis.exists(self.revoked_login_key(nonce)))
-        except FAILURES as exc:
-            raise self._error("read revoked logins", exc) from exc

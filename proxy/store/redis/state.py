@@ -1,14 +1,8 @@
 """The Redis store's durable-state writes: each one Lua script with the change it records.
 
-*Versions are never reused.* Deleting a state leaves ``<prefix>{<session key>}:tombstone``
-holding its last version; a state created again starts after it (and the tombstone goes), so
-a writer still holding the ETag of a deleted state gets a conflict, never a silent overwrite.
-
-*A write and its change record are one script.* The change goes into the session's changes
-sorted set (``...:audit:changes``, in the state's hash slot) and the set is trimmed in the
-script that writes the state, so both are kept or neither. Redis does not roll a script back
-when a command in it fails, so the script checks every key's type before its first write.
-The version a ``put`` writes is decided in the script: its change is sent as the JSON text
+A deleted state leaves ``...:tombstone`` (docs/operations.md, "Redis keys"). Redis does not roll
+a script back when a command in it fails, so each script checks every key's type before its
+first write. A ``put``'s version is decided in the script: its change is sent as the JSON text
 before and after the version's value, which the script joins around it.
 """
 
@@ -16,20 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 import structlog
-from redis.exceptions import ResponseError
 
 from compactor import DurableContextState
 from proxy.audit.log import StateChange
 
 from .._rows import (
     check_change,
+    check_type,
     decode_state,
     encode_audit,
     encode_state,
-    retention_cutoff,
     utc_now,
 )
 from ..base import CorruptStateError, StoredState, VersionConflict
@@ -38,26 +31,19 @@ from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_bytes, as_score, as_text, pair_member
 
-__all__ = ["RedisState", "delete_change_args", "put_change_args"]
+__all__ = ["RedisState", "change_args", "put_change_args"]
 
 
 class RedisState(RedisConnection):
-    """:class:`~proxy.store.base.StateStore`: the durable state, by compare-and-swap
-    scripts."""
+    """:class:`~proxy.store.base.StateStore` on Redis."""
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """Return the session's current state, or ``None`` when it has none."""
         self._check_open()
         try:
-            values = await self._redis.hmget(
-                self.state_key(session_id), ["version", "state", "updated_at"]
-            )
-        except ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
-                raise CorruptStateError(session_id, "the state key is not a hash") from None
-            raise self._error("read state", exc) from exc
+            values = await self._redis.hmget(self.state_key(session_id),
+                                             ["version", "state", "updated_at"])
         except FAILURES as exc:
-            raise self._error("read state", exc) from exc
+            raise self._state_error(session_id, "read state", exc) from exc
         version, state_json, updated_at = (as_bytes(value) for value in values)
         if version is None and state_json is None and updated_at is None:
             return None
@@ -66,22 +52,19 @@ class RedisState(RedisConnection):
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
                         change: StateChange | None = None) -> StoredState:
-        """Compare-and-swap write, with ``change`` in the same script; see
-        :meth:`proxy.store.base.StateStore.put_state`."""
-        if not isinstance(state, DurableContextState):
-            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_type("state", state, DurableContextState)
         check_change(session_id, change, "put")
         self._check_open()
         state_json = encode_state(state)
         when = utc_now()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = put_change_args(change, *self._change_bounds(change))
         try:
             outcome, version, *newest = await self._script(scripts.PUT_STATE)(
                 keys=self._state_keys(session_id),
-                args=[expected, state_json, when.isoformat(), *args])
+                args=[expected, state_json, when.isoformat(),
+                      *put_change_args(change, *self._bounds())])
         except FAILURES as exc:
-            raise self._write_error(session_id, "write state", exc) from exc
+            raise self._state_error(session_id, "write state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 0:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
@@ -91,17 +74,15 @@ class RedisState(RedisConnection):
 
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
-        """Delete the state, with ``change`` in the same script; see
-        :meth:`proxy.store.base.StateStore.delete_state`."""
         check_change(session_id, change, "delete")
         self._check_open()
         expected = "" if expected_version is None else str(int(expected_version))
-        args = delete_change_args(change, *self._change_bounds(change))
         try:
             outcome, current, *newest = await self._script(scripts.DELETE_STATE)(
-                keys=self._state_keys(session_id), args=[expected, *args])
+                keys=self._state_keys(session_id),
+                args=[expected, *change_args(change, *self._bounds())])
         except FAILURES as exc:
-            raise self._write_error(session_id, "delete state", exc) from exc
+            raise self._state_error(session_id, "delete state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 2:
             raise VersionConflict(session_id, expected_version, int(current))
@@ -114,12 +95,6 @@ class RedisState(RedisConnection):
         return [self.state_key(session_id), self._key(session_id, "tombstone"),
                 self._key(session_id, "audit:changes")]
 
-    def _change_bounds(self, change: StateChange | None) -> tuple[str, int, str]:
-        """A change's score, how many a session keeps and the oldest score one may have."""
-        cutoff = retention_cutoff(utc_now(), self.retention_days)
-        return ("" if change is None else as_score(change.at), self.max_requests_per_session,
-                as_score(cutoff))
-
     @staticmethod
     def _check_outcome(session_id: str, outcome: int) -> None:
         if outcome == -1:
@@ -130,9 +105,8 @@ class RedisState(RedisConnection):
 
     async def _index_change(self, session_id: str, change: StateChange | None,
                             newest: list[Any]) -> None:
-        """List the session in the index of changed sessions, after a write recorded
-        ``change``. The write and its record are kept already: a failure here is logged,
-        and the next change or ``trim`` lists it again."""
+        """List the session in the index of changed sessions after a write recorded ``change``
+        (a failure is logged: the next change or ``trim`` lists it again)."""
         if change is None or not newest or not newest[0]:
             return
         key = self._key(session_id, "audit:changes")
@@ -165,27 +139,22 @@ class RedisState(RedisConnection):
         return decode_state(session_id, number, state_json, stamp)
 
 
-_VERSION_FIELD: Final = '"version":null'
-
-
-def delete_change_args(change: StateChange | None, score: str, max_changes: int,
-                       cutoff: str) -> list[Any]:
-    """A delete's change arguments: the change's JSON, its score, the bound and the cutoff
-    (all empty without a change)."""
+def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
+    """A change's script arguments (a delete's, or one on its own): its JSON, its score, the
+    bound and the cutoff (all empty without a change)."""
     if change is None:
         return ["", "", "", ""]
-    return [encode_audit(change), score, max_changes, cutoff]
+    return [encode_audit(change), as_score(change.at), max_changes, cutoff]
 
 
-def put_change_args(change: StateChange | None, score: str, max_changes: int,
-                    cutoff: str) -> list[Any]:
-    """A put's change arguments: the change's JSON cut where the version written goes, then
-    as :func:`delete_change_args`. ``"version":null`` is found once, and only as the field
-    itself: inside a JSON string every ``"`` is escaped."""
+def put_change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
+    """A put's change arguments: the change's JSON cut where the version written goes (only
+    the field itself matches: inside a JSON string every ``"`` is escaped), then as
+    :func:`change_args`."""
     if change is None:
         return ["", "", "", "", ""]
     text = encode_audit(dataclasses.replace(change, version=None))
-    head, found, tail = text.partition(_VERSION_FIELD)
+    head, found, tail = text.partition('"version":null')
     if not found:  # (as_json always writes the field; kept as a loud failure)
         raise ValueError("a state change's JSON has no version field")
-    return [head + '"version":', tail, score, max_changes, cutoff]
+    return [head + '"version":', tail, as_score(change.at), max_changes, cutoff]

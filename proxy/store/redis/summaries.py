@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ..base import CorruptStateError
 from . import scripts
-from .client import FAILURES
 from .connection import RedisConnection
 from .keys import as_bytes
 
@@ -16,12 +15,8 @@ class RedisSummaries(RedisConnection):
     """:class:`~proxy.store.base.SummaryCache` on Redis."""
 
     async def get_summary(self, key: str) -> str | None:
-        """Return the cached summary stored under ``key``, or ``None``."""
-        self._check_open()
-        try:
+        with self._failures("read summary"):
             raw = await self._redis.hget(self._summary_keys[0], key)
-        except FAILURES as exc:
-            raise self._error("read summary", exc) from exc
         text = as_bytes(raw)
         if text is None:
             return None
@@ -31,10 +26,6 @@ class RedisSummaries(RedisConnection):
             raise CorruptStateError(f"<summary {key}>", "summary text is not UTF-8") from None
 
     async def put_summary(self, key: str, text: str) -> None:
-        """Cache ``text`` under ``key``, evicting the oldest entries beyond ``max_summaries``."""
-        self._check_open()
-        try:
+        with self._failures("write summary"):
             await self._script(scripts.PUT_SUMMARY)(keys=self._summary_keys,
-                                           args=[key, text, self.max_summaries])
-        except FAILURES as exc:
-            raise self._error("write summary", exc) from exc
+                                                    args=[key, text, self.max_summaries])

@@ -1,23 +1,36 @@
 """The embedded store backend: one SQLite file, safe for several processes at once.
 
-One dedicated thread owns the main connection, so the event loop never blocks on disk or on
-another process's lock, and calls run in order without a lock. Two small calls each request
-makes (its session's versions read, the calibration's save) run on the loop's own connection,
-which never waits: a busy file, a large record or a due checkpoint sends them to the thread.
-Every write opens ``BEGIN IMMEDIATE`` (the write lock up front), so a compare-and-swap has one
-winner per version across tasks and processes; a deleted state leaves a tombstone, so versions
-are never reused. WAL with ``synchronous=NORMAL``: the request path's writes are caches, and a
-rolled-back admin write reads as an older version (a clean 409).
-
-One mixin per part of ``StoreBackend`` over :class:`~.connection.SQLiteConnection` (:mod:`.state`,
-:mod:`.summaries`, :mod:`.records`, :mod:`.ledger`, :mod:`.requests`, :mod:`.consistency`),
-composed in :class:`SQLiteStateStore`; tables in :mod:`.schema`. For operators: docs/operations.md.
+A worker thread owns the main connection; the two small calls every request makes run on the
+event loop's own connection when SQLite can answer at once (:mod:`.connection`). One mixin per
+part of ``StoreBackend`` (:mod:`.state`, :mod:`.summaries`, :mod:`.records`, :mod:`.ledger`,
+:mod:`.requests`, :mod:`.consistency`), composed in :class:`SQLiteStateStore`; tables in
+:mod:`.schema`. WAL, ``BEGIN IMMEDIATE``, durability: docs/operations.md.
 """
 
 from __future__ import annotations
 
 from .connection import CHECKPOINT_EVERY, INLINE_WRITE_MAX_BYTES
+from .consistency import SQLiteConsistency
+from .ledger import SQLiteLedger
+from .records import SQLiteRecords
+from .requests import SQLiteRequestLog
+from .revocations import SQLiteLoginRevocations
 from .schema import SCHEMA_VERSION
-from .store import SQLiteStateStore
+from .state import SQLiteState
+from .summaries import SQLiteSummaries
 
 __all__ = ["CHECKPOINT_EVERY", "INLINE_WRITE_MAX_BYTES", "SCHEMA_VERSION", "SQLiteStateStore"]
+
+
+class SQLiteStateStore(SQLiteState, SQLiteSummaries, SQLiteRecords, SQLiteLedger,
+                       SQLiteRequestLog, SQLiteConsistency, SQLiteLoginRevocations):
+    """The :class:`~proxy.store.base.StoreBackend` backed by one SQLite file, created (private:
+    :mod:`proxy.store.private_files`) and its schema checked on first use or by :meth:`open`.
+
+    Args:
+        max_summaries: how many summaries the cache keeps before evicting the oldest.
+        busy_timeout_s: how long a write waits for another writer's lock before failing.
+        max_requests_per_session, retention_days: the audit log's bounds (``audit.*``).
+        shared: whether other processes serve from the same file (``listen.workers`` > 1).
+        audit_linger_s: how long the first audit entry of a batch waits for others.
+    """

@@ -1,7 +1,6 @@
-"""What every part of the SQLite store shares: the worker thread that owns the connection,
-the event loop's own connection for what is done at once, the lifecycle (open, close), the
-write transaction and how a failure becomes a :class:`~proxy.store.base.StoreError`
-(see :mod:`proxy.store.sqlite`)."""
+"""What every part of the SQLite store shares: the worker thread that owns the connection, the
+event loop's own connection, the lifecycle, the write transaction and how a failure becomes a
+:class:`~proxy.store.base.StoreError`."""
 
 from __future__ import annotations
 
@@ -18,10 +17,11 @@ from proxy.audit.log import (
     DEFAULT_MAX_REQUESTS_PER_SESSION,
     DEFAULT_RETENTION_DAYS,
     RequestEntry,
+    utc_iso,
 )
 from proxy.store.private_files import private_companions, private_file
 
-from .._rows import audit_stamp, check_bounds, retention_cutoff, utc_now
+from .._rows import check_bounds, retention_cutoff, utc_now
 from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import StoreError
 from .schema import SCHEMA, SCHEMA_VERSION
@@ -46,16 +46,14 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         yield
         conn.execute("COMMIT")
     except BaseException:
-        # SQLite may already have rolled back by itself (e.g. disk full); a second
-        # ROLLBACK would raise and hide the original error.
+        # SQLite may have rolled back by itself (disk full): a second ROLLBACK would raise.
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
 
 
 class SQLiteConnection:
-    """The state every part of :class:`~proxy.store.SQLiteStateStore` works on (its
-    arguments are documented there)."""
+    """What every part of :class:`~proxy.store.SQLiteStateStore` works on (arguments there)."""
 
     if TYPE_CHECKING:
         async def _write_requests(self, entries: list[RequestEntry]) -> None: ...
@@ -65,11 +63,9 @@ class SQLiteConnection:
                  max_requests_per_session: int = DEFAULT_MAX_REQUESTS_PER_SESSION,
                  retention_days: int = DEFAULT_RETENTION_DAYS, shared: bool = False,
                  audit_linger_s: float = AUDIT_LINGER_S) -> None:
-        if max_summaries < 1:
-            raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
+        check_bounds(max_summaries, max_requests_per_session, retention_days)
         if busy_timeout_s <= 0:
             raise ValueError(f"busy_timeout_s must be > 0, got {busy_timeout_s}")
-        check_bounds(max_requests_per_session, retention_days)
         self.path = Path(path)
         self.max_summaries = max_summaries
         self.busy_timeout_s = busy_timeout_s
@@ -80,20 +76,15 @@ class SQLiteConnection:
         self._batches = AuditBatches(self._write_requests, linger_s=audit_linger_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._closed = False
-        # Touched only from the worker thread (the loop only asks whether it is there yet).
+        # Set by the worker thread (the loop only asks whether it is there yet).
         self._conn: sqlite3.Connection | None = None
-        # The event loop's own connection, for what is done at once (_now), and its commits
-        # since the worker thread last checkpointed.
+        # The event loop's own connection (_now), and its commits since the last checkpoint.
         self._loop_conn: sqlite3.Connection | None = None
         self._loop_commits = 0
 
     async def open(self) -> Self:
-        """Create the file and its schema now (idempotent); returns the store itself.
-
-        Raises:
-            StoreError: the file cannot be opened or its schema is not this program's; the
-                store is closed.
-        """
+        """Create the file and its schema now (idempotent); returns the store itself
+        (:class:`StoreError`, the store closed, when the file or its schema is unusable)."""
         try:
             await self._call(self._connection)
         except BaseException:
@@ -124,19 +115,10 @@ class SQLiteConnection:
     # -- the event loop's own connection --------------------------------------------------
 
     def _now(self, call: Callable[..., _T], *args: Any) -> _T | None:
-        """``call(connection, *args)`` on the event loop's own connection, or ``None`` when
-        it cannot be done at once: the file is not open yet (the worker thread creates it
-        and its schema), or SQLite is busy or locked (the worker thread, whose connection
-        waits up to ``busy_timeout_s``, does it instead).
-
-        For the few small reads and writes every request of a worker makes (its session's
-        versions, the calibration its answer taught): in WAL mode a writer never blocks a
-        reader, and a commit appends to the log without a sync (``synchronous = NORMAL``), so
-        each costs less than the hop to the worker thread and back. This connection waits for
-        nothing (``timeout=0``), never creates the file (``mode=rw``) and never checkpoints (a
-        checkpoint syncs the file): every :data:`CHECKPOINT_EVERY` of its commits, a write goes
-        to the worker thread, which checkpoints after it.
-        """
+        """``call(connection, *args)`` on the event loop's own connection (which waits for
+        nothing, never creates the file and never checkpoints), or ``None`` when that cannot
+        be done at once: the file is not open yet, or SQLite is busy or locked (then the
+        worker thread, whose connection waits, does it)."""
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         conn = self._loop_conn
@@ -148,17 +130,15 @@ class SQLiteConnection:
                 return None
         try:
             return call(conn, *args)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return None
-            raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
         except sqlite3.Error as exc:
+            if (isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF
+                    in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)):
+                return None
             raise StoreError(f"state database {self.path}: {call.__name__} failed: {exc}") from exc
 
     def _open_loop_connection(self) -> sqlite3.Connection | None:
-        """The loop's own connection to the file the worker thread opened, or ``None`` when
-        it cannot be opened (the file was removed or made read-only since: the worker
-        thread's connection, still open, does the work, as it did before)."""
+        """The loop's own connection to the file the worker thread opened, or ``None`` (the
+        file was removed or made read-only since: the worker thread's connection does it)."""
         try:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
                                    timeout=0, isolation_level=None, check_same_thread=False)
@@ -172,17 +152,13 @@ class SQLiteConnection:
             return None
         return conn
 
-    # -- worker-thread side ----------------------------------------------------------------
-    # Everything below runs in the single worker thread only.
+    # -- worker-thread side (everything below) -----------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
         try:
-            # Private whatever the umask: 0600, in directories made 0700 (SQLite gives the
-            # -wal and -shm the database's mode).
-            private_file(self.path)
-            # isolation_level=None: no implicit transactions; we issue BEGIN IMMEDIATE ourselves.
+            private_file(self.path)  # (SQLite gives the -wal and -shm the file's mode)
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc}") from exc
@@ -195,7 +171,7 @@ class SQLiteConnection:
                 )
             conn.execute("PRAGMA synchronous = NORMAL")
             private_companions(self.path)
-            with self._immediate(conn):
+            with write_transaction(conn):
                 for statement in SCHEMA:
                     conn.execute(statement)
                 row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -221,10 +197,6 @@ class SQLiteConnection:
             self._conn.close()
             self._conn = None
 
-    def _immediate(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
-        """One write transaction holding the write lock from its first statement."""
-        return write_transaction(conn)
-
     @contextlib.contextmanager
     def _sqlite_errors(self, action: str) -> Iterator[sqlite3.Connection]:
         conn = self._connection()
@@ -236,4 +208,4 @@ class SQLiteConnection:
     def _change_bounds(self) -> tuple[int, str]:
         """How many changes a session keeps, and the oldest time one may have now."""
         return (self.max_requests_per_session,
-                audit_stamp(retention_cutoff(utc_now(), self.retention_days)))
+                utc_iso(retention_cutoff(utc_now(), self.retention_days)))

@@ -9,14 +9,15 @@ import contextlib
 import sqlite3
 import time
 
-from .._rows import utc_now
-from ..base import CorruptStateError, RecordFetch, SessionVersions
+from .._rows import lease_ms, utc_now
+from ..base import RecordFetch, SessionVersions
 from .connection import (
     CHECKPOINT_EVERY,
     INLINE_WRITE_MAX_BYTES,
     SQLiteConnection,
     write_transaction,
 )
+from .records import PUT_RECORD, record_data
 
 __all__ = ["SQLiteConsistency"]
 
@@ -26,15 +27,12 @@ class SQLiteConsistency(SQLiteConnection):
 
     @property
     def shared(self) -> bool:
-        """Whether other processes serve from this file (the ``shared`` argument)."""
         return self._shared
 
     async def session_versions(self, session_id: str,
                                fetch: RecordFetch | None = None) -> SessionVersions:
-        """The session's state version, its versioned records' versions and the records
-        ``fetch`` wants, in one read transaction. Read on the event loop's own connection
-        (:meth:`_now`: every request of a worker asks, and a thread hop costs more than the
-        read); in the worker thread when SQLite cannot answer at once."""
+        """In one read transaction, on the event loop's own connection when SQLite can
+        answer at once (every request of a worker asks)."""
         versions = self._now(_versions_on, session_id, fetch)
         if versions is not None:
             return versions
@@ -42,15 +40,12 @@ class SQLiteConsistency(SQLiteConnection):
 
     async def get_versioned_record(self, session_id: str, kind: str
                                    ) -> tuple[int, bytes] | None:
-        """The record ``kind`` and its version, read in one transaction."""
         return await self._call(self._get_versioned_record, session_id, kind)
 
     async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
-        """Replace the record ``kind`` and bump its version in one transaction: on the event
-        loop's own connection when the record is small and the write lock is free at once
-        (a worker's calibration, saved after every answer; in WAL mode a commit appends to
-        the log and does not sync), else in the worker thread, whose connection waits for
-        it (a checkpoint's record may be megabytes: no stall of the loop)."""
+        """On the event loop's own connection when the record is small (a calibration,
+        saved after every answer) and the write lock is free at once, else in the worker
+        thread (a checkpoint's record may be megabytes)."""
         data = bytes(data)
         if len(data) <= INLINE_WRITE_MAX_BYTES and self._loop_commits < CHECKPOINT_EVERY:
             version = self._now(_put_versioned_on, session_id, kind, data,
@@ -58,8 +53,8 @@ class SQLiteConsistency(SQLiteConnection):
             if version is not None:
                 self._loop_commits += 1
                 return version
-        # A large record, a busy file, or the turn of the loop's connection to have its log
-        # checkpointed (it never does so itself): the worker thread writes, then checkpoints.
+        # A large record, a busy file, or the turn of the log to be checkpointed (the loop's
+        # connection never does it): the worker thread writes, then checkpoints.
         checkpoint = self._loop_commits >= CHECKPOINT_EVERY
         version = await self._call(self._put_versioned_record, session_id, kind, data,
                                    checkpoint)
@@ -68,15 +63,12 @@ class SQLiteConsistency(SQLiteConnection):
         return version
 
     async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        """Take the lease ``name`` if it is free or expired."""
-        return await self._call(self._acquire_lock, name, token, _ttl_s(ttl_ms))
+        return await self._call(self._acquire_lock, name, token, lease_ms(ttl_ms) / 1000)
 
     async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        """Renew the lease if ``token`` holds it."""
-        return await self._call(self._extend_lock, name, token, _ttl_s(ttl_ms))
+        return await self._call(self._extend_lock, name, token, lease_ms(ttl_ms) / 1000)
 
     async def release_lock(self, name: str, token: str) -> bool:
-        """Drop the lease if ``token`` holds it."""
         return await self._call(self._release_lock, name, token)
 
     def _session_versions(self, session_id: str, fetch: RecordFetch | None) -> SessionVersions:
@@ -89,26 +81,21 @@ class SQLiteConsistency(SQLiteConnection):
                 "SELECT v.version, r.data FROM record_version v JOIN session_record r"
                 " ON r.session_id = v.session_id AND r.kind = v.kind"
                 " WHERE v.session_id = ? AND v.kind = ?", (session_id, kind)).fetchone()
-        if row is None:
-            return None
-        if not isinstance(row[1], bytes):
-            raise CorruptStateError(session_id, f"record {kind!r} is not a blob")
-        return int(row[0]), row[1]
+        return None if row is None else (int(row[0]), record_data(session_id, kind, row[1]))
 
     def _put_versioned_record(self, session_id: str, kind: str, data: bytes,
                               checkpoint: bool = False) -> int:
         with self._sqlite_errors("write record") as conn:
             version = _put_versioned_on(conn, session_id, kind, data, utc_now().isoformat())
             if checkpoint:
-                # Everything the log holds into the file, and the log emptied (it waits for
-                # the readers and writers of the moment); a failure is left to the next one.
+                # The log into the file and emptied; a failure is left to the next one.
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             return version
 
     def _acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
         now = time.time()  # wall clock: the one every process on the machine shares
-        with self._sqlite_errors("take lock") as conn, self._immediate(conn):
+        with self._sqlite_errors("take lock") as conn, write_transaction(conn):
             conn.execute("DELETE FROM store_lock WHERE name = ? AND expires_at <= ?",
                          (name, now))
             taken = conn.execute(
@@ -129,12 +116,6 @@ class SQLiteConsistency(SQLiteConnection):
             changed = conn.execute("DELETE FROM store_lock WHERE name = ? AND token = ?",
                                    (name, token)).rowcount
         return bool(changed == 1)
-
-
-def _ttl_s(ttl_ms: int) -> float:
-    if ttl_ms < 1:
-        raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
-    return ttl_ms / 1000
 
 
 def _versions_on(conn: sqlite3.Connection, session_id: str,
@@ -168,12 +149,7 @@ def _put_versioned_on(conn: sqlite3.Connection, session_id: str, kind: str, data
     """:meth:`SQLiteStateStore.put_versioned_record` on ``conn``: the record and its bumped
     version in one write transaction; returns the new version."""
     with write_transaction(conn):
-        conn.execute(
-            "INSERT INTO session_record (session_id, kind, data, updated_at)"
-            " VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (session_id, kind) DO UPDATE SET data = excluded.data,"
-            " updated_at = excluded.updated_at",
-            (session_id, kind, data, updated_at))
+        conn.execute(PUT_RECORD, (session_id, kind, data, updated_at))
         row = conn.execute(
             "INSERT INTO record_version (session_id, kind, version) VALUES (?, ?, 1)"
             " ON CONFLICT (session_id, kind) DO UPDATE SET version = version + 1"

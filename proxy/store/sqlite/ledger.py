@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from proxy.accounting.usage import UsageEntry, UsageRow
 
-from .._rows import decode_usage_row, usage_stamp
+from .._rows import check_type, decode_usage_row, usage_stamp
 from .connection import SQLiteConnection
 from .schema import USAGE_COLUMNS
 
@@ -30,14 +30,10 @@ class SQLiteLedger(SQLiteConnection):
     """:class:`~proxy.store.base.UsageLedger` on SQLite."""
 
     async def add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
-        """Add ``entry`` to the row of ``(session_key, model)``; see
-        :meth:`proxy.store.base.UsageLedger.add_usage`."""
-        if not isinstance(entry, UsageEntry):
-            raise TypeError(f"entry must be a UsageEntry, got {type(entry).__name__}")
+        check_type("entry", entry, UsageEntry)
         await self._call(self._add_usage, session_key, model, entry)
 
     async def usage_rows(self) -> list[UsageRow]:
-        """Every usage row, ordered by session key, then model."""
         return await self._call(self._usage_rows)
 
     def _add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:

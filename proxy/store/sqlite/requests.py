@@ -9,19 +9,18 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
-from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange
+from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
 from .._rows import (
-    audit_stamp,
     check_page,
+    check_type,
     decode_change,
     decode_entry,
     encode_audit,
     retention_cutoff,
-    utc_now,
 )
 from ..base import CorruptStateError, StoreError
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, write_transaction
 from .state import add_change_on
 
 __all__ = ["SQLiteRequestLog"]
@@ -54,95 +53,70 @@ _SESSION_ORDERS: dict[str, str] = {
 class SQLiteRequestLog(SQLiteConnection):
     """:class:`~proxy.audit.log.RequestLog` on SQLite."""
 
-    # -- the audit log (proxy.audit.log.RequestLog) ---------------------------------
-
     def add_request(self, entry: RequestEntry) -> asyncio.Future[None]:
-        """Keep ``entry``, then trim its session (bound and retention).
-
-        Entries added within ``audit_linger_s`` (a second) of each other, or while a write is
-        under way, go together in one transaction
-        (:class:`~proxy.store.audit_batches.AuditBatches`): under load one commit serves
-        many requests, and the worker thread encodes them in one loop. Returns the batch's
-        future, done once its transaction committed (or failed with its error).
-
-        Raises:
-            TypeError: ``entry`` is not a :class:`RequestEntry`.
-            StoreError: the store is closed.
-        """
-        if not isinstance(entry, RequestEntry):
-            raise TypeError(f"entry must be a RequestEntry, got {type(entry).__name__}")
+        """Batched (:class:`~proxy.store.audit_batches.AuditBatches`): one transaction, and
+        one encoding loop in the worker thread, serve many requests."""
+        check_type("entry", entry, RequestEntry)
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         return self._batches.add(entry)
 
     async def flush(self) -> None:
-        """Write the entries :meth:`add_request` still holds back, now."""
         await self._batches.flush()
 
     async def _write_requests(self, entries: list[RequestEntry]) -> None:
         await self._call(self._add_requests, entries)
 
     async def add_state_change(self, change: StateChange) -> None:
-        """Keep ``change``, then trim the session's changes and the retention."""
-        if not isinstance(change, StateChange):
-            raise TypeError(f"change must be a StateChange, got {type(change).__name__}")
+        check_type("change", change, StateChange)
         await self._call(self._add_state_change, change)
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
                        tenant: str | None = None) -> tuple[list[SessionSummary], int]:
-        """One page of sessions and how many match; see
-        :meth:`proxy.audit.log.RequestLog.sessions`."""
-        check_page(offset, limit)
-        if order not in _SESSION_ORDERS:
-            raise ValueError(f"order must be one of {', '.join(_SESSION_ORDERS)}, got {order!r}")
+        check_page(offset, limit, order)
         await self._batches.flush()  # this process's entries are read too
         return await self._call(self._sessions, offset, limit, contains, order, tenant)
 
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
                                limit: int = 100) -> tuple[list[RequestEntry], int]:
-        """One page of a session's requests, newest first, and how many it has."""
         check_page(offset, limit)
         await self._batches.flush()  # this process's entries are read too
         return await self._call(self._session_requests, tenant, session_id, offset, limit)
 
     async def state_changes(self, tenant: str, session_id: str, *,
                             limit: int = 100) -> list[StateChange]:
-        """A session's state changes, newest first."""
         check_page(0, limit)
         return await self._call(self._state_changes, tenant, session_id, limit)
 
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
-        """Refused requests that arrived at or after ``since``, oldest first."""
         check_page(0, limit)
         await self._batches.flush()  # this process's entries are read too
-        return await self._call(self._blocked_since, audit_stamp(since), limit)
+        return await self._call(self._blocked_since, utc_iso(since), limit)
 
     async def trim(self, now: datetime) -> int:
-        """Drop the audit entries older than the retention at ``now``; returns how many."""
-        return await self._call(self._trim, audit_stamp(
+        return await self._call(self._trim, utc_iso(
             retention_cutoff(now, self.retention_days)))
 
-    # -- the audit log, worker-thread side --------------------------------------------------
+    # -- worker-thread side -------------------------------------------------------------------
 
     def _add_requests(self, batch: list[RequestEntry]) -> None:
-        """Encode a batch of entries and write them in one transaction, then trim each
-        session it touched. An entry that cannot be encoded fails the batch, as a failed
-        write does."""
-        cutoff = audit_stamp(retention_cutoff(utc_now(), self.retention_days))
+        """Write a batch in one transaction, trimming each session it touched (an entry that
+        cannot be encoded fails the batch, as a failed write does)."""
+        cutoff = self._change_bounds()[1]
         rows = []
         # (tenant, session id) -> [last_seen, requests, tokens_before, tokens_after, blocked]
         totals: dict[tuple[str, str], list[Any]] = {}
         for entry in batch:
             before, after = entry.tokens_before or 0, entry.tokens_after or 0
-            blocked, when = int(entry.blocked), audit_stamp(entry.at)
+            blocked, when = int(entry.blocked), utc_iso(entry.at)
             rows.append((entry.tenant, entry.session_id, when, before, after, blocked,
                          encode_audit(entry)))
             sums = totals.setdefault((entry.tenant, entry.session_id), [when, 0, 0, 0, 0])
             sums[0] = max(sums[0], when)
             for index, value in enumerate((1, before, after, blocked), start=1):
                 sums[index] += value
-        with self._sqlite_errors("add audit entries") as conn, self._immediate(conn):
+        with self._sqlite_errors("add audit entries") as conn, write_transaction(conn):
             conn.executemany(_INSERT_REQUEST, rows)
             for (tenant, session_id), sums in totals.items():
                 (held,) = conn.execute(_ADD_SESSION_TOTALS,
@@ -165,7 +139,7 @@ class SQLiteRequestLog(SQLiteConnection):
         conn.executemany("DELETE FROM audit_request WHERE seq = ?", [(row[0],) for row in excess])
 
     def _add_state_change(self, change: StateChange) -> None:
-        with self._sqlite_errors("add state change") as conn, self._immediate(conn):
+        with self._sqlite_errors("add state change") as conn, write_transaction(conn):
             add_change_on(conn, change, *self._change_bounds())
 
     def _trim_older(self, conn: sqlite3.Connection, cutoff: str,
@@ -191,7 +165,7 @@ class SQLiteRequestLog(SQLiteConnection):
         return removed
 
     def _trim(self, cutoff: str) -> int:
-        with self._sqlite_errors("trim the audit log") as conn, self._immediate(conn):
+        with self._sqlite_errors("trim the audit log") as conn, write_transaction(conn):
             return self._trim_older(conn, cutoff)
 
     def _sessions(self, offset: int, limit: int, contains: str | None, order: str,

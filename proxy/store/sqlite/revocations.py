@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, write_transaction
 
 __all__ = ["SQLiteLoginRevocations"]
 
@@ -17,20 +17,16 @@ _TABLE = """CREATE TABLE IF NOT EXISTS console_revoked (
 
 
 class SQLiteLoginRevocations(SQLiteConnection):
-    """:class:`~proxy.store.revocations.LoginRevocations` for
-    :class:`~proxy.store.SQLiteStateStore` (a mixin: its worker thread and connection
-    do the work)."""
+    """:class:`~proxy.store.revocations.LoginRevocations` on SQLite."""
 
     async def revoke_login(self, nonce: str, expires_at: int) -> None:
-        """Keep the revocation; drop the ones whose cookies have expired."""
         await self._call(self._revoke_login, nonce, int(expires_at), int(time.time()))
 
     async def login_revoked(self, nonce: str) -> bool:
-        """One indexed read."""
         return await self._call(self._login_revoked, nonce, int(time.time()))
 
     def _revoke_login(self, nonce: str, expires_at: int, now: int) -> None:
-        with self._sqlite_errors("revoke login") as conn, self._immediate(conn):
+        with self._sqlite_errors("revoke login") as conn, write_transaction(conn):
             conn.execute(_TABLE)
             conn.execute("DELETE FROM console_revoked WHERE expires_at <= ?", (now,))
             conn.execute("INSERT INTO console_revoked (nonce, expires_at) VALUES (?, ?)"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Final
-
 from proxy.accounting.usage import UsageEntry
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "USAGE_COLUMNS"]
@@ -15,12 +13,6 @@ SCHEMA_VERSION = 1
 
 #: The usage counters, one INTEGER column each (names from our own dataclass, not input).
 USAGE_COLUMNS: tuple[str, ...] = UsageEntry.field_names()
-
-_TOMBSTONE: Final = """CREATE TABLE IF NOT EXISTS state_tombstone (
-        session_id TEXT PRIMARY KEY,
-        version INTEGER NOT NULL
-    ) WITHOUT ROWID"""
-
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
@@ -99,7 +91,10 @@ SCHEMA = (
         version INTEGER NOT NULL,
         PRIMARY KEY (session_id, kind)
     ) WITHOUT ROWID""",
-    _TOMBSTONE,
+    """CREATE TABLE IF NOT EXISTS state_tombstone (
+        session_id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS store_lock (
         name TEXT PRIMARY KEY,
         token TEXT NOT NULL,

@@ -1,18 +1,8 @@
 """The SQLite store's durable-state writes, each one transaction with the change it records.
 
-*Versions are never reused.* A deleted state leaves a tombstone, ``state_tombstone``: its
-session and last version. A state created again starts after it (and the tombstone goes), so
-a writer still holding the ETag of the deleted state, or of any earlier one, gets a conflict,
-never a silent overwrite of the new state.
-
-*A write and its change record are one transaction.* The admin API and the console hand the
-:class:`~proxy.audit.log.StateChange` to the write; it is inserted (with the version
-written) and the session's changes trimmed in the write's own transaction, so a crash or a
-failed insert leaves both or neither.
-
-Every ``*_on`` function here runs in the store's worker thread on its connection, inside
-:func:`~.connection.write_transaction` (``BEGIN IMMEDIATE``: the compare-and-swap's read and
-write under SQLite's one write lock).
+A deleted state leaves a tombstone (``state_tombstone``: its last version), and a state created
+again starts after it, so versions are never reused (docs/admin.md). Every ``*_on`` function
+runs in the worker thread inside :func:`~.connection.write_transaction`.
 """
 
 from __future__ import annotations
@@ -21,9 +11,9 @@ import dataclasses
 import sqlite3
 
 from compactor import DurableContextState
-from proxy.audit.log import StateChange
+from proxy.audit.log import StateChange, utc_iso
 
-from .._rows import audit_stamp, check_change, decode_state, encode_audit, encode_state, utc_now
+from .._rows import check_change, check_type, decode_state, encode_audit, encode_state, utc_now
 from ..base import CorruptStateError, StoredState, VersionConflict
 from .connection import SQLiteConnection, write_transaction
 
@@ -34,26 +24,19 @@ class SQLiteState(SQLiteConnection):
     """:class:`~proxy.store.base.StateStore` on SQLite."""
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        """Return the session's current state, or ``None`` when it has none."""
         return await self._call(self._get_state, session_id)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
                         change: StateChange | None = None) -> StoredState:
-        """Compare-and-swap write, with ``change`` in the same transaction; see
-        :meth:`proxy.store.base.StateStore.put_state`."""
-        if not isinstance(state, DurableContextState):
-            raise TypeError(f"state must be a DurableContextState, got {type(state).__name__}")
+        check_type("state", state, DurableContextState)
         check_change(session_id, change, "put")
-        # Encode on the loop thread: it is CPU work on the caller's object, and a state that
-        # cannot be encoded fails here, before any lock is taken.
+        # Encoded here: a state that cannot be encoded fails before any lock is taken.
         return await self._call(self._put_state, session_id, state, encode_state(state),
                                 expected_version, change)
 
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
-        """Delete the state, with ``change`` in the same transaction; see
-        :meth:`proxy.store.base.StateStore.delete_state`."""
         check_change(session_id, change, "delete")
         return await self._call(self._delete_state, session_id, expected_version, change)
 
@@ -77,8 +60,7 @@ class SQLiteState(SQLiteConnection):
         when = utc_now()
         with self._sqlite_errors("write state") as conn:
             new_version = put_state_on(conn, session_id, state_json, when.isoformat(),
-                                                 expected_version, change,
-                                                 *self._change_bounds())
+                                       expected_version, change, *self._change_bounds())
         return StoredState(session_id=session_id, version=new_version, state=state,
                            updated_at=when)
 
@@ -86,7 +68,7 @@ class SQLiteState(SQLiteConnection):
                       change: StateChange | None) -> bool:
         with self._sqlite_errors("delete state") as conn:
             return delete_state_on(conn, session_id, expected_version, change,
-                                             *self._change_bounds())
+                                   *self._change_bounds())
 
 
 def _current(conn: sqlite3.Connection, session_id: str) -> int | None:
@@ -96,14 +78,10 @@ def _current(conn: sqlite3.Connection, session_id: str) -> int | None:
 
 
 def put_state_on(conn: sqlite3.Connection, session_id: str, state_json: str, updated_at: str,
-              expected_version: int | None, change: StateChange | None, max_changes: int,
-              cutoff: str) -> int:
-    """Write the state if its version is ``expected_version``, with ``change`` (its version
-    set to the one written) when given; returns the version written.
-
-    Raises:
-        VersionConflict: the stored version is another; nothing was written.
-    """
+                 expected_version: int | None, change: StateChange | None, max_changes: int,
+                 cutoff: str) -> int:
+    """Write the state if its version is ``expected_version`` (else :class:`VersionConflict`),
+    with ``change`` at the version written; returns that version."""
     with write_transaction(conn):
         current = _current(conn, session_id)
         if current != expected_version:
@@ -122,18 +100,14 @@ def put_state_on(conn: sqlite3.Connection, session_id: str, state_json: str, upd
             (session_id, new_version, state_json, updated_at))
         if change is not None:
             add_change_on(conn, dataclasses.replace(change, version=new_version), max_changes,
-                       cutoff)
+                          cutoff)
     return new_version
 
 
 def delete_state_on(conn: sqlite3.Connection, session_id: str, expected_version: int | None,
-                 change: StateChange | None, max_changes: int, cutoff: str) -> bool:
-    """Delete the state (if at ``expected_version``, when given), leaving its tombstone, with
-    ``change`` when given; ``False`` when there was none (nothing recorded).
-
-    Raises:
-        VersionConflict: the stored version is another; nothing was deleted.
-    """
+                    change: StateChange | None, max_changes: int, cutoff: str) -> bool:
+    """Delete the state (if at ``expected_version``, when given, else
+    :class:`VersionConflict`), leaving its tombstone; ``False`` when there was none."""
     with write_transaction(conn):
         current = _current(conn, session_id)
         if current is None:
@@ -150,11 +124,11 @@ def delete_state_on(conn: sqlite3.Connection, session_id: str, expected_version:
 
 
 def add_change_on(conn: sqlite3.Connection, change: StateChange, max_changes: int,
-               cutoff: str) -> None:
+                  cutoff: str) -> None:
     """Insert ``change`` and trim its session's changes to the newest ``max_changes`` and
     those at or after ``cutoff``, in the caller's transaction."""
     conn.execute("INSERT INTO audit_change (tenant, session_id, at, change) VALUES (?, ?, ?, ?)",
-                 (change.tenant, change.session_id, audit_stamp(change.at),
+                 (change.tenant, change.session_id, utc_iso(change.at),
                   encode_audit(change)))
     conn.execute(
         "DELETE FROM audit_change WHERE seq IN (SELECT seq FROM audit_change"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..base import CorruptStateError
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, write_transaction
 
 __all__ = ["SQLiteSummaries"]
 
@@ -13,11 +13,9 @@ class SQLiteSummaries(SQLiteConnection):
     """:class:`~proxy.store.base.SummaryCache` on SQLite."""
 
     async def get_summary(self, key: str) -> str | None:
-        """Return the cached summary stored under ``key``, or ``None``."""
         return await self._call(self._get_summary, key)
 
     async def put_summary(self, key: str, text: str) -> None:
-        """Cache ``text`` under ``key``, evicting the oldest entries beyond ``max_summaries``."""
         await self._call(self._put_summary, key, text)
 
     def _get_summary(self, key: str) -> str | None:
@@ -30,14 +28,13 @@ class SQLiteSummaries(SQLiteConnection):
         return row[0]
 
     def _put_summary(self, key: str, text: str) -> None:
-        with self._sqlite_errors("write summary") as conn, self._immediate(conn):
+        with self._sqlite_errors("write summary") as conn, write_transaction(conn):
             # Content-addressed: a key already cached keeps its text and its age.
             conn.execute(
                 "INSERT INTO summary_cache (key, text) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
                 (key, text),
             )
-            # Keep the newest max_summaries rows: delete everything at or below the seq of the
-            # (max_summaries + 1)-th newest row, if there is one.
+            # Everything at or below the seq of the (max_summaries + 1)-th newest row goes.
             conn.execute(
                 "DELETE FROM summary_cache WHERE seq <= ("
                 " SELECT seq FROM summary_cache ORDER BY seq DESC LIMIT 1 OFFSET ?)",
