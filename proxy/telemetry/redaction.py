@@ -1,11 +1,9 @@
-"""The allow-list that backs "no message text, no credential" in the logs (:class:`Redactor`,
-the step :mod:`proxy.telemetry.logs` runs last before the renderer).
+"""The allow-list that backs "no message text, no credential" in the logs (:class:`Redactor`).
 
-A field whose name is not in :data:`SAFE_KEYS` is dropped (its name is listed under
-``redacted``), a value that is not a scalar or a list of scalars is dropped, a string that
-looks like a credential (or equals a configured secret) is blanked and long strings are cut.
-An ``exc_info`` becomes ``error_class`` and ``traceback`` (its frames as ``file:line in
-function``, then the class), never the exception's message.
+A field not in :data:`SAFE_KEYS` is dropped (and named under ``redacted``), as is a value
+that is not a scalar or a list of scalars; a string that looks like a credential (or holds a
+configured secret) is blanked, a long one cut. An ``exc_info`` becomes ``error_class`` and
+``traceback`` (frames and classes), never the exception's message.
 """
 
 from __future__ import annotations
@@ -82,9 +80,8 @@ _CREDENTIAL: Final = re.compile(
 
 
 def _may_hold_credential(value: str) -> bool:
-    """Whether ``value`` holds one of the literals every :data:`_CREDENTIAL` match holds
-    (``sk-``, ``eyJ``, ``earer``, ``asic``, ``=``, ``:``): a cheap test that spares most ids and
-    names the search, which tries the pattern at every character."""
+    """Whether ``value`` holds a literal every :data:`_CREDENTIAL` match holds: a cheap test
+    that spares most ids and names the search."""
     return ("sk-" in value or "eyJ" in value or "earer" in value or "asic" in value
             or "=" in value or ":" in value)
 
@@ -94,9 +91,8 @@ _PLAIN: Final = frozenset({bool, int, float, type(None)})
 
 
 class _CleanedStrings(dict[str, str]):
-    """Each string's cleaned form (``cleaned[value]``), made by ``clean`` the first time;
-    the forms of short strings are kept (:data:`_CLEANED_ENTRIES` at most: a line's values
-    are mostly the same ids, names and outcomes as the previous line's)."""
+    """Each string's cleaned form (``cleaned[value]``), made by ``clean`` the first time and
+    kept for short strings: a line's values are mostly the previous line's ids and names."""
 
     def __init__(self, clean: Callable[[str], str]) -> None:
         super().__init__()
@@ -110,21 +106,11 @@ class _CleanedStrings(dict[str, str]):
             self[value] = cleaned
         return cleaned
 
-# Loggers that would print request bodies at debug level; never below WARNING.
-
 
 class Redactor:
-    """The allow-list processor; run it last before the renderer.
-
-    Args:
-        secrets: exact strings (the admin token, a summary key) blanked wherever they appear.
-        safe_keys: the fields allowed through (default :data:`SAFE_KEYS`).
-        trusted: fields an earlier processor of the chain always sets itself (the timestamp,
-            the level), kept as they are.
-
-    A short string's cleaned form is remembered (:data:`_CLEANED_ENTRIES` of them): a line's
-    values are mostly the same ids, names and outcomes as the previous line's.
-    """
+    """The allow-list processor; run it last before the renderer. ``secrets`` are blanked
+    wherever they appear; ``trusted`` fields (set by an earlier step: the timestamp, the
+    level) are kept as they are."""
 
     def __init__(self, secrets: Iterable[str] = (), safe_keys: frozenset[str] = SAFE_KEYS,
                  trusted: frozenset[str] = frozenset()) -> None:
@@ -171,14 +157,9 @@ class Redactor:
         return self._field_by_field(event_dict)
 
     def _all_safe(self, event_dict: EventDict) -> EventDict:
-        """:meth:`__call__` for an event whose fields are all allowed (most events): a copy
-        with the framing fields first, in which the strings are replaced by their cleaned
-        forms from the cache of cleaned strings (:class:`_CleanedStrings`, which cleans those
-        it does not hold) and the other values that are not plain are cleaned one by one; a
-        value that cannot be kept sends the event field by field. One plain loop that
-        writes only what it changes: timed, it beats chains of C iterators (``map``,
-        ``compress``, sets), whose objects cost more than the steps they save. The trusted
-        fields are kept as they are."""
+        """:meth:`__call__` for an event whose fields are all allowed (most events): a copy,
+        framing fields first, with each value cleaned; a value that cannot be kept sends
+        the event field by field."""
         if event_dict.keys() >= _LEADING_KEYS:  # (every line of the chain)
             out = dict.fromkeys(_LEADING)
         else:
@@ -246,10 +227,8 @@ def _exception_of(exc_info: object) -> BaseException | None:
 
 
 def _frames(exc: BaseException) -> list[str]:
-    """``file:line in function`` for each frame, then the exception's class; a cause (or the
-    exception being handled) first, as Python prints it. File names are cut to their last
-    two parts (``compactor/_pipeline.py``). At most :data:`_MAX_FRAMES` lines, the innermost
-    kept."""
+    """``file:line in function`` for each frame (the file's last two parts), then the
+    exception's class; a cause first, as Python prints it; the innermost :data:`_MAX_FRAMES`."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and len(chain) < _MAX_CHAIN and all(current is not c for c in chain):
