@@ -1,11 +1,5 @@
-"""Each source pointer of a state, as the session page shows it: its status and an excerpt.
-
-What the admin API's ``?resolve=true`` shows, from the same function
-(:meth:`~proxy.sources.resolvers.ResolverPool.excerpts`: at most 500 characters, only of an
-available source, with the session's own resolver and so the request path's authorization).
-Resolving reads files (in a worker thread) or objects (``s3://`` roots, on the loop).
-Everything in ``__all__`` gets re-exported.
-"""
+"""Each source pointer of a state, as the session page shows it: its status and an excerpt,
+what the admin API's ``?resolve=true`` shows, with the request path's authorization."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The L4 summaries of the requests a page shows, read from the summary cache.
-
-The audit record keeps only a summary's cache key (``summary_key``), never its text; the
-text is read here from the store's bounded summary cache, so a summary the cache has since
-evicted shows as gone. At most :data:`SUMMARIES_SHOWN` distinct keys are read per page (the
-newest requests first). Everything in ``__all__`` gets re-exported.
-"""
+"""The L4 summaries of the requests a page shows, read from the summary cache by the key the
+audit record keeps (never the text): a summary the cache has since evicted shows as gone."""
 
 from __future__ import annotations
 
