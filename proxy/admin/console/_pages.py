@@ -22,7 +22,6 @@ from proxy.admin.console._context import CONSOLE, error_page, render, see_other,
 from proxy.admin.console._edits import FormError, apply_edit, parse_version
 from proxy.admin.console._overview import SCAN_REQUESTS
 from proxy.admin.console._range import PRESETS, request_filter
-from proxy.admin.console._sources import source_views
 from proxy.admin.console._summaries import summary_views
 from proxy.admin.console._totals import totals
 from proxy.audit.log import (
@@ -143,8 +142,10 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
                         hard=policy.hard_limit_tokens)
     shown, costs = totals(entries, console.price_for)
     summaries = await summary_views(console.summaries, entries)
-    sources = (await source_views(console.resolvers, sid, stored.state, tenant)
-               if stored is not None else {})
+    # Each pointer's status and excerpt, as the admin API's ?resolve=true shows them.
+    excerpts = (() if stored is None
+                else await console.resolvers.excerpts(sid, stored.state, tenant=tenant))
+    sources = {excerpt.resolution.pointer: excerpt for excerpt in excerpts}
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
     return render(request, "session.html", {
         "title": f"Session {sid}", "audit_on": console.log is not None,
