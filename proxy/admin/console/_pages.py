@@ -8,7 +8,7 @@ overwritten (409), a bad value is a 400 naming the field. Changes are audited as
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -22,7 +22,6 @@ from proxy.admin.console._context import CONSOLE, error_page, render, see_other,
 from proxy.admin.console._edits import FormError, apply_edit, parse_version
 from proxy.admin.console._overview import SCAN_REQUESTS
 from proxy.admin.console._range import PRESETS, request_filter
-from proxy.admin.console._summaries import summary_views
 from proxy.admin.console._totals import totals
 from proxy.audit.log import (
     RequestEntry,
@@ -32,7 +31,7 @@ from proxy.audit.log import (
     state_change_detail,
 )
 from proxy.http.tenants import is_tenant, scoped_key
-from proxy.store import StoredState, VersionConflict
+from proxy.store import StoredState, SummaryCache, VersionConflict
 
 __all__ = ["edit_handler", "session_page", "sessions_page"]
 
@@ -43,6 +42,8 @@ SESSIONS_PER_PAGE: Final = 50
 #: Requests a session's page shows (newest), and state changes.
 REQUESTS_SHOWN: Final = 200
 CHANGES_SHOWN: Final = 50
+#: Distinct L4 summaries read for one page.
+SUMMARIES_SHOWN: Final = 20
 #: The actor a console change is recorded under.
 ACTOR: Final = "console"
 #: What a redirect after a change says (the query names one of these, never free text).
@@ -90,7 +91,6 @@ def _session_of(request: web.Request) -> tuple[str, str] | None:
     return tenant, sid
 
 
-
 def _page_number(raw: str | None) -> int:
     if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 6:
         return 1
@@ -115,6 +115,34 @@ async def sessions_page(request: web.Request) -> web.StreamResponse:
         "query": query, "order": order, "page": page, "pages": pages,
     })
 
+
+@dataclass(frozen=True, slots=True)
+class SummaryView:
+    """One request's L4 summary: its text, or ``None`` when the cache no longer holds it."""
+
+    request_id: str
+    key: str
+    text: str | None
+
+
+async def summary_views(cache: SummaryCache | None,
+                        entries: Sequence[RequestEntry]) -> list[SummaryView]:
+    """The L4 summaries of ``entries`` (newest first), read from the summary cache by the key
+    the audit record keeps (never the text): one the cache has since evicted shows as gone."""
+    if cache is None:
+        return []
+    texts: dict[str, str | None] = {}
+    views: list[SummaryView] = []
+    for entry in entries:
+        key = entry.summary_key
+        if key is None:
+            continue
+        if key not in texts:
+            if len(texts) >= SUMMARIES_SHOWN:
+                continue
+            texts[key] = await cache.get_summary(key)
+        views.append(SummaryView(entry.request_id, key, texts[key]))
+    return views
 
 
 async def _session_response(request: web.Request, tenant: str, sid: str, *,
@@ -169,7 +197,6 @@ async def session_page(request: web.Request) -> web.StreamResponse:
     if session is None:
         return _no_such_session(request)
     return await _session_response(request, *session)
-
 
 
 def _change(request: web.Request, tenant: str, sid: str, old: StoredState | None,
