@@ -12,14 +12,13 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Final
 
 from structlog.typing import EventDict, WrappedLogger
 
 __all__ = ["SAFE_KEYS", "Redactor"]
 
 _LEADING: Final = ("timestamp", "level", "event")
-_LEADING_KEYS: Final = frozenset(_LEADING)
 
 #: Fields a log line may carry. Every one holds an id, a count, a status or a code name.
 SAFE_KEYS: Final = frozenset({
@@ -119,9 +118,6 @@ class Redactor:
         self._trusted = trusted & safe_keys
         self._cleaned = _CleanedStrings(self._checked)
 
-    def _clean_str(self, value: str) -> str:
-        return self._cleaned[value]
-
     def _checked(self, value: str) -> str:
         if _may_hold_credential(value) and _CREDENTIAL.search(value):
             return _REDACTED
@@ -137,79 +133,47 @@ class Redactor:
         if value is None or isinstance(value, (bool, int, float)):
             return True, value
         if isinstance(value, str):
-            return True, self._clean_str(value)
+            return True, self._cleaned[value]
         if isinstance(value, (list, tuple)):
             items: list[object] = []
             for item in value:
                 if item is None or isinstance(item, (bool, int, float)):
                     items.append(item)
                 elif isinstance(item, str):
-                    items.append(self._clean_str(item))
+                    items.append(self._cleaned[item])
                 else:
                     return False, None
             return True, items
         return False, None
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-        """Return a new event dict holding only safe fields and safe values."""
-        if event_dict.keys() <= self._safe_keys:  # (no exc_info: it is not a safe key)
-            return self._all_safe(event_dict)
-        return self._field_by_field(event_dict)
-
-    def _all_safe(self, event_dict: EventDict) -> EventDict:
-        """:meth:`__call__` for an event whose fields are all allowed (most events): a copy,
-        framing fields first, with each value cleaned; a value that cannot be kept sends
-        the event field by field."""
-        if event_dict.keys() >= _LEADING_KEYS:  # (every line of the chain)
-            out = dict.fromkeys(_LEADING)
-        else:
-            out = dict.fromkeys(key for key in _LEADING if key in event_dict)
+        """Return a new event dict holding only safe fields and safe values, the framing
+        fields first, so a line reads "when, how bad, what" from the left."""
+        out = dict.fromkeys(key for key in _LEADING if key in event_dict)
         out.update(event_dict)
-        cleaned = self._cleaned
-        skip = self._trusted
-        for key, value in event_dict.items():
-            kind = type(value)
-            if kind is str:
-                if key not in skip:
-                    out[key] = cleaned[value]
-            elif kind not in _PLAIN and key not in skip:  # (skip: kept as it is)
-                keep, value = self._clean(value)
-                if not keep:
-                    return self._field_by_field(event_dict)
-                out[key] = value
-        return out
-
-    def _field_by_field(self, event_dict: EventDict) -> EventDict:
-        out: dict[str, Any] = {}
         dropped: list[str] = []
-        exc_info = event_dict.get("exc_info")
-        # The framing fields first, so a line reads "when, how bad, what" from the left.
-        keys = [k for k in _LEADING if k in event_dict]
-        keys += [k for k in event_dict if k not in _LEADING]
-        trusted = self._trusted
-        for key in keys:
+        for key, value in event_dict.items():
             if key not in self._safe_keys:
+                del out[key]
                 if key != "exc_info" and not key.startswith("_"):
                     dropped.append(key)
-                continue
-            value = event_dict[key]
-            # The common cases first, without _clean's tests.
-            if type(value) in _PLAIN or key in trusted:
-                out[key] = value
-            elif type(value) is str:
-                out[key] = self._clean_str(value)
-            else:
+            elif type(value) is str:  # the common cases first, without _clean's tests
+                if key not in self._trusted:
+                    out[key] = self._cleaned[value]
+            elif type(value) not in _PLAIN and key not in self._trusted:
                 keep, cleaned = self._clean(value)
                 if keep:
                     out[key] = cleaned
                 else:
+                    del out[key]
                     dropped.append(key)
-        # A traceback's text can quote data (the exception's message, a repr): keep the
-        # exception's class and where it was raised, frame by frame, and nothing it said.
-        exc = _exception_of(exc_info)
-        if exc is not None:
-            out.setdefault("error_class", type(exc).__name__)
-            out["traceback"] = [self._clean_str(line) for line in _frames(exc)]
+        if "exc_info" in event_dict:
+            # A traceback's text can quote data (the exception's message, a repr): keep the
+            # exception's class and where it was raised, frame by frame, and nothing it said.
+            exc = _exception_of(event_dict["exc_info"])
+            if exc is not None:
+                out.setdefault("error_class", type(exc).__name__)
+                out["traceback"] = [self._cleaned[line] for line in _frames(exc)]
         if dropped:
             out["redacted"] = sorted(dropped)
         return out
