@@ -15,7 +15,7 @@ from compactor import SESSION_ID_RULE, session_id_problem
 from proxy.http.errors import RequestRejected
 from proxy.http.tenants import is_tenant
 
-__all__ = ["ACTOR_HEADER", "MAX_PAGE", "Page", "actor", "bad_request", "flag", "limit",
+__all__ = ["ACTOR_HEADER", "MAX_PAGE", "actor", "bad_request", "flag", "limit",
            "not_found", "one_value", "page", "session_id", "tenant"]
 
 #: The header naming who makes a change (recorded as ``admin-api:<value>``).
@@ -27,8 +27,6 @@ _MAX_OFFSET: Final = 10**9
 _ACTOR: Final = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
-
-Page = tuple[int, int]
 
 
 def bad_request(message: str, reason: str) -> RequestRejected:
@@ -92,7 +90,7 @@ def limit(request: web.Request, *, default: int) -> int:
     return _integer(request, "limit", default, 1, MAX_PAGE)
 
 
-def page(request: web.Request, *, default_limit: int) -> Page:
+def page(request: web.Request, *, default_limit: int) -> tuple[int, int]:
     """``(offset, limit)`` from ``?offset=&limit=``."""
     return (_integer(request, "offset", 0, 0, _MAX_OFFSET), limit(request, default=default_limit))
 

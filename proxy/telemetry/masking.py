@@ -9,7 +9,6 @@ operator can still check what the proxy will reach.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
@@ -92,14 +91,8 @@ def config_secrets(config: Config) -> list[str]:
     """Every secret the log lines must never show: the admin token, the summary key, and each
     configured URL's password (as written, and decoded)."""
     secrets = [config.admin_token(), config.summary_api_key()]
-    for url in _urls(config):
-        password = url_password(url)
+    for url in (config.store.url, config.upstream.base_url, config.sources.s3.endpoint_url):
+        password = url_password(url) if url else None
         if password:
             secrets += [password, unquote(password)]
     return sorted({secret for secret in secrets if secret})
-
-
-def _urls(config: Config) -> Iterable[str]:
-    for url in (config.store.url, config.upstream.base_url, config.sources.s3.endpoint_url):
-        if url:
-            yield url

@@ -160,12 +160,8 @@ EDITS: Final[Mapping[tuple[str, str], _Apply]] = {
 
 def apply_edit(state: DurableContextState | None, kind: str, operation: str,
                form: Mapping[str, str], *, now: datetime | None = None) -> DurableContextState:
-    """The state after one console edit of ``state`` (``None``: no state yet).
-
-    Raises:
-        FormError: a bad or missing value, an unknown item, a duplicate id; names the field.
-        KeyError: ``(kind, operation)`` is not in :data:`EDITS`.
-    """
+    """The state after one console edit of ``state`` (``None``: no state yet); a bad value,
+    an unknown item or a duplicate id is a :class:`FormError` naming the field."""
     apply = EDITS[(kind, operation)]
     try:
         return apply(state or DurableContextState(), form, now or datetime.now(UTC))
