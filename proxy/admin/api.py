@@ -222,8 +222,7 @@ def _source_json(source: SourceExcerpt) -> dict[str, Any]:
 
 
 async def _get_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
     resolve = checks.flag(request, "resolve")
     if resolve and ADMIN_RESOLVERS_KEY not in request.app:
         raise checks.bad_request("resolve: source resolution is not available here",
@@ -256,10 +255,8 @@ def _change(request: web.Request, sid: str, tenant: str, actor: str,
 
 
 async def _put_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
-    if_match = _if_match(request)
-    actor = checks.actor(request, ADMIN_ACTOR)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
+    if_match, actor = _if_match(request), checks.actor(request, ADMIN_ACTOR)
     state = await _read_state(request, sid, tenant or NO_TENANT, if_match)
     store = request.app[ADMIN_STORE_KEY]
     key = scoped_key(tenant or NO_TENANT, sid)
@@ -290,10 +287,8 @@ async def _put_state(request: web.Request) -> web.Response:
 
 
 async def _delete_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
-    if_match = _if_match(request)
-    actor = checks.actor(request, ADMIN_ACTOR)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
+    if_match, actor = _if_match(request), checks.actor(request, ADMIN_ACTOR)
     store = request.app[ADMIN_STORE_KEY]
     key = scoped_key(tenant or NO_TENANT, sid)
     old = await _current(store, key)

@@ -151,14 +151,11 @@ def token_chart(entries: Sequence[RequestEntry], *, soft: int, hard: int) -> Tok
 
     count = len(entries)
     span = right - _LEFT
-
-    def x_of(index: int) -> float:
-        if count == 1:
-            return _LEFT + span / 2
-        return _LEFT + span * index / (count - 1)
-
+    # One request sits in the middle; more spread from edge to edge.
+    xs = ([_LEFT + span / 2] if count == 1
+          else [_LEFT + span * index / (count - 1) for index in range(count)])
     points = tuple(
-        ChartPoint(number=index + 1, request_id=entry.request_id, x=x_of(index),
+        ChartPoint(number=index + 1, request_id=entry.request_id, x=xs[index],
                    y_before=y_of(entry.tokens_before), y_after=y_of(entry.tokens_after),
                    tokens_before=entry.tokens_before, tokens_after=entry.tokens_after,
                    blocked=entry.blocked and entry.outcome != "invalid",

@@ -27,13 +27,6 @@ class FormError(ValueError):
         self.field = field
         self.message = message
 
-    @classmethod
-    def from_value_error(cls, exc: ValueError) -> FormError:
-        """A :class:`FormError` from an item type's ``"<field>: <problem>"`` error."""
-        message = str(exc)
-        field = message.partition(":")[0].rsplit(".", 1)[-1].split("[", 1)[0] or "form"
-        return cls(field, message)
-
 
 def parse_version(raw: str | None) -> int | None:
     """The ``version`` a form was loaded with (``""``: no state yet); a :class:`FormError`
@@ -167,5 +160,7 @@ def apply_edit(state: DurableContextState | None, kind: str, operation: str,
         return apply(state or DurableContextState(), form, now or datetime.now(UTC))
     except FormError:
         raise
-    except ValueError as exc:
-        raise FormError.from_value_error(exc) from None
+    except ValueError as exc:  # an item type's "<field>: <problem>"
+        message = str(exc)
+        field = message.partition(":")[0].rsplit(".", 1)[-1].split("[", 1)[0] or "form"
+        raise FormError(field, message) from None

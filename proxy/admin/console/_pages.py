@@ -217,10 +217,8 @@ def _conflict_message(loaded: int | None, current: int | None) -> str:
             f"the page now shows the current state, make your change again.")
 
 
-EditHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def edit_handler(kind: str, operation: str) -> EditHandler:
+def edit_handler(kind: str, operation: str
+                 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of ``POST /tenants/{tenant}/sessions/{sid}/{kind}/{operation}``."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
