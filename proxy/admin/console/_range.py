@@ -53,17 +53,6 @@ class RequestFilter:
             return False
         return not self.request_id or self.request_id in entry.request_id.lower()
 
-    def query(self) -> dict[str, str]:
-        """The query string that gives this filter back (for links and paging)."""
-        out = {"range": self.preset} if self.preset else {}
-        if self.since_text:
-            out["from"] = self.since_text
-        if self.until_text:
-            out["to"] = self.until_text
-        if self.request_id:
-            out["rid"] = self.request_id
-        return out
-
 
 def _when(name: str, raw: str) -> datetime:
     try:
