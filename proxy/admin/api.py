@@ -1,16 +1,9 @@
 """The admin API (SPEC section 6): the only way a session's durable state changes.
 
-A sub-application mounted at ``/admin``: GET, PUT and DELETE of ``/admin/sessions/{sid}/state``
-(tenant ``none``) and ``/admin/tenants/{tenant}/sessions/{sid}/state`` (``?resolve=true`` adds
-each source's status and an excerpt), plus the audit log's read routes
-(:mod:`proxy.admin.audit_routes`). Its own middleware answers every call without the bearer
-token with one 401 before any route is looked at (lockouts: :mod:`proxy.admin.throttle`);
-without a token it has no routes. It owns the whole prefix, so nothing under ``/admin`` is
-ever forwarded (:mod:`proxy.http.admin_gate`). Writes are optimistic: ``If-Match`` on the
-store's version, a stale one a 409 (never 412); each change is recorded with the write,
-atomically (:class:`~proxy.audit.log.StateChange`). Errors go through its own
-:func:`~proxy.http.errors.error_middleware`, so it answers alike wherever it is mounted.
-Routes and preconditions for operators: docs/admin.md.
+A sub-app at ``/admin``: GET, PUT and DELETE of a session's state (optimistic: ``If-Match``
+on the store's version, a stale one 409; each change recorded atomically with the write),
+plus the audit log's read routes. Every call without the bearer token gets one 401 before
+any route is looked at; nothing under ``/admin`` is ever forwarded. Operators: docs/admin.md.
 """
 
 from __future__ import annotations
@@ -42,34 +35,24 @@ from proxy.store import (
     VersionConflict,
 )
 
-__all__ = [
-    "ADMIN_ACTOR",
-    "ADMIN_RESOLVERS_KEY",
-    "ADMIN_STORE_KEY",
-    "ADMIN_TOKEN_KEY",
-    "MAX_ADMIN_BODY_BYTES",
-    "setup_admin",
-]
+__all__ = ["ADMIN_ACTOR", "ADMIN_RESOLVERS_KEY", "ADMIN_STORE_KEY", "ADMIN_TOKEN_KEY",
+           "MAX_ADMIN_BODY_BYTES", "setup_admin"]
 
-#: The store the admin handlers write to (held by the admin sub-app).
-# (No type argument: a Protocol is not a concrete class; the annotation carries the type.)
+# What the admin sub-app holds (the store's key has no type argument: a Protocol is not a
+# concrete class); the token is UTF-8 encoded for the constant-time comparison.
 ADMIN_STORE_KEY: Final[web.AppKey[StateStore]] = web.AppKey("admin_store")
-#: The admin token, UTF-8 encoded, for the constant-time comparison (held by the sub-app).
 ADMIN_TOKEN_KEY: Final[web.AppKey[bytes]] = web.AppKey("admin_token", bytes)
-#: The source resolvers ``?resolve=true`` reads through (held by the sub-app, when given).
 ADMIN_RESOLVERS_KEY: Final = web.AppKey("admin_resolvers", ResolverPool)
-#: Where the state changes are recorded (held by the sub-app, when they are).
 _CHANGES_KEY: Final[web.AppKey[RequestLog]] = web.AppKey("admin_changes")
 
 #: Who a change through this API is recorded as (``admin-api:<X-Compact-Actor>``).
 ADMIN_ACTOR: Final = "admin-api"
-
 #: Largest accepted PUT body (as sent, and decoded).
 MAX_ADMIN_BODY_BYTES: Final = 1024 * 1024
 
 _PREFIX: Final = "/admin"
-_STATE_PATH: Final = "/sessions/{sid}/state"  # under _PREFIX
-_TENANT_STATE_PATH: Final = "/tenants/{tenant}/sessions/{sid}/state"  # under _PREFIX
+_STATE_PATH: Final = "/sessions/{sid}/state"
+_TENANT_STATE_PATH: Final = "/tenants/{tenant}/sessions/{sid}/state"
 _IF_MATCH: Final = re.compile(r'"([1-9][0-9]{0,18})"')
 _STORE_ACTIONS: Final = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE": "delete"}
 
@@ -77,24 +60,11 @@ _STORE_ACTIONS: Final = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE"
 def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
                 log: RequestLog | None = None, resolvers: ResolverPool | None = None,
                 record_changes: bool = True, throttle: AuthThrottle | None = None) -> None:
-    """Mount the admin API on ``app`` at ``/admin``, or a 404 for all of ``/admin`` when off.
+    """Mount the admin API at ``/admin`` (a 404 for all of it when ``token`` is unset).
 
-    Args:
-        app: the application (not yet frozen).
-        store: where durable state lives.
-        token: the admin bearer token; ``None`` or ``""`` disables the API.
-        log: the audit log: its read routes are served (and changes recorded) when given;
-            the store's own (changes are recorded by the store, with each write).
-        resolvers: the source resolvers ``GET .../state?resolve=true`` reads through; without
-            them that parameter is refused.
-        record_changes: whether each ``PUT`` and ``DELETE`` is recorded in ``log``
-            (``audit.enabled``).
-        throttle: the failed-auth lockouts (shared with the console); a default one of its
-            own when not given.
-
-    Raises:
-        ValueError: the token has leading or trailing whitespace, which no ``Authorization``
-            header can carry, so the API would be enabled yet unusable.
+    ``log`` serves the audit routes (and records each change when ``record_changes``);
+    ``resolvers`` enables ``?resolve=true``. A token with surrounding whitespace, which no
+    ``Authorization`` header can carry, is a ``ValueError``.
     """
     if not token:
         app.add_subapp(_PREFIX, web.Application(middlewares=[error_middleware, _disabled]))
@@ -118,9 +88,6 @@ def setup_admin(app: web.Application, store: StateStore, token: str | None, *,
     app.add_subapp(_PREFIX, admin)
 
 
-# --- middlewares ------------------------------------------------------------------------
-
-
 @web.middleware
 async def _disabled(request: web.Request, handler: Handler) -> web.StreamResponse:
     raise checks.not_found("not found", "admin_disabled")
@@ -128,8 +95,8 @@ async def _disabled(request: web.Request, handler: Handler) -> web.StreamRespons
 
 @web.middleware
 async def _bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The token check for every path and method under ``/admin``; then the router's own
-    404 / 405 in the Anthropic shape, and store failures as a 500 that names no path."""
+    """The token check for every path under ``/admin``; then 404 / 405 in the Anthropic
+    shape, and store failures as a 500 (503 when unavailable) that names no path."""
     throttle, client = request.app[AUTH_THROTTLE], client_of(request)
     wait = throttle.retry_after(client)
     if wait is not None:  # locked out: the token is not even looked at
@@ -176,9 +143,6 @@ def _authorized(request: web.Request) -> bool:
     # aiohttp decodes header bytes as UTF-8 with surrogateescape; this gives the bytes back.
     given = credentials.encode("utf-8", "surrogateescape")
     return hmac.compare_digest(given, expected)
-
-
-# --- checks ---------------------------------------------------------------------------
 
 
 def _etag(version: int) -> str:
@@ -238,9 +202,6 @@ def _conflict(sid: str, if_match: int | None, exc: VersionConflict) -> RequestRe
                            reason="stale_version", headers=headers)
 
 
-# --- handlers ---------------------------------------------------------------------------
-
-
 def _state_response(sid: str, tenant: str | None, stored: StoredState, status: int = 200,
                     sources: tuple[SourceExcerpt, ...] | None = None) -> web.Response:
     body: dict[str, Any] = {"session_id": sid}
@@ -261,8 +222,7 @@ def _source_json(source: SourceExcerpt) -> dict[str, Any]:
 
 
 async def _get_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
     resolve = checks.flag(request, "resolve")
     if resolve and ADMIN_RESOLVERS_KEY not in request.app:
         raise checks.bad_request("resolve: source resolution is not available here",
@@ -271,17 +231,14 @@ async def _get_state(request: web.Request) -> web.Response:
     if stored is None:
         raise checks.not_found(f"no durable state for session {sid}", "no_state")
     sources = None
-    if resolve:
-        # The client's own session authorizes, as on the request path; files are read in a
-        # worker thread, objects (s3:// roots) on the loop.
+    if resolve:  # the client's own session authorizes, as on the request path
         sources = await request.app[ADMIN_RESOLVERS_KEY].excerpts(
             sid, stored.state, tenant=tenant or NO_TENANT)
     return _state_response(sid, tenant, stored, sources=sources)
 
 
 async def _current(store: StateStore, key: str) -> StoredState | None:
-    """The state a write is about to replace, for the change's detail; ``None`` when there is
-    none, or it does not decode (a write may still replace it)."""
+    """The state a write would replace (``None``: none, or it does not decode)."""
     try:
         return await store.get_state(key)
     except CorruptStateError:
@@ -290,8 +247,7 @@ async def _current(store: StateStore, key: str) -> StoredState | None:
 
 def _change(request: web.Request, sid: str, tenant: str, actor: str,
             action: Literal["put", "delete"], detail: tuple[str, ...]) -> StateChange | None:
-    """The change a write records, in its own transaction (``None`` when changes are not
-    recorded); a put's version is the one the store writes."""
+    """The change a write records (``None`` when changes are not recorded)."""
     if _CHANGES_KEY not in request.app:
         return None
     return StateChange(at=datetime.now(UTC), session_id=sid, tenant=tenant, actor=actor,
@@ -299,10 +255,8 @@ def _change(request: web.Request, sid: str, tenant: str, actor: str,
 
 
 async def _put_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
-    if_match = _if_match(request)
-    actor = checks.actor(request, ADMIN_ACTOR)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
+    if_match, actor = _if_match(request), checks.actor(request, ADMIN_ACTOR)
     state = await _read_state(request, sid, tenant or NO_TENANT, if_match)
     store = request.app[ADMIN_STORE_KEY]
     key = scoped_key(tenant or NO_TENANT, sid)
@@ -333,10 +287,8 @@ async def _put_state(request: web.Request) -> web.Response:
 
 
 async def _delete_state(request: web.Request) -> web.Response:
-    sid = checks.session_id(request)
-    tenant = checks.tenant(request)
-    if_match = _if_match(request)
-    actor = checks.actor(request, ADMIN_ACTOR)
+    sid, tenant = checks.session_id(request), checks.tenant(request)
+    if_match, actor = _if_match(request), checks.actor(request, ADMIN_ACTOR)
     store = request.app[ADMIN_STORE_KEY]
     key = scoped_key(tenant or NO_TENANT, sid)
     old = await _current(store, key)

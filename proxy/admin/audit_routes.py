@@ -1,11 +1,7 @@
-"""The admin API's read side of the audit log (mounted by :func:`proxy.admin.api.setup_admin`).
-
-``GET /admin/sessions`` (every tenant's, newest first, or ``order=blocked``), and a session's
-``/requests`` and ``/changes`` (newest first), addressed by id and tenant as the state routes
-are (``?tenant=``, or ``/admin/tenants/{tenant}/...``; none given: tenant ``none``). Each item
-is the ``as_json()`` of its :mod:`proxy.audit.log` type; a bad ``offset``, ``limit``,
-``order``, ``contains`` or ``tenant`` is a 400 naming it. The bodies, for operators:
-docs/admin.md, "Reading the audit log".
+"""The admin API's read side of the audit log: ``GET /admin/sessions`` and a session's
+``/requests`` and ``/changes``, addressed as the state routes are. Each item is the
+``as_json()`` of its :mod:`proxy.audit.log` type. The bodies: docs/admin.md, "Reading the
+audit log".
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ __all__ = ["ADMIN_LOG_KEY", "add_audit_routes"]
 #: The audit log the read routes serve (held by the admin sub-app).
 ADMIN_LOG_KEY: Final[web.AppKey[RequestLog]] = web.AppKey("admin_audit_log")
 
-#: Default page sizes.
 SESSIONS_PAGE: Final = 50
 REQUESTS_PAGE: Final = 100
 #: The longest ``contains`` filter (a session id is at most 128 characters).

@@ -15,20 +15,8 @@ from compactor import SESSION_ID_RULE, session_id_problem
 from proxy.http.errors import RequestRejected
 from proxy.http.tenants import is_tenant
 
-__all__ = [
-    "ACTOR_HEADER",
-    "MAX_PAGE",
-    "Page",
-    "actor",
-    "bad_request",
-    "flag",
-    "limit",
-    "not_found",
-    "one_value",
-    "page",
-    "session_id",
-    "tenant",
-]
+__all__ = ["ACTOR_HEADER", "MAX_PAGE", "actor", "bad_request", "flag", "limit",
+           "not_found", "one_value", "page", "session_id", "tenant"]
 
 #: The header naming who makes a change (recorded as ``admin-api:<value>``).
 ACTOR_HEADER: Final = "X-Compact-Actor"
@@ -39,8 +27,6 @@ _MAX_OFFSET: Final = 10**9
 _ACTOR: Final = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no"})
-
-Page = tuple[int, int]
 
 
 def bad_request(message: str, reason: str) -> RequestRejected:
@@ -54,10 +40,9 @@ def not_found(message: str, reason: str) -> RequestRejected:
 
 
 def session_id(request: web.Request) -> str:
-    """The session id in the URL (``{sid}``), held to the one rule for session ids."""
+    """The session id in the URL (``{sid}``), held to the one rule for session ids: only
+    these can be named by the pointers of the state stored here."""
     sid = request.match_info["sid"]
-    # The one rule for session ids (compactor.check_session_id): the proxy serves exactly
-    # these, and only these can be named by the pointers of the state stored here.
     problem = session_id_problem(sid)
     if problem is not None:
         raise bad_request(f"session id: {problem}; a session id is {SESSION_ID_RULE}",
@@ -66,9 +51,8 @@ def session_id(request: web.Request) -> str:
 
 
 def tenant(request: web.Request) -> str | None:
-    """The tenant the URL names: ``/tenants/{tenant}/…`` or ``?tenant=`` (one way for every
-    session route, the tenant a session list shows); ``None`` when neither: tenant ``none``'s
-    session (the legacy routes' bodies keep their shape). Both, and different: a 400."""
+    """The tenant ``/tenants/{tenant}/…`` or ``?tenant=`` names (both, and different: a
+    400); ``None`` when neither: tenant ``none`` (the legacy routes' bodies keep their shape)."""
     value = request.match_info.get("tenant")
     query = one_value(request, "tenant")
     if query is not None:
@@ -106,15 +90,13 @@ def limit(request: web.Request, *, default: int) -> int:
     return _integer(request, "limit", default, 1, MAX_PAGE)
 
 
-def page(request: web.Request, *, default_limit: int) -> Page:
-    """``(offset, limit)`` from ``?offset=&limit=``: offset from 0, limit from 1 to
-    :data:`MAX_PAGE`."""
+def page(request: web.Request, *, default_limit: int) -> tuple[int, int]:
+    """``(offset, limit)`` from ``?offset=&limit=``."""
     return (_integer(request, "offset", 0, 0, _MAX_OFFSET), limit(request, default=default_limit))
 
 
 def flag(request: web.Request, name: str) -> bool:
-    """A yes/no query parameter (``true``/``false``, ``1``/``0``, ``yes``/``no``); absent:
-    no."""
+    """A yes/no query parameter (``true``/``false``, ``1``/``0``, ``yes``/``no``); absent: no."""
     raw = one_value(request, name)
     if raw is None:
         return False
@@ -125,8 +107,7 @@ def flag(request: web.Request, name: str) -> bool:
 
 
 def actor(request: web.Request, base: str) -> str:
-    """Who makes a change: ``base`` (``admin-api``), or ``base:<X-Compact-Actor>`` when the
-    caller names itself."""
+    """Who makes a change: ``base``, or ``base:<X-Compact-Actor>`` when the caller names it."""
     raw = request.headers.get(ACTOR_HEADER)
     if raw is None:
         return base

@@ -1,18 +1,9 @@
-"""Failed-auth throttling for the admin API and the console login.
+"""Failed-auth throttling for the admin API and the console login (docs/admin.md).
 
-Each client address (an IPv6 address by its /64, which one host commonly holds whole) may
-present ``limit`` wrong admin tokens; the next wrong one locks it out for ``lockout_s``,
-and every wrong one after a lockout ends locks it again for twice as long, up to
-``max_lockout_s``. While locked out, the client's admin calls and login attempts are refused
-with 429 and ``Retry-After`` before its token is even looked at; a right token once the
-lockout is over resets its count. A client quiet for :data:`FORGET_AFTER_S` (or twice the
-longest lockout, if longer) starts afresh.
-
-The table is bounded: at most ``max_clients`` addresses, the least recently used (failed or
-checked) dropped first. Each serving process keeps its own table (with ``listen.workers`` N,
-a client gets N times the tries); behind a proxy that terminates connections every client shares its
-address, so there one attacker can lock the operator out: the admin listener
-(``admin.listen``) on an address only operators reach avoids both.
+Each client address (an IPv6 one by its /64, which one host commonly holds whole) may present
+``limit`` wrong tokens; each lockout after that doubles, up to ``max_lockout_s``. A right token
+once the lockout is over resets the count, and a client quiet for :data:`FORGET_AFTER_S` (or
+twice the longest lockout) starts afresh. Each process keeps its own bounded LRU table.
 """
 
 from __future__ import annotations
@@ -44,15 +35,8 @@ class _Client:
 
 
 class AuthThrottle:
-    """The per-client failure counts and lockouts (see the module's docstring).
-
-    Args:
-        limit: wrong tokens a client may present before its first lockout.
-        lockout_s: the first lockout; each one in a row doubles it.
-        max_lockout_s: the longest lockout.
-        max_clients: addresses remembered at most.
-        clock: monotonic seconds (tests pass their own).
-    """
+    """The per-client failure counts and lockouts: ``limit`` wrong tokens before the first
+    lockout of ``lockout_s``, each one in a row doubled up to ``max_lockout_s``."""
 
     def __init__(self, limit: int = 5, lockout_s: float = 1.0, max_lockout_s: float = 300.0,
                  *, max_clients: int = MAX_CLIENTS,
@@ -79,8 +63,7 @@ class AuthThrottle:
         return math.ceil(left) if left > 0 else None
 
     def failed(self, client: str) -> int | None:
-        """Count a wrong token of ``client``; the lockout (whole seconds) it now starts, if
-        any."""
+        """Count a wrong token of ``client``; the lockout (whole seconds) it starts, if any."""
         now = self._clock()
         entry = self._clients.pop(client, None)
         if entry is None or now - entry.last_failure > self._forget_after_s:

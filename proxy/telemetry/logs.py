@@ -1,17 +1,11 @@
 """structlog configuration: one chain for structlog and the standard ``logging`` module.
 
-One JSON object per line (or a console rendering) from both structlog and the standard
-``logging`` module (aiohttp, asyncio), through the same chain::
+One JSON object per line (or a console rendering), through the same chain::
 
     framing (request fields, process fields, level, timestamp) -> Redactor -> renderer
 
-The request fields are those of the request being served (its id, then its session and
-tenant once known): one dict per request in a context variable, begun by the request
-middleware (:func:`start_request_fields`) and added to by the handler
-(:func:`bind_request_fields`); a field the line sets itself wins.
-
-:class:`~proxy.telemetry.redaction.Redactor` (an allow-list: no message text, no credential) runs
-last before the renderer.
+The request fields (its id, then its session and tenant once known) live in one dict per
+request in a context variable; a field the line sets itself wins.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
@@ -37,17 +31,14 @@ __all__ = ["SAFE_KEYS", "Redactor", "bind_request_fields", "configure_logging",
 
 _HANDLER_NAME: Final = "compact-proxy"
 _QUIET_LOGGERS: Final = ("anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access")
-
-
 _JSON: Final = msgspec.json.Encoder()
+_COMPACT: Final = (",", ":")
 
 
 def _json_line(event_dict: EventDict, **dumps_kw: Any) -> str:
-    """One event as compact JSON (no spaces after ``,`` and ``:``, every line alike):
-    msgspec's text, or ``json.dumps``'s where the two could differ in more than spacing — a
-    value msgspec does not encode (a subclass of ``str``), a NaN or an infinity (msgspec writes
-    ``null``, ``json.dumps`` ``NaN`` or ``Infinity``), text outside ASCII (``json.dumps``
-    escapes it: a line stays ASCII whatever the stream's encoding)."""
+    """One event as compact JSON: msgspec's text, or ``json.dumps``'s where they could differ
+    in more than spacing (a value msgspec does not encode, a NaN or infinity, non-ASCII
+    text: ``json.dumps`` escapes it, so a line stays ASCII)."""
     try:
         line = _JSON.encode(event_dict)
     except (TypeError, ValueError, msgspec.EncodeError):
@@ -58,17 +49,13 @@ def _json_line(event_dict: EventDict, **dumps_kw: Any) -> str:
 
 
 def _holds_non_finite(values: Iterable[object]) -> bool:
-    """Whether a float among ``values``, or in a list or tuple among them, is a NaN or an
-    infinity (a redacted line holds nothing deeper)."""
+    """Whether a float among ``values`` (or in a list or tuple among them) is not finite."""
     for value in values:
         if isinstance(value, float) and not math.isfinite(value):
             return True
         if isinstance(value, (list, tuple)) and _holds_non_finite(value):
             return True
     return False
-
-
-_COMPACT: Final = (",", ":")
 
 
 def _renderer(config: LoggingConfig) -> Processor:
@@ -78,9 +65,8 @@ def _renderer(config: LoggingConfig) -> Processor:
 
 
 def utc_text(when: datetime) -> str:
-    """``when`` (aware) as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it —
-    ``isoformat()`` with ``Z`` for ``+00:00``, no fraction when it is zero — written by
-    msgspec's RFC 3339 encoder, which gives the same text in a fraction of the time."""
+    """``when`` (aware) as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it, by
+    msgspec's RFC 3339 encoder."""
     return _JSON.encode(when.astimezone(UTC))[1:-1].decode("ascii")
 
 
@@ -89,8 +75,8 @@ _REQUEST_FIELDS: Final[ContextVar[dict[str, Any] | None]] = ContextVar(
 
 
 def start_request_fields(**fields: Any) -> None:
-    """Begin the fields of the request now served (nothing of an earlier request's kept):
-    from now on, every line of this task, and of the tasks it starts, carries them."""
+    """Begin the fields of the request now served: every line of this task, and of the
+    tasks it starts, carries them."""
     _REQUEST_FIELDS.set(fields)
 
 
@@ -103,17 +89,13 @@ def bind_request_fields(**fields: Any) -> None:
         current.update(fields)
 
 
-#: The level a logger method writes when it is not the method's name (structlog's
-#: ``add_log_level``: ``warn`` is the stdlib's alias, ``exception`` is ``error`` with a
-#: traceback).
+#: The level a logger method writes when it is not the method's name (as ``add_log_level``).
 _LEVEL_OF: Final = {"warn": "warning", "exception": "error"}
 
 
 class _Framing:
-    """The chain's first step, what every line gets: the fields of the request being
-    served, then the process's fixed fields (a field the line sets itself wins), the
-    ``level`` (structlog's ``add_log_level``) and the ``timestamp`` (:func:`utc_text` of
-    now). One step rather than four: it runs on every request."""
+    """The chain's first step: the request's fields, then the process's (a field the line
+    sets itself wins), the ``level`` and the ``timestamp``. One step: it runs on every line."""
 
     def __init__(self, fields: Mapping[str, int | str] | None = None) -> None:
         self._fields = tuple((fields or {}).items())
@@ -137,25 +119,17 @@ def configure_logging(
 ) -> None:
     """Configure structlog and the standard ``logging`` module for the whole process.
 
-    Args:
-        config: ``logging.format`` (``json`` | ``console``) and ``logging.level``.
-        stream: where lines go (default ``sys.stderr``); one line per event, flushed.
-        secrets: exact values to blank wherever they would appear (the admin token...).
-        fields: added to every line of the process (a worker's ``worker`` and ``pid``); a
-            field the line sets itself wins.
-        final: the process will not configure logging again (a server's own process, not
-            a supervisor that forks, not a test): each logger is then bound to this
-            configuration on its first line and not looked up again on every line.
+    ``secrets`` are blanked wherever they appear; ``fields`` go on every line (a worker's
+    ``worker`` and ``pid``); ``final``: logging is not configured again in this process (not
+    a supervisor that forks, not a test), so each logger is bound on its first line.
     """
     out = stream if stream is not None else sys.stderr
     level = logging.getLevelName(config.level.upper())
     framing = _Framing(fields)
-    # The framing sets these two on every event, whatever it held.
-    redactor = Redactor(secrets, trusted=frozenset({"level", "timestamp"}))
+    redactor = Redactor(secrets, trusted=frozenset({"level", "timestamp"}))  # framing's own
     renderer = _renderer(config)
-    processors: list[Processor] = [framing, redactor, renderer]
     structlog.configure(
-        processors=processors,
+        processors=[framing, redactor, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.WriteLoggerFactory(file=out),
         context_class=dict,
@@ -165,8 +139,8 @@ def configure_logging(
     handler = logging.StreamHandler(out)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[framing, structlog.stdlib.add_logger_name],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    _drop_positional_args, redactor, renderer],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, redactor,
+                    renderer],
     ))
     handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
@@ -187,10 +161,3 @@ def _remove_handler(root: logging.Logger) -> None:
     for handler in list(root.handlers):
         if handler.get_name() == _HANDLER_NAME:
             root.removeHandler(handler)
-
-
-def _drop_positional_args(
-    logger: WrappedLogger, method_name: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    event_dict.pop("positional_args", None)
-    return event_dict

@@ -1,21 +1,14 @@
-"""Secrets masked where the configuration is shown: ``check-config``'s output, config errors,
-and the secrets the log redactor blanks.
+"""Secrets masked where the configuration is shown (``check-config``, config errors), and the
+secrets the log redactor blanks.
 
-The configuration names its secrets by environment variable (``admin.token_env``,
-``summary.api_key_env``), but a URL may carry one itself: ``store.url``'s Redis password
-(``redis://:secret@host``), credentials in ``upstream.base_url`` or
-``sources.s3.endpoint_url``, a key in a query string. :func:`mask_url` replaces the password
-of a URL's user information and the value of each key-like query parameter with ``***``,
-keeping the rest (scheme, user, hosts, port, path, other parameters) as written, so the
-operator can still check what the proxy will reach. :func:`mask_config` does that to every
-string of a mapping, and masks a string under a secret-like key (``password``, ``token``,
-``api_key``; not ``*_env``, which names a variable).
+Secrets are named by environment variable, but a URL may carry one itself (a Redis password,
+a key in a query string): :func:`mask_url` masks those and keeps the rest as written, so the
+operator can still check what the proxy will reach.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
@@ -39,9 +32,8 @@ _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 def _split(url: str) -> tuple[str, str, str, str] | None:
     """``(scheme://, user information, the rest of the authority and path, query and
     fragment)``, or ``None`` for a text with neither a ``scheme://`` nor an ``@``. The user
-    information ends at the last ``@`` before the query: a password may hold a raw ``/``.
-    Without a scheme (a mistyped one: ``rediss//:secret@host``) the text before the ``@``
-    is taken for the user information all the same."""
+    information ends at the last ``@`` before the query (a password may hold a raw ``/``),
+    with or without a scheme (a mistyped one: ``rediss//:secret@host``)."""
     match = _SCHEME.match(url)
     scheme = "" if match is None else match.group()
     rest = url[len(scheme):]
@@ -96,17 +88,11 @@ def mask_config(data: Any) -> Any:
 
 
 def config_secrets(config: Config) -> list[str]:
-    """Every secret the proxy's log lines must never show: the admin token, the summary
-    key, and the password of each configured URL (as written, and decoded)."""
+    """Every secret the log lines must never show: the admin token, the summary key, and each
+    configured URL's password (as written, and decoded)."""
     secrets = [config.admin_token(), config.summary_api_key()]
-    for url in _urls(config):
-        password = url_password(url)
+    for url in (config.store.url, config.upstream.base_url, config.sources.s3.endpoint_url):
+        password = url_password(url) if url else None
         if password:
             secrets += [password, unquote(password)]
     return sorted({secret for secret in secrets if secret})
-
-
-def _urls(config: Config) -> Iterable[str]:
-    for url in (config.store.url, config.upstream.base_url, config.sources.s3.endpoint_url):
-        if url:
-            yield url

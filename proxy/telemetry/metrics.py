@@ -1,11 +1,9 @@
-"""Prometheus metrics of one app, in the app's own registry (no process-global collectors).
+"""Prometheus metrics of one app, in the app's own registry (names: docs/operations.md).
 
-The metric names and what each counts are listed in docs/operations.md, "Metrics and health".
-With several workers, each keeps its values in files under ``PROMETHEUS_MULTIPROC_DIR`` (the
-supervisor's), and ``/metrics`` renders the sum over all of them. In one process, what every
-request records is held in plain dicts and applied to the collectors when the registry is
-read or once :data:`MAX_HELD` observations wait, since prometheus_client takes a lock (and
-walks a histogram's buckets in Python) on every call; every read sees every request before it.
+With several workers each keeps its values under ``PROMETHEUS_MULTIPROC_DIR`` and
+``/metrics`` renders their sum. In one process, what requests record is held in plain dicts
+and applied when the registry is read (or :data:`MAX_HELD` wait): prometheus_client takes a
+lock on every call.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
@@ -24,10 +23,8 @@ from proxy.accounting.usage import ProviderUsage
 
 __all__ = ["CONTENT_TYPE", "MULTIPROCESS_ENV", "ProxyMetrics"]
 
-#: prometheus_client's multi-process directory: a worker sets it, and has prometheus_client
-#: read it again, before it makes its metrics (:func:`proxy.server.workers._run_worker`).
+#: prometheus_client's multi-process directory (a worker sets it before it makes its metrics).
 MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
-
 #: The ``Content-Type`` of :meth:`ProxyMetrics.render`.
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -49,9 +46,8 @@ _USAGE_KINDS: Final = tuple((kind, operator.attrgetter(kind))
 
 
 class _Children(Generic[_Metric]):
-    """The children of a labelled metric, each kept once made: ``labels()`` validates its
-    arguments, builds the label tuple and takes a lock on every call. The label sets are few
-    and fixed (routes, outcomes, layers, kinds), and the metric keeps every child anyway."""
+    """The children of a labelled metric, each kept once made (``labels()`` validates and
+    locks on every call; the label sets are few and fixed)."""
 
     __slots__ = ("_made", "_metric")
 
@@ -60,8 +56,7 @@ class _Children(Generic[_Metric]):
         self._made: dict[tuple[str, ...], _Metric] = {}
 
     def __call__(self, *values: str) -> _Metric:
-        """The child of ``values`` (in the order of the metric's label names; a str and a
-        StrEnum member of that value are one key, as they are one label)."""
+        """The child of ``values``, in the order of the metric's label names."""
         child = self._made.get(values)
         if child is None:
             child = self._made[values] = self._metric.labels(*values)
@@ -86,9 +81,7 @@ class ProxyMetrics:
     def __init__(self) -> None:
         #: Where every worker's values are (multi-process mode), or ``None``.
         self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
-        # What requests recorded, not yet applied (see the module): requests by (route,
-        # outcome), provider tokens by kind (a client's request's, a summary call's), upstream
-        # latencies (route, seconds) and estimate errors.
+        # What requests recorded, not yet applied (see the module).
         self._request_counts: dict[tuple[str, str], int] = {}
         self._usages: list[ProviderUsage] = []  # clients' requests
         self._summary_usages: list[ProviderUsage] = []
@@ -98,73 +91,55 @@ class ProxyMetrics:
         self.registry: CollectorRegistry = (
             CollectorRegistry(auto_describe=True) if self._at_once
             else _AppliedOnRead(self.apply_pending))
-        self.requests = Counter(
-            "compact_proxy_requests", "Requests served, by route and outcome.",
-            ("route", "outcome"), registry=self.registry,
-        )
-        self.layers = Counter(
-            "compact_proxy_layers_applied", "Compaction layers that ran on a forwarded view.",
-            ("layer",), registry=self.registry,
-        )
-        self.tokens_saved = Counter(
-            "compact_proxy_tokens_saved", "Tokens removed from forwarded views, by layer.",
-            ("layer",), registry=self.registry,
-        )
-        self.upstream_latency = Histogram(
+        counter = partial(Counter, registry=self.registry)
+        histogram = partial(Histogram, registry=self.registry)
+        self.requests = counter("compact_proxy_requests", "Requests served, by route and outcome.",
+                                ("route", "outcome"))
+        self.layers = counter("compact_proxy_layers_applied",
+                              "Compaction layers that ran on a forwarded view.", ("layer",))
+        self.tokens_saved = counter("compact_proxy_tokens_saved",
+                                    "Tokens removed from forwarded views, by layer.", ("layer",))
+        self.upstream_latency = histogram(
             "compact_proxy_upstream_latency_seconds",
-            "Seconds until the provider's response headers arrived.",
-            ("route",), buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-
-        self.provider_tokens = Counter(
+            "Seconds until the provider's response headers arrived.", ("route",),
+            buckets=_LATENCY_BUCKETS)
+        self.provider_tokens = counter(
             "compact_proxy_provider_tokens", "Tokens the provider billed for clients' requests.",
-            ("kind",), registry=self.registry,
-        )
-        self.summary_calls = Counter(
+            ("kind",))
+        self.summary_calls = counter(
             "compact_proxy_summary_calls", "L4 summaries asked for, by how they were obtained.",
-            ("outcome",), registry=self.registry,
-        )
-        self.summary_tokens = Counter(
+            ("outcome",))
+        self.summary_tokens = counter(
             "compact_proxy_summary_tokens", "Tokens the provider billed for summary calls.",
-            ("kind",), registry=self.registry,
-        )
-        self.estimate_error = Histogram(
+            ("kind",))
+        self.estimate_error = histogram(
             "compact_proxy_estimate_error_ratio",
             "(calibrated estimate - provider's count) / provider's count, per forwarded view.",
-            buckets=_ERROR_BUCKETS, registry=self.registry,
-        )
-        self.recompacted = Counter(
+            buckets=_ERROR_BUCKETS)
+        self.recompacted = counter(
             "compact_proxy_requests_recompacted",
-            "Requests refused by the provider as too long, compacted again and retried.",
-            registry=self.registry,
-        )
-        self.compaction_thrash = Counter(
+            "Requests refused by the provider as too long, compacted again and retried.")
+        self.compaction_thrash = counter(
             "compact_proxy_compaction_thrash",
             "Compactions of a session that crossed the soft threshold again within a few "
-            "requests of its last one (compacted deeper).",
-            registry=self.registry,
-        )
-        self.crossings = Counter(
+            "requests of its last one (compacted deeper).")
+        self.crossings = counter(
             "compact_proxy_crossings",
             "Requests that crossed the soft threshold, by how the summary was served "
-            "(prepared, inline, none).", ("served",), registry=self.registry,
-        )
-        self.summary_wait = Histogram(
+            "(prepared, inline, none).", ("served",))
+        self.summary_wait = histogram(
             "compact_proxy_summary_wait_seconds",
             "Seconds a crossing request waited for summaries before it was forwarded.",
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.prepared = Counter(
+            buckets=_LATENCY_BUCKETS)
+        self.prepared = counter(
             "compact_proxy_prepared_summaries",
             "Summaries made ahead (summary.prepare_at): started, used, unused (replaced "
             "before a crossing used them), restarted (asked for again: the call outlived "
-            "its lease without ending).", ("outcome",), registry=self.registry,
-        )
-        self.prepared_tokens = Counter(
+            "its lease without ending).", ("outcome",))
+        self.prepared_tokens = counter(
             "compact_proxy_prepared_summary_tokens",
             "Tokens billed for summaries made ahead, by whether a crossing used them.",
-            ("outcome",), registry=self.registry,
-        )
+            ("outcome",))
         self._requests = _Children(self.requests)
         self._layers = _Children(self.layers)
         self._tokens_saved = _Children(self.tokens_saved)
@@ -226,7 +201,7 @@ class ProxyMetrics:
         self.summary_wait.observe(wait_s)
 
     def count_prepared(self, outcome: str, tokens: int) -> None:
-        """Count one preparation ``started``, ``used``, ``unused`` or ``restarted``, with its
+        """Count one preparation (``started``, ``used``, ``unused``, ``restarted``), with its
         tokens."""
         self.prepared.labels(outcome).inc()
         if tokens and outcome not in ("started", "restarted"):

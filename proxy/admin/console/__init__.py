@@ -1,14 +1,8 @@
 """The audit console: server-rendered pages at ``/admin/ui/`` over the audit log and the
-durable state.
+durable state, mounted when the admin token is set.
 
-A sub-application mounted at ``/admin/ui`` when the admin token is set: the login form and
-logout, the sessions list, the overview, every session's requests, one session's page, the
-fact and pending-item edits (``POST .../tenants/{tenant}/sessions/{sid}/fact|pending/...``),
-and its stylesheet. Pages are Jinja2 templates with autoescaping on and no JavaScript (the
-chart is inline SVG drawn on the server). Login, the cookie and CSRF:
-:mod:`proxy.admin.console._auth`; what every request goes through:
-:mod:`proxy.admin.console._middleware`; the edits: :mod:`proxy.admin.console._edits` and
-:mod:`proxy.admin.console._pages`. What operators see: docs/admin.md, "The audit console".
+Jinja2 templates with autoescaping on and no JavaScript (charts are inline SVG drawn on the
+server). What operators see: docs/admin.md, "The audit console".
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from proxy.admin.console._auth import Signer
 from proxy.admin.console._context import CONSOLE, PREFIX, Console
 from proxy.admin.console._edits import EDITS
 from proxy.admin.console._login import login_form, login_submit, logout
-from proxy.admin.console._middleware import console_middlewares
+from proxy.admin.console._middleware import MIDDLEWARES
 from proxy.admin.console._overview import overview_page, requests_page
 from proxy.admin.console._pages import edit_handler, session_page, sessions_page
 from proxy.admin.console._totals import PriceFor
@@ -73,30 +67,12 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
                   revocations: LoginRevocations | None = None,
                   cookie_secure: bool = False, price_for: PriceFor | None = None,
                   summaries: SummaryCache | None = None) -> None:
-    """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset).
-
-    Args:
-        app: the proxy's application (not yet frozen); its ``/admin`` sub-app is the admin
-            API, which this more specific prefix is resolved before.
-        token: the admin token (the login's secret); ``None`` or ``""``: no console.
-        store: the durable state, as the request path and the admin API reach it.
-        log: the store's audit log, when it keeps one.
-        resolvers: the request path's source-pointer resolvers.
-        policies: the roles' thresholds.
-        record_changes: whether each change is recorded in ``log`` (``audit.enabled``, as
-            for the admin API).
-        throttle: the failed-auth lockouts shared with the admin API (its own otherwise).
-        revocations: where logouts are kept so that every process refuses the cookie, after
-            a restart too (the state store); ``None``: in this process only.
-        cookie_secure: mark the cookies ``Secure`` even over plain HTTP (``admin.cookie_secure``:
-            TLS ends in front of the proxy).
-        price_for: a model's price (``Config.price_for``) for the cost columns; ``None``:
-            costs show as unknown.
-        summaries: the summary cache, for the text of each request's L4 summary.
-    """
+    """Mount the console on ``app`` at ``/admin/ui`` (nothing when ``token`` is unset); this
+    prefix is resolved before the admin API's ``/admin``. The arguments are
+    :class:`~proxy.admin.console._context.Console`'s (``token``: the login's secret)."""
     if not token:
         return
-    console = web.Application(middlewares=console_middlewares())
+    console = web.Application(middlewares=MIDDLEWARES)
     console[CONSOLE] = Console(store=store, log=log, resolvers=resolvers, policies=policies,
                                signer=Signer(token), record_changes=record_changes,
                                throttle=throttle if throttle is not None else AuthThrottle(),
@@ -106,8 +82,7 @@ def setup_console(app: web.Application, *, token: str | None, store: StateStore,
     aiohttp_jinja2.setup(
         console, loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-        default_helpers=False,
-        filters=_FILTERS,
+        default_helpers=False, filters=_FILTERS,
     )
     router = console.router
     router.add_get("/login", login_form)

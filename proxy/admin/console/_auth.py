@@ -1,22 +1,11 @@
 """The console's login session and CSRF tokens: signed values, never the admin token itself.
 
-Theory of operation. One key is derived from the admin token (HMAC-SHA256 of a fixed label),
-so every proxy process sharing the token accepts the same cookies and changing the token
-ends every console session. From that key:
-
-- the session cookie is ``<expires>.<nonce>.<signature>``: a Unix expiry, 16 random bytes
-  (URL-safe base64) and the HMAC of both. It is ``HttpOnly``, ``SameSite=Strict``, scoped to
-  the console's path, and ``Secure`` when the request came over HTTPS (always with
-  ``admin.cookie_secure``);
-- a form's CSRF token is the HMAC of the session's nonce: bound to that one login, it is
-  worthless with any other cookie, and a cross-site page can neither read it nor the cookie;
-- the login form, served before there is a session, gets its own nonce cookie and a CSRF
-  token bound to it, so a cross-site page cannot log the browser in either.
-
-Logging out forgets the cookie in the browser and revokes its nonce until the cookie would
-have expired anyway: here (:meth:`Signer.revoke`) and in the state store, so every process
-refuses it, after a restart too (:meth:`proxy.admin.console._context.Console.logout`). Everything
-in ``__all__`` gets re-exported.
+One key, the HMAC of a fixed label under the admin token, signs everything: every process
+sharing the token accepts the same cookies, and changing it ends every console session. The
+session cookie is ``<expires>.<nonce>.<signature>``; a form's CSRF token is the HMAC of the
+session's nonce (worthless with any other cookie); the login form gets its own nonce cookie
+and a CSRF token bound to it, so a cross-site page cannot log the browser in either. A logout
+revokes the nonce until the cookie would have expired anyway.
 """
 
 from __future__ import annotations
@@ -49,12 +38,7 @@ class LoginSession:
 
 
 class Signer:
-    """Issues and checks the console's cookies and CSRF tokens.
-
-    Args:
-        admin_token: the admin API's token (the secret the key is derived from).
-        clock: seconds since the epoch (tests pass their own).
-    """
+    """Issues and checks the console's cookies and CSRF tokens, keyed by ``admin_token``."""
 
     def __init__(self, admin_token: str, *, clock: Callable[[], float] = time.time) -> None:
         self._key = hmac.new(admin_token.encode("utf-8"), _KEY_LABEL, hashlib.sha256).digest()
@@ -84,14 +68,12 @@ class Signer:
 
     def session(self, cookie: str | None) -> LoginSession | None:
         """The login a cookie value proves, or ``None`` (absent, forged, expired, revoked)."""
-        if not cookie:
+        if not cookie or not cookie.isascii():
             return None
         parts = cookie.split(".")
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[0].isascii():
+        if len(parts) != 3 or not parts[0].isdigit():
             return None
         expires, nonce, signature = parts
-        if not nonce.isascii() or not signature.isascii():
-            return None
         if not hmac.compare_digest(signature, self._mac("session", expires, nonce)):
             return None
         if int(expires) <= self._now() or nonce in self._revoked:

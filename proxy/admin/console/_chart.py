@@ -1,12 +1,8 @@
 """The session page's chart, as plain geometry for an inline SVG (no JavaScript).
 
-One point per request, oldest first: the tokens before compaction and after (what was
-forwarded, or what would have been for a refused request), with the soft and hard thresholds
-each request was judged by (its audit entry's; today's for entries from before they were
-kept) as step lines, so a request refused at an old limit is drawn against that limit. The
-thresholds' labels sit right of the newest values, apart enough to be read even when the two
-lines are a pixel apart. :func:`token_chart` computes every coordinate; the template only
-draws them. Everything in ``__all__`` gets re-exported.
+One point per request, oldest first: the tokens before compaction and after, against the
+soft and hard thresholds each request was judged by (its audit entry's) as step lines, so a
+request refused at an old limit is drawn against that limit. The template only draws.
 """
 
 from __future__ import annotations
@@ -111,8 +107,8 @@ def _path(points: Sequence[tuple[float, float | None]]) -> str:
 
 def _steps(points: Sequence[ChartPoint], y_of: Callable[[int], float], which: str,
            left: float, right: float) -> str:
-    """A step line through each point's threshold (``which``: ``soft`` or ``hard``): level
-    over the span half-way to each neighbour, the first and last reaching the frame."""
+    """A step line through each point's ``soft`` or ``hard`` threshold, level half-way to
+    each neighbour, the first and last reaching the frame."""
     if not points:
         return ""
     parts: list[str] = []
@@ -155,14 +151,11 @@ def token_chart(entries: Sequence[RequestEntry], *, soft: int, hard: int) -> Tok
 
     count = len(entries)
     span = right - _LEFT
-
-    def x_of(index: int) -> float:
-        if count == 1:
-            return _LEFT + span / 2
-        return _LEFT + span * index / (count - 1)
-
+    # One request sits in the middle; more spread from edge to edge.
+    xs = ([_LEFT + span / 2] if count == 1
+          else [_LEFT + span * index / (count - 1) for index in range(count)])
     points = tuple(
-        ChartPoint(number=index + 1, request_id=entry.request_id, x=x_of(index),
+        ChartPoint(number=index + 1, request_id=entry.request_id, x=xs[index],
                    y_before=y_of(entry.tokens_before), y_after=y_of(entry.tokens_after),
                    tokens_before=entry.tokens_before, tokens_after=entry.tokens_after,
                    blocked=entry.blocked and entry.outcome != "invalid",

@@ -1,7 +1,5 @@
 """What the console's handlers share: its dependencies (one typed app key), the login of the
-request being served, its paths and the rendering helper. Everything in ``__all__`` gets
-re-exported.
-"""
+request being served, its paths and the rendering helper."""
 
 from __future__ import annotations
 
@@ -22,17 +20,8 @@ from proxy.sources.resolvers import ResolverPool
 from proxy.store import StateStore, SummaryCache
 from proxy.store.revocations import LoginRevocations
 
-__all__ = [
-    "CONSOLE",
-    "LOGIN",
-    "LOGIN_COOKIE",
-    "PREFIX",
-    "SESSION_COOKIE",
-    "Console",
-    "render",
-    "see_other",
-    "session_path",
-]
+__all__ = ["CONSOLE", "LOGIN", "LOGIN_COOKIE", "PREFIX", "SESSION_COOKIE", "Console",
+           "error_page", "render", "see_other", "session_path"]
 
 #: Where the console is mounted.
 PREFIX: Final = "/admin/ui"
@@ -43,23 +32,11 @@ LOGIN_COOKIE: Final = "compact_console_login"
 
 @dataclass(frozen=True, slots=True)
 class Console:
-    """The console's dependencies.
-
-    Attributes:
-        store: the durable state, the very object the request path and the admin API use
-            (so a change is seen by the next request at once).
-        log: the audit log (``None``: the store keeps none; the pages say so).
-        resolvers: the source-pointer resolvers of the request path.
-        policies: the roles' thresholds, for the chart.
-        signer: cookies and CSRF tokens.
-        record_changes: whether each change is kept in ``log`` (``audit.enabled``).
-        throttle: the failed-auth lockouts, shared with the admin API.
-        revocations: where logouts are kept for every process (``None``: this one only).
-        cookie_secure: mark the cookies ``Secure`` whatever the scheme seen here.
-        price_for: a model's price (``prices``), for the cost columns; none by default.
-        summaries: the summary cache, where the L4 summaries' text is read (``None``: not
-            shown).
-    """
+    """The console's dependencies: the very store, audit log (``None``: none kept), resolvers
+    and policies the request path uses; the throttle shared with the admin API; where logouts
+    are kept for every process (``None``: this one only); ``cookie_secure``: ``Secure``
+    cookies even over plain HTTP (TLS ends in front); ``price_for`` (``prices``) for the cost
+    columns; the summary cache for the L4 summaries' text (``None``: not shown)."""
 
     store: StateStore
     log: RequestLog | None
@@ -74,8 +51,8 @@ class Console:
     summaries: SummaryCache | None = None
 
     async def login(self, request: web.Request) -> LoginSession | None:
-        """The login the request's cookie proves: signed, unexpired and not revoked here or
-        in the store (which may raise :class:`~proxy.store.StoreError`)."""
+        """The login the request's cookie proves: signed, unexpired, not revoked (here or in
+        the store, which may raise :class:`~proxy.store.StoreError`)."""
         login = self.signer.session(request.cookies.get(SESSION_COOKIE))
         if login is not None and self.revocations is not None and (
                 await self.revocations.login_revoked(login.nonce)):
@@ -89,7 +66,6 @@ class Console:
             await self.revocations.revoke_login(login.nonce, login.expires)
 
 
-#: The console's dependencies (held by its sub-app).
 CONSOLE: Final = web.AppKey("console", Console)
 #: The login of the request being served (set by the login middleware).
 LOGIN: Final = web.RequestKey("console_login", LoginSession)
@@ -105,14 +81,18 @@ def session_path(tenant: str, session_id: str, suffix: str = "",
 
 def render(request: web.Request, template: str, context: Mapping[str, Any], *,
            status: int = 200) -> web.Response:
-    """Render ``template`` (autoescaped) with ``context`` plus what every page uses: the
-    prefix, the login and its CSRF token."""
+    """Render ``template`` with ``context`` plus the prefix, the login and its CSRF token."""
     login = request.get(LOGIN)
     console = request.app[CONSOLE]
     full = {"prefix": PREFIX, "logged_in": login is not None,
             "csrf": console.signer.csrf(login) if login is not None else "",
             "session_path": session_path, **context}
     return aiohttp_jinja2.render_template(template, request, full, status=status)
+
+
+def error_page(request: web.Request, status: int, title: str, message: str) -> web.Response:
+    """The error page."""
+    return render(request, "error.html", {"title": title, "message": message}, status=status)
 
 
 def see_other(location: str) -> web.Response:

@@ -1,21 +1,22 @@
 """The console's edits of a durable state: one form in, the next state out (no I/O).
 
-Each form names one operation on one item (``fact`` or ``pending``): ``add``, ``edit``,
-``delete``, or, for a pending item, ``status`` (the table :data:`EDITS`). :func:`apply_edit`
-builds the state that replaces the current one. A bad value is a :class:`FormError` naming
-the field, with the message the item types give (``content: must not be empty ...``), so the
-page can show it next to the form. Everything in ``__all__`` gets re-exported.
+Each form names one operation (:data:`EDITS`) on one fact or pending item. A bad value is a
+:class:`FormError` naming the field, with the message the item types give, so the page can
+show it next to the form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, TypeVar
 
 from compactor import DurableContextState, DurableFact, PendingItem
 
 __all__ = ["EDITS", "FormError", "apply_edit", "parse_version"]
+
+_Item = TypeVar("_Item", DurableFact, PendingItem)
 
 
 class FormError(ValueError):
@@ -26,20 +27,10 @@ class FormError(ValueError):
         self.field = field
         self.message = message
 
-    @classmethod
-    def from_value_error(cls, exc: ValueError) -> FormError:
-        """A :class:`FormError` from an item type's ``"<field>: <problem>"`` error."""
-        message = str(exc)
-        field = message.partition(":")[0].rsplit(".", 1)[-1].split("[", 1)[0] or "form"
-        return cls(field, message)
-
 
 def parse_version(raw: str | None) -> int | None:
-    """The ``version`` a form was loaded with (``""``: there was no state yet).
-
-    Raises:
-        FormError: not a positive integer.
-    """
+    """The ``version`` a form was loaded with (``""``: no state yet); a :class:`FormError`
+    when not a positive integer."""
     if raw is None:
         raise FormError("version", "version: missing; reload the page")
     value = raw.strip()
@@ -87,16 +78,9 @@ def _pending(form: Mapping[str, str], item_id: str, status: str, now: datetime) 
                        last_confirmed_at=_timestamp(form, now), status=status)
 
 
-def _replace(state: DurableContextState, *, facts: list[DurableFact] | None = None,
-             pending: list[PendingItem] | None = None) -> DurableContextState:
-    return DurableContextState(
-        facts=state.facts if facts is None else facts,
-        pending_items=state.pending_items if pending is None else pending,
-        retrieval_evidence=state.retrieval_evidence,
-    )
-
-
-# --- the operations -------------------------------------------------------------------------
+def _with(items: tuple[_Item, ...], index: int, *new: _Item) -> tuple[_Item, ...]:
+    """``items`` with the one at ``index`` replaced by ``new`` (removed when none given)."""
+    return items[:index] + new + items[index + 1:]
 
 
 def _add_fact(state: DurableContextState, form: Mapping[str, str],
@@ -104,22 +88,20 @@ def _add_fact(state: DurableContextState, form: Mapping[str, str],
     fact = _fact(form, _field(form, "fact_id").strip(), now)
     if any(existing.fact_id == fact.fact_id for existing in state.facts):
         raise FormError("fact_id", f"fact_id: a fact {fact.fact_id!r} already exists")
-    return _replace(state, facts=[*state.facts, fact])
+    return replace(state, facts=(*state.facts, fact))
 
 
 def _edit_fact(state: DurableContextState, form: Mapping[str, str],
                now: datetime) -> DurableContextState:
     fact_id = _field(form, "fact_id")
     index = _index(state.facts, "fact_id", fact_id, "fact")
-    facts = list(state.facts)
-    facts[index] = _fact(form, fact_id, now)
-    return _replace(state, facts=facts)
+    return replace(state, facts=_with(state.facts, index, _fact(form, fact_id, now)))
 
 
 def _delete_fact(state: DurableContextState, form: Mapping[str, str],
                  now: datetime) -> DurableContextState:
     index = _index(state.facts, "fact_id", _field(form, "fact_id"), "fact")
-    return _replace(state, facts=[*state.facts[:index], *state.facts[index + 1:]])
+    return replace(state, facts=_with(state.facts, index))
 
 
 def _add_pending(state: DurableContextState, form: Mapping[str, str],
@@ -127,7 +109,7 @@ def _add_pending(state: DurableContextState, form: Mapping[str, str],
     item = _pending(form, _field(form, "item_id").strip(), _status(form), now)
     if any(existing.item_id == item.item_id for existing in state.pending_items):
         raise FormError("item_id", f"item_id: a pending item {item.item_id!r} already exists")
-    return _replace(state, pending=[*state.pending_items, item])
+    return replace(state, pending_items=(*state.pending_items, item))
 
 
 def _edit_pending(state: DurableContextState, form: Mapping[str, str],
@@ -135,27 +117,24 @@ def _edit_pending(state: DurableContextState, form: Mapping[str, str],
     item_id = _field(form, "item_id")
     index = _index(state.pending_items, "item_id", item_id, "pending item")
     status = _status(form) if "status" in form else state.pending_items[index].status
-    items = list(state.pending_items)
-    items[index] = _pending(form, item_id, status, now)
-    return _replace(state, pending=items)
+    item = _pending(form, item_id, status, now)
+    return replace(state, pending_items=_with(state.pending_items, index, item))
 
 
 def _delete_pending(state: DurableContextState, form: Mapping[str, str],
                     now: datetime) -> DurableContextState:
     index = _index(state.pending_items, "item_id", _field(form, "item_id"), "pending item")
-    return _replace(state, pending=[*state.pending_items[:index],
-                                    *state.pending_items[index + 1:]])
+    return replace(state, pending_items=_with(state.pending_items, index))
 
 
 def _set_status(state: DurableContextState, form: Mapping[str, str],
                 now: datetime) -> DurableContextState:
     index = _index(state.pending_items, "item_id", _field(form, "item_id"), "pending item")
     old = state.pending_items[index]
-    items = list(state.pending_items)
-    items[index] = PendingItem(item_id=old.item_id, description=old.description,
-                               source_pointer=old.source_pointer,
-                               last_confirmed_at=old.last_confirmed_at, status=_status(form))
-    return _replace(state, pending=items)
+    item = PendingItem(item_id=old.item_id, description=old.description,
+                       source_pointer=old.source_pointer,
+                       last_confirmed_at=old.last_confirmed_at, status=_status(form))
+    return replace(state, pending_items=_with(state.pending_items, index, item))
 
 
 _Apply = Callable[[DurableContextState, Mapping[str, str], datetime], DurableContextState]
@@ -174,16 +153,14 @@ EDITS: Final[Mapping[tuple[str, str], _Apply]] = {
 
 def apply_edit(state: DurableContextState | None, kind: str, operation: str,
                form: Mapping[str, str], *, now: datetime | None = None) -> DurableContextState:
-    """The state after one console edit of ``state`` (``None``: no state yet).
-
-    Raises:
-        FormError: a bad or missing value, an unknown item, a duplicate id; names the field.
-        KeyError: ``(kind, operation)`` is not in :data:`EDITS`.
-    """
+    """The state after one console edit of ``state`` (``None``: no state yet); a bad value,
+    an unknown item or a duplicate id is a :class:`FormError` naming the field."""
     apply = EDITS[(kind, operation)]
     try:
         return apply(state or DurableContextState(), form, now or datetime.now(UTC))
     except FormError:
         raise
-    except ValueError as exc:
-        raise FormError.from_value_error(exc) from None
+    except ValueError as exc:  # an item type's "<field>: <problem>"
+        message = str(exc)
+        field = message.partition(":")[0].rsplit(".", 1)[-1].split("[", 1)[0] or "form"
+        raise FormError(field, message) from None

@@ -1,15 +1,9 @@
 """Logging in and out of the console.
 
-``GET /admin/ui/login`` serves a form with one field, ``token`` (the admin token), and a CSRF
-token bound to a nonce cookie (the browser's own while it is young, so two login tabs both
-work). ``POST /admin/ui/login`` checks both: the right token gets the session cookie
-(:mod:`proxy.admin.console._auth`) and a redirect to the page asked for, else the sessions page; a
-wrong one gets the form again (401) and no cookie, as does a stale form (403); a client
-address locked out by too many wrong tokens (:mod:`proxy.admin.throttle`, shared with the
-admin API) gets the form with 429 and ``Retry-After``, its token unchecked.
-``POST /admin/ui/logout`` ends the login in every process, through the state store. Cookies
-are ``Secure`` over HTTPS, or always with ``admin.cookie_secure``. The token is only ever in
-the POST body: never in a URL, a page or a log line. Everything in ``__all__`` gets re-exported.
+The login form has one field, ``token``, and a CSRF token bound to a nonce cookie; a wrong
+token gets the form again (401), a stale form 403, a locked-out address 429 (the throttle is
+shared with the admin API). The token is only ever in the POST body: never in a URL, a page
+or a log line.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The pages over every session's requests: the request log (``GET /requests``: a time range
-and a request-id search) and the overview (``GET /overview``: totals, outcomes and a trend).
+"""The pages over every session's requests: the request log (``GET /requests``) and the
+overview (``GET /overview``: totals, outcomes and a trend).
 
-Both read the audit log through :class:`~proxy.audit.log.RequestLog`'s own reads, any
-backend: the sessions newest first (stopping at the first one last seen before the range),
-each one's requests, kept when in the range. That is bounded — at most
-:data:`SCAN_SESSIONS` sessions and :data:`SCAN_REQUESTS` requests of each (a store keeps
-``audit.max_requests_per_session``) — and the page says when the bound cut it short.
-Everything in ``__all__`` gets re-exported.
+Both read the sessions newest first through :class:`~proxy.audit.log.RequestLog` (any
+backend), bounded by :data:`SCAN_SESSIONS` and :data:`SCAN_REQUESTS`; the page says when
+the bound cut the scan short.
 """
 
 from __future__ import annotations
@@ -69,39 +66,34 @@ async def gather(log: RequestLog, wanted: RequestFilter) -> Gathered:
     return Gathered(entries, scanned, cut)
 
 
-def _base(request: web.Request, wanted: RequestFilter, title: str) -> dict[str, object]:
-    return {"title": title, "audit_on": request.app[CONSOLE].log is not None,
-            "filter": wanted, "presets": tuple(PRESETS), "path": request.path}
+async def _scan(request: web.Request, title: str
+                ) -> tuple[RequestFilter, Gathered, dict[str, object]]:
+    """The filter the query asks for, what it keeps, and what both pages show of it."""
+    wanted = request_filter(request.query, default="24h")
+    log = request.app[CONSOLE].log
+    found = Gathered([], 0, False) if log is None else await gather(log, wanted)
+    return wanted, found, {"title": title, "audit_on": log is not None, "filter": wanted,
+                           "presets": tuple(PRESETS), "path": request.path, "found": found}
 
 
 async def requests_page(request: web.Request) -> web.StreamResponse:
     """``GET /requests``: every session's requests in the range, newest first, with their
     usage, cost and totals; ``?rid=`` finds one by its ``x-compact-request-id``."""
-    console = request.app[CONSOLE]
-    wanted = request_filter(request.query, default="24h")
-    found = Gathered([], 0, False)
-    if console.log is not None:
-        found = await gather(console.log, wanted)
-    shown = found.entries[:REQUESTS_LISTED]
-    total, costs = totals(found.entries, console.price_for)
+    _, found, base = await _scan(request, "Requests")
+    total, costs = totals(found.entries, request.app[CONSOLE].price_for)
     return render(request, "requests.html", {
-        **_base(request, wanted, "Requests"), "entries": shown, "matched": len(found.entries),
-        "costs": costs, "totals": total, "found": found})
+        **base, "entries": found.entries[:REQUESTS_LISTED], "matched": len(found.entries),
+        "costs": costs, "totals": total})
 
 
 async def overview_page(request: web.Request) -> web.StreamResponse:
-    """``GET /overview``: totals over the range (requests, sessions, tokens saved, cost,
-    prompt-cache share, outcomes) and their trend by hour or day."""
+    """``GET /overview``: totals over the range and their trend by hour or day."""
     console = request.app[CONSOLE]
-    wanted = request_filter(request.query, default="24h")
-    found = Gathered([], 0, False)
-    if console.log is not None:
-        found = await gather(console.log, wanted)
+    wanted, found, base = await _scan(request, "Overview")
     total, _ = totals(found.entries, console.price_for)
     sessions = len({(entry.tenant, entry.session_id) for entry in found.entries})
     outcomes = sorted(total.outcomes.items(), key=lambda item: (-item[1], item[0]))
     return render(request, "overview.html", {
-        **_base(request, wanted, "Overview"), "totals": total, "sessions": sessions,
-        "outcomes": outcomes, "found": found,
+        **base, "totals": total, "sessions": sessions, "outcomes": outcomes,
         "trend": trend(found.entries, console.price_for, since=wanted.since,
                        until=wanted.until, now=datetime.now(UTC))})

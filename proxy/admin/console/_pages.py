@@ -1,18 +1,14 @@
 """The console's pages and forms: the sessions table, one session's page, and its edits.
 
-Every edit is a form that carries the state's version as the page loaded it. The console
-writes through the store's compare-and-swap with that version (what the admin API's
-``If-Match`` does), so a state changed since the page was loaded is never overwritten: the
-page comes back with 409 and "changed since you loaded it". A bad value comes back with 400
-and the message naming the field. Each change is kept in the audit log as a
-:class:`~proxy.audit.log.StateChange` by actor ``console``. Everything in ``__all__``
-gets re-exported.
+Every edit form carries the state's version as the page loaded it and writes through the
+store's compare-and-swap with it (the admin API's ``If-Match``): a state changed since is never
+overwritten (409), a bad value is a 400 naming the field. Changes are audited as ``console``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -22,12 +18,10 @@ from aiohttp import web
 
 from compactor import PENDING_STATUSES, DurableContextState, session_id_problem
 from proxy.admin.console._chart import token_chart
-from proxy.admin.console._context import CONSOLE, render, see_other, session_path
+from proxy.admin.console._context import CONSOLE, error_page, render, see_other, session_path
 from proxy.admin.console._edits import FormError, apply_edit, parse_version
 from proxy.admin.console._overview import SCAN_REQUESTS
 from proxy.admin.console._range import PRESETS, request_filter
-from proxy.admin.console._sources import source_views
-from proxy.admin.console._summaries import summary_views
 from proxy.admin.console._totals import totals
 from proxy.audit.log import (
     RequestEntry,
@@ -37,7 +31,7 @@ from proxy.audit.log import (
     state_change_detail,
 )
 from proxy.http.tenants import is_tenant, scoped_key
-from proxy.store import StoredState, VersionConflict
+from proxy.store import StoredState, SummaryCache, VersionConflict
 
 __all__ = ["edit_handler", "session_page", "sessions_page"]
 
@@ -48,6 +42,8 @@ SESSIONS_PER_PAGE: Final = 50
 #: Requests a session's page shows (newest), and state changes.
 REQUESTS_SHOWN: Final = 200
 CHANGES_SHOWN: Final = 50
+#: Distinct L4 summaries read for one page.
+SUMMARIES_SHOWN: Final = 20
 #: The actor a console change is recorded under.
 ACTOR: Final = "console"
 #: What a redirect after a change says (the query names one of these, never free text).
@@ -65,18 +61,9 @@ _ANCHORS: Final = {"fact": "facts", "pending": "pending"}
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """Why an edit was not saved, shown next to its form.
-
-    Attributes:
-        kind: ``fact`` or ``pending``.
-        operation: ``add``, ``edit``, ``delete`` or ``status``.
-        item_id: the item the form was about (``""`` for an add).
-        field: the field at fault (``version`` for a conflict).
-        message: what to tell the operator.
-        conflict: the state changed since the page was loaded.
-        draft: what the form sent (a 400 puts it back in the form).
-        version: the version the form was loaded with (kept with the draft).
-    """
+    """Why an edit was not saved, shown next to its form: the form (``item_id`` ``""`` for an
+    add), the field at fault (``version`` for a ``conflict``), and for a 400 what the form sent
+    (``draft``, ``version``) to put back in it."""
 
     kind: str
     operation: str
@@ -92,9 +79,9 @@ class Problem:
         return (self.kind, self.operation, self.item_id) == (kind, operation, item_id)
 
 
-def _not_found(request: web.Request, message: str) -> web.Response:
-    return render(request, "error.html", {"title": "Not found", "message": message},
-                  status=404)
+def _no_such_session(request: web.Request) -> web.Response:
+    return error_page(request, 404, "Not found",
+                      "No such session: not a tenant or a session id.")
 
 
 def _session_of(request: web.Request) -> tuple[str, str] | None:
@@ -102,9 +89,6 @@ def _session_of(request: web.Request) -> tuple[str, str] | None:
     if not is_tenant(tenant) or session_id_problem(sid) is not None:
         return None
     return tenant, sid
-
-
-# --- the sessions table ---------------------------------------------------------------------
 
 
 def _page_number(raw: str | None) -> int:
@@ -132,7 +116,33 @@ async def sessions_page(request: web.Request) -> web.StreamResponse:
     })
 
 
-# --- one session ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SummaryView:
+    """One request's L4 summary: its text, or ``None`` when the cache no longer holds it."""
+
+    request_id: str
+    key: str
+    text: str | None
+
+
+async def summary_views(cache: SummaryCache | None,
+                        entries: Sequence[RequestEntry]) -> list[SummaryView]:
+    """The L4 summaries of ``entries`` (newest first), read from the summary cache by the key
+    the audit record keeps (never the text): one the cache has since evicted shows as gone."""
+    if cache is None:
+        return []
+    texts: dict[str, str | None] = {}
+    views: list[SummaryView] = []
+    for entry in entries:
+        key = entry.summary_key
+        if key is None:
+            continue
+        if key not in texts:
+            if len(texts) >= SUMMARIES_SHOWN:
+                continue
+            texts[key] = await cache.get_summary(key)
+        views.append(SummaryView(entry.request_id, key, texts[key]))
+    return views
 
 
 async def _session_response(request: web.Request, tenant: str, sid: str, *,
@@ -160,8 +170,10 @@ async def _session_response(request: web.Request, tenant: str, sid: str, *,
                         hard=policy.hard_limit_tokens)
     shown, costs = totals(entries, console.price_for)
     summaries = await summary_views(console.summaries, entries)
-    sources = (await source_views(console.resolvers, sid, stored.state, tenant)
-               if stored is not None else {})
+    # Each pointer's status and excerpt, as the admin API's ?resolve=true shows them.
+    excerpts = (() if stored is None
+                else await console.resolvers.excerpts(sid, stored.state, tenant=tenant))
+    sources = {excerpt.resolution.pointer: excerpt for excerpt in excerpts}
     done = _DONE.get(request.query.get("done", "")) if problem is None else None
     return render(request, "session.html", {
         "title": f"Session {sid}", "audit_on": console.log is not None,
@@ -183,19 +195,13 @@ async def session_page(request: web.Request) -> web.StreamResponse:
     """``GET /tenants/{tenant}/sessions/{sid}``: chart, requests, blocks, state, forms."""
     session = _session_of(request)
     if session is None:
-        return _not_found(request, "No such session: not a tenant or a session id.")
+        return _no_such_session(request)
     return await _session_response(request, *session)
-
-
-# --- edits ----------------------------------------------------------------------------------
 
 
 def _change(request: web.Request, tenant: str, sid: str, old: StoredState | None,
             state: DurableContextState) -> StateChange | None:
-    """The change an edit records, in the admin API's words
-    (:func:`~proxy.audit.log.state_change_detail`), kept by the store in the write's
-    own transaction (``None`` when changes are not recorded); its version is the one
-    written."""
+    """The change an edit records, in the admin API's words (``None``: not recorded)."""
     console = request.app[CONSOLE]
     if console.log is None or not console.record_changes:
         return None
@@ -211,16 +217,14 @@ def _conflict_message(loaded: int | None, current: int | None) -> str:
             f"the page now shows the current state, make your change again.")
 
 
-EditHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def edit_handler(kind: str, operation: str) -> EditHandler:
+def edit_handler(kind: str, operation: str
+                 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of ``POST /tenants/{tenant}/sessions/{sid}/{kind}/{operation}``."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         session = _session_of(request)
         if session is None:
-            return _not_found(request, "No such session: not a tenant or a session id.")
+            return _no_such_session(request)
         tenant, sid = session
         form = {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
         item_id = form.get("fact_id" if kind == "fact" else "item_id", "")

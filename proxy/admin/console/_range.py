@@ -1,10 +1,8 @@
 """The time range and request-id filter of the request pages, read from the query string.
 
-``?range=1h|24h|7d|30d|all`` picks a preset; ``?from=`` and ``?to=`` (the browser's
-``datetime-local`` form, ``2026-12-05T09:30``, read as UTC, or ISO 8601 with an offset) set
-either end and win over the preset; ``?rid=`` keeps the requests whose id
-(``x-compact-request-id``) contains it. A value that cannot be read is named in
-:attr:`RequestFilter.problem` and ignored. Everything in ``__all__`` gets re-exported.
+``?range=`` picks a preset; ``?from=`` and ``?to=`` (the browser's ``datetime-local`` form,
+read as UTC, or ISO 8601 with an offset) win over it; ``?rid=`` keeps the requests whose id
+contains it. A value that cannot be read is named in :attr:`RequestFilter.problem` and ignored.
 """
 
 from __future__ import annotations
@@ -30,16 +28,9 @@ _RID_MAX: Final = 64
 
 @dataclass(frozen=True, slots=True)
 class RequestFilter:
-    """Which requests a page shows.
-
-    Attributes:
-        preset: the preset chosen (``""`` when ``from``/``to`` set the range).
-        since: the earliest arrival kept (``None``: no lower bound).
-        until: the latest arrival kept (``None``: no upper bound).
-        request_id: the text the request id must contain (``""``: any).
-        problem: what could not be read, to show next to the form.
-        since_text, until_text: the form's values, as given.
-    """
+    """Which requests a page shows: arrivals from ``since`` to ``until`` (``None``: no bound)
+    whose id contains ``request_id``; ``preset`` is ``""`` when ``from``/``to`` set the
+    range, whose values as given are ``since_text`` and ``until_text``."""
 
     preset: str
     since: datetime | None
@@ -61,17 +52,6 @@ class RequestFilter:
         if self.until is not None and entry.at > self.until:
             return False
         return not self.request_id or self.request_id in entry.request_id.lower()
-
-    def query(self) -> dict[str, str]:
-        """The query string that gives this filter back (for links and paging)."""
-        out = {"range": self.preset} if self.preset else {}
-        if self.since_text:
-            out["from"] = self.since_text
-        if self.until_text:
-            out["to"] = self.until_text
-        if self.request_id:
-            out["rid"] = self.request_id
-        return out
 
 
 def _when(name: str, raw: str) -> datetime:

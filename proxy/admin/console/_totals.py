@@ -1,13 +1,5 @@
-"""What a request cost and what a set of requests add up to, for the request tables and the
-overview.
-
-A request's cost is its provider ``usage`` (input, cache reads, cache writes, output, as the
-audit record keeps them) at its model's price (``prices``, :mod:`proxy.config.prices`);
-``None`` when the provider reported no usage or the model has no price. :class:`Totals` adds
-requests up: tokens before and after, usage by kind, cost (and how many requests could not
-be priced), the share of input read from the prompt cache, and how many ended in each
-outcome. Everything in ``__all__`` gets re-exported.
-"""
+"""What a request cost (its provider ``usage`` at its model's price, ``prices``) and what a
+set of requests add up to, for the request tables and the overview."""
 
 from __future__ import annotations
 
@@ -44,17 +36,8 @@ def request_cost(entry: RequestEntry, price_for: PriceFor) -> float | None:
 
 @dataclass(slots=True)
 class Totals:
-    """Requests added up.
-
-    Attributes:
-        requests: how many.
-        tokens_before, tokens_after: sums of the known counts.
-        usage_input, usage_cache_read, usage_cache_write, usage_output: the provider's usage,
-            summed.
-        cost: the priced requests' cost in USD.
-        unpriced: requests with usage that could not be priced (their model has no price).
-        outcomes: requests per outcome (``forwarded``, ``blocked``, ``invalid``, ...).
-    """
+    """Requests added up: the known token counts and usage, the priced requests' cost in USD
+    (``unpriced``: those with usage whose model has no price), requests per outcome."""
 
     requests: int = 0
     tokens_before: int = 0

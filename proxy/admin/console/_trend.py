@@ -1,6 +1,5 @@
 """The overview's trend: requests put in hourly or daily buckets, and the bars an inline SVG
-draws of them (no JavaScript). Everything in ``__all__`` gets re-exported.
-"""
+draws of them (no JavaScript)."""
 
 from __future__ import annotations
 
