@@ -133,24 +133,20 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
         return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
-    metrics = s.metrics
-
     def on_usage(model: str, usage: ProviderUsage) -> None:
-        metrics.observe_provider_usage(usage, summary=True)
+        s.metrics.observe_provider_usage(usage, summary=True)
         # A summary made ahead has a ledger row of its own.
         row = session.key if prepared is None else session.key + PREPARED_ROW
         s.usage_ledger.add(row, model, Accounting.summary_entry(usage))
         if prepared is not None:
             prepared(model, usage)
 
-    def on_window(model: str, maximum: int) -> None:
-        s.calibration.learn_window(session.key, model, maximum)
-
     return summary_source(
         s.backend, provider,
         CallerCredentials.from_headers(upstream_request_headers(request.headers, s.forward_policy)),
         tenant=session.tenant, fork=fork if provider is not None else None,
-        counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
+        counter=counter, metrics=s.metrics, on_usage=on_usage,
+        on_window=functools.partial(s.calibration.learn_window, session.key))
 
 
 async def _compact(s: Services, request: web.Request, record: RequestRecord,
