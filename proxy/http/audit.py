@@ -220,11 +220,9 @@ def completed_fields(record: RequestRecord, method: str, status: int | None, out
     """The ``request_completed`` line's fields: only those that have a value (no ``null``),
     ``layers`` once compaction ran, and why it compacted (``compacted_because``)."""
     fields: dict[str, object] = {"route": record.route, "method": method}
-    if record.path is not None:
-        fields["path"] = record.path
-    optional = {"status": status, "role": record.role, "session_id": record.session_id,
-                "tenant": record.tenant, "tokens_before": record.tokens_before,
-                "tokens_after": record.tokens_after}
+    optional = {"path": record.path, "status": status, "role": record.role,
+                "session_id": record.session_id, "tenant": record.tenant,
+                "tokens_before": record.tokens_before, "tokens_after": record.tokens_after}
     fields.update((k, v) for k, v in optional.items() if v is not None)
     if record.tokens_before is not None:
         fields["layers"] = list(record.layers)

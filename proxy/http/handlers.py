@@ -101,15 +101,12 @@ def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     if not (s.config.summary.enabled and policy.summary_enabled):
         return None
-    source: Summarizer | None = None
+    source = functools.cache(functools.partial(  # made on the first summary
+        _summary_source, s, request, session, may_call_model, body, durable, scope.counter))
 
     async def summarize(summary: compactor.SummaryRequest) -> str | None:
-        nonlocal source
-        if source is None:
-            source = _summary_source(s, request, session, may_call_model, body, durable,
-                                     scope.counter)
         async with scope.paused():
-            return await source(summary)
+            return await source()(summary)
 
     return summarize
 
@@ -155,7 +152,6 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
                    scope: RequestScope, executor: Executor | None
                    ) -> tuple[compactor.CompactionResult, bool]:
     """The compacted view, and whether its checkpoint is new (kept by :func:`_succeeded`)."""
-    body = parsed.doc
     record.role = plan.role
     policy = plan.policy
     record.soft_threshold_tokens = policy.soft_threshold_tokens
@@ -168,7 +164,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
     sticky = s.config.compaction.sticky and durable.store_available
     checkpoint = await s.checkpoints.load(session.key, plan.lane) if sticky else None
     timed = TimedSummarizer(_summarizer(s, request, plan.policy, session, may_call_model,
-                                        body, durable, scope))
+                                        parsed.doc, durable, scope))
     try:
         result = await compactor.compact_context_async(
             parsed.messages,
@@ -224,8 +220,8 @@ def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
         if provider is not None and provider.name == "bedrock":  # Bedrock's betas: the body's
             betas = body.get("anthropic_beta")
             listed = betas if isinstance(betas, list) else []
-            replaced["anthropic_beta"] = [*listed, *(
-                () if BINDING_BETA in listed else (BINDING_BETA,))]
+            replaced["anthropic_beta"] = (listed if BINDING_BETA in listed
+                                          else [*listed, BINDING_BETA])
         else:
             beta = merge_beta_header(request.headers.getall("anthropic-beta", ()))
             headers.popall("anthropic-beta", None)
