@@ -374,9 +374,8 @@ def _learn(s: Services, record: RequestRecord, session: SessionRef,
     provider = usage.prompt_tokens
     error = (result.tokens_after - provider) / provider
     record.estimate_error = round(error * 100, 2)
-    metrics = s.metrics
-    metrics.observe_estimate_error(error)
-    metrics.observe_provider_usage(usage)
+    s.metrics.observe_estimate_error(error)
+    s.metrics.observe_provider_usage(usage)
     plan.learn(s.calibration, session.key, result, provider)
     entry = s.accounting.entry(session.key, plan.lane, result.tokens_before,
                                result.tokens_after, usage)
