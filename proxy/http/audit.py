@@ -117,10 +117,6 @@ class RequestRecord(msgspec.Struct):
             parts.append("sticky prefix reused")
         return "; ".join(parts)
 
-    def duration_ms(self) -> float:
-        """Milliseconds since the request arrived."""
-        return round((time.perf_counter() - self.started) * 1000.0, 3)
-
     def audit_entry(self, status: int | None, outcome: Outcome,
                     duration_ms: float) -> RequestEntry | None:
         """What the audit log keeps of this request, once it ended with ``status`` (the
@@ -206,7 +202,7 @@ def request_context_middleware(s: Services) -> Middleware:
                 outcome = (Outcome.CANCELLED if status is None
                            else Outcome.OK if status < 400 else Outcome.HTTP_ERROR)
             s.metrics.count_request(record.route, outcome)
-            duration_ms = record.duration_ms()
+            duration_ms = round((time.perf_counter() - record.started) * 1000.0, 3)
             if audit:
                 _keep_in_audit_log(s, record, status, outcome, duration_ms)
             _log.info("request_completed", **completed_fields(
@@ -220,11 +216,9 @@ def completed_fields(record: RequestRecord, method: str, status: int | None, out
     """The ``request_completed`` line's fields: only those that have a value (no ``null``),
     ``layers`` once compaction ran, and why it compacted (``compacted_because``)."""
     fields: dict[str, object] = {"route": record.route, "method": method}
-    if record.path is not None:
-        fields["path"] = record.path
-    optional = {"status": status, "role": record.role, "session_id": record.session_id,
-                "tenant": record.tenant, "tokens_before": record.tokens_before,
-                "tokens_after": record.tokens_after}
+    optional = {"path": record.path, "status": status, "role": record.role,
+                "session_id": record.session_id, "tenant": record.tenant,
+                "tokens_before": record.tokens_before, "tokens_after": record.tokens_after}
     fields.update((k, v) for k, v in optional.items() if v is not None)
     if record.tokens_before is not None:
         fields["layers"] = list(record.layers)

@@ -12,7 +12,8 @@ import math
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from dataclasses import dataclass
+from typing import Any, Final
 
 from aiohttp import compression_utils as codecs
 from aiohttp import web
@@ -32,15 +33,6 @@ def _too_large(limit: int) -> RequestRejected:
     )
 
 
-class _BodyDecoder(Protocol):
-    """Decodes one content coding incrementally: :class:`_Overflow` past ``budget`` bytes,
-    :class:`_Undecodable` for bad or (at ``finish``) incomplete data."""
-
-    def feed(self, data: bytes, budget: int) -> bytes: ...
-
-    def finish(self) -> None: ...
-
-
 class _Overflow(Exception):
     pass
 
@@ -49,26 +41,24 @@ class _Undecodable(Exception):
     pass
 
 
+@dataclass(slots=True)
 class _ZlibDecoder:
     """``gzip`` (members may be concatenated) or ``deflate`` (zlib, or raw DEFLATE, told by
     its first byte)."""
 
-    __slots__ = ("_coding", "_inflater")
-
-    def __init__(self, coding: str) -> None:
-        self._coding = coding
-        self._inflater: Any = None  # made on the first byte
+    coding: str
+    inflater: Any = None  # made on the first byte
 
     def _current(self, data: bytes) -> Any:
-        inflater = self._inflater
+        inflater = self.inflater
         if inflater is None or inflater.eof:
-            if inflater is not None and self._coding == "deflate":
+            if inflater is not None and self.coding == "deflate":
                 raise _Undecodable("data after the end of the compressed stream")
-            if self._coding == "gzip":
+            if self.coding == "gzip":
                 wbits = 16 + zlib.MAX_WBITS
             else:
                 wbits = zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS
-            inflater = self._inflater = zlib.decompressobj(wbits=wbits)
+            inflater = self.inflater = zlib.decompressobj(wbits=wbits)
         return inflater
 
     def feed(self, data: bytes, budget: int) -> bytes:
@@ -86,20 +76,18 @@ class _ZlibDecoder:
         return bytes(out)
 
     def finish(self) -> None:
-        if self._inflater is not None and not self._inflater.eof:
+        if self.inflater is not None and not self.inflater.eof:
             raise _Undecodable("the compressed data ends early")
 
 
+@dataclass(slots=True)
 class _AiohttpDecoder:
     """``br`` / ``zstd`` through aiohttp's own decompressors (when their libraries are there)."""
 
-    __slots__ = ("_decompressor",)
-
-    def __init__(self, decompressor: Any) -> None:
-        self._decompressor = decompressor
+    decompressor: Any
 
     def feed(self, data: bytes, budget: int) -> bytes:
-        decompressor = self._decompressor
+        decompressor = self.decompressor
         try:
             out = bytearray(decompressor.decompress_sync(data, budget + 1))
             while len(out) <= budget and decompressor.data_available:
@@ -115,6 +103,11 @@ class _AiohttpDecoder:
 
     def finish(self) -> None:
         """A truncated stream shows as JSON that ends early."""
+
+
+#: Decodes one content coding incrementally (``feed``): :class:`_Overflow` past ``budget``
+#: bytes, :class:`_Undecodable` for bad or (at ``finish``) incomplete data.
+_BodyDecoder = _ZlibDecoder | _AiohttpDecoder
 
 
 def _optional_decoders() -> dict[str, Callable[[], _BodyDecoder]]:
@@ -231,13 +224,11 @@ def _invalid(message: str, reason: str) -> RequestRejected:
     return RequestRejected(400, "invalid_request_error", message, reason=reason)
 
 
+@dataclass(slots=True, eq=False)
 class _OutOfRange:
     """Stands in, while parsing, for a number no float or int holds (``1e400``, 5000 digits)."""
 
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+    text: str
 
 
 def _number_parsers() -> tuple[list[_OutOfRange], Callable[[str], Any], Callable[[str], Any]]:
@@ -367,8 +358,6 @@ REPLACEMENT: Final = "\ufffd"
 
 def may_hold_lone_surrogates(raw: bytes) -> bool:
     """Whether the raw body has an unpaired surrogate escape (a byte search)."""
-    if _SURROGATE_ESCAPE.search(raw) is None:
-        return False
     paired_low = -1  # where the low half of the last pair found starts
     for found in _SURROGATE_ESCAPE.finditer(raw):
         start = found.start()

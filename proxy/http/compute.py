@@ -87,10 +87,8 @@ class ComputeThreads(ThreadPoolExecutor):
 
     def _queue_trim(self) -> None:
         self._trim_timer = None
-        try:
+        with contextlib.suppress(RuntimeError):  # (shut down: the process is stopping)
             self.submit(give_back_memory)
-        except RuntimeError:  # (shut down: the process is stopping)
-            pass
 
 
 class Turn:

@@ -94,9 +94,6 @@ class _Refused(asyncio.Protocol):
         transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.abort)
 
-    def data_received(self, data: bytes) -> None:
-        pass
-
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()

@@ -66,7 +66,6 @@ class DurableBlocks:
 async def load_durable_context(s: Services, session: SessionRef) -> DurableContext:
     """The session's state with every source pointer verified (against the client's own
     session id, in its tenant's roots), rendered for ``system``."""
-    session_id = session.session_id
     try:
         stored = await s.store.get_state(session.key)
     except StoreUnavailable as exc:
@@ -76,6 +75,6 @@ async def load_durable_context(s: Services, session: SessionRef) -> DurableConte
         return DurableContext(None, "", store_available=False)
     if stored is None or stored.state.is_empty:
         return DurableContext(None if stored is None else stored.state, "")
-    resolutions = await s.resolvers.resolve(session_id, stored.state, tenant=session.tenant)
+    resolutions = await s.resolvers.resolve(session.session_id, stored.state, tenant=session.tenant)
     return DurableContext(stored.state,
                           s.durable_blocks.text(session.key, stored.state, resolutions))

@@ -380,6 +380,5 @@ async def _failed_mid_body(response: web.StreamResponse, record: RequestRecord,
         "api_error", f"upstream provider stream {reason} mid-response ({type(exc).__name__})"
     )
     if await _write(response, record, event):
-        record.outcome = Outcome.STREAM_FAILED
         await response.write_eof()
     return response

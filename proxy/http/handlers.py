@@ -101,15 +101,12 @@ def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     if not (s.config.summary.enabled and policy.summary_enabled):
         return None
-    source: Summarizer | None = None
+    source = functools.cache(functools.partial(  # made on the first summary
+        _summary_source, s, request, session, may_call_model, body, durable, scope.counter))
 
     async def summarize(summary: compactor.SummaryRequest) -> str | None:
-        nonlocal source
-        if source is None:
-            source = _summary_source(s, request, session, may_call_model, body, durable,
-                                     scope.counter)
         async with scope.paused():
-            return await source(summary)
+            return await source()(summary)
 
     return summarize
 
@@ -133,24 +130,20 @@ def _summary_source(s: Services, request: web.Request, session: SessionRef,
         return ForkSource.from_request(headers.items(), request.query_string, parts,
                                        system=system)
 
-    metrics = s.metrics
-
     def on_usage(model: str, usage: ProviderUsage) -> None:
-        metrics.observe_provider_usage(usage, summary=True)
+        s.metrics.observe_provider_usage(usage, summary=True)
         # A summary made ahead has a ledger row of its own.
         row = session.key if prepared is None else session.key + PREPARED_ROW
         s.usage_ledger.add(row, model, Accounting.summary_entry(usage))
         if prepared is not None:
             prepared(model, usage)
 
-    def on_window(model: str, maximum: int) -> None:
-        s.calibration.learn_window(session.key, model, maximum)
-
     return summary_source(
         s.backend, provider,
         CallerCredentials.from_headers(upstream_request_headers(request.headers, s.forward_policy)),
         tenant=session.tenant, fork=fork if provider is not None else None,
-        counter=counter, metrics=metrics, on_usage=on_usage, on_window=on_window)
+        counter=counter, metrics=s.metrics, on_usage=on_usage,
+        on_window=functools.partial(s.calibration.learn_window, session.key))
 
 
 async def _compact(s: Services, request: web.Request, record: RequestRecord,
@@ -159,7 +152,6 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
                    scope: RequestScope, executor: Executor | None
                    ) -> tuple[compactor.CompactionResult, bool]:
     """The compacted view, and whether its checkpoint is new (kept by :func:`_succeeded`)."""
-    body = parsed.doc
     record.role = plan.role
     policy = plan.policy
     record.soft_threshold_tokens = policy.soft_threshold_tokens
@@ -172,7 +164,7 @@ async def _compact(s: Services, request: web.Request, record: RequestRecord,
     sticky = s.config.compaction.sticky and durable.store_available
     checkpoint = await s.checkpoints.load(session.key, plan.lane) if sticky else None
     timed = TimedSummarizer(_summarizer(s, request, plan.policy, session, may_call_model,
-                                        body, durable, scope))
+                                        parsed.doc, durable, scope))
     try:
         result = await compactor.compact_context_async(
             parsed.messages,
@@ -228,8 +220,8 @@ def _outgoing(s: Services, request: web.Request, parsed: RequestBody,
         if provider is not None and provider.name == "bedrock":  # Bedrock's betas: the body's
             betas = body.get("anthropic_beta")
             listed = betas if isinstance(betas, list) else []
-            replaced["anthropic_beta"] = [*listed, *(
-                () if BINDING_BETA in listed else (BINDING_BETA,))]
+            replaced["anthropic_beta"] = (listed if BINDING_BETA in listed
+                                          else [*listed, BINDING_BETA])
         else:
             beta = merge_beta_header(request.headers.getall("anthropic-beta", ()))
             headers.popall("anthropic-beta", None)
@@ -382,9 +374,8 @@ def _learn(s: Services, record: RequestRecord, session: SessionRef,
     provider = usage.prompt_tokens
     error = (result.tokens_after - provider) / provider
     record.estimate_error = round(error * 100, 2)
-    metrics = s.metrics
-    metrics.observe_estimate_error(error)
-    metrics.observe_provider_usage(usage)
+    s.metrics.observe_estimate_error(error)
+    s.metrics.observe_provider_usage(usage)
     plan.learn(s.calibration, session.key, result, provider)
     entry = s.accounting.entry(session.key, plan.lane, result.tokens_before,
                                result.tokens_after, usage)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
+from msgspec.structs import astuple
+
 import compactor
 from policies import CompactionPolicy
 from proxy.accounting.usage import ProviderUsage
@@ -105,9 +107,7 @@ async def prepare_next(s: Services, session: SessionRef, lane: str,
     async def summarize() -> None:
         calls: list[tuple[str, ProviderUsage]] = []  # (model, usage) of each call
         text = await source(lambda model, usage: calls.append((model, usage)))(request)
-        total = ProviderUsage(*(sum(kind) for kind in zip(
-            *((u.input, u.cache_read, u.cache_write, u.output) for _, u in calls),
-            strict=True))) if calls else ProviderUsage()
+        total = ProviderUsage(*map(sum, zip(*(astuple(u) for _, u in calls), strict=True)))
         await preparations.finish(session.key, lane, started, text,
                                   calls[0][0] if calls else "", total)
 

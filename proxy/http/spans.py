@@ -303,7 +303,7 @@ def _by_spans(raw: bytes, cache: DecodedSpans, staged: Staged | None) -> Request
     return RequestBody(raw, doc, fields, _bounds(raw, spans_raw, spans), entries, values)
 
 
-def _bounds(raw: bytes, array: msgspec.Raw, spans: list[msgspec.Raw],
+def _bounds(raw: bytes, array: bytes | msgspec.Raw, spans: list[msgspec.Raw],
             ) -> list[tuple[int, int]] | None:
     """Where each span is in ``raw`` (None when the array's place is not certain: it is
     found by its first bytes, then compared whole, and must be there once)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -17,14 +18,12 @@ from proxy.http.errors import error_body
 __all__ = ["SSEFramer", "StreamWatch", "json_usage", "sse_error_event"]
 
 
+@dataclass(slots=True)
 class SSEFramer:
     """Splits a byte stream at Server-Sent-Event boundaries (a blank line): :meth:`feed`
     returns the complete events, :meth:`flush` the incomplete rest when the stream ends."""
 
-    __slots__ = ("_pending",)
-
-    def __init__(self) -> None:
-        self._pending = bytearray()
+    _pending: bytearray = field(default_factory=bytearray)
 
     def feed(self, chunk: bytes) -> bytes:
         if not self._pending and chunk.endswith(b"\n\n"):
@@ -74,17 +73,15 @@ def _last_event_name(data: bytes) -> bytes | None:
         end = at
 
 
+@dataclass(slots=True)
 class StreamWatch:
     """The event names seen in a relayed Messages stream (the last one, and any ``error``)
     and the ``usage`` its ``message_start`` and ``message_delta`` report; on every chunk, so
     a regular expression runs only where a C search found it can match."""
 
-    __slots__ = ("last_event", "provider_error", "usage")
-
-    def __init__(self) -> None:
-        self.last_event = b""
-        self.provider_error = False
-        self.usage: ProviderUsage | None = None
+    last_event: bytes = b""
+    provider_error: bool = False
+    usage: ProviderUsage | None = None
 
     def see(self, data: bytes) -> None:
         last = _last_event_name(data)
