@@ -171,9 +171,9 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
-               empty: _T) -> _T:
-    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
+def read_store(config: Config, command: str,
+               read: Callable[[StoreBackend], Awaitable[_T]]) -> _T | None:
+    """``read`` on the configured store (opened, then closed); ``None`` when its SQLite file
     does not exist yet (a command that reads never creates it). ``CommandFailed`` (exit 1)
     when the store fails."""
     from proxy.store import StoreError, store_for
@@ -186,7 +186,7 @@ def read_store(config: Config, command: str, read: Callable[[StoreBackend], Awai
             await store.close()
 
     if config.store.backend == "sqlite" and not Path(config.store.path).exists():
-        return empty
+        return None
     try:
         return asyncio.run(run())
     except StoreError as exc:
@@ -332,11 +332,9 @@ def _move_session(config: Config, args: argparse.Namespace) -> int:
 
 def _report(config: Config, args: argparse.Namespace) -> int:
     from proxy.accounting.report import build_report
-    from proxy.accounting.usage import UsageRow
 
     session, tenant = args.session, args.tenant
-    none: list[UsageRow] = []
-    rows = read_store(config, "report", lambda store: store.usage_rows(), none)
+    rows = read_store(config, "report", lambda store: store.usage_rows()) or []
     if session is not None and tenant is not None:
         from proxy.http.tenants import scoped_key
 
