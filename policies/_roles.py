@@ -25,8 +25,8 @@ __all__ = ["ROLE_NAMES", "RoleRule", "RolePolicies"]
 Role = Literal["main", "subagent", "summary_recovery"]
 ROLE_NAMES: tuple[Role, ...] = get_args(Role)
 
-# An HTTP header name is an RFC 9110 "token".
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: An HTTP header name: an RFC 9110 "token".
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def _role_name(value: str, info: ValidationInfo) -> str:
@@ -36,7 +36,7 @@ def _role_name(value: str, info: ValidationInfo) -> str:
 
 
 def _header_name(value: str, info: ValidationInfo) -> str:
-    if _HEADER_NAME.fullmatch(value) is None:
+    if HEADER_NAME.fullmatch(value) is None:
         raise invalid(info.field_name, f"must be an HTTP header name, got {value!r}")
     # Header names are case-insensitive; keep the lower-case form once.
     return value.lower()
@@ -135,9 +135,6 @@ class RolePolicies:
             raise ValueError(f"default_role must be one of {', '.join(ROLE_NAMES)}, got "
                              f"{self.default_role!r}")
         rules = tuple(self.rules)
-        for rule in rules:
-            if not isinstance(rule, RoleRule):
-                raise ValueError(f"rules must be RoleRule values, got {type(rule).__name__}")
         main = self.policies["main"]
         resolved = {role: self.policies.get(role, main) for role in ROLE_NAMES}
         object.__setattr__(self, "policies", MappingProxyType(dict(self.policies)))
