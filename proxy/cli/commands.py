@@ -237,7 +237,8 @@ def _check_store(config: Config) -> None:
     if config.store.backend == "redis":
         from proxy.server.workers import check_store
 
-        return check_store(config)
+        check_store(config)
+        return
     path = Path(config.store.path).expanduser().absolute()
     existing = path if path.exists() else next(p for p in path.parents if p.exists())
     if existing == path and not path.is_file():
@@ -245,7 +246,6 @@ def _check_store(config: Config) -> None:
     if not os.access(existing, os.W_OK):
         raise ConfigError("store.path", f"cannot open the state store: {existing} is not "
                                         "writable")
-    return None
 
 
 def _tenant_id(config: Config, args: argparse.Namespace) -> int:

@@ -233,7 +233,6 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
                                       max_retries=0,
                                       default_headers={"x-compact-session-id": SESSION_ID})
     seen_layers: set[str] = set()
-    summaries: list[Any] = []
     agent.history.append({"role": "user",
                           "content": "Fix the failing test in tests/test_parser.py."})
     try:
@@ -265,8 +264,7 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
         try:
             await client.messages.create(model=MODEL, max_tokens=1024, messages=pasted)
         except anthropic.BadRequestError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error", {}) if isinstance(body, dict) else {}
+            error = exc.body.get("error", {}) if isinstance(exc.body, dict) else {}
             out.write(f"  blocked: 400 {error.get('message', '')}\n")
         else:
             out.write("  ERROR: the oversized request was not blocked\n")
