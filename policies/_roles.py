@@ -94,10 +94,8 @@ class RoleRule:
                 return False
             if self._header_re is not None and self._header_re.fullmatch(value) is None:
                 return False
-        if self._model_re is not None:
-            if not isinstance(model, str) or self._model_re.fullmatch(model) is None:
-                return False
-        return True
+        return self._model_re is None or (
+            isinstance(model, str) and self._model_re.fullmatch(model) is not None)
 
 
 #: multidict's case-insensitive mappings (aiohttp's request headers), known by name: the
@@ -161,10 +159,6 @@ class RolePolicies:
         getall = getattr(headers, "getall", None)
         if getall is not None and type(headers).__name__ in _CASE_INSENSITIVE:
             # aiohttp's headers: looked up by name, not lower-cased one by one.
-            found = {}
-            for name in self._header_names:
-                values = getall(name, None)
-                if values:
-                    found[name] = values[-1]
-            return found
+            return {name: values[-1] for name in self._header_names
+                    if (values := getall(name, None))}
         return {name.lower(): value for name, value in headers.items()}
