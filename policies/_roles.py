@@ -25,8 +25,8 @@ __all__ = ["ROLE_NAMES", "RoleRule", "RolePolicies"]
 Role = Literal["main", "subagent", "summary_recovery"]
 ROLE_NAMES: tuple[Role, ...] = get_args(Role)
 
-# An HTTP header name is an RFC 9110 "token".
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: An HTTP header name: an RFC 9110 "token".
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 def _role_name(value: str, info: ValidationInfo) -> str:
@@ -36,7 +36,7 @@ def _role_name(value: str, info: ValidationInfo) -> str:
 
 
 def _header_name(value: str, info: ValidationInfo) -> str:
-    if _HEADER_NAME.fullmatch(value) is None:
+    if HEADER_NAME.fullmatch(value) is None:
         raise invalid(info.field_name, f"must be an HTTP header name, got {value!r}")
     # Header names are case-insensitive; keep the lower-case form once.
     return value.lower()
@@ -94,10 +94,8 @@ class RoleRule:
                 return False
             if self._header_re is not None and self._header_re.fullmatch(value) is None:
                 return False
-        if self._model_re is not None:
-            if not isinstance(model, str) or self._model_re.fullmatch(model) is None:
-                return False
-        return True
+        return self._model_re is None or (
+            isinstance(model, str) and self._model_re.fullmatch(model) is not None)
 
 
 #: multidict's case-insensitive mappings (aiohttp's request headers), known by name: the
@@ -135,9 +133,6 @@ class RolePolicies:
             raise ValueError(f"default_role must be one of {', '.join(ROLE_NAMES)}, got "
                              f"{self.default_role!r}")
         rules = tuple(self.rules)
-        for rule in rules:
-            if not isinstance(rule, RoleRule):
-                raise ValueError(f"rules must be RoleRule values, got {type(rule).__name__}")
         main = self.policies["main"]
         resolved = {role: self.policies.get(role, main) for role in ROLE_NAMES}
         object.__setattr__(self, "policies", MappingProxyType(dict(self.policies)))
@@ -164,10 +159,6 @@ class RolePolicies:
         getall = getattr(headers, "getall", None)
         if getall is not None and type(headers).__name__ in _CASE_INSENSITIVE:
             # aiohttp's headers: looked up by name, not lower-cased one by one.
-            found = {}
-            for name in self._header_names:
-                values = getall(name, None)
-                if values:
-                    found[name] = values[-1]
-            return found
+            return {name: values[-1] for name in self._header_names
+                    if (values := getall(name, None))}
         return {name.lower(): value for name, value in headers.items()}

@@ -14,7 +14,7 @@ from proxy.cli.commands import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, CommandFailed,
 from proxy.config import Config
 
 if TYPE_CHECKING:
-    from proxy.audit.log import RequestEntry, SessionSummary, StateChange
+    from proxy.audit.log import RequestEntry, StateChange
     from proxy.store import StoreBackend, StoredState
 
 __all__ = ["blocked", "session", "sessions"]
@@ -23,12 +23,8 @@ __all__ = ["blocked", "session", "sessions"]
 def sessions(config: Config, args: argparse.Namespace) -> int:
     from proxy.audit.report import sessions_table
 
-    async def read(store: StoreBackend) -> tuple[list[SessionSummary], int]:
-        return await store.sessions(offset=args.offset, limit=args.limit,
-                                    contains=args.contains, order=args.order)
-
-    empty: tuple[list[SessionSummary], int] = ([], 0)
-    summaries, total = read_store(config, "sessions", read, empty)
+    summaries, total = read_store(config, "sessions", lambda store: store.sessions(
+        offset=args.offset, limit=args.limit, contains=args.contains, order=args.order)) or ([], 0)
     if args.json:
         print(json.dumps({"sessions": [summary.as_json() for summary in summaries],
                           "total": total, "offset": args.offset, "limit": args.limit},
@@ -61,9 +57,7 @@ def session(config: Config, args: argparse.Namespace) -> int:
         changes = await store.state_changes(tenant, sid, limit=args.limit)
         return entries, total, await store.get_state(scoped_key(tenant, sid)), changes
 
-    empty: tuple[list[RequestEntry], int, StoredState | None, list[StateChange]] = (
-        [], 0, None, [])
-    entries, total, stored, changes = read_store(config, "session", read, empty)
+    entries, total, stored, changes = read_store(config, "session", read) or ([], 0, None, [])
     if not total and stored is None and not changes:
         raise CommandFailed(f"session: no session {sid} under tenant {tenant}: no request, "
                             "durable state or change (`compact-proxy sessions` lists the "
@@ -100,11 +94,8 @@ def blocked(config: Config, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandFailed(f"blocked: {exc}", EXIT_CONFIG) from None
 
-    async def read(store: StoreBackend) -> list[RequestEntry]:
-        return await store.blocked_since(since, limit=args.limit)
-
-    none: list[RequestEntry] = []
-    entries = read_store(config, "blocked", read, none)
+    entries = read_store(config, "blocked",
+                         lambda store: store.blocked_since(since, limit=args.limit)) or []
     if args.json:
         print(json.dumps({"since": since.isoformat(),
                           "blocked": [entry.as_json() for entry in entries]}, indent=2))

@@ -171,26 +171,30 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def read_store(config: Config, command: str, read: Callable[[StoreBackend], Awaitable[_T]],
-               empty: _T) -> _T:
-    """``read`` on the configured store (opened, then closed); ``empty`` when its SQLite file
+def read_store(config: Config, command: str,
+               read: Callable[[StoreBackend], Awaitable[_T]]) -> _T | None:
+    """``read`` on the configured store (opened, then closed); ``None`` when its SQLite file
     does not exist yet (a command that reads never creates it). ``CommandFailed`` (exit 1)
     when the store fails."""
-    from proxy.store import StoreError, store_for
-
-    async def run() -> _T:
-        store = await store_for(config).open()
-        try:
-            return await read(store)
-        finally:
-            await store.close()
+    from proxy.store import StoreError
 
     if config.store.backend == "sqlite" and not Path(config.store.path).exists():
-        return empty
+        return None
     try:
-        return asyncio.run(run())
+        return asyncio.run(_on_store(config, read))
     except StoreError as exc:
         raise CommandFailed(f"{command}: store failed: {exc}", EXIT_FAILED) from None
+
+
+async def _on_store(config: Config, use: Callable[[StoreBackend], Awaitable[_T]]) -> _T:
+    """``use`` on the configured store, opened for it and closed after."""
+    from proxy.store import store_for
+
+    store = await store_for(config).open()
+    try:
+        return await use(store)
+    finally:
+        await store.close()
 
 
 def _serve(config: Config, args: argparse.Namespace) -> int:
@@ -237,7 +241,8 @@ def _check_store(config: Config) -> None:
     if config.store.backend == "redis":
         from proxy.server.workers import check_store
 
-        return check_store(config)
+        check_store(config)
+        return
     path = Path(config.store.path).expanduser().absolute()
     existing = path if path.exists() else next(p for p in path.parents if p.exists())
     if existing == path and not path.is_file():
@@ -245,7 +250,6 @@ def _check_store(config: Config) -> None:
     if not os.access(existing, os.W_OK):
         raise ConfigError("store.path", f"cannot open the state store: {existing} is not "
                                         "writable")
-    return None
 
 
 def _tenant_id(config: Config, args: argparse.Namespace) -> int:
@@ -272,18 +276,14 @@ def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
         raise CommandFailed("migrate-redis-keys: store.backend is not redis: nothing to migrate",
                             EXIT_CONFIG)
     from proxy.sources.migrate import LayoutMigration, migrate_redis_layout
-    from proxy.store import RedisStateStore, StoreError, store_for
+    from proxy.store import RedisStateStore, StoreError
 
-    async def run() -> LayoutMigration:
-        store = await store_for(config).open()
-        try:
-            assert isinstance(store, RedisStateStore)
-            return await migrate_redis_layout(store)
-        finally:
-            await store.close()
+    async def migrate(store: StoreBackend) -> LayoutMigration:
+        assert isinstance(store, RedisStateStore)
+        return await migrate_redis_layout(store)
 
     try:
-        done = asyncio.run(run())
+        done = asyncio.run(_on_store(config, migrate))
     except StoreError as exc:
         raise CommandFailed(f"migrate-redis-keys: {exc}", EXIT_FAILED) from None
     print(f"moved {done.moved} durable state(s) to the hash-tagged key layout")
@@ -295,28 +295,26 @@ def _migrate_redis_keys(config: Config, args: argparse.Namespace) -> int:
 
 def _move_session(config: Config, args: argparse.Namespace) -> int:
     from proxy.sources.migrate import MoveRefused, SessionMoved, move_session_and_sources
-    from proxy.store import StoreError, store_for
+    from proxy.store import StoreError
 
     roots = config.sources.transcript_root, config.sources.artifact_root
     session_id, from_tenant, to_tenant = args.session, args.from_tenant, args.to_tenant
 
-    async def run() -> SessionMoved:
+    async def move(store: StoreBackend) -> SessionMoved:
         objects = None
         if any(root.startswith("s3://") for root in roots):
             from proxy.sources.s3_client import S3ObjectStore
 
             objects = S3ObjectStore(config.sources.s3_settings())
-        store = await store_for(config).open()
         try:
             return await move_session_and_sources(store, roots, session_id, from_tenant,
                                                   to_tenant, objects=objects)
         finally:
-            await store.close()
             if objects is not None:
                 await objects.close()
 
     try:
-        moved = asyncio.run(run())
+        moved = asyncio.run(_on_store(config, move))
     except MoveRefused as exc:
         raise CommandFailed(f"move-session: {exc}", EXIT_CONFIG) from None
     except StoreError as exc:
@@ -332,11 +330,9 @@ def _move_session(config: Config, args: argparse.Namespace) -> int:
 
 def _report(config: Config, args: argparse.Namespace) -> int:
     from proxy.accounting.report import build_report
-    from proxy.accounting.usage import UsageRow
 
     session, tenant = args.session, args.tenant
-    none: list[UsageRow] = []
-    rows = read_store(config, "report", lambda store: store.usage_rows(), none)
+    rows = read_store(config, "report", lambda store: store.usage_rows()) or []
     if session is not None and tenant is not None:
         from proxy.http.tenants import scoped_key
 

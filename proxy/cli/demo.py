@@ -149,15 +149,9 @@ async def _write_durable_fact(proxy_url: str, token: str, transcripts: Path) -> 
 
 
 def _audit_lines(logs: io.StringIO, event: str) -> list[dict[str, Any]]:
-    lines = []
-    for line in logs.getvalue().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == event:
-            lines.append(record)
-    return lines
+    # Every line is one JSON object: the demo's logging is configured with format json.
+    records = map(json.loads, logs.getvalue().splitlines())
+    return [record for record in records if record.get("event") == event]
 
 
 async def _play(out: TextIO, client: anthropic.AsyncAnthropic, agent: Agent,
@@ -239,7 +233,6 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
                                       max_retries=0,
                                       default_headers={"x-compact-session-id": SESSION_ID})
     seen_layers: set[str] = set()
-    summaries: list[Any] = []
     agent.history.append({"role": "user",
                           "content": "Fix the failing test in tests/test_parser.py."})
     try:
@@ -271,8 +264,7 @@ async def _session(out: TextIO, agent: Agent, upstream: FakeUpstream, proxy_url:
         try:
             await client.messages.create(model=MODEL, max_tokens=1024, messages=pasted)
         except anthropic.BadRequestError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error", {}) if isinstance(body, dict) else {}
+            error = exc.body.get("error", {}) if isinstance(exc.body, dict) else {}
             out.write(f"  blocked: 400 {error.get('message', '')}\n")
         else:
             out.write("  ERROR: the oversized request was not blocked\n")

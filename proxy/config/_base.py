@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from policies._compaction import STRICT, Text, invalid
+from policies._roles import HEADER_NAME
 from policies._session_ids import SESSION_ID_RULE, session_id_problem
 from proxy.config._errors import config_error, shown
 from proxy.telemetry.masking import mask_url
@@ -106,7 +107,7 @@ def _scope(value: str, info: ValidationInfo) -> str:
     if value in ("none", "credential"):
         return value
     kind, _, name = value.partition(":")
-    if kind == "header" and re.fullmatch(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+", name):
+    if kind == "header" and HEADER_NAME.fullmatch(name):
         return f"header:{name.lower()}"
     raise invalid(info.field_name, f"must be credential, header:<name> or none, got {value!r}")
 

@@ -101,12 +101,11 @@ class Config(Section):
         """The price of ``model`` (:func:`proxy.config.prices.price_for`)."""
         return price_for(self.prices, model)
 
-    def admin_token(self, environ: Mapping[str, str] | None = None) -> str | None:
+    def admin_token(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The token in the variable ``admin.token_env`` names; ``None`` (admin API off) when
         unset or empty. A token too short or padded with whitespace is a :class:`ConfigError`
         naming the variable, never the token."""
-        env = os.environ if environ is None else environ
-        token = env.get(self.admin.token_env) or None
+        token = environ.get(self.admin.token_env) or None
         if token is None:
             return None
         name, shortest = self.admin.token_env, self.admin.min_token_length
@@ -121,13 +120,12 @@ class Config(Section):
                 "`openssl rand -hex 32`"))
         return token
 
-    def summary_api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+    def summary_api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The API key for summary calls from ``summary.api_key_env``; ``None`` when that is not
         configured or the variable is unset or empty."""
         if self.summary.api_key_env is None:
             return None
-        env = os.environ if environ is None else environ
-        return env.get(self.summary.api_key_env) or None
+        return environ.get(self.summary.api_key_env) or None
 
     def as_dict(self) -> dict[str, Any]:
         """The effective values as plain data that loads back to the same config (what

@@ -316,13 +316,12 @@ class SourcesConfig(Section):
             raise invalid("record_transcripts", "needs a local transcript_root (a path, not "
                                                 "s3://)")
         roots = {"transcript_root": self.transcript_root, "artifact_root": self.artifact_root}
-        for name, root in roots.items():
-            if is_s3_url(root):
-                try:
-                    parse_s3_root(root)
-                except ValueError as exc:
-                    raise invalid(name, f"is not a valid s3:// root: {exc}") from None
         remote = [name for name, root in roots.items() if is_s3_url(root)]
+        for name in remote:
+            try:
+                parse_s3_root(roots[name])
+            except ValueError as exc:
+                raise invalid(name, f"is not a valid s3:// root: {exc}") from None
         if remote and importlib.util.find_spec("aiobotocore") is None:
             raise invalid(remote[0], "s3:// roots need the s3 extra (aiobotocore): "
                                      "pip install 'compact-proxy[s3]'")

@@ -59,10 +59,8 @@ def add_provider_routes(app: web.Application, provider: Provider,
 def provider_of(request: web.Request, provider: Provider) -> Provider | None:
     """``provider`` (the app's) when the request came on its own path; ``None`` for
     first-party paths."""
-    name = request.match_info.route.name
-    if name is None or _SEPARATOR not in name:
-        return None
-    return provider if provider.name != "anthropic" else None
+    name = request.match_info.route.name  # only a provider's own routes have the separator
+    return provider if name is not None and _SEPARATOR in name else None
 
 
 def provider_error_middleware(provider: Provider) -> Middleware:

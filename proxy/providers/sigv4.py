@@ -44,21 +44,18 @@ class SigV4:
         ``X-Amz-Date``, and ``X-Amz-Security-Token`` for temporary credentials)."""
         amz_date = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
         day = amz_date[:8]
-        names = ["host", "x-amz-date"]
-        values = [url.host_port_subcomponent or "", amz_date]
+        signed_headers = {"host": url.host_port_subcomponent or "", "x-amz-date": amz_date}
         token = credentials.token
         if token:
-            names.append("x-amz-security-token")
-            values.append(token)
-        signed = ";".join(names)
+            signed_headers["x-amz-security-token"] = token
+        signed = ";".join(signed_headers)
         query = url.raw_query_string
         pairs = sorted(pair.partition("=")[::2] for pair in query.split("&")) if query else []
         canonical = "\n".join((
             method.upper(),
             quote(normalize_url_path(url.raw_path), safe="/~"),
             "&".join(f"{key}={value}" for key, value in pairs),
-            "".join(f"{name}:{value.strip()}\n" for name, value in zip(names, values,
-                                                                      strict=True)),
+            "".join(f"{name}:{value.strip()}\n" for name, value in signed_headers.items()),
             signed,
             hashlib.sha256(body).hexdigest(),
         ))

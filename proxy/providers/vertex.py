@@ -92,8 +92,7 @@ class VertexProvider(Provider):
                    headers: CIMultiDict[str]) -> dict[str, Any]:
         # The summary call goes to the project and location the client's request named.
         prefix = request.raw_path.partition("?")[0].rsplit("/", 1)[0] + "/"
-        headers.popall(MODELS_PATH_HEADER, None)
-        headers[MODELS_PATH_HEADER] = prefix
+        headers[MODELS_PATH_HEADER] = prefix  # (replaces any the client sent)
         return {**{k: v for k, v in body.items() if k != "anthropic_version"}, "model": model}
 
     def summary_request(self, path: str, headers: CIMultiDict[str],

@@ -44,9 +44,8 @@ def tune_allocator() -> str:
     if _GLIBC is None:
         return "not_glibc"
     # mallopt returns 1 on success, 0 on a value it does not take.
-    if _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
-        return "refused"
-    if _GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:  # pragma: no cover - any value
+    if (_GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1
+            or _GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1):
         return "refused"
     return "fixed"
 
