@@ -99,9 +99,19 @@ class S3SourceResolver:
 
     async def _resolve(self, pointer: str, heads: _Heads) -> SourceResolution:
         shown = pointer if isinstance(pointer, str) else repr(pointer)
-        parsed = self._parse_and_authorize(shown, pointer)
-        if isinstance(parsed, SourceResolution):
-            return parsed
+        try:
+            parsed = compactor.parse_source_pointer(pointer)
+        except UnsupportedPointerError as exc:
+            return SourceResolution(shown, "unsupported", None, str(exc))
+        except (ValueError, TypeError) as exc:
+            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
+        try:
+            allowed = self._authorize(parsed) is True
+        except Exception as exc:  # an authorizer bug must fail closed, not open
+            return SourceResolution(shown, "denied", None,
+                                    f"authorizer raised {type(exc).__name__}")
+        if not allowed:
+            return SourceResolution(shown, "denied", None, "not authorized for this session")
         try:
             if isinstance(parsed, TranscriptPointer):
                 digest = await self._resolve_transcript(parsed, heads)
@@ -126,22 +136,6 @@ class S3SourceResolver:
         per request, not one per pointer."""
         heads: _Heads = {}
         return await _bounded(self._resolve(p, heads) for p in pointers)
-
-    def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
-        try:
-            parsed = compactor.parse_source_pointer(pointer)
-        except UnsupportedPointerError as exc:
-            return SourceResolution(shown, "unsupported", None, str(exc))
-        except (ValueError, TypeError) as exc:
-            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
-        try:
-            allowed = self._authorize(parsed) is True
-        except Exception as exc:  # an authorizer bug must fail closed, not open
-            return SourceResolution(shown, "denied", None,
-                                    f"authorizer raised {type(exc).__name__}")
-        if not allowed:
-            return SourceResolution(shown, "denied", None, "not authorized for this session")
-        return parsed
 
     def _transcript_object(self, pointer: TranscriptPointer) -> _Located:
         root = self._transcript_root
@@ -221,10 +215,8 @@ class S3SourceResolver:
         """The object's body, streaming; a GET whose object changed since ``etag`` is
         refused by the store (412: ``corrupt``, never remembered)."""
         client = await self._store.client()
-        if etag:
-            response = await client.get_object(Bucket=where.bucket, Key=where.key, IfMatch=etag)
-        else:
-            response = await client.get_object(Bucket=where.bucket, Key=where.key)
+        if_match = {"IfMatch": etag} if etag else {}
+        response = await client.get_object(Bucket=where.bucket, Key=where.key, **if_match)
         body: _Body = response["Body"]
         return body
 
