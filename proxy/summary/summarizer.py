@@ -190,11 +190,8 @@ class ProviderSummarizer:
             lowered = name.lower()
             if lowered in _NOT_COPIED:
                 continue
-            if lowered in names:
-                sent[names[lowered]] = f"{sent[names[lowered]]}, {value}"
-            else:
-                names[lowered] = name
-                sent[name] = value
+            first = names.setdefault(lowered, name)
+            sent[first] = f"{sent[first]}, {value}" if first in sent else value
         if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
             return None
         headers: dict[str, str | anthropic.Omit] = {
@@ -226,12 +223,11 @@ class ProviderSummarizer:
         pieces = 0
         for attempt in range(2):  # again in pieces once a refusal taught the window
             budget = self.windows.budget(model)
-            planned = plan_calls(request, source, counter=counter, budget=budget)
-            if planned is None:
-                return SummaryResult(None, "failed", mode, model, pieces, _total(calls.usages),
-                                     "SummaryTooLarge")
-            pieces = len(planned) if len(planned) > 1 else 0
             try:
+                planned = plan_calls(request, source, counter=counter, budget=budget)
+                if planned is None:
+                    raise _NoSummary("SummaryTooLarge")
+                pieces = len(planned) if len(planned) > 1 else 0
                 texts = await self._each(planned, calls)
                 text = texts[0]
                 if pieces:
