@@ -33,6 +33,7 @@ from compactor._resolver import (
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_LINE_BYTES,
     _check_event,
+    _strip_line_ending,
 )
 from compactor._source_files import Outcome as _Outcome
 from compactor._source_files import ResolutionStatus
@@ -227,46 +228,35 @@ class S3SourceResolver:
 
     async def _target_line(self, body: _Body, pointer: TranscriptPointer) -> bytes:
         """The event line the pointer names (without its line ending), every line before it
-        checked; the same rules as the local resolver's ``readline`` loop."""
+        checked; the local resolver's loop, its ``readline`` done on the body's chunks."""
         limit = self._max_line_bytes
         buffer = bytearray()
-        start = 0      # where the next line begins in buffer
-        searched = 0   # buffer[start:searched] holds no line feed
         eof = False
-        expected = 1
-        while True:
-            newline = buffer.find(b"\n", searched)
-            if newline >= 0:
-                line = bytes(buffer[start:newline])
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                start = searched = newline + 1
-            elif eof:
-                if start == len(buffer):
-                    raise _Outcome(
-                        "missing",
-                        f"transcript has {expected - 1} events, sequence {pointer.sequence} "
-                        "not found",
-                    )
-                line = bytes(buffer[start:])  # the last line, without a line ending
-                start = searched = len(buffer)
-            else:
-                if len(buffer) - start > limit + 1:  # room for a "\r" before the "\n"
-                    raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
-                del buffer[:start]
-                start, searched = 0, len(buffer)
+        for expected in range(1, pointer.sequence + 1):
+            # The next line with its ending, or its first limit + 2 bytes (room for "\r\n").
+            searched = 0
+            while (end := buffer.find(b"\n", searched, limit + 2)) < 0 \
+                    and len(buffer) < limit + 2 and not eof:
+                searched = len(buffer)
                 chunk = await body.read(self._chunk_size)
-                if chunk:
-                    buffer += chunk
-                else:
-                    eof = True
-                continue
+                buffer += chunk
+                eof = not chunk
+            end = end + 1 if end >= 0 else min(limit + 2, len(buffer))
+            raw = bytes(buffer[:end])
+            del buffer[:end]
+            if not raw:
+                raise _Outcome(
+                    "missing",
+                    f"transcript has {expected - 1} events, sequence {pointer.sequence} "
+                    "not found",
+                )
+            line = _strip_line_ending(raw)
             if len(line) > limit:
                 raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
             if expected == pointer.sequence:
                 return line
-            expected += 1
+        raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
 
     async def excerpt(self, pointer: str, *,
                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
