@@ -262,10 +262,8 @@ class Calibration:
             start = _SNAPSHOT_HEAD.size
             head = msgspec.json.decode(data[start:start + head_size])
             start += head_size
-            prints = array("Q")
-            prints.frombytes(data[start:start + 8 * count])
-            counts = array("d")
-            counts.frombytes(data[start + 8 * count:start + 16 * count])
+            prints = array("Q", data[start:start + 8 * count])
+            counts = array("d", data[start + 8 * count:start + 16 * count])
             if form != _SNAPSHOT_FORMAT or len(prints) != count or len(counts) != count:
                 return False
             session = _Session()
