@@ -180,8 +180,7 @@ class ProviderSummarizer:
             return caller.as_extra_headers()
         return None
 
-    def _fork_headers(self, source: ForkSource, sdk_headers: frozenset[str]
-                      ) -> dict[str, str | anthropic.Omit] | None:
+    def _fork_headers(self, source: ForkSource) -> dict[str, str | anthropic.Omit] | None:
         """The client's headers (repeated ones comma-joined), every SDK header it did not send
         omitted; ``None`` when it sent no credential."""
         sent: dict[str, str] = {}
@@ -195,7 +194,7 @@ class ProviderSummarizer:
         if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
             return None
         headers: dict[str, str | anthropic.Omit] = {
-            name: sdk().omit for name in sorted(sdk_headers - names.keys())
+            name: sdk().omit for name in sorted(self._client.omitted_headers - names.keys())
         }
         headers.update(sent)
         return headers
@@ -211,7 +210,7 @@ class ProviderSummarizer:
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
         client = await self._client.get()
-        headers = (self._fork_headers(source, self._client.omitted_headers) if source is not None
+        headers = (self._fork_headers(source) if source is not None
                    else self._separate_headers(caller))
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
