@@ -160,7 +160,8 @@ class S3SourceResolver:
     async def _resolve_artifact(self, pointer: ArtifactPointer, heads: _Heads) -> str:
         async def verify(body: _Body) -> str:
             hasher = hashlib.sha256()
-            await self._stream(body, hasher.update)
+            while chunk := await body.read(self._chunk_size):
+                hasher.update(chunk)
             digest = hasher.hexdigest()
             if not digest.startswith(pointer.sha256):
                 raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
@@ -220,11 +221,6 @@ class S3SourceResolver:
         response = await client.get_object(Bucket=where.bucket, Key=where.key, **if_match)
         body: _Body = response["Body"]
         return body
-
-    async def _stream(self, body: _Body, sink: Callable[[bytes], object]) -> None:
-        """Feed the body to ``sink`` in chunks of at most ``chunk_size`` bytes."""
-        while chunk := await body.read(self._chunk_size):
-            sink(chunk)
 
     async def _target_line(self, body: _Body, pointer: TranscriptPointer) -> bytes:
         """The event line the pointer names (without its line ending), every line before it
@@ -307,17 +303,13 @@ class S3SourceResolver:
         head = bytearray()
         hasher = hashlib.sha256()
         size = 0
-
-        def take(chunk: bytes) -> None:
-            nonlocal size
-            hasher.update(chunk)
-            size += len(chunk)
-            if len(head) < wanted:
-                head.extend(chunk[: wanted - len(head)])
-
         body = await self._get(self._artifact_object(pointer), "")
         try:
-            await self._stream(body, take)
+            while chunk := await body.read(self._chunk_size):
+                hasher.update(chunk)
+                size += len(chunk)
+                if len(head) < wanted:
+                    head += chunk[: wanted - len(head)]
         finally:
             body.close()
         # A character cut in two at the end of the head is left out, not replaced.
