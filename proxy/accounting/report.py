@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-import msgspec
-
 from proxy.accounting.usage import (
     PREPARED_ROW,
     PREPARED_USED_ROW,
@@ -49,7 +47,7 @@ class ReportLine:
         if self.last_seen is not None:
             out = {"session": self.session_key, "model": self.model,
                    "last_seen": self.last_seen.isoformat()}
-        out.update(msgspec.structs.asdict(self.entry))
+        out.update({name: getattr(self.entry, name) for name in UsageEntry.field_names()})
         out.update({
             "cost_billed": _usd(cost.billed if cost else None),
             "cost_summary": _usd(cost.summary if cost else None),
