@@ -18,6 +18,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 
 import msgspec
@@ -67,13 +68,9 @@ class _Session:
     """What one (session, model) taught: its whole-view ratios, the ratio of its fixed part
     (``system``, ``tools``, the durable block) and the ratios of its messages."""
 
-    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=SESSION_WINDOW))
+    ratios: deque[float] = field(default_factory=partial(deque, maxlen=SESSION_WINDOW))
     reserved: float | None = None
-    messages: deque[float] = field(default_factory=lambda: deque(maxlen=SESSION_WINDOW))
-
-
-def _window() -> deque[float]:
-    return deque(maxlen=FLEET_WINDOW)
+    messages: deque[float] = field(default_factory=partial(deque, maxlen=SESSION_WINDOW))
 
 
 @dataclass
@@ -81,9 +78,9 @@ class _Fleet:
     """What every session of one model taught: recent whole-view, fixed-part and messages'
     ratios (a new session starts from their medians)."""
 
-    ratios: deque[float] = field(default_factory=_window)
-    reserved: deque[float] = field(default_factory=_window)
-    messages: deque[float] = field(default_factory=_window)
+    ratios: deque[float] = field(default_factory=partial(deque, maxlen=FLEET_WINDOW))
+    reserved: deque[float] = field(default_factory=partial(deque, maxlen=FLEET_WINDOW))
+    messages: deque[float] = field(default_factory=partial(deque, maxlen=FLEET_WINDOW))
 
 
 def _followed(ratios: deque[float]) -> float:
@@ -265,10 +262,8 @@ class Calibration:
             start = _SNAPSHOT_HEAD.size
             head = msgspec.json.decode(data[start:start + head_size])
             start += head_size
-            prints = array("Q")
-            prints.frombytes(data[start:start + 8 * count])
-            counts = array("d")
-            counts.frombytes(data[start + 8 * count:start + 16 * count])
+            prints = array("Q", data[start:start + 8 * count])
+            counts = array("d", data[start + 8 * count:start + 16 * count])
             if form != _SNAPSHOT_FORMAT or len(prints) != count or len(counts) != count:
                 return False
             session = _Session()

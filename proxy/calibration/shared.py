@@ -52,15 +52,11 @@ class SharedCalibration(Calibration):
         if ratio is not None:
             data = self.snapshot(session_key, model)
             if data is not None:
-                self._save(session_key, model, data)
+                key = (session_key, model)
+                self._unsaved[key] = data
+                if key not in self._writers:
+                    self._writers[key] = asyncio.get_running_loop().create_task(self._write(key))
         return ratio
-
-    def _save(self, session_key: str, model: str, data: bytes) -> None:
-        key = (session_key, model)
-        self._unsaved[key] = data
-        if key not in self._writers:
-            task = asyncio.get_running_loop().create_task(self._write(key))
-            self._writers[key] = task
 
     async def _write(self, key: tuple[str, str]) -> None:
         session_key, model = key

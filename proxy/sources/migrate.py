@@ -127,7 +127,7 @@ async def move_session_and_sources(store: StoreBackend, roots: tuple[str, str],
     files, remote = _source_moves(roots, session_id, from_tenant, to_tenant)
     planned: list[ObjectMove] = []
     if remote:
-        from proxy.sources.s3_moves import plan_object_moves
+        from proxy.sources.s3_moves import move_objects, plan_object_moves
 
         if objects is None:
             raise MoveRefused("s3:// roots: no object store to move the session's objects")
@@ -140,8 +140,6 @@ async def move_session_and_sources(store: StoreBackend, roots: tuple[str, str],
         _rename_all(files)
         try:
             if planned:
-                from proxy.sources.s3_moves import move_objects
-
                 assert objects is not None
                 await move_objects(objects, planned)
         except MoveRefused:

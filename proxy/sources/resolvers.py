@@ -23,6 +23,7 @@ from policies import SourceAccessPolicy
 from proxy.sources.s3_roots import S3Settings, is_s3_url, parse_s3_root
 
 if TYPE_CHECKING:
+    from proxy.sources.s3_client import S3ObjectStore
     from proxy.sources.s3_sources import S3SourceResolver
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "EXCERPT_CHARS", "ResolverPool", "tenant_root"]
@@ -67,9 +68,17 @@ class ResolverPool:
         self._shared = frozenset(access.shared_sessions)
         # Which kind of source (transcripts, artifacts) is on the object store.
         self._remote = is_s3_url(transcript_root), is_s3_url(artifact_root)
-        self._s3: _S3Sources | None = None
+        self._s3: S3ObjectStore | None = None
         if any(self._remote):
-            self._s3 = _S3Sources(self._roots, self._remote, s3)
+            # The S3 client library is imported only here, so local roots never need it.
+            from proxy.sources import s3_client, s3_sources
+
+            # (a kind on a local root never reaches the S3 resolver: it is given the other root)
+            self._s3_roots = _of_kind(self._roots, self._remote, remote_wanted=True)
+            for root in self._s3_roots:
+                parse_s3_root(root)  # (checked now: a bad URL fails at startup)
+            self._s3 = s3_client.S3ObjectStore(s3 or S3Settings())
+            self._s3_cache = s3_sources.new_outcome_cache()
         # (tenant, session id) -> its resolver, created on first use.
         self._resolvers = cached(LRUCache(max_sessions), lock=threading.Lock())(
             self._new_resolver)
@@ -135,7 +144,7 @@ class ResolverPool:
     async def close(self) -> None:
         """Close the object store's client, if there is one."""
         if self._s3 is not None:
-            await self._s3.store.close()
+            await self._s3.close()
 
     def _new_resolver(self, tenant: str, session_id: str) -> compactor.SourcePointerResolver:
         # A kind on the object store never reaches this resolver: it is given the other root.
@@ -145,8 +154,13 @@ class ResolverPool:
                                                self._access.authorizer(session_id))
 
     def _new_s3_resolver(self, tenant: str, session_id: str) -> S3SourceResolver:
+        from proxy.sources.s3_sources import S3SourceResolver
+
         assert self._s3 is not None
-        return self._s3.resolver(tenant, self._access.authorizer(session_id))
+        transcripts, artifacts = (parse_s3_root(tenant_root(root, tenant))
+                                  for root in self._s3_roots)
+        return S3SourceResolver(self._s3, transcripts, artifacts,
+                                self._access.authorizer(session_id), cache=self._s3_cache)
 
 
 def _of_kind(roots: tuple[str, str], remote: tuple[bool, bool], *,
@@ -159,26 +173,3 @@ def _of_kind(roots: tuple[str, str], remote: tuple[bool, bool], *,
         artifacts = transcripts
     return transcripts, artifacts
 
-
-class _S3Sources:
-    """What the sessions' S3 resolvers share: the roots, the client and the outcome cache.
-    The S3 client library is imported only here, so local roots never need it."""
-
-    def __init__(self, roots: tuple[str, str], remote: tuple[bool, bool],
-                 settings: S3Settings | None) -> None:
-        from proxy.sources import s3_client, s3_sources
-
-        self._module = s3_sources
-        # (a kind on a local root never reaches the S3 resolver: it is given the other root)
-        self.roots = _of_kind(roots, remote, remote_wanted=True)
-        for root in self.roots:
-            parse_s3_root(root)  # (checked now: a bad URL fails at startup)
-        self.store = s3_client.S3ObjectStore(settings or S3Settings())
-        self.cache = s3_sources.new_outcome_cache()
-
-    def resolver(self, tenant: str, authorize: Callable[[compactor.SourcePointer], bool]
-                 ) -> S3SourceResolver:
-        transcripts, artifacts = (parse_s3_root(tenant_root(root, tenant))
-                                  for root in self.roots)
-        return self._module.S3SourceResolver(self.store, transcripts, artifacts, authorize,
-                                             cache=self.cache)

@@ -33,6 +33,7 @@ from compactor._resolver import (
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_LINE_BYTES,
     _check_event,
+    _strip_line_ending,
 )
 from compactor._source_files import Outcome as _Outcome
 from compactor._source_files import ResolutionStatus
@@ -99,9 +100,19 @@ class S3SourceResolver:
 
     async def _resolve(self, pointer: str, heads: _Heads) -> SourceResolution:
         shown = pointer if isinstance(pointer, str) else repr(pointer)
-        parsed = self._parse_and_authorize(shown, pointer)
-        if isinstance(parsed, SourceResolution):
-            return parsed
+        try:
+            parsed = compactor.parse_source_pointer(pointer)
+        except UnsupportedPointerError as exc:
+            return SourceResolution(shown, "unsupported", None, str(exc))
+        except (ValueError, TypeError) as exc:
+            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
+        try:
+            allowed = self._authorize(parsed) is True
+        except Exception as exc:  # an authorizer bug must fail closed, not open
+            return SourceResolution(shown, "denied", None,
+                                    f"authorizer raised {type(exc).__name__}")
+        if not allowed:
+            return SourceResolution(shown, "denied", None, "not authorized for this session")
         try:
             if isinstance(parsed, TranscriptPointer):
                 digest = await self._resolve_transcript(parsed, heads)
@@ -127,22 +138,6 @@ class S3SourceResolver:
         heads: _Heads = {}
         return await _bounded(self._resolve(p, heads) for p in pointers)
 
-    def _parse_and_authorize(self, shown: str, pointer: str) -> SourcePointer | SourceResolution:
-        try:
-            parsed = compactor.parse_source_pointer(pointer)
-        except UnsupportedPointerError as exc:
-            return SourceResolution(shown, "unsupported", None, str(exc))
-        except (ValueError, TypeError) as exc:
-            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
-        try:
-            allowed = self._authorize(parsed) is True
-        except Exception as exc:  # an authorizer bug must fail closed, not open
-            return SourceResolution(shown, "denied", None,
-                                    f"authorizer raised {type(exc).__name__}")
-        if not allowed:
-            return SourceResolution(shown, "denied", None, "not authorized for this session")
-        return parsed
-
     def _transcript_object(self, pointer: TranscriptPointer) -> _Located:
         root = self._transcript_root
         key = root.transcript_key(pointer.session_id)
@@ -165,7 +160,8 @@ class S3SourceResolver:
     async def _resolve_artifact(self, pointer: ArtifactPointer, heads: _Heads) -> str:
         async def verify(body: _Body) -> str:
             hasher = hashlib.sha256()
-            await self._stream(body, hasher.update)
+            while chunk := await body.read(self._chunk_size):
+                hasher.update(chunk)
             digest = hasher.hexdigest()
             if not digest.startswith(pointer.sha256):
                 raise _Outcome("corrupt", "artifact content does not match the pointer's sha256")
@@ -221,60 +217,42 @@ class S3SourceResolver:
         """The object's body, streaming; a GET whose object changed since ``etag`` is
         refused by the store (412: ``corrupt``, never remembered)."""
         client = await self._store.client()
-        if etag:
-            response = await client.get_object(Bucket=where.bucket, Key=where.key, IfMatch=etag)
-        else:
-            response = await client.get_object(Bucket=where.bucket, Key=where.key)
+        if_match = {"IfMatch": etag} if etag else {}
+        response = await client.get_object(Bucket=where.bucket, Key=where.key, **if_match)
         body: _Body = response["Body"]
         return body
 
-    async def _stream(self, body: _Body, sink: Callable[[bytes], object]) -> None:
-        """Feed the body to ``sink`` in chunks of at most ``chunk_size`` bytes."""
-        while chunk := await body.read(self._chunk_size):
-            sink(chunk)
-
     async def _target_line(self, body: _Body, pointer: TranscriptPointer) -> bytes:
         """The event line the pointer names (without its line ending), every line before it
-        checked; the same rules as the local resolver's ``readline`` loop."""
+        checked; the local resolver's loop, its ``readline`` done on the body's chunks."""
         limit = self._max_line_bytes
         buffer = bytearray()
-        start = 0      # where the next line begins in buffer
-        searched = 0   # buffer[start:searched] holds no line feed
         eof = False
-        expected = 1
-        while True:
-            newline = buffer.find(b"\n", searched)
-            if newline >= 0:
-                line = bytes(buffer[start:newline])
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                start = searched = newline + 1
-            elif eof:
-                if start == len(buffer):
-                    raise _Outcome(
-                        "missing",
-                        f"transcript has {expected - 1} events, sequence {pointer.sequence} "
-                        "not found",
-                    )
-                line = bytes(buffer[start:])  # the last line, without a line ending
-                start = searched = len(buffer)
-            else:
-                if len(buffer) - start > limit + 1:  # room for a "\r" before the "\n"
-                    raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
-                del buffer[:start]
-                start, searched = 0, len(buffer)
+        for expected in range(1, pointer.sequence + 1):
+            # The next line with its ending, or its first limit + 2 bytes (room for "\r\n").
+            searched = 0
+            while (end := buffer.find(b"\n", searched, limit + 2)) < 0 \
+                    and len(buffer) < limit + 2 and not eof:
+                searched = len(buffer)
                 chunk = await body.read(self._chunk_size)
-                if chunk:
-                    buffer += chunk
-                else:
-                    eof = True
-                continue
+                buffer += chunk
+                eof = not chunk
+            end = end + 1 if end >= 0 else min(limit + 2, len(buffer))
+            raw = bytes(buffer[:end])
+            del buffer[:end]
+            if not raw:
+                raise _Outcome(
+                    "missing",
+                    f"transcript has {expected - 1} events, sequence {pointer.sequence} "
+                    "not found",
+                )
+            line = _strip_line_ending(raw)
             if len(line) > limit:
                 raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
             if expected == pointer.sequence:
                 return line
-            expected += 1
+        raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
 
     async def excerpt(self, pointer: str, *,
                       max_chars: int = DEFAULT_EXCERPT_CHARS) -> SourceExcerpt:
@@ -325,17 +303,13 @@ class S3SourceResolver:
         head = bytearray()
         hasher = hashlib.sha256()
         size = 0
-
-        def take(chunk: bytes) -> None:
-            nonlocal size
-            hasher.update(chunk)
-            size += len(chunk)
-            if len(head) < wanted:
-                head.extend(chunk[: wanted - len(head)])
-
         body = await self._get(self._artifact_object(pointer), "")
         try:
-            await self._stream(body, take)
+            while chunk := await body.read(self._chunk_size):
+                hasher.update(chunk)
+                size += len(chunk)
+                if len(head) < wanted:
+                    head += chunk[: wanted - len(head)]
         finally:
             body.close()
         # A character cut in two at the end of the head is left out, not replaced.

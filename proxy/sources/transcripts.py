@@ -53,16 +53,12 @@ class TranscriptRecorder:
         self._known_lock = threading.Lock()
         self._full: set[str] = set()
 
-    def path_of(self, tenant: str, session_id: str) -> str:
-        """The transcript file of ``session_id`` of ``tenant``."""
-        return os.path.join(tenant_root(self.root, tenant), f"{session_id}.jsonl")
-
     async def record(self, tenant: str, session_id: str,
                      messages: Sequence[dict[str, Any]]) -> None:
         """Append the messages of ``messages`` not yet in the transcript (in a thread)."""
         if not is_session_id(session_id) or not messages:
             return
-        path = self.path_of(tenant, session_id)
+        path = os.path.join(tenant_root(self.root, tenant), f"{session_id}.jsonl")
         with self._known_lock:
             known = self._known.get(path)
         if (known is not None and known[1] >= len(messages)) or path in self._full:

@@ -180,8 +180,7 @@ class ProviderSummarizer:
             return caller.as_extra_headers()
         return None
 
-    def _fork_headers(self, source: ForkSource, sdk_headers: frozenset[str]
-                      ) -> dict[str, str | anthropic.Omit] | None:
+    def _fork_headers(self, source: ForkSource) -> dict[str, str | anthropic.Omit] | None:
         """The client's headers (repeated ones comma-joined), every SDK header it did not send
         omitted; ``None`` when it sent no credential."""
         sent: dict[str, str] = {}
@@ -190,15 +189,12 @@ class ProviderSummarizer:
             lowered = name.lower()
             if lowered in _NOT_COPIED:
                 continue
-            if lowered in names:
-                sent[names[lowered]] = f"{sent[names[lowered]]}, {value}"
-            else:
-                names[lowered] = name
-                sent[name] = value
+            first = names.setdefault(lowered, name)
+            sent[first] = f"{sent[first]}, {value}" if first in sent else value
         if "x-api-key" not in names and "authorization" not in names and not self._signs_calls:
             return None
         headers: dict[str, str | anthropic.Omit] = {
-            name: sdk().omit for name in sorted(sdk_headers - names.keys())
+            name: sdk().omit for name in sorted(self._client.omitted_headers - names.keys())
         }
         headers.update(sent)
         return headers
@@ -214,7 +210,7 @@ class ProviderSummarizer:
         source = fork if self.config.mode == "fork" else None
         mode = "fork" if source is not None else "separate"
         client = await self._client.get()
-        headers = (self._fork_headers(source, self._client.omitted_headers) if source is not None
+        headers = (self._fork_headers(source) if source is not None
                    else self._separate_headers(caller))
         if headers is None:
             return SummaryResult(None, "failed", mode, error_class="NoCredentials")
@@ -226,12 +222,11 @@ class ProviderSummarizer:
         pieces = 0
         for attempt in range(2):  # again in pieces once a refusal taught the window
             budget = self.windows.budget(model)
-            planned = plan_calls(request, source, counter=counter, budget=budget)
-            if planned is None:
-                return SummaryResult(None, "failed", mode, model, pieces, _total(calls.usages),
-                                     "SummaryTooLarge")
-            pieces = len(planned) if len(planned) > 1 else 0
             try:
+                planned = plan_calls(request, source, counter=counter, budget=budget)
+                if planned is None:
+                    raise _NoSummary("SummaryTooLarge")
+                pieces = len(planned) if len(planned) > 1 else 0
                 texts = await self._each(planned, calls)
                 text = texts[0]
                 if pieces:
