@@ -20,7 +20,7 @@ from .._rows import (
     retention_cutoff,
 )
 from ..base import CorruptStateError, StoreError
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 from .state import add_change_on
 
 __all__ = ["SQLiteRequestLog"]
@@ -94,10 +94,6 @@ class SQLiteRequestLog(SQLiteConnection):
         await self._batches.flush()  # this process's entries are read too
         return await self._call(self._blocked_since, utc_iso(since), limit)
 
-    async def trim(self, now: datetime) -> int:
-        return await self._call(self._trim, utc_iso(
-            retention_cutoff(now, self.retention_days)))
-
     # -- worker-thread side -------------------------------------------------------------------
 
     def _add_requests(self, batch: list[RequestEntry]) -> None:
@@ -164,7 +160,9 @@ class SQLiteRequestLog(SQLiteConnection):
                                 (*args, cutoff)).rowcount
         return removed
 
-    def _trim(self, cutoff: str) -> int:
+    @in_worker
+    def trim(self, now: datetime) -> int:
+        cutoff = utc_iso(retention_cutoff(now, self.retention_days))
         with self._sqlite_errors("trim the audit log") as conn, write_transaction(conn):
             return self._trim_older(conn, cutoff)
 

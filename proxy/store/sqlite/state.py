@@ -15,16 +15,13 @@ from proxy.audit.log import StateChange, utc_iso
 
 from .._rows import check_change, check_type, decode_state, encode_audit, encode_state, utc_now
 from ..base import CorruptStateError, StoredState, VersionConflict
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 
 __all__ = ["SQLiteState", "add_change_on"]
 
 
 class SQLiteState(SQLiteConnection):
     """:class:`~proxy.store.base.StateStore` on SQLite."""
-
-    async def get_state(self, session_id: str) -> StoredState | None:
-        return await self._call(self._get_state, session_id)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
@@ -40,7 +37,8 @@ class SQLiteState(SQLiteConnection):
         check_change(session_id, change, "delete")
         return await self._call(self._delete_state, session_id, expected_version, change)
 
-    def _get_state(self, session_id: str) -> StoredState | None:
+    @in_worker
+    def get_state(self, session_id: str) -> StoredState | None:
         with self._sqlite_errors("read state") as conn:
             row = conn.execute(
                 "SELECT version, state_json, updated_at FROM session_state WHERE session_id = ?",
