@@ -11,14 +11,7 @@ from typing import Any
 
 from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
-from .._rows import (
-    check_page,
-    check_type,
-    decode_change,
-    decode_entry,
-    encode_audit,
-    retention_cutoff,
-)
+from .._rows import check_page, check_type, decode_audit, encode_audit, retention_cutoff
 from ..base import CorruptStateError
 from . import scripts
 from .client import FAILURES
@@ -118,7 +111,7 @@ class RedisRequestLog(RedisConnection):
                 pipe.zcard(key)
                 pipe.zrevrange(key, offset, offset + limit - 1)
                 total, members = await pipe.execute()
-        return [decode_entry(member) for member in members], int(total)
+        return [decode_audit(RequestEntry, member) for member in members], int(total)
 
     async def state_changes(self, tenant: str, session_id: str, *,
                             limit: int = 100) -> list[StateChange]:
@@ -126,7 +119,7 @@ class RedisRequestLog(RedisConnection):
         with self._failures("read state changes", self._audit_error):
             members = await self._redis.zrevrange(self.change_key(tenant, session_id),
                                                   0, limit - 1)
-        return [decode_change(member) for member in listed(members)]
+        return [decode_audit(StateChange, member) for member in listed(members)]
 
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
         check_page(0, limit)
@@ -134,7 +127,7 @@ class RedisRequestLog(RedisConnection):
             await self._batches.flush()  # this process's entries are read too
             members = await self._redis.zrangebyscore(self.audit_blocked_key,
                                                       as_score(since), "+inf", start=0, num=limit)
-        return [decode_entry(member) for member in listed(members)]
+        return [decode_audit(RequestEntry, member) for member in listed(members)]
 
     async def trim(self, now: datetime) -> int:
         """Session by session."""

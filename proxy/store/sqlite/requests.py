@@ -11,14 +11,7 @@ from typing import Any
 
 from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
-from .._rows import (
-    check_page,
-    check_type,
-    decode_change,
-    decode_entry,
-    encode_audit,
-    retention_cutoff,
-)
+from .._rows import check_page, check_type, decode_audit, encode_audit, retention_cutoff
 from ..base import CorruptStateError, StoreError
 from .connection import SQLiteConnection, in_worker, write_transaction
 from .state import add_change_on
@@ -195,7 +188,7 @@ class SQLiteRequestLog(SQLiteConnection):
                 "SELECT entry FROM audit_request WHERE tenant = ? AND session_id = ?"
                 " ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?",
                 (tenant, session_id, limit, offset)).fetchall()
-        return [decode_entry(row[0]) for row in rows], int(total)
+        return [decode_audit(RequestEntry, row[0]) for row in rows], int(total)
 
     def _state_changes(self, tenant: str, session_id: str, limit: int) -> list[StateChange]:
         with self._sqlite_errors("read state changes") as conn:
@@ -203,14 +196,14 @@ class SQLiteRequestLog(SQLiteConnection):
                 "SELECT change FROM audit_change WHERE tenant = ? AND session_id = ?"
                 " ORDER BY at DESC, seq DESC LIMIT ?",
                 (tenant, session_id, limit)).fetchall()
-        return [decode_change(row[0]) for row in rows]
+        return [decode_audit(StateChange, row[0]) for row in rows]
 
     def _blocked_since(self, since: str, limit: int) -> list[RequestEntry]:
         with self._sqlite_errors("read blocked requests") as conn:
             rows = conn.execute(
                 "SELECT entry FROM audit_request WHERE blocked = 1 AND at >= ?"
                 " ORDER BY at, seq LIMIT ?", (since, limit)).fetchall()
-        return [decode_entry(row[0]) for row in rows]
+        return [decode_audit(RequestEntry, row[0]) for row in rows]
 
 
 def _summary(row: tuple[Any, ...]) -> SessionSummary:
