@@ -44,7 +44,23 @@ class RedisState(RedisConnection):
         version, state_json, updated_at = (as_bytes(value) for value in values)
         if version is None and state_json is None and updated_at is None:
             return None
-        return self._decode(session_id, version, state_json, updated_at)
+        if version is None:
+            raise CorruptStateError(session_id, "field 'version' is missing")
+        if state_json is None:
+            raise CorruptStateError(session_id, "field 'state' is missing")
+        if updated_at is None:
+            raise CorruptStateError(session_id, "field 'updated_at' is missing")
+        try:
+            number = int(version)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise CorruptStateError(session_id, "version is not an integer >= 1")
+        try:
+            stamp = updated_at.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
+        return decode_state(session_id, number, state_json, stamp)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
@@ -105,26 +121,6 @@ class RedisState(RedisConnection):
         except FAILURES as exc:
             structlog.get_logger().warning("state_change_not_indexed",
                                            error_class=type(exc).__name__)
-
-    def _decode(self, session_id: str, version: bytes | None, state_json: bytes | None,
-                updated_at: bytes | None) -> StoredState:
-        if version is None:
-            raise CorruptStateError(session_id, "field 'version' is missing")
-        if state_json is None:
-            raise CorruptStateError(session_id, "field 'state' is missing")
-        if updated_at is None:
-            raise CorruptStateError(session_id, "field 'updated_at' is missing")
-        try:
-            number = int(version)
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise CorruptStateError(session_id, "version is not an integer >= 1")
-        try:
-            stamp = updated_at.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
-        return decode_state(session_id, number, state_json, stamp)
 
 
 def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:
