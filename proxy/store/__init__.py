@@ -9,23 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import (
-    CorruptStateError,
-    RecordFetch,
-    RecordStore,
-    ReplicaConsistency,
-    RequestLog,
-    SessionVersions,
-    StateStore,
-    StoreBackend,
-    StoredState,
-    StoreError,
-    StoreUnavailable,
-    SummaryCache,
-    UsageLedger,
-    UsageRow,
-    VersionConflict,
-)
+from . import base
+from .base import *  # noqa: F403 (the interfaces and errors: base.__all__)
 from .read_cache import CachedStateReads
 from .sqlite import SQLiteStateStore
 
@@ -34,30 +19,10 @@ if TYPE_CHECKING:
 
     from .redis import RedisStateStore
 
-__all__ = [
-    "CachedStateReads",
-    "CorruptStateError",
-    "RecordFetch",
-    "RecordStore",
-    "RedisStateStore",
-    "ReplicaConsistency",
-    "RequestLog",
-    "SQLiteStateStore",
-    "SessionVersions",
-    "StateStore",
-    "StoreBackend",
-    "StoreError",
-    "StoreUnavailable",
-    "StoredState",
-    "SummaryCache",
-    "UsageLedger",
-    "UsageRow",
-    "VersionConflict",
-    "store_for",
-]
+__all__ = [*base.__all__, "CachedStateReads", "RedisStateStore", "SQLiteStateStore", "store_for"]
 
 
-def store_for(config: Config) -> StoreBackend:
+def store_for(config: Config) -> base.StoreBackend:
     """The configured store, not yet opened, keeping the audit log within ``audit.*``'s
     bounds (:class:`~proxy.config.ConfigError` for an unusable ``store.url``)."""
     from proxy.config import ConfigError

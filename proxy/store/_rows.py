@@ -13,7 +13,7 @@ import functools
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -27,8 +27,7 @@ __all__ = [
     "check_bounds",
     "check_change",
     "check_page",
-    "decode_change",
-    "decode_entry",
+    "decode_audit",
     "decode_state",
     "decode_usage_row",
     "encode_audit",
@@ -67,22 +66,19 @@ def check_type(name: str, value: object, kind: type) -> None:
 
 def check_bounds(max_summaries: int, max_requests_per_session: int, retention_days: int) -> None:
     """Refuse bounds no store can keep: below 1 (:class:`ValueError`)."""
-    if max_summaries < 1:
-        raise ValueError(f"max_summaries must be >= 1, got {max_summaries}")
-    if max_requests_per_session < 1:
-        raise ValueError(
-            f"max_requests_per_session must be >= 1, got {max_requests_per_session}")
-    if retention_days < 1:
-        raise ValueError(f"retention_days must be >= 1, got {retention_days}")
+    for name, value in (("max_summaries", max_summaries),
+                        ("max_requests_per_session", max_requests_per_session),
+                        ("retention_days", retention_days)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def check_page(offset: int, limit: int, order: str = SESSION_ORDERS[0]) -> None:
     """Refuse a page of the audit log no store can read: an offset below 0, a limit below 1
     (or either not an integer), an unknown session order (:class:`ValueError`)."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an integer >= 0, got {offset!r}")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    for name, value, least in (("offset", offset, 0), ("limit", limit, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     if order not in SESSION_ORDERS:
         raise ValueError(f"order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
 
@@ -119,6 +115,7 @@ def retention_cutoff(now: datetime, retention_days: int) -> datetime:
 
 
 _AUDIT_JSON: Final = msgspec.json.Encoder()
+_Audit = TypeVar("_Audit", RequestEntry, StateChange)
 
 
 def encode_audit(item: RequestEntry | StateChange) -> str:
@@ -136,30 +133,20 @@ def encode_audit(item: RequestEntry | StateChange) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _audit_json(raw: str | bytes, what: str) -> dict[str, Any]:
+def decode_audit(kind: type[_Audit], raw: str | bytes) -> _Audit:
+    """A stored request entry or state change (``kind``) read back, or
+    :class:`CorruptStateError`."""
+    what = "a request entry" if kind is RequestEntry else "a state change"
     try:
         data = json.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict):
         raise CorruptStateError("<audit log>", f"{what} is not a JSON object")
-    return data
-
-
-def decode_entry(raw: str | bytes) -> RequestEntry:
-    """A stored request entry read back, or :class:`CorruptStateError`."""
     try:
-        return RequestEntry.from_json(_audit_json(raw, "a request entry"))
+        return kind.from_json(data)
     except ValueError as exc:
-        raise CorruptStateError("<audit log>", f"a request entry: {exc}") from None
-
-
-def decode_change(raw: str | bytes) -> StateChange:
-    """A stored state change read back, or :class:`CorruptStateError`."""
-    try:
-        return StateChange.from_json(_audit_json(raw, "a state change"))
-    except ValueError as exc:
-        raise CorruptStateError("<audit log>", f"a state change: {exc}") from None
+        raise CorruptStateError("<audit log>", f"{what}: {exc}") from None
 
 
 def decode_usage_row(session_key: str, model: str, counters: Mapping[str, object],

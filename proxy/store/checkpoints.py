@@ -52,9 +52,8 @@ class SessionCheckpoints:
                 if held is not None:
                     return held[1]
             else:
-                versions = request_versions(self._store, session_id)
-                if versions is None:
-                    versions = await self._store.session_versions(session_id)
+                versions = (request_versions(self._store, session_id)
+                            or await self._store.session_versions(session_id))
                 current = versions.records.get(kind, 0)
                 if held is not None and held[0] == current:
                     return held[1]

@@ -24,7 +24,7 @@ from .._rows import check_bounds, retention_cutoff, utc_now
 from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import CorruptStateError, StoreError, StoreUnavailable
 from .client import FAILURES, OUTAGES, Failure, RedisMode, make_client, redacted_url
-from .keys import RedisKeys, as_score
+from .keys import RedisKeys, as_score, pair_member
 from .lane import Lane
 
 __all__ = ["HEALTH_TTL_S", "PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "RedisConnection"]
@@ -136,15 +136,16 @@ class RedisConnection(RedisKeys):
             raise StoreUnavailable(self._down)
 
     @contextlib.contextmanager
-    def _failures(self, action: str, *, audit: bool = False) -> Iterator[None]:
-        """:meth:`_check_open`, then what redis-py raises in the block as a
-        :class:`StoreError` (``audit``: a key of the audit log holding something else is a
-        :class:`CorruptStateError`)."""
+    def _failures(self, action: str, error: Callable[[str, Failure], StoreError] | None = None
+                  ) -> Iterator[None]:
+        """:meth:`_check_open`, then what redis-py raises in the block as the
+        :class:`StoreError` ``error`` makes of it (default :meth:`_error`; e.g.
+        :meth:`_audit_error`: a key of the audit log holding something else is corrupt)."""
         self._check_open()
         try:
             yield
         except FAILURES as exc:
-            raise (self._audit_error if audit else self._error)(action, exc) from exc
+            raise (error or self._error)(action, exc) from exc
 
     def _error(self, action: str, exc: Failure) -> StoreError:
         # redis-py's messages name the host and the failure, never the URL's password.
@@ -203,10 +204,16 @@ class RedisConnection(RedisKeys):
             script = self._scripts[text] = self._redis.register_script(text)
         return script
 
-    async def _newest_change(self, key: str) -> str | None:
-        """The score of the newest change in the changes zset ``key``, or ``None``."""
-        newest = await self._redis.zrange(key, -1, -1, withscores=True)
-        return repr(float(newest[0][1])) if newest else None
+    async def _index_changed(self, tenant: str, session_id: str, score: str | None) -> None:
+        """Put the session in the index of sessions with changes at ``score``, its newest
+        change's (``None``: it has none left)."""
+        key = self.change_key(tenant, session_id)
+
+        async def newest() -> str | None:
+            found = await self._redis.zrange(key, -1, -1, withscores=True)
+            return repr(float(found[0][1])) if found else None
+
+        await self._index(self.audit_changed_key, pair_member(tenant, session_id), score, newest)
 
     async def _index(self, index: str, member: str, score: str | None,
                      current: Callable[[], Awaitable[str | None]]) -> None:

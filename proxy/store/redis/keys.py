@@ -94,6 +94,6 @@ class RedisKeys:
         tag = session_key_of(tenant, session_id)
         return [self._key(tag, "audit:requests"), self._key(tag, "audit:totals")]
 
-    def change_keys(self, tenant: str, session_id: str) -> list[str]:
-        """The keys of one session's state changes: its changes (in the session's slot)."""
-        return [self._key(session_key_of(tenant, session_id), "audit:changes")]
+    def change_key(self, tenant: str, session_id: str) -> str:
+        """The key of one session's state changes (in the session's slot)."""
+        return self._key(session_key_of(tenant, session_id), "audit:changes")

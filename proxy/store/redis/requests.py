@@ -7,19 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from functools import partial
 from typing import Any
 
 from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
-from .._rows import (
-    check_page,
-    check_type,
-    decode_change,
-    decode_entry,
-    encode_audit,
-    retention_cutoff,
-)
+from .._rows import check_page, check_type, decode_audit, encode_audit, retention_cutoff
 from ..base import CorruptStateError
 from . import scripts
 from .client import FAILURES
@@ -72,19 +64,18 @@ class RedisRequestLog(RedisConnection):
 
     async def add_state_change(self, change: StateChange) -> None:
         check_type("change", change, StateChange)
-        with self._failures("add state change", audit=True):
-            key = self.change_keys(change.tenant, change.session_id)[0]
+        with self._failures("add state change", self._audit_error):
             newest = await self._script(scripts.ADD_CHANGE)(
-                keys=[key], args=change_args(change, *self._bounds()))
-            await self._index(self.audit_changed_key, pair_member(change.tenant, change.session_id),
-                              None if newest is None else as_text(newest),
-                              partial(self._newest_change, key))
+                keys=[self.change_key(change.tenant, change.session_id)],
+                args=change_args(change, *self._bounds()))
+            await self._index_changed(change.tenant, change.session_id,
+                                      None if newest is None else as_text(newest))
 
     async def sessions(self, *, offset: int = 0, limit: int = 50, contains: str | None = None,
                        order: SessionOrder = "last_seen",
                        tenant: str | None = None) -> tuple[list[SessionSummary], int]:
         check_page(offset, limit, order)
-        with self._failures("read audit sessions", audit=True):
+        with self._failures("read audit sessions", self._audit_error):
             await self._batches.flush()  # this process's entries are read too
             index = self.audit_sessions_key
             if order == "last_seen" and not contains and tenant is None:
@@ -113,36 +104,36 @@ class RedisRequestLog(RedisConnection):
     async def session_requests(self, tenant: str, session_id: str, *, offset: int = 0,
                                limit: int = 100) -> tuple[list[RequestEntry], int]:
         check_page(offset, limit)
-        with self._failures("read audit entries", audit=True):
+        with self._failures("read audit entries", self._audit_error):
             await self._batches.flush()  # this process's entries are read too
             key = self.audit_keys(tenant, session_id)[0]
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.zcard(key)
                 pipe.zrevrange(key, offset, offset + limit - 1)
                 total, members = await pipe.execute()
-        return [decode_entry(member) for member in members], int(total)
+        return [decode_audit(RequestEntry, member) for member in members], int(total)
 
     async def state_changes(self, tenant: str, session_id: str, *,
                             limit: int = 100) -> list[StateChange]:
         check_page(0, limit)
-        with self._failures("read state changes", audit=True):
-            members = await self._redis.zrevrange(self.change_keys(tenant, session_id)[0],
+        with self._failures("read state changes", self._audit_error):
+            members = await self._redis.zrevrange(self.change_key(tenant, session_id),
                                                   0, limit - 1)
-        return [decode_change(member) for member in listed(members)]
+        return [decode_audit(StateChange, member) for member in listed(members)]
 
     async def blocked_since(self, since: datetime, *, limit: int = 1000) -> list[RequestEntry]:
         check_page(0, limit)
-        with self._failures("read blocked requests", audit=True):
+        with self._failures("read blocked requests", self._audit_error):
             await self._batches.flush()  # this process's entries are read too
             members = await self._redis.zrangebyscore(self.audit_blocked_key,
                                                       as_score(since), "+inf", start=0, num=limit)
-        return [decode_entry(member) for member in listed(members)]
+        return [decode_audit(RequestEntry, member) for member in listed(members)]
 
     async def trim(self, now: datetime) -> int:
         """Session by session."""
         cutoff = as_score(retention_cutoff(now, self.retention_days))
         removed = 0
-        with self._failures("trim the audit log", audit=True):
+        with self._failures("trim the audit log", self._audit_error):
             sessions = listed(await self._redis.zrange(self.audit_sessions_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in sessions]:
                 reply = await self._script(scripts.TRIM_SESSION)(
@@ -153,11 +144,10 @@ class RedisRequestLog(RedisConnection):
             await self._redis.zremrangebyscore(self.audit_blocked_key, "-inf", f"({cutoff}")
             changed = listed(await self._redis.zrange(self.audit_changed_key, 0, -1))
             for tenant, session_id in [pair_of(m, "<audit log>") for m in changed]:
-                key = self.change_keys(tenant, session_id)[0]
-                gone, newest = await self._script(scripts.TRIM_CHANGES)(keys=[key], args=[cutoff])
+                gone, newest = await self._script(scripts.TRIM_CHANGES)(
+                    keys=[self.change_key(tenant, session_id)], args=[cutoff])
                 removed += int(gone)
-                await self._index(self.audit_changed_key, pair_member(tenant, session_id),
-                                  as_text(newest) or None, partial(self._newest_change, key))
+                await self._index_changed(tenant, session_id, as_text(newest) or None)
         return removed
 
     async def _summaries(self, members: list[str]) -> list[SessionSummary]:

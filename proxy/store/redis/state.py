@@ -29,7 +29,7 @@ from ..base import CorruptStateError, StoredState, VersionConflict
 from . import scripts
 from .client import FAILURES
 from .connection import RedisConnection
-from .keys import as_bytes, as_score, as_text, pair_member
+from .keys import as_bytes, as_score, as_text
 
 __all__ = ["RedisState", "change_args", "put_change_args"]
 
@@ -38,33 +38,43 @@ class RedisState(RedisConnection):
     """:class:`~proxy.store.base.StateStore` on Redis."""
 
     async def get_state(self, session_id: str) -> StoredState | None:
-        self._check_open()
-        try:
+        with self._failures("read state", partial(self._state_error, session_id)):
             values = await self._redis.hmget(self.state_key(session_id),
                                              ["version", "state", "updated_at"])
-        except FAILURES as exc:
-            raise self._state_error(session_id, "read state", exc) from exc
         version, state_json, updated_at = (as_bytes(value) for value in values)
         if version is None and state_json is None and updated_at is None:
             return None
-        return self._decode(session_id, version, state_json, updated_at)
+        if version is None:
+            raise CorruptStateError(session_id, "field 'version' is missing")
+        if state_json is None:
+            raise CorruptStateError(session_id, "field 'state' is missing")
+        if updated_at is None:
+            raise CorruptStateError(session_id, "field 'updated_at' is missing")
+        try:
+            number = int(version)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise CorruptStateError(session_id, "version is not an integer >= 1")
+        try:
+            stamp = updated_at.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
+        return decode_state(session_id, number, state_json, stamp)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
                         change: StateChange | None = None) -> StoredState:
         check_type("state", state, DurableContextState)
         check_change(session_id, change, "put")
-        self._check_open()
-        state_json = encode_state(state)
-        when = utc_now()
-        expected = "" if expected_version is None else str(int(expected_version))
-        try:
+        with self._failures("write state", partial(self._state_error, session_id)):
+            state_json = encode_state(state)
+            when = utc_now()
+            expected = "" if expected_version is None else str(int(expected_version))
             outcome, version, *newest = await self._script(scripts.PUT_STATE)(
                 keys=self._state_keys(session_id),
                 args=[expected, state_json, when.isoformat(),
                       *put_change_args(change, *self._bounds())])
-        except FAILURES as exc:
-            raise self._state_error(session_id, "write state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 0:
             raise VersionConflict(session_id, expected_version, None if version < 0 else version)
@@ -75,14 +85,11 @@ class RedisState(RedisConnection):
     async def delete_state(self, session_id: str, expected_version: int | None = None,
                            change: StateChange | None = None) -> bool:
         check_change(session_id, change, "delete")
-        self._check_open()
-        expected = "" if expected_version is None else str(int(expected_version))
-        try:
+        with self._failures("delete state", partial(self._state_error, session_id)):
+            expected = "" if expected_version is None else str(int(expected_version))
             outcome, current, *newest = await self._script(scripts.DELETE_STATE)(
                 keys=self._state_keys(session_id),
                 args=[expected, *change_args(change, *self._bounds())])
-        except FAILURES as exc:
-            raise self._state_error(session_id, "delete state", exc) from exc
         self._check_outcome(session_id, outcome)
         if outcome == 2:
             raise VersionConflict(session_id, expected_version, int(current))
@@ -109,34 +116,11 @@ class RedisState(RedisConnection):
         (a failure is logged: the next change or ``trim`` lists it again)."""
         if change is None or not newest or not newest[0]:
             return
-        key = self._key(session_id, "audit:changes")
         try:
-            await self._index(self.audit_changed_key,
-                              pair_member(change.tenant, change.session_id),
-                              as_text(newest[0]), partial(self._newest_change, key))
+            await self._index_changed(change.tenant, change.session_id, as_text(newest[0]))
         except FAILURES as exc:
             structlog.get_logger().warning("state_change_not_indexed",
                                            error_class=type(exc).__name__)
-
-    def _decode(self, session_id: str, version: bytes | None, state_json: bytes | None,
-                updated_at: bytes | None) -> StoredState:
-        if version is None:
-            raise CorruptStateError(session_id, "field 'version' is missing")
-        if state_json is None:
-            raise CorruptStateError(session_id, "field 'state' is missing")
-        if updated_at is None:
-            raise CorruptStateError(session_id, "field 'updated_at' is missing")
-        try:
-            number = int(version)
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise CorruptStateError(session_id, "version is not an integer >= 1")
-        try:
-            stamp = updated_at.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CorruptStateError(session_id, "updated_at is not UTF-8") from None
-        return decode_state(session_id, number, state_json, stamp)
 
 
 def change_args(change: StateChange | None, max_changes: int, cutoff: str) -> list[Any]:

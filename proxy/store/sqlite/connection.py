@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, Self, TypeVar
 
 from proxy.audit.log import (
     DEFAULT_MAX_REQUESTS_PER_SESSION,
@@ -26,10 +26,12 @@ from ..audit_batches import AUDIT_LINGER_S, AuditBatches
 from ..base import StoreError
 from .schema import SCHEMA, SCHEMA_VERSION
 
-__all__ = ["CHECKPOINT_EVERY", "INLINE_WRITE_MAX_BYTES", "SQLiteConnection",
+__all__ = ["CHECKPOINT_EVERY", "INLINE_WRITE_MAX_BYTES", "SQLiteConnection", "in_worker",
            "write_transaction"]
 
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound="SQLiteConnection")
+_P = ParamSpec("_P")
 
 #: The largest record written on the event loop's own connection (a calibration is a few KB).
 INLINE_WRITE_MAX_BYTES: Final = 64 * 1024
@@ -50,6 +52,18 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def in_worker(method: Callable[Concatenate[_S, _P], _T]
+              ) -> Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]]:
+    """The store method ``method``, written as the worker thread runs it, as a coroutine
+    method that runs it there (:meth:`SQLiteConnection._call`)."""
+
+    @functools.wraps(method)
+    async def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await self._call(functools.partial(method, self, *args, **kwargs))
+
+    return call
 
 
 class SQLiteConnection:

@@ -15,6 +15,7 @@ from .connection import (
     CHECKPOINT_EVERY,
     INLINE_WRITE_MAX_BYTES,
     SQLiteConnection,
+    in_worker,
     write_transaction,
 )
 from .records import PUT_RECORD, record_data
@@ -38,10 +39,6 @@ class SQLiteConsistency(SQLiteConnection):
             return versions
         return await self._call(self._session_versions, session_id, fetch)
 
-    async def get_versioned_record(self, session_id: str, kind: str
-                                   ) -> tuple[int, bytes] | None:
-        return await self._call(self._get_versioned_record, session_id, kind)
-
     async def put_versioned_record(self, session_id: str, kind: str, data: bytes) -> int:
         """On the event loop's own connection when the record is small (a calibration,
         saved after every answer) and the write lock is free at once, else in the worker
@@ -62,20 +59,12 @@ class SQLiteConsistency(SQLiteConnection):
             self._loop_commits = 0
         return version
 
-    async def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        return await self._call(self._acquire_lock, name, token, lease_ms(ttl_ms) / 1000)
-
-    async def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
-        return await self._call(self._extend_lock, name, token, lease_ms(ttl_ms) / 1000)
-
-    async def release_lock(self, name: str, token: str) -> bool:
-        return await self._call(self._release_lock, name, token)
-
     def _session_versions(self, session_id: str, fetch: RecordFetch | None) -> SessionVersions:
         with self._sqlite_errors("read versions") as conn:
             return _versions_on(conn, session_id, fetch)
 
-    def _get_versioned_record(self, session_id: str, kind: str) -> tuple[int, bytes] | None:
+    @in_worker
+    def get_versioned_record(self, session_id: str, kind: str) -> tuple[int, bytes] | None:
         with self._sqlite_errors("read record") as conn:
             row = conn.execute(
                 "SELECT v.version, r.data FROM record_version v JOIN session_record r"
@@ -93,7 +82,9 @@ class SQLiteConsistency(SQLiteConnection):
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             return version
 
-    def _acquire_lock(self, name: str, token: str, ttl_s: float) -> bool:
+    @in_worker
+    def acquire_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        ttl_s = lease_ms(ttl_ms) / 1000
         now = time.time()  # wall clock: the one every process on the machine shares
         with self._sqlite_errors("take lock") as conn, write_transaction(conn):
             conn.execute("DELETE FROM store_lock WHERE name = ? AND expires_at <= ?",
@@ -103,7 +94,9 @@ class SQLiteConsistency(SQLiteConnection):
                 " ON CONFLICT (name) DO NOTHING", (name, token, now + ttl_s)).rowcount
         return bool(taken == 1)
 
-    def _extend_lock(self, name: str, token: str, ttl_s: float) -> bool:
+    @in_worker
+    def extend_lock(self, name: str, token: str, ttl_ms: int) -> bool:
+        ttl_s = lease_ms(ttl_ms) / 1000
         now = time.time()
         with self._sqlite_errors("extend lock") as conn:
             changed = conn.execute(
@@ -111,7 +104,8 @@ class SQLiteConsistency(SQLiteConnection):
                 " AND expires_at > ?", (now + ttl_s, name, token, now)).rowcount
         return bool(changed == 1)
 
-    def _release_lock(self, name: str, token: str) -> bool:
+    @in_worker
+    def release_lock(self, name: str, token: str) -> bool:
         with self._sqlite_errors("release lock") as conn:
             changed = conn.execute("DELETE FROM store_lock WHERE name = ? AND token = ?",
                                    (name, token)).rowcount

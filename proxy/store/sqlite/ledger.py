@@ -7,7 +7,7 @@ from __future__ import annotations
 from proxy.accounting.usage import UsageEntry, UsageRow
 
 from .._rows import check_type, decode_usage_row, usage_stamp
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, in_worker
 from .schema import USAGE_COLUMNS
 
 __all__ = ["SQLiteLedger"]
@@ -33,16 +33,14 @@ class SQLiteLedger(SQLiteConnection):
         check_type("entry", entry, UsageEntry)
         await self._call(self._add_usage, session_key, model, entry)
 
-    async def usage_rows(self) -> list[UsageRow]:
-        return await self._call(self._usage_rows)
-
     def _add_usage(self, session_key: str, model: str, entry: UsageEntry) -> None:
         counters = tuple(getattr(entry, name) for name in USAGE_COLUMNS)
         with self._sqlite_errors("add usage") as conn:
             # A single statement is its own atomic transaction in autocommit mode.
             conn.execute(_ADD_USAGE, (session_key, model, *counters, usage_stamp()))
 
-    def _usage_rows(self) -> list[UsageRow]:
+    @in_worker
+    def usage_rows(self) -> list[UsageRow]:
         with self._sqlite_errors("read usage") as conn:
             rows = conn.execute(_USAGE_ROWS).fetchall()
         return [

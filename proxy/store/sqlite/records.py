@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .._rows import utc_now
 from ..base import CorruptStateError
-from .connection import SQLiteConnection
+from .connection import SQLiteConnection, in_worker
 
 __all__ = ["PUT_RECORD", "SQLiteRecords", "record_data"]
 
@@ -18,13 +18,8 @@ PUT_RECORD = ("INSERT INTO session_record (session_id, kind, data, updated_at) V
 class SQLiteRecords(SQLiteConnection):
     """:class:`~proxy.store.base.RecordStore` on SQLite."""
 
-    async def get_record(self, session_id: str, kind: str) -> bytes | None:
-        return await self._call(self._get_record, session_id, kind)
-
-    async def put_record(self, session_id: str, kind: str, data: bytes) -> None:
-        await self._call(self._put_record, session_id, kind, bytes(data))
-
-    def _get_record(self, session_id: str, kind: str) -> bytes | None:
+    @in_worker
+    def get_record(self, session_id: str, kind: str) -> bytes | None:
         with self._sqlite_errors("read record") as conn:
             row = conn.execute(
                 "SELECT data FROM session_record WHERE session_id = ? AND kind = ?",
@@ -32,10 +27,11 @@ class SQLiteRecords(SQLiteConnection):
             ).fetchone()
         return None if row is None else record_data(session_id, kind, row[0])
 
-    def _put_record(self, session_id: str, kind: str, data: bytes) -> None:
+    @in_worker
+    def put_record(self, session_id: str, kind: str, data: bytes) -> None:
         with self._sqlite_errors("write record") as conn:
             # A single statement is its own atomic transaction in autocommit mode.
-            conn.execute(PUT_RECORD, (session_id, kind, data, utc_now().isoformat()))
+            conn.execute(PUT_RECORD, (session_id, kind, bytes(data), utc_now().isoformat()))
 
 
 def record_data(session_id: str, kind: str, data: object) -> bytes:

@@ -11,16 +11,9 @@ from typing import Any
 
 from proxy.audit.log import RequestEntry, SessionOrder, SessionSummary, StateChange, utc_iso
 
-from .._rows import (
-    check_page,
-    check_type,
-    decode_change,
-    decode_entry,
-    encode_audit,
-    retention_cutoff,
-)
+from .._rows import check_page, check_type, decode_audit, encode_audit, retention_cutoff
 from ..base import CorruptStateError, StoreError
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 from .state import add_change_on
 
 __all__ = ["SQLiteRequestLog"]
@@ -94,10 +87,6 @@ class SQLiteRequestLog(SQLiteConnection):
         await self._batches.flush()  # this process's entries are read too
         return await self._call(self._blocked_since, utc_iso(since), limit)
 
-    async def trim(self, now: datetime) -> int:
-        return await self._call(self._trim, utc_iso(
-            retention_cutoff(now, self.retention_days)))
-
     # -- worker-thread side -------------------------------------------------------------------
 
     def _add_requests(self, batch: list[RequestEntry]) -> None:
@@ -164,7 +153,9 @@ class SQLiteRequestLog(SQLiteConnection):
                                 (*args, cutoff)).rowcount
         return removed
 
-    def _trim(self, cutoff: str) -> int:
+    @in_worker
+    def trim(self, now: datetime) -> int:
+        cutoff = utc_iso(retention_cutoff(now, self.retention_days))
         with self._sqlite_errors("trim the audit log") as conn, write_transaction(conn):
             return self._trim_older(conn, cutoff)
 
@@ -197,7 +188,7 @@ class SQLiteRequestLog(SQLiteConnection):
                 "SELECT entry FROM audit_request WHERE tenant = ? AND session_id = ?"
                 " ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?",
                 (tenant, session_id, limit, offset)).fetchall()
-        return [decode_entry(row[0]) for row in rows], int(total)
+        return [decode_audit(RequestEntry, row[0]) for row in rows], int(total)
 
     def _state_changes(self, tenant: str, session_id: str, limit: int) -> list[StateChange]:
         with self._sqlite_errors("read state changes") as conn:
@@ -205,14 +196,14 @@ class SQLiteRequestLog(SQLiteConnection):
                 "SELECT change FROM audit_change WHERE tenant = ? AND session_id = ?"
                 " ORDER BY at DESC, seq DESC LIMIT ?",
                 (tenant, session_id, limit)).fetchall()
-        return [decode_change(row[0]) for row in rows]
+        return [decode_audit(StateChange, row[0]) for row in rows]
 
     def _blocked_since(self, since: str, limit: int) -> list[RequestEntry]:
         with self._sqlite_errors("read blocked requests") as conn:
             rows = conn.execute(
                 "SELECT entry FROM audit_request WHERE blocked = 1 AND at >= ?"
                 " ORDER BY at, seq LIMIT ?", (since, limit)).fetchall()
-        return [decode_entry(row[0]) for row in rows]
+        return [decode_audit(RequestEntry, row[0]) for row in rows]
 
 
 def _summary(row: tuple[Any, ...]) -> SessionSummary:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 
 __all__ = ["SQLiteLoginRevocations"]
 
@@ -19,24 +19,21 @@ _TABLE = """CREATE TABLE IF NOT EXISTS console_revoked (
 class SQLiteLoginRevocations(SQLiteConnection):
     """:class:`~proxy.store.revocations.LoginRevocations` on SQLite."""
 
-    async def revoke_login(self, nonce: str, expires_at: int) -> None:
-        await self._call(self._revoke_login, nonce, int(expires_at), int(time.time()))
-
-    async def login_revoked(self, nonce: str) -> bool:
-        return await self._call(self._login_revoked, nonce, int(time.time()))
-
-    def _revoke_login(self, nonce: str, expires_at: int, now: int) -> None:
+    @in_worker
+    def revoke_login(self, nonce: str, expires_at: int) -> None:
+        now = int(time.time())
         with self._sqlite_errors("revoke login") as conn, write_transaction(conn):
             conn.execute(_TABLE)
             conn.execute("DELETE FROM console_revoked WHERE expires_at <= ?", (now,))
             conn.execute("INSERT INTO console_revoked (nonce, expires_at) VALUES (?, ?)"
-                         " ON CONFLICT (nonce) DO NOTHING", (nonce, expires_at))
+                         " ON CONFLICT (nonce) DO NOTHING", (nonce, int(expires_at)))
 
-    def _login_revoked(self, nonce: str, now: int) -> bool:
+    @in_worker
+    def login_revoked(self, nonce: str) -> bool:
         with self._sqlite_errors("read revoked logins") as conn:
             try:
                 row = conn.execute("SELECT 1 FROM console_revoked WHERE nonce = ?"
-                                   " AND expires_at > ?", (nonce, now)).fetchone()
+                                   " AND expires_at > ?", (nonce, int(time.time()))).fetchone()
             except sqlite3.OperationalError as exc:
                 if "no such table" in str(exc):  # nobody ever logged out
                     return False

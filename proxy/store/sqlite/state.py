@@ -15,16 +15,13 @@ from proxy.audit.log import StateChange, utc_iso
 
 from .._rows import check_change, check_type, decode_state, encode_audit, encode_state, utc_now
 from ..base import CorruptStateError, StoredState, VersionConflict
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 
-__all__ = ["SQLiteState", "add_change_on", "delete_state_on", "put_state_on"]
+__all__ = ["SQLiteState", "add_change_on"]
 
 
 class SQLiteState(SQLiteConnection):
     """:class:`~proxy.store.base.StateStore` on SQLite."""
-
-    async def get_state(self, session_id: str) -> StoredState | None:
-        return await self._call(self._get_state, session_id)
 
     async def put_state(self, session_id: str, state: DurableContextState,
                         expected_version: int | None,
@@ -40,7 +37,8 @@ class SQLiteState(SQLiteConnection):
         check_change(session_id, change, "delete")
         return await self._call(self._delete_state, session_id, expected_version, change)
 
-    def _get_state(self, session_id: str) -> StoredState | None:
+    @in_worker
+    def get_state(self, session_id: str) -> StoredState | None:
         with self._sqlite_errors("read state") as conn:
             row = conn.execute(
                 "SELECT version, state_json, updated_at FROM session_state WHERE session_id = ?",
@@ -57,70 +55,54 @@ class SQLiteState(SQLiteConnection):
 
     def _put_state(self, session_id: str, state: DurableContextState, state_json: str,
                    expected_version: int | None, change: StateChange | None) -> StoredState:
+        """Write the state if its version is ``expected_version`` (else :class:`VersionConflict`),
+        with ``change`` at the version written, in one transaction."""
         when = utc_now()
-        with self._sqlite_errors("write state") as conn:
-            new_version = put_state_on(conn, session_id, state_json, when.isoformat(),
-                                       expected_version, change, *self._change_bounds())
+        with self._sqlite_errors("write state") as conn, write_transaction(conn):
+            current = _current(conn, session_id)
+            if current != expected_version:
+                raise VersionConflict(session_id, expected_version, current)
+            if current is None:
+                row = conn.execute("DELETE FROM state_tombstone WHERE session_id = ?"
+                                   " RETURNING version", (session_id,)).fetchone()
+                new_version = 1 if row is None else int(row[0]) + 1
+            else:
+                new_version = current + 1
+            conn.execute(
+                "INSERT INTO session_state (session_id, version, state_json, updated_at)"
+                " VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,"
+                " state_json = excluded.state_json, updated_at = excluded.updated_at",
+                (session_id, new_version, state_json, when.isoformat()))
+            if change is not None:
+                add_change_on(conn, dataclasses.replace(change, version=new_version),
+                              *self._change_bounds())
         return StoredState(session_id=session_id, version=new_version, state=state,
                            updated_at=when)
 
     def _delete_state(self, session_id: str, expected_version: int | None,
                       change: StateChange | None) -> bool:
-        with self._sqlite_errors("delete state") as conn:
-            return delete_state_on(conn, session_id, expected_version, change,
-                                   *self._change_bounds())
+        """Delete the state (if at ``expected_version``, when given, else
+        :class:`VersionConflict`), leaving its tombstone; ``False`` when there was none."""
+        with self._sqlite_errors("delete state") as conn, write_transaction(conn):
+            current = _current(conn, session_id)
+            if current is None:
+                return False
+            if expected_version is not None and current != expected_version:
+                raise VersionConflict(session_id, expected_version, current)
+            conn.execute("DELETE FROM session_state WHERE session_id = ?", (session_id,))
+            conn.execute("INSERT INTO state_tombstone (session_id, version) VALUES (?, ?)"
+                         " ON CONFLICT (session_id) DO UPDATE SET"
+                         " version = max(version, excluded.version)", (session_id, current))
+            if change is not None:
+                add_change_on(conn, change, *self._change_bounds())
+        return True
 
 
 def _current(conn: sqlite3.Connection, session_id: str) -> int | None:
     row = conn.execute("SELECT version FROM session_state WHERE session_id = ?",
                        (session_id,)).fetchone()
     return None if row is None else int(row[0])
-
-
-def put_state_on(conn: sqlite3.Connection, session_id: str, state_json: str, updated_at: str,
-                 expected_version: int | None, change: StateChange | None, max_changes: int,
-                 cutoff: str) -> int:
-    """Write the state if its version is ``expected_version`` (else :class:`VersionConflict`),
-    with ``change`` at the version written; returns that version."""
-    with write_transaction(conn):
-        current = _current(conn, session_id)
-        if current != expected_version:
-            raise VersionConflict(session_id, expected_version, current)
-        if current is None:
-            row = conn.execute("DELETE FROM state_tombstone WHERE session_id = ?"
-                               " RETURNING version", (session_id,)).fetchone()
-            new_version = 1 if row is None else int(row[0]) + 1
-        else:
-            new_version = current + 1
-        conn.execute(
-            "INSERT INTO session_state (session_id, version, state_json, updated_at)"
-            " VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,"
-            " state_json = excluded.state_json, updated_at = excluded.updated_at",
-            (session_id, new_version, state_json, updated_at))
-        if change is not None:
-            add_change_on(conn, dataclasses.replace(change, version=new_version), max_changes,
-                          cutoff)
-    return new_version
-
-
-def delete_state_on(conn: sqlite3.Connection, session_id: str, expected_version: int | None,
-                    change: StateChange | None, max_changes: int, cutoff: str) -> bool:
-    """Delete the state (if at ``expected_version``, when given, else
-    :class:`VersionConflict`), leaving its tombstone; ``False`` when there was none."""
-    with write_transaction(conn):
-        current = _current(conn, session_id)
-        if current is None:
-            return False
-        if expected_version is not None and current != expected_version:
-            raise VersionConflict(session_id, expected_version, current)
-        conn.execute("DELETE FROM session_state WHERE session_id = ?", (session_id,))
-        conn.execute("INSERT INTO state_tombstone (session_id, version) VALUES (?, ?)"
-                     " ON CONFLICT (session_id) DO UPDATE SET"
-                     " version = max(version, excluded.version)", (session_id, current))
-        if change is not None:
-            add_change_on(conn, change, max_changes, cutoff)
-    return True
 
 
 def add_change_on(conn: sqlite3.Connection, change: StateChange, max_changes: int,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..base import CorruptStateError
-from .connection import SQLiteConnection, write_transaction
+from .connection import SQLiteConnection, in_worker, write_transaction
 
 __all__ = ["SQLiteSummaries"]
 
@@ -12,13 +12,8 @@ __all__ = ["SQLiteSummaries"]
 class SQLiteSummaries(SQLiteConnection):
     """:class:`~proxy.store.base.SummaryCache` on SQLite."""
 
-    async def get_summary(self, key: str) -> str | None:
-        return await self._call(self._get_summary, key)
-
-    async def put_summary(self, key: str, text: str) -> None:
-        await self._call(self._put_summary, key, text)
-
-    def _get_summary(self, key: str) -> str | None:
+    @in_worker
+    def get_summary(self, key: str) -> str | None:
         with self._sqlite_errors("read summary") as conn:
             row = conn.execute("SELECT text FROM summary_cache WHERE key = ?", (key,)).fetchone()
         if row is None:
@@ -27,7 +22,8 @@ class SQLiteSummaries(SQLiteConnection):
             raise CorruptStateError(f"<summary {key}>", "summary text is not a string")
         return row[0]
 
-    def _put_summary(self, key: str, text: str) -> None:
+    @in_worker
+    def put_summary(self, key: str, text: str) -> None:
         with self._sqlite_errors("write summary") as conn, write_transaction(conn):
             # Content-addressed: a key already cached keeps its text and its age.
             conn.execute(
