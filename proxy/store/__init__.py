@@ -9,8 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import base
-from .base import *  # noqa: F403 (the interfaces and errors: base.__all__)
+from .base import (
+    CorruptStateError,
+    RecordFetch,
+    RecordStore,
+    ReplicaConsistency,
+    RequestLog,
+    SessionVersions,
+    StateStore,
+    StoreBackend,
+    StoredState,
+    StoreError,
+    StoreUnavailable,
+    SummaryCache,
+    UsageLedger,
+    UsageRow,
+    VersionConflict,
+)
 from .read_cache import CachedStateReads
 from .sqlite import SQLiteStateStore
 
@@ -19,10 +34,30 @@ if TYPE_CHECKING:
 
     from .redis import RedisStateStore
 
-__all__ = [*base.__all__, "CachedStateReads", "RedisStateStore", "SQLiteStateStore", "store_for"]
+__all__ = [
+    "CachedStateReads",
+    "CorruptStateError",
+    "RecordFetch",
+    "RecordStore",
+    "RedisStateStore",
+    "ReplicaConsistency",
+    "RequestLog",
+    "SQLiteStateStore",
+    "SessionVersions",
+    "StateStore",
+    "StoreBackend",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredState",
+    "SummaryCache",
+    "UsageLedger",
+    "UsageRow",
+    "VersionConflict",
+    "store_for",
+]
 
 
-def store_for(config: Config) -> base.StoreBackend:
+def store_for(config: Config) -> StoreBackend:
     """The configured store, not yet opened, keeping the audit log within ``audit.*``'s
     bounds (:class:`~proxy.config.ConfigError` for an unusable ``store.url``)."""
     from proxy.config import ConfigError
