@@ -201,7 +201,8 @@ class SourcePointerResolver:
                     f"transcript has {expected - 1} events, sequence {pointer.sequence} "
                     "not found",
                 )
-            line = _strip_line_ending(raw)
+            # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
+            line = raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw
             if len(line) > limit:
                 raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
@@ -289,36 +290,26 @@ class SourcePointerResolver:
                 verify: Callable[[io.FileIO], str], checks: FileChecks) -> str:
         """The cached outcome of the contained file, or ``verify`` run on it; a change
         while it was read wins over what ``verify`` said, and is not cached."""
+        outcome: _Cached | None = None
         if self._cache is not None:
-            cached = self._cache_get(_cache_key(pointer, checks.contained(root, relative)))
-            if cached is not None:
-                status, digest, detail = cached
-                if digest is None:
-                    raise Outcome(status, detail)
-                return digest
-        with ContainedFile(root, relative, checks) as opened:
-            key = _cache_key(pointer, opened.info)
-            try:
-                digest = verify(opened.handle)
-            except Outcome as outcome:
+            key = _cache_key(pointer, checks.contained(root, relative))
+            with self._cache_lock:
+                outcome = self._cache.get(key)
+        if outcome is None:
+            with ContainedFile(root, relative, checks) as opened:
+                try:
+                    fresh: _Cached = ("available", verify(opened.handle), "verified")
+                except Outcome as failed:
+                    fresh = (failed.status, None, failed.detail)
                 opened.check_unchanged()
-                self._cache_put(key, (outcome.status, None, outcome.detail))
-                raise
-            opened.check_unchanged()
-            self._cache_put(key, ("available", digest, "verified"))
-            return digest
-
-    def _cache_get(self, key: _CacheKey) -> _Cached | None:
-        if self._cache is None:
-            return None
-        with self._cache_lock:
-            return self._cache.get(key)
-
-    def _cache_put(self, key: _CacheKey, value: _Cached) -> None:
-        if self._cache is None:
-            return
-        with self._cache_lock:
-            self._cache[key] = value
+            if self._cache is not None:
+                with self._cache_lock:
+                    self._cache[_cache_key(pointer, opened.info)] = fresh
+            outcome = fresh
+        status, digest, detail = outcome
+        if digest is None:
+            raise Outcome(status, detail)
+        return digest
 
     def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
         """Yield the file's bytes in chunks from one reused buffer (never the whole file)."""
@@ -338,15 +329,6 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
 
 #: Parsed pointers by their string (a session's pointers come back on every request).
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
-
-
-def _strip_line_ending(raw: bytes) -> bytes:
-    # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-    return raw
 
 
 def _check_event(line: bytes, expected: int, session_id: str) -> None:
