@@ -139,9 +139,8 @@ def _plan_at(view: View, interactions: Mapping[str, Interaction],
     if len(view.messages) <= cut or prefix_print(view.fingerprints[:cut]) != prepared.prefix:
         return None
     plan = plan_summary(view, interactions, len(view.messages) - cut)
-    if plan is None or plan.request.cache_key != prepared.cache_key:
-        return None
-    if len(plan.request.conversation) != cut:
+    if (plan is None or plan.request.cache_key != prepared.cache_key
+            or len(plan.request.conversation) != cut):
         return None
     return plan
 
