@@ -58,19 +58,6 @@ def _merge(raw: Any, view: Any) -> Any:
     return view
 
 
-def _nth_from_end(prints: Sequence[int], index: int) -> int:
-    return sum(1 for p in prints[index + 1:] if p == prints[index])
-
-
-def _find_from_end(prints: Sequence[int], value: int, nth: int) -> int | None:
-    for j in range(len(prints) - 1, -1, -1):
-        if prints[j] == value:
-            if nth == 0:
-                return j
-            nth -= 1
-    return None
-
-
 def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: list[Message],
                     raw_fingerprints: Sequence[int], covered: int,
                     candidates: Sequence[int] | None = None) -> list[Message]:
@@ -84,10 +71,12 @@ def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: 
     out = list(view)
     edited: list[int] = []
     for i in marked:
-        nth = _nth_from_end(raw_fingerprints[:covered], i)
-        j = _find_from_end(view_fingerprints, raw_fingerprints[i], nth)
-        if j is not None:
-            out[j] = raw[i]  # unchanged: the client's own message, markers where it put them
+        value = raw_fingerprints[i]
+        nth = raw_fingerprints[i + 1:covered].count(value)
+        places = [j for j, p in enumerate(view_fingerprints) if p == value]
+        if nth < len(places):
+            # unchanged: the client's own message, markers where it put them
+            out[places[-1 - nth]] = raw[i]
         else:
             edited.append(i)
     if edited:

@@ -121,10 +121,10 @@ _ITEM_PARSERS: dict[str, Callable[[Any], object]] = {
 _MISSING: Any = object()
 
 
-def _get(hit: object, name: str) -> Any:
+def _get(hit: object, name: str, default: Any = _MISSING) -> Any:
     if isinstance(hit, Mapping):
-        return hit.get(name, _MISSING)
-    return getattr(hit, name, _MISSING)
+        return hit.get(name, default)
+    return getattr(hit, name, default)
 
 
 def capture_retrieval_evidence(
@@ -154,16 +154,11 @@ def capture_retrieval_evidence(
         for name, value in values.items():
             if value is _MISSING:
                 raise ValueError(f"{prefix}.{name}: missing")
-        captured_at = _get(hit, "captured_at")
-        conflict_key = _get(hit, "conflict_key")
+        captured_at = _get(hit, "captured_at", None)
         try:
-            if captured_at is _MISSING or captured_at is None:
-                captured_at = captured_default
             evidence = RetrievalEvidence(
-                captured_at=captured_at,
-                conflict_key=None if conflict_key is _MISSING else conflict_key,
-                **values,
-            )
+                captured_at=captured_default if captured_at is None else captured_at,
+                conflict_key=_get(hit, "conflict_key", None), **values)
         except ValueError as exc:
             raise ValueError(f"{prefix}.{exc}") from None
         if evidence.memory_id in seen:

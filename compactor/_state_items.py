@@ -118,8 +118,19 @@ class _JsonForm:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build from the :meth:`to_dict` shape; errors name the field."""
-        values = _fields_of(cls, data, optional=cls._OPTIONAL)
+        """Build from the :meth:`to_dict` shape, exactly its fields; errors are
+        ``"<field>: <problem>"`` (``": <problem>"`` for the whole item)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f": must be an object, got {type(data).__name__}")
+        names = [f.name for f in fields(cast(Any, cls))]
+        for key in data:
+            if key not in names:
+                raise ValueError(f"{key}: unknown field" if isinstance(key, str) else
+                                 f": unknown non-string key {key!r}")
+        for name in names:
+            if name not in data and name not in cls._OPTIONAL:
+                raise ValueError(f"{name}: missing")
+        values = dict(data)
         values[cls._TIMESTAMP] = _parse_timestamp(cls._TIMESTAMP, values[cls._TIMESTAMP])
         return cls(**values)
 
@@ -202,19 +213,3 @@ class RetrievalEvidence(_JsonForm):
         if conflict_key is not None:
             _check_id("conflict_key", conflict_key)
         object.__setattr__(self, "conflict_key", conflict_key)
-
-
-def _fields_of(cls: type[Any], data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
-    """``data`` as a dict, checked to hold exactly ``cls``'s fields (``optional`` may be
-    absent); errors are ``"<field>: <problem>"`` (``": <problem>"`` for the whole item)."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f": must be an object, got {type(data).__name__}")
-    names = [f.name for f in fields(cls)]
-    for key in data:
-        if key not in names:
-            raise ValueError(f"{key}: unknown field" if isinstance(key, str) else
-                             f": unknown non-string key {key!r}")
-    for name in names:
-        if name not in data and name not in optional:
-            raise ValueError(f"{name}: missing")
-    return dict(data)
