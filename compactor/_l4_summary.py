@@ -138,8 +138,7 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
     earlier: list[Message] = []
     opening = protected_opening(messages)
     attach = opening is not None and first < opening[0] and opening[1] < tail_start
-    if attach:
-        assert opening is not None
+    if opening is not None and attach:
         opener, answer = opening
         anchor, earlier_summary = _detach_summary(messages[answer])
         head = [*head, messages[opener], anchor]

@@ -39,9 +39,8 @@ def protected_opening(messages: list[Message]) -> tuple[int, int] | None:
             continue
         blocks = blocks_of(messages[index])
         answer = forwards[position + 1] if position + 1 < len(forwards) else None
-        if not blocks or blocks[0].get("type") not in THINKING or answer is None:
-            return None
-        if not has_tool_result(messages[answer]):
+        if (not blocks or blocks[0].get("type") not in THINKING or answer is None
+                or not has_tool_result(messages[answer])):
             return None
         return index, answer
     return None
