@@ -87,14 +87,9 @@ def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: 
 def _merge_into_edited(out: list[Message], raw: list[Message], edited: list[int]) -> None:
     """Put the markers of the marked blocks of ``raw[i]`` (``i`` in ``edited``: messages a
     layer changed) onto their blocks in ``out``, in place of those messages."""
-    where: dict[tuple[str, str], tuple[int, int]] = {}
-    for j, message in enumerate(out):
-        content = message.get("content")
-        if isinstance(content, list):
-            for k, block in enumerate(content):
-                key = _id_key(block)
-                if key is not None:
-                    where[key] = (j, k)
+    where = {key: (j, k) for j, message in enumerate(out)
+             if isinstance(message.get("content"), list)
+             for k, block in enumerate(message["content"]) if (key := _id_key(block)) is not None}
     for i in edited:
         blocks = raw[i]["content"]
         homes = {where[key][0] for b in blocks if (key := _id_key(b)) is not None and key in where}

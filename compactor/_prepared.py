@@ -49,10 +49,7 @@ class PreparedSpan(msgspec.Struct, frozen=True):
 
 def prefix_print(fingerprints: Sequence[int]) -> int:
     """One 64-bit hash of a run of message fingerprints (the same in every process)."""
-    digest = xxhash.xxh3_64()
-    for value in fingerprints:
-        digest.update(value.to_bytes(8, "little", signed=False))
-    return digest.intdigest()
+    return xxhash.xxh3_64_intdigest(b"".join(value.to_bytes(8, "little") for value in fingerprints))
 
 
 def prepare_span(messages: list[Message], policy: CompactionPolicy,
