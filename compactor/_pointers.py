@@ -66,11 +66,8 @@ def _check_filename(filename: object) -> str:
     if len(filename.encode("utf-8")) > MAX_FILENAME_BYTES:  # (surrogates are refused above)
         raise ValueError(f"filename is longer than {MAX_FILENAME_BYTES} bytes")
     # Refuse names whose percent-decoded form would be a traversal or carry a separator.
-    decoded = unquote(filename) if "%" in filename else filename
-    if decoded != filename:
-        problem = _filename_problem(decoded)
-        if problem is not None:
-            raise ValueError(f"filename, once percent-decoded, {problem}")
+    if "%" in filename and (problem := _filename_problem(unquote(filename))) is not None:
+        raise ValueError(f"filename, once percent-decoded, {problem}")
     return filename
 
 

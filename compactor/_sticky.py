@@ -78,9 +78,8 @@ class CompactionCheckpoint:
 
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
         """True when ``raw`` starts with exactly the messages this checkpoint covers."""
-        if len(raw) < self.covered or self.covered == 0:
-            return False
-        return tuple(fingerprints[: self.covered]) == self.fingerprints
+        return (0 < self.covered <= len(raw)
+                and tuple(fingerprints[: self.covered]) == self.fingerprints)
 
     @staticmethod
     def conversation_key(messages: object) -> str:

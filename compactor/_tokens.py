@@ -105,9 +105,8 @@ def _image_size(data: bytes) -> tuple[int, int] | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
         chunk = data[12:16]
         if chunk == b"VP8X":
-            width = 1 + int.from_bytes(data[24:27], "little")
-            height = 1 + int.from_bytes(data[27:30], "little")
-            return width, height
+            return (1 + int.from_bytes(data[24:27], "little"),
+                    1 + int.from_bytes(data[27:30], "little"))
         if chunk == b"VP8L" and len(data) >= 25:
             bits = int.from_bytes(data[21:25], "little")
             return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
