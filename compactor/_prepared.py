@@ -162,14 +162,12 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                              view.total() - summarised.total(), plan.request.message_count,
                              True, PREPARED_DETAIL)]
     current = summarised
-    for layer in LAYERS:
-        # Never L3: it would cut what the summary's verbatim tail is for.
-        if layer.name not in ("L1", "L2"):
-            continue
-        before = current
-        current, changed = layer.run(before, validate_tool_protocol(before.messages), policy)
-        outcomes.append(LayerOutcome(layer.name, before.total(), current.total(),
-                                     before.total() - current.total(), changed, changed > 0))
+    # Never L3: it would cut what the summary's verbatim tail is for.
+    for layer in [layer for layer in LAYERS if layer.name in ("L1", "L2")]:
+        cut, changed = layer.run(current, validate_tool_protocol(current.messages), policy)
+        outcomes.append(LayerOutcome(layer.name, current.total(), cut.total(),
+                                     current.total() - cut.total(), changed, changed > 0))
+        current = cut
     if current.total() >= stop_below:
         return None
     return current, outcomes, plan.request
