@@ -58,7 +58,4 @@ def is_empty_content(message: Message) -> bool:
 
 def first_user_index(messages: list[Message]) -> int | None:
     """Index of the first message with role ``user`` (the original intent), or None."""
-    for index, message in enumerate(messages):
-        if message.get("role") == "user":
-            return index
-    return None
+    return next((i for i, message in enumerate(messages) if message.get("role") == "user"), None)

@@ -31,11 +31,16 @@ class MessageFact:
 def message_fact(message: Message, counter: CachingCounter) -> MessageFact | None:
     """The facts of ``message`` counted by ``counter``; None when it is not a well-shaped
     message (the pipeline's own check then names the problem by its index)."""
+    print_ = _shaped_print(message)
+    return None if print_ is None else _fact(message, print_, counter)
+
+
+def _shaped_print(message: Message) -> int | None:
     try:
         check_shape([message])
     except MessageShapeError:
         return None
-    return _fact(message, fingerprint(message), counter)
+    return fingerprint(message)
 
 
 def _fact(message: Message, print_: int, counter: CachingCounter) -> MessageFact:
@@ -46,14 +51,7 @@ def message_facts(messages: Sequence[Message],
                   counter: CachingCounter) -> list[MessageFact | None]:
     """:func:`message_fact` of each of ``messages``, their long texts counted first in one
     parallel batch (:meth:`CachingCounter.prefetch`)."""
-    prints: list[int | None] = []
-    for message in messages:
-        try:
-            check_shape([message])
-        except MessageShapeError:
-            prints.append(None)
-            continue
-        prints.append(fingerprint(message))
+    prints = [_shaped_print(message) for message in messages]
     shaped = [(m, p) for m, p in zip(messages, prints, strict=True) if p is not None]
     counter.prefetch([m for m, _ in shaped], [p for _, p in shaped])
     return [None if print_ is None else _fact(message, print_, counter)

@@ -54,13 +54,11 @@ def _text_parts(content: object) -> list[tuple[int | None, str]]:
     """(position, text) of the cuttable text in a tool_result's content; None = the string."""
     if isinstance(content, str):
         return [(None, content)]
-    parts: list[tuple[int | None, str]] = []
-    if isinstance(content, list):
-        for position, block in enumerate(content):
-            if (isinstance(block, dict) and block.get("type") == "text"
-                    and isinstance(block.get("text"), str)):
-                parts.append((position, block["text"]))
-    return parts
+    if not isinstance(content, list):
+        return []
+    return [(position, block["text"]) for position, block in enumerate(content)
+            if isinstance(block, dict) and block.get("type") == "text"
+            and isinstance(block.get("text"), str)]
 
 
 def _truncate_result(block: dict[str, Any], view: View, max_tokens: int) -> dict[str, Any] | None:

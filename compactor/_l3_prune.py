@@ -28,13 +28,11 @@ from ._view import View, drop_pairs, tidy
 def _kept_anyway(view: View, interactions: Mapping[str, Interaction]) -> set[int]:
     """Messages L3 never drops besides the head and the tail."""
     messages = view.messages
-    kept = set(protected_indices(messages))
     # A summary stands for everything before it, so it stays; an earlier L3 record does not
     # (its content is carried into the new record).
     summaries = {i for i, m in enumerate(messages) if holds_summary(m) and not is_drop_record(m)}
-    kept |= summaries
-    kept |= {it.use_index for it in interactions.values() if it.result_index in summaries}
-    return kept
+    answered = {it.use_index for it in interactions.values() if it.result_index in summaries}
+    return set(protected_indices(messages)) | summaries | answered
 
 
 def _record_place(messages: list[Message], dropped: set[int]) -> int:

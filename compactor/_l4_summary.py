@@ -107,11 +107,6 @@ def summary_view(message: Message) -> Message:
     return {"role": message.get("role"), "content": content}
 
 
-def _summary_input(middle: list[Message]) -> str:
-    return json.dumps([summary_view(m) for m in middle], ensure_ascii=False,
-                      separators=(",", ":"))
-
-
 def recent_start(messages: list[Message], interactions: Mapping[str, Interaction], first: int,
                 keep_recent: int) -> int:
     """Where the kept recent turns start: ``keep_recent`` from the end, moved back until no
@@ -143,8 +138,7 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
     earlier: list[Message] = []
     opening = protected_opening(messages)
     attach = opening is not None and first < opening[0] and opening[1] < tail_start
-    if attach:
-        assert opening is not None
+    if opening is not None and attach:
         opener, answer = opening
         anchor, earlier_summary = _detach_summary(messages[answer])
         head = [*head, messages[opener], anchor]
@@ -154,7 +148,8 @@ def plan_summary(view: View, interactions: Mapping[str, Interaction],
     if not middle or (len(middle) == 1 and is_summary_message(middle[0])):
         return None
     others = [messages[i] for i in span if messages[i].get("role") not in DROPPABLE_ROLES]
-    payload = _summary_input(middle)
+    payload = json.dumps([summary_view(m) for m in middle], ensure_ascii=False,
+                         separators=(",", ":"))
     request = SummaryRequest(
         messages_json=payload,
         cache_key=summary_cache_key(payload),

@@ -58,19 +58,6 @@ def _merge(raw: Any, view: Any) -> Any:
     return view
 
 
-def _nth_from_end(prints: Sequence[int], index: int) -> int:
-    return sum(1 for p in prints[index + 1:] if p == prints[index])
-
-
-def _find_from_end(prints: Sequence[int], value: int, nth: int) -> int | None:
-    for j in range(len(prints) - 1, -1, -1):
-        if prints[j] == value:
-            if nth == 0:
-                return j
-            nth -= 1
-    return None
-
-
 def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: list[Message],
                     raw_fingerprints: Sequence[int], covered: int,
                     candidates: Sequence[int] | None = None) -> list[Message]:
@@ -84,10 +71,12 @@ def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: 
     out = list(view)
     edited: list[int] = []
     for i in marked:
-        nth = _nth_from_end(raw_fingerprints[:covered], i)
-        j = _find_from_end(view_fingerprints, raw_fingerprints[i], nth)
-        if j is not None:
-            out[j] = raw[i]  # unchanged: the client's own message, markers where it put them
+        value = raw_fingerprints[i]
+        nth = raw_fingerprints[i + 1:covered].count(value)
+        places = [j for j, p in enumerate(view_fingerprints) if p == value]
+        if nth < len(places):
+            # unchanged: the client's own message, markers where it put them
+            out[places[-1 - nth]] = raw[i]
         else:
             edited.append(i)
     if edited:
@@ -98,14 +87,9 @@ def reapply_markers(view: list[Message], view_fingerprints: Sequence[int], raw: 
 def _merge_into_edited(out: list[Message], raw: list[Message], edited: list[int]) -> None:
     """Put the markers of the marked blocks of ``raw[i]`` (``i`` in ``edited``: messages a
     layer changed) onto their blocks in ``out``, in place of those messages."""
-    where: dict[tuple[str, str], tuple[int, int]] = {}
-    for j, message in enumerate(out):
-        content = message.get("content")
-        if isinstance(content, list):
-            for k, block in enumerate(content):
-                key = _id_key(block)
-                if key is not None:
-                    where[key] = (j, k)
+    where = {key: (j, k) for j, message in enumerate(out)
+             if isinstance(message.get("content"), list)
+             for k, block in enumerate(message["content"]) if (key := _id_key(block)) is not None}
     for i in edited:
         blocks = raw[i]["content"]
         homes = {where[key][0] for b in blocks if (key := _id_key(b)) is not None and key in where}

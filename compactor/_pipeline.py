@@ -252,14 +252,16 @@ def _summarise(base: View, interactions: dict[str, Interaction], pruned: View,
                                  plan.request.message_count, True))
     l3 = outcomes[-2]
     if l3.layer == "L3" and l3.applied:
-        outcomes[-2] = LayerOutcome(l3.layer, l3.tokens_before, l3.tokens_after, l3.saved,
-                                    l3.changed, False, "superseded by L4")
+        outcomes[-2] = replace(l3, applied=False, detail="superseded by L4")
     return summarised, outcomes, request
 
 
 def _steps(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
-           counter: CachingCounter, options: CompactionOptions, summaries: bool) -> Steps:
-    raw = _raw_view(messages, counter, options)
+           counter: TokenCounter | CachingCounter | None, options: CompactionOptions,
+           summaries: bool) -> Steps:
+    """The compaction of a copy of ``messages`` (unless told not to), yielding for summaries."""
+    messages = _json_copy(messages) if options.copy else messages
+    raw = _raw_view(messages, as_caching(counter), options)
     tokens_before = raw.total()
     soft = policy.soft_threshold_tokens
     key = policy_key(policy)
@@ -332,11 +334,13 @@ def _finish(view: View, durable_state: Any, policy: CompactionPolicy, tokens_bef
                             view.counted(), tuple(view.fingerprints), tuple(view.tokens))
 
 
-def _prepare(messages: list[dict[str, Any]], durable_state: Any, policy: CompactionPolicy,
-             counter: TokenCounter | CachingCounter | None, options: CompactionOptions,
-             summaries: bool) -> Steps:
-    source = _json_copy(messages) if options.copy else messages
-    return _steps(source, durable_state, policy, as_caching(counter), options, summaries)
+def _send(steps: Steps, text: str | None) -> SummaryRequest | CompactionResult:
+    """``steps`` run on to the next summary request or to the result (a value:
+    StopIteration cannot cross a future)."""
+    try:
+        return steps.send(text)
+    except StopIteration as done:
+        return cast(CompactionResult, done.value)
 
 
 def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *,
@@ -349,19 +353,16 @@ def compact_context(messages: list[dict[str, Any]], durable_state: Any = None, *
     ``counter`` defaults to 4 characters per token. Raises :class:`ToolProtocolError`,
     :class:`MessageViewLimitExceeded` or :class:`MessageShapeError` (docs/library.md).
     """
-    steps = _prepare(messages, durable_state, policy, counter, options, summarizer is not None)
-    try:
-        request = next(steps)
-        while True:
-            assert summarizer is not None
-            try:
-                text = summarizer(request.messages_json)
-            except Exception:  # a failed summary never replaces history
-                text = None
-            request = steps.send(text)
-    except StopIteration as done:
-        result: CompactionResult = done.value
-        return result
+    steps = _steps(messages, durable_state, policy, counter, options, summarizer is not None)
+    step = _send(steps, None)
+    while isinstance(step, SummaryRequest):
+        assert summarizer is not None
+        try:
+            text = summarizer(step.messages_json)
+        except Exception:  # a failed summary never replaces history
+            text = None
+        step = _send(steps, text)
+    return step
 
 
 async def compact_context_async(
@@ -373,28 +374,14 @@ async def compact_context_async(
     """:func:`compact_context` with an awaited summariser, given the whole
     :class:`SummaryRequest`. With ``executor``, the work between two summaries runs there
     (the event loop serves others meanwhile)."""
-    steps: Steps | None = None
-
-    def advance(text: str | None) -> SummaryRequest | CompactionResult:
-        # Up to the next summary or the result (a value: StopIteration cannot cross a future).
-        nonlocal steps
-        try:
-            if steps is None:
-                steps = _prepare(messages, durable_state, policy, counter, options,
-                                 summarizer is not None)
-                return next(steps)
-            return steps.send(text)
-        except StopIteration as done:
-            result: CompactionResult = done.value
-            return result
-
+    steps = _steps(messages, durable_state, policy, counter, options, summarizer is not None)
     loop = asyncio.get_running_loop()
     text: str | None = None
     while True:
         if executor is None:
-            step = advance(text)
+            step = _send(steps, text)
         else:
-            step = await loop.run_in_executor(executor, advance, text)
+            step = await loop.run_in_executor(executor, _send, steps, text)
         if isinstance(step, CompactionResult):
             return step
         assert summarizer is not None

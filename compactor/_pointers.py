@@ -63,18 +63,11 @@ def _check_filename(filename: object) -> str:
     problem = _filename_problem(filename)
     if problem is not None:
         raise ValueError(f"filename {problem}")
-    try:
-        size = len(filename.encode("utf-8"))
-    except UnicodeEncodeError:  # pragma: no cover - surrogates are refused above
-        raise ValueError("filename is not encodable as UTF-8") from None
-    if size > MAX_FILENAME_BYTES:
+    if len(filename.encode("utf-8")) > MAX_FILENAME_BYTES:  # (surrogates are refused above)
         raise ValueError(f"filename is longer than {MAX_FILENAME_BYTES} bytes")
     # Refuse names whose percent-decoded form would be a traversal or carry a separator.
-    decoded = unquote(filename) if "%" in filename else filename
-    if decoded != filename:
-        problem = _filename_problem(decoded)
-        if problem is not None:
-            raise ValueError(f"filename, once percent-decoded, {problem}")
+    if "%" in filename and (problem := _filename_problem(unquote(filename))) is not None:
+        raise ValueError(f"filename, once percent-decoded, {problem}")
     return filename
 
 

@@ -49,10 +49,7 @@ class PreparedSpan(msgspec.Struct, frozen=True):
 
 def prefix_print(fingerprints: Sequence[int]) -> int:
     """One 64-bit hash of a run of message fingerprints (the same in every process)."""
-    digest = xxhash.xxh3_64()
-    for value in fingerprints:
-        digest.update(value.to_bytes(8, "little", signed=False))
-    return digest.intdigest()
+    return xxhash.xxh3_64_intdigest(b"".join(value.to_bytes(8, "little") for value in fingerprints))
 
 
 def prepare_span(messages: list[Message], policy: CompactionPolicy,
@@ -139,9 +136,8 @@ def _plan_at(view: View, interactions: Mapping[str, Interaction],
     if len(view.messages) <= cut or prefix_print(view.fingerprints[:cut]) != prepared.prefix:
         return None
     plan = plan_summary(view, interactions, len(view.messages) - cut)
-    if plan is None or plan.request.cache_key != prepared.cache_key:
-        return None
-    if len(plan.request.conversation) != cut:
+    if (plan is None or plan.request.cache_key != prepared.cache_key
+            or len(plan.request.conversation) != cut):
         return None
     return plan
 
@@ -166,14 +162,12 @@ def use_prepared(view: View, interactions: dict[str, Interaction], policy: Compa
                              view.total() - summarised.total(), plan.request.message_count,
                              True, PREPARED_DETAIL)]
     current = summarised
-    for layer in LAYERS:
-        # Never L3: it would cut what the summary's verbatim tail is for.
-        if layer.name not in ("L1", "L2"):
-            continue
-        before = current
-        current, changed = layer.run(before, validate_tool_protocol(before.messages), policy)
-        outcomes.append(LayerOutcome(layer.name, before.total(), current.total(),
-                                     before.total() - current.total(), changed, changed > 0))
+    # Never L3: it would cut what the summary's verbatim tail is for.
+    for layer in [layer for layer in LAYERS if layer.name in ("L1", "L2")]:
+        cut, changed = layer.run(current, validate_tool_protocol(current.messages), policy)
+        outcomes.append(LayerOutcome(layer.name, current.total(), cut.total(),
+                                     current.total() - cut.total(), changed, changed > 0))
+        current = cut
     if current.total() >= stop_below:
         return None
     return current, outcomes, plan.request

@@ -291,12 +291,9 @@ class ProtocolMemo:
         prints = list(fingerprints)
         with self._lock:
             kept = self._walks.get(prints[0])
-            base: tuple[list[int], _Walk] | None = None
-            for entry in kept or ():
-                covered = len(entry[0])
-                if (covered <= len(prints) and (base is None or covered > len(base[0]))
-                        and prints[:covered] == entry[0]):
-                    base = entry
+            # The longest kept walk that these messages start with.
+            base = max((entry for entry in kept or () if prints[:len(entry[0])] == entry[0]),
+                       key=lambda entry: len(entry[0]), default=None)
             if base is not None and len(base[0]) == len(prints):
                 # The very history walked before (a retry): it becomes the latest.
                 entries = cast("list[tuple[list[int], _Walk]]", kept)

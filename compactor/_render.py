@@ -55,10 +55,6 @@ def _quote(text: str) -> str:
     return "".join(out)
 
 
-def _token(text: str) -> str:
-    return text if _BARE_TOKEN_RE.fullmatch(text) else _quote(text)
-
-
 def _utc(value: datetime) -> str:
     """ISO 8601 in UTC with a ``Z`` suffix; the same instant always gives the same text."""
     return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
@@ -132,10 +128,9 @@ def render_durable_context(
     if state.retrieval_evidence:
         lines.append("retrieval_evidence:")
         for ev in state.retrieval_evidence:
-            conflict = (
-                "conflict=none" if ev.conflict_key is None
-                else f"conflict_winner={_token(ev.conflict_key)}"
-            )
+            key = ev.conflict_key
+            conflict = ("conflict=none" if key is None else "conflict_winner="
+                        + (key if _BARE_TOKEN_RE.fullmatch(key) else _quote(key)))
             lines.append(
                 f"- memory_id={_quote(ev.memory_id)} source_id={_quote(ev.source_id)} "
                 f"source_type={_quote(ev.source_type)} "

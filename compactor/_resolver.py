@@ -168,12 +168,14 @@ class SourcePointerResolver:
             return SourceResolution(shown, status, None, detail)
         return SourceResolution(shown, "available", digest, "verified")
 
-    # --- transcripts ----------------------------------------------------------------------
+    def _place(self, pointer: SourcePointer) -> tuple[str, str]:
+        """The root of the file ``pointer`` names and its path beneath it (a link there is
+        refused)."""
+        if isinstance(pointer, TranscriptPointer):
+            return self._transcript_root, pointer.session_id + ".jsonl"
+        return self._artifact_root, f"{pointer.session_id}/{pointer.filename}"
 
-    @staticmethod
-    def _transcript_path(pointer: TranscriptPointer) -> str:
-        """The transcript's path beneath the transcript root (a link there is refused)."""
-        return pointer.session_id + ".jsonl"
+    # --- transcripts ----------------------------------------------------------------------
 
     def _resolve_transcript(self, pointer: TranscriptPointer, checks: FileChecks) -> str:
         def scan(handle: io.FileIO) -> str:
@@ -181,8 +183,7 @@ class SourcePointerResolver:
             reader = io.BufferedReader(handle, buffer_size=self._chunk_size)
             return self._scan_transcript(reader, pointer)
 
-        return self._lookup(self._transcript_root, self._transcript_path(pointer),
-                            str(pointer), scan, checks)
+        return self._lookup(pointer, scan, checks)
 
     def _scan_transcript(self, reader: io.BufferedReader[io.FileIO],
                          pointer: TranscriptPointer) -> str:
@@ -201,7 +202,8 @@ class SourcePointerResolver:
                     f"transcript has {expected - 1} events, sequence {pointer.sequence} "
                     "not found",
                 )
-            line = _strip_line_ending(raw)
+            # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
+            line = raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw
             if len(line) > limit:
                 raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
@@ -211,13 +213,7 @@ class SourcePointerResolver:
 
     # --- artifacts ------------------------------------------------------------------------
 
-    @staticmethod
-    def _artifact_path(pointer: ArtifactPointer) -> str:
-        """The artifact's path beneath the artifact root."""
-        return f"{pointer.session_id}/{pointer.filename}"
-
     def _resolve_artifact(self, pointer: ArtifactPointer, checks: FileChecks) -> str:
-
         def verify(handle: io.FileIO) -> str:
             hasher = hashlib.sha256()
             for chunk in self._read_chunks(handle):
@@ -227,8 +223,7 @@ class SourcePointerResolver:
                 raise Outcome("corrupt", "artifact content does not match the pointer's sha256")
             return digest
 
-        return self._lookup(self._artifact_root, self._artifact_path(pointer), str(pointer),
-                            verify, checks)
+        return self._lookup(pointer, verify, checks)
 
     # --- excerpts (for an operator, never for a prompt) -------------------------------------
 
@@ -242,22 +237,22 @@ class SourcePointerResolver:
             return SourceExcerpt(resolution, None)
         parsed = parse_source_pointer(pointer)
         try:
-            if isinstance(parsed, TranscriptPointer):
-                digest, text = self._transcript_excerpt(parsed, max_chars)
-            else:
-                digest, text = self._artifact_excerpt(parsed, max_chars)
+            with FileChecks() as checks, ContainedFile(*self._place(parsed), checks) as opened:
+                if isinstance(parsed, TranscriptPointer):
+                    digest, text = self._transcript_excerpt(opened, parsed, max_chars)
+                else:
+                    digest, text = self._artifact_excerpt(opened, max_chars)
+                opened.check_unchanged()
         except (Outcome, OSError):
             return SourceExcerpt(resolution, None)
         if digest != resolution.evidence_sha256:  # changed since it was verified
             return SourceExcerpt(resolution, None)
         return SourceExcerpt(resolution, text)
 
-    def _transcript_excerpt(self, pointer: TranscriptPointer, max_chars: int) -> tuple[str, str]:
-        with FileChecks() as checks, ContainedFile(
-                self._transcript_root, self._transcript_path(pointer), checks) as opened:
-            reader = io.BufferedReader(opened.handle, buffer_size=self._chunk_size)
-            line = self._target_line(reader, pointer)
-            opened.check_unchanged()
+    def _transcript_excerpt(self, opened: ContainedFile, pointer: TranscriptPointer,
+                            max_chars: int) -> tuple[str, str]:
+        reader = io.BufferedReader(opened.handle, buffer_size=self._chunk_size)
+        line = self._target_line(reader, pointer)
         event = json.loads(line)  # checked by _target_line: a JSON object
         text = event.get("text")
         if not isinstance(text, str):
@@ -266,59 +261,46 @@ class SourcePointerResolver:
             text = line.decode("utf-8", errors="replace")
         return hashlib.sha256(line).hexdigest(), text[:max_chars]
 
-    def _artifact_excerpt(self, pointer: ArtifactPointer, max_chars: int) -> tuple[str, str]:
+    def _artifact_excerpt(self, opened: ContainedFile, max_chars: int) -> tuple[str, str]:
         wanted = max_chars * 4  # the most bytes max_chars characters take in UTF-8
         head = bytearray()
         hasher = hashlib.sha256()
-        with FileChecks() as checks, ContainedFile(
-                self._artifact_root, self._artifact_path(pointer), checks) as opened:
-            for chunk in self._read_chunks(opened.handle):
-                hasher.update(chunk)
-                if len(head) < wanted:
-                    head += chunk[: wanted - len(head)]
-            opened.check_unchanged()
-            size = opened.info.st_size
+        for chunk in self._read_chunks(opened.handle):
+            hasher.update(chunk)
+            if len(head) < wanted:
+                head += chunk[: wanted - len(head)]
         # A character cut in two at the end of the head is left out, not replaced.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = decoder.decode(bytes(head), final=size <= wanted)
+        text = decoder.decode(bytes(head), final=opened.info.st_size <= wanted)
         return hasher.hexdigest(), text[:max_chars]
 
     # --- shared ---------------------------------------------------------------------------
 
-    def _lookup(self, root: str, relative: str, pointer: str,
-                verify: Callable[[io.FileIO], str], checks: FileChecks) -> str:
-        """The cached outcome of the contained file, or ``verify`` run on it; a change
-        while it was read wins over what ``verify`` said, and is not cached."""
+    def _lookup(self, pointer: SourcePointer, verify: Callable[[io.FileIO], str],
+                checks: FileChecks) -> str:
+        """The cached outcome of the file ``pointer`` names, or ``verify`` run on it; a
+        change while it was read wins over what ``verify`` said, and is not cached."""
+        root, relative = self._place(pointer)
+        outcome: _Cached | None = None
         if self._cache is not None:
-            cached = self._cache_get(_cache_key(pointer, checks.contained(root, relative)))
-            if cached is not None:
-                status, digest, detail = cached
-                if digest is None:
-                    raise Outcome(status, detail)
-                return digest
-        with ContainedFile(root, relative, checks) as opened:
-            key = _cache_key(pointer, opened.info)
-            try:
-                digest = verify(opened.handle)
-            except Outcome as outcome:
+            key = _cache_key(str(pointer), checks.contained(root, relative))
+            with self._cache_lock:
+                outcome = self._cache.get(key)
+        if outcome is None:
+            with ContainedFile(root, relative, checks) as opened:
+                try:
+                    fresh: _Cached = ("available", verify(opened.handle), "verified")
+                except Outcome as failed:
+                    fresh = (failed.status, None, failed.detail)
                 opened.check_unchanged()
-                self._cache_put(key, (outcome.status, None, outcome.detail))
-                raise
-            opened.check_unchanged()
-            self._cache_put(key, ("available", digest, "verified"))
-            return digest
-
-    def _cache_get(self, key: _CacheKey) -> _Cached | None:
-        if self._cache is None:
-            return None
-        with self._cache_lock:
-            return self._cache.get(key)
-
-    def _cache_put(self, key: _CacheKey, value: _Cached) -> None:
-        if self._cache is None:
-            return
-        with self._cache_lock:
-            self._cache[key] = value
+            if self._cache is not None:
+                with self._cache_lock:
+                    self._cache[_cache_key(str(pointer), opened.info)] = fresh
+            outcome = fresh
+        status, digest, detail = outcome
+        if digest is None:
+            raise Outcome(status, detail)
+        return digest
 
     def _read_chunks(self, handle: io.FileIO) -> Iterator[memoryview]:
         """Yield the file's bytes in chunks from one reused buffer (never the whole file)."""
@@ -338,15 +320,6 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
 
 #: Parsed pointers by their string (a session's pointers come back on every request).
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
-
-
-def _strip_line_ending(raw: bytes) -> bytes:
-    # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-    return raw
 
 
 def _check_event(line: bytes, expected: int, session_id: str) -> None:

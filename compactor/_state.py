@@ -8,10 +8,10 @@ message starts with the field path (``facts[1].last_confirmed_at: ...``): the ad
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from ._state_items import DurableFact, PendingItem, RetrievalEvidence
 
@@ -20,11 +20,16 @@ __all__ = ["DurableContextState", "capture_retrieval_evidence"]
 
 # --- the state --------------------------------------------------------------------------
 
-_Item = TypeVar("_Item", DurableFact, PendingItem, RetrievalEvidence)
+# The state's lists in display order: the type of their items and its id field.
+_KINDS: dict[str, tuple[type[Any], str]] = {
+    "facts": (DurableFact, "fact_id"),
+    "pending_items": (PendingItem, "item_id"),
+    "retrieval_evidence": (RetrievalEvidence, "memory_id"),
+}
 
 
-def _as_items(field: str, value: object, kind: type[_Item], id_field: str) -> tuple[_Item, ...]:
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+def _as_items(field: str, value: object, kind: type[Any], id_field: str) -> tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
         raise ValueError(f"{field}: must be a list or tuple, got {type(value).__name__}")
     seen: set[str] = set()
     for index, item in enumerate(value):
@@ -56,11 +61,8 @@ class DurableContextState:
         pending_items: Sequence[PendingItem] = (),
         retrieval_evidence: Sequence[RetrievalEvidence] = (),
     ) -> None:
-        object.__setattr__(self, "facts", _as_items("facts", facts, DurableFact, "fact_id"))
-        object.__setattr__(self, "pending_items",
-                           _as_items("pending_items", pending_items, PendingItem, "item_id"))
-        object.__setattr__(self, "retrieval_evidence", _as_items(
-            "retrieval_evidence", retrieval_evidence, RetrievalEvidence, "memory_id"))
+        for name, value in zip(_KINDS, (facts, pending_items, retrieval_evidence), strict=True):
+            object.__setattr__(self, name, _as_items(name, value, *_KINDS[name]))
 
     @property
     def is_empty(self) -> bool:
@@ -89,17 +91,17 @@ class DurableContextState:
         if not isinstance(data, Mapping):
             raise ValueError(f"state: must be an object, got {type(data).__name__}")
         for key in data:
-            if key not in _ITEM_PARSERS:
+            if key not in _KINDS:
                 raise ValueError(f"{key}: unknown field")
         lists: dict[str, tuple[Any, ...]] = {}
-        for name, parse in _ITEM_PARSERS.items():
+        for name, (kind, _) in _KINDS.items():
             raw = data.get(name, [])
             if not isinstance(raw, (list, tuple)):
                 raise ValueError(f"{name}: must be a list, got {type(raw).__name__}")
             items: list[Any] = []
             for index, entry in enumerate(raw):
                 try:
-                    items.append(parse(entry))
+                    items.append(kind.from_dict(entry))
                 except ValueError as exc:
                     message = str(exc)
                     sep = "" if message.startswith(":") else "."
@@ -108,23 +110,15 @@ class DurableContextState:
         return cls(**lists)
 
 
-# The state's lists and how each entry is read from JSON, in display order.
-_ITEM_PARSERS: dict[str, Callable[[Any], object]] = {
-    "facts": DurableFact.from_dict,
-    "pending_items": PendingItem.from_dict,
-    "retrieval_evidence": RetrievalEvidence.from_dict,
-}
-
-
 # --- capture ----------------------------------------------------------------------------
 
 _MISSING: Any = object()
 
 
-def _get(hit: object, name: str) -> Any:
+def _get(hit: object, name: str, default: Any = _MISSING) -> Any:
     if isinstance(hit, Mapping):
-        return hit.get(name, _MISSING)
-    return getattr(hit, name, _MISSING)
+        return hit.get(name, default)
+    return getattr(hit, name, default)
 
 
 def capture_retrieval_evidence(
@@ -154,16 +148,11 @@ def capture_retrieval_evidence(
         for name, value in values.items():
             if value is _MISSING:
                 raise ValueError(f"{prefix}.{name}: missing")
-        captured_at = _get(hit, "captured_at")
-        conflict_key = _get(hit, "conflict_key")
+        captured_at = _get(hit, "captured_at", None)
         try:
-            if captured_at is _MISSING or captured_at is None:
-                captured_at = captured_default
             evidence = RetrievalEvidence(
-                captured_at=captured_at,
-                conflict_key=None if conflict_key is _MISSING else conflict_key,
-                **values,
-            )
+                captured_at=captured_default if captured_at is None else captured_at,
+                conflict_key=_get(hit, "conflict_key", None), **values)
         except ValueError as exc:
             raise ValueError(f"{prefix}.{exc}") from None
         if evidence.memory_id in seen:

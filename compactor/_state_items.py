@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, TypeVar, get_args
+from typing import Any, ClassVar, Final, Literal, Self, cast, get_args
 
 __all__ = ["DurableFact", "PENDING_STATUSES", "PendingItem", "PendingStatus", "RetrievalEvidence"]
 
@@ -21,20 +21,10 @@ __all__ = ["DurableFact", "PENDING_STATUSES", "PendingItem", "PendingStatus", "R
 PendingStatus = Literal["open", "blocked", "done"]
 #: Every status, in lifecycle order (``open`` is the default).
 PENDING_STATUSES: Final[tuple[PendingStatus, ...]] = get_args(PendingStatus)
-_Item = TypeVar("_Item")
 
 
 # --- field checks -----------------------------------------------------------------------
 # Each returns the (normalized) value or raises ValueError("<field>: <problem>").
-
-
-def _check_id(field: str, value: object) -> str:
-    """A non-empty, not whitespace-only string (ids, pointers)."""
-    if not isinstance(value, str):
-        raise ValueError(f"{field}: must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise ValueError(f"{field}: must not be empty or whitespace-only")
-    return value
 
 
 def _check_text(field: str, value: object) -> str:
@@ -42,6 +32,14 @@ def _check_text(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{field}: must be a string, got {type(value).__name__}")
     return value
+
+
+def _check_id(field: str, value: object) -> str:
+    """A non-empty, not whitespace-only string (ids, pointers)."""
+    text = _check_text(field, value)
+    if not text.strip():
+        raise ValueError(f"{field}: must not be empty or whitespace-only")
+    return text
 
 
 def _check_status(field: str, value: object) -> PendingStatus:
@@ -103,11 +101,43 @@ def _timestamp(field: str, value: object) -> datetime:
 
 
 # --- the item types ---------------------------------------------------------------------
+
+
+class _JsonForm:
+    """The JSON form the item types share: the fields by name, the ``_TIMESTAMP`` one as an
+    ISO 8601 string; the fields in ``_OPTIONAL`` may be absent from it."""
+
+    __slots__ = ()
+    _TIMESTAMP: ClassVar[str] = "last_confirmed_at"
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
+        values = {f.name: getattr(self, f.name) for f in fields(cast(Any, self))}
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in values.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build from the :meth:`to_dict` shape, exactly its fields; errors are
+        ``"<field>: <problem>"`` (``": <problem>"`` for the whole item)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f": must be an object, got {type(data).__name__}")
+        names = [f.name for f in fields(cast(Any, cls))]
+        for key in data:
+            if key not in names:
+                raise ValueError(f"{key}: unknown field" if isinstance(key, str) else
+                                 f": unknown non-string key {key!r}")
+        for name in names:
+            if name not in data and name not in cls._OPTIONAL:
+                raise ValueError(f"{name}: missing")
+        values = dict(data)
+        values[cls._TIMESTAMP] = _parse_timestamp(cls._TIMESTAMP, values[cls._TIMESTAMP])
+        return cls(**values)
+
+
 # Don't subclass these: from_dict and the renderer rely on the exact field lists.
-
-
 @dataclass(frozen=True, slots=True, init=False)
-class DurableFact:
+class DurableFact(_JsonForm):
     """A fact the operator asserts, with the source it was confirmed against.
 
     ``last_confirmed_at`` may be an aware ``datetime`` or an ISO 8601 string with an offset
@@ -128,18 +158,9 @@ class DurableFact:
         object.__setattr__(self, "last_confirmed_at",
                            _timestamp("last_confirmed_at", last_confirmed_at))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DurableFact:
-        """Build from the :meth:`to_dict` shape; errors name the field."""
-        return _from_dict(cls, data, "last_confirmed_at", optional=())
-
 
 @dataclass(frozen=True, slots=True, init=False)
-class PendingItem:
+class PendingItem(_JsonForm):
     """Something still to be done, with the source that raised it, and its ``status``
     (:data:`PENDING_STATUSES`, the operator's alone). Fields are checked as
     :class:`DurableFact`'s."""
@@ -149,6 +170,7 @@ class PendingItem:
     source_pointer: str
     last_confirmed_at: datetime
     status: PendingStatus
+    _OPTIONAL = ("status",)  # absent in older states: ``open``
 
     def __init__(self, item_id: str, description: str, source_pointer: str,
                  last_confirmed_at: datetime | str, status: str = "open") -> None:
@@ -159,19 +181,9 @@ class PendingItem:
                            _timestamp("last_confirmed_at", last_confirmed_at))
         object.__setattr__(self, "status", _check_status("status", status))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PendingItem:
-        """Build from the :meth:`to_dict` shape; an absent ``status`` (older states) is
-        ``open``."""
-        return _from_dict(cls, data, "last_confirmed_at", optional=("status",))
-
 
 @dataclass(frozen=True, slots=True, init=False)
-class RetrievalEvidence:
+class RetrievalEvidence(_JsonForm):
     """A retrieval hit frozen at capture time: identity, provenance (``source_id`` is a
     pointer), ``score`` in [0, 1], 1-based ``source_rank`` and the ``conflict_key`` it won
     under (None: no conflict), never the recalled text. Fields are checked as
@@ -185,6 +197,8 @@ class RetrievalEvidence:
     score: float
     source_rank: int
     conflict_key: str | None = None
+    _TIMESTAMP = "captured_at"
+    _OPTIONAL = ("conflict_key",)
 
     def __init__(self, memory_id: str, source_id: str, source_type: str, source_title: str,
                  captured_at: datetime | str, score: float, source_rank: int,
@@ -199,44 +213,3 @@ class RetrievalEvidence:
         if conflict_key is not None:
             _check_id("conflict_key", conflict_key)
         object.__setattr__(self, "conflict_key", conflict_key)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form: the fields, the timestamp as ISO 8601."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RetrievalEvidence:
-        """Build from the :meth:`to_dict` shape; ``conflict_key`` may be absent."""
-        return _from_dict(cls, data, "captured_at", optional=("conflict_key",))
-
-
-def _fields_of(cls: type[Any], data: object, *, optional: tuple[str, ...]) -> dict[str, Any]:
-    """``data`` as a dict, checked to hold exactly ``cls``'s fields (``optional`` may be
-    absent); errors are ``"<field>: <problem>"`` (``": <problem>"`` for the whole item)."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f": must be an object, got {type(data).__name__}")
-    names = [f.name for f in fields(cls)]
-    for key in data:
-        if key not in names:
-            raise ValueError(f"{key}: unknown field" if isinstance(key, str) else
-                             f": unknown non-string key {key!r}")
-    for name in names:
-        if name not in data and name not in optional:
-            raise ValueError(f"{name}: missing")
-    return dict(data)
-
-
-
-def _to_dict(item: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for field in fields(item):
-        value = getattr(item, field.name)
-        out[field.name] = value.isoformat() if isinstance(value, datetime) else value
-    return out
-
-
-def _from_dict(cls: type[_Item], data: object, timestamp: str, *,
-               optional: tuple[str, ...]) -> _Item:
-    values = _fields_of(cls, data, optional=optional)
-    values[timestamp] = _parse_timestamp(timestamp, values[timestamp])
-    return cls(**values)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies import CompactionPolicy
@@ -45,6 +45,12 @@ class CompactionCheckpoint:
     fingerprints: tuple[int, ...]
     policy_key: str
     layers: tuple[str, ...]
+    # Per counter: the view's counts, and the messages after the covered ones at the last
+    # reuse as they were, cut, and their prints and counts (_fresh_view's).
+    _view_tokens: dict[CachingCounter, list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _cut: dict[CachingCounter, tuple[list[Message], list[Message], list[int], list[int]]] = (
+        field(default_factory=dict, init=False, repr=False, compare=False))
 
     @classmethod
     def build(cls, raw: list[Message], view: list[Message], policy_key: str,
@@ -61,30 +67,19 @@ class CompactionCheckpoint:
         """The fingerprints of :attr:`view` (made once per checkpoint object)."""
         return [fingerprint(m) for m in self.view]
 
-    @functools.cached_property
-    def _view_tokens(self) -> dict[int, tuple[CachingCounter, list[int]]]:
-        return {}
-
-    @functools.cached_property
-    def _cut(self) -> dict[int, tuple[CachingCounter, list[Message], list[Message], list[int],
-                                      list[int]]]:
-        # Per counter, the messages after the covered ones at the last reuse (_fresh_view's).
-        return {}
-
     def view_tokens(self, counter: CachingCounter) -> list[int]:
         """Each message of :attr:`view` as ``counter`` counts it (once per counter)."""
-        found = self._view_tokens.get(id(counter))
-        if found is None or found[0] is not counter:
-            found = self._view_tokens[id(counter)] = (counter, [
+        found = self._view_tokens.get(counter)
+        if found is None:
+            found = self._view_tokens[counter] = [
                 counter.count_message(m, p)
-                for m, p in zip(self.view, self.view_fingerprints, strict=True)])
-        return found[1]
+                for m, p in zip(self.view, self.view_fingerprints, strict=True)]
+        return found
 
     def matches(self, raw: list[Message], fingerprints: list[int]) -> bool:
         """True when ``raw`` starts with exactly the messages this checkpoint covers."""
-        if len(raw) < self.covered or self.covered == 0:
-            return False
-        return tuple(fingerprints[: self.covered]) == self.fingerprints
+        return (0 < self.covered <= len(raw)
+                and tuple(fingerprints[: self.covered]) == self.fingerprints)
 
     @staticmethod
     def conversation_key(messages: object) -> str:
@@ -201,10 +196,8 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
     (not by fingerprint: that ignores ``cache_control``), so a warm request cuts only the rest."""
     covered, counter = checkpoint.covered, raw.counter
     messages = raw.messages[covered:]
-    held = checkpoint._cut.get(id(counter))
-    if held is None or held[0] is not counter:
-        held = (counter, [], [], [], [])
-    _, before, before_cut, before_prints, before_tokens = held
+    held = checkpoint._cut.get(counter, ([], [], [], []))
+    before, before_cut, before_prints, before_tokens = held
     run = list(map(operator.is_, messages, before))  # (C loops, as the slices below)
     try:
         same = run.index(False)
@@ -216,8 +209,7 @@ def _fresh_view(checkpoint: CompactionCheckpoint, raw: View, policy: CompactionP
     fresh = View(before_cut[:same] + cut.messages, counter, 0,
                  before_prints[:same] + cut.fingerprints, before_tokens[:same] + cut.tokens,
                  raw.scale, raw.known)
-    checkpoint._cut[id(counter)] = (counter, messages, fresh.messages, fresh.fingerprints,
-                                    fresh.tokens)
+    checkpoint._cut[counter] = (messages, fresh.messages, fresh.fingerprints, fresh.tokens)
     return fresh
 
 

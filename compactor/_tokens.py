@@ -15,7 +15,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from cachetools import LRUCache
@@ -105,9 +105,8 @@ def _image_size(data: bytes) -> tuple[int, int] | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
         chunk = data[12:16]
         if chunk == b"VP8X":
-            width = 1 + int.from_bytes(data[24:27], "little")
-            height = 1 + int.from_bytes(data[27:30], "little")
-            return width, height
+            return (1 + int.from_bytes(data[24:27], "little"),
+                    1 + int.from_bytes(data[27:30], "little"))
         if chunk == b"VP8L" and len(data) >= 25:
             bits = int.from_bytes(data[21:25], "little")
             return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
@@ -207,14 +206,9 @@ class CachingCounter:
     def prefetch(self, messages: list[dict[str, Any]], prints: list[int]) -> None:
         """Count the long texts of uncached messages in one parallel batch, when the base
         counter can."""
-        count_texts = getattr(self.base, "count_texts", None)
-        if count_texts is None:
-            return
-        texts: dict[int, str] = {}
-        for message, print_ in zip(messages, prints, strict=True):
-            if not self._has(("m", print_)):
-                _long_texts(message.get("content"), texts)
-        self._count_in_parallel(texts.values())
+        self._count_in_parallel(  # (a generator: nothing is walked when it cannot)
+            text for message, print_ in zip(messages, prints, strict=True)
+            if not self._has(("m", print_)) for text in _long_texts(message.get("content")))
 
     def count_texts(self, texts: Sequence[str]) -> list[int]:
         """:meth:`count_text` of each of ``texts``, the long uncached ones counted in one
@@ -319,18 +313,18 @@ class CachingCounter:
         return extra + PDF_TOKENS_PER_PAGE
 
 
-def _long_texts(value: object, found: dict[int, str]) -> None:
-    """Collect the strings of at least ``_PREFETCH_FROM_TEXT`` characters inside ``value``."""
+def _long_texts(value: object) -> Iterator[str]:
+    """The strings of at least ``_PREFETCH_FROM_TEXT`` characters inside ``value``."""
     if isinstance(value, str):
         if len(value) >= _PREFETCH_FROM_TEXT:
-            found[hash(value)] = value
+            yield value
     elif isinstance(value, list):
         for item in value:
-            _long_texts(item, found)
+            yield from _long_texts(item)
     elif isinstance(value, dict):
         for key in ("text", "content", "thinking"):
             if key in value:
-                _long_texts(value[key], found)
+                yield from _long_texts(value[key])
 
 
 def as_caching(counter: TokenCounter | CachingCounter | None) -> CachingCounter:

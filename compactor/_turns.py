@@ -19,14 +19,11 @@ def has_tool_result(message: Message) -> bool:
         b.get("type") == CLIENT_RESULT for b in blocks_of(message))
 
 
-def _conversational(messages: list[Message], start: int, stop: int, step: int) -> list[int]:
-    return [i for i in range(start, stop, step) if messages[i].get("role") in DROPPABLE_ROLES]
-
-
 def protected_opening(messages: list[Message]) -> tuple[int, int] | None:
     """``(opener, answer)``: the indices of the turn in progress's opening assistant message
     and of the user message answering it, when that opener starts with thinking; else None."""
-    backwards = _conversational(messages, len(messages) - 1, -1, -1)
+    backwards = [i for i in range(len(messages) - 1, -1, -1)
+                 if messages[i].get("role") in DROPPABLE_ROLES]
     if not backwards or not has_tool_result(messages[backwards[0]]):
         return None
     # Walk back to the last user message that is no tool answer: the turn starts after it.
@@ -42,9 +39,8 @@ def protected_opening(messages: list[Message]) -> tuple[int, int] | None:
             continue
         blocks = blocks_of(messages[index])
         answer = forwards[position + 1] if position + 1 < len(forwards) else None
-        if not blocks or blocks[0].get("type") not in THINKING or answer is None:
-            return None
-        if not has_tool_result(messages[answer]):
+        if (not blocks or blocks[0].get("type") not in THINKING or answer is None
+                or not has_tool_result(messages[answer])):
             return None
         return index, answer
     return None

@@ -27,13 +27,6 @@ _REMINDER = re.compile(r"\s*<system-reminder>.*?</system-reminder>\s*", re.DOTAL
 _MARKER = re.compile(r"\s*\[(Request interrupted by user[^\]]*|Image #\d+)\]\s*")
 
 
-def is_injected_text(text: str) -> bool:
-    """True when ``text`` (one text block of a user message) was put there by the harness."""
-    if _OPENING.match(text):
-        return True
-    return _MARKER.fullmatch(text) is not None
-
-
 def person_texts(message: Message) -> list[str]:
     """The texts a person typed in ``message`` (a user message), in order, each as it
     stands (a trailing harness reminder removed); empty for any other message."""
@@ -42,9 +35,8 @@ def person_texts(message: Message) -> list[str]:
     found: list[str] = []
     for block in blocks_of(message):
         text = block.get("text")
-        if block.get("type") != "text" or not isinstance(text, str) or not text.strip():
-            continue
-        if is_injected_text(text):
+        if (block.get("type") != "text" or not isinstance(text, str) or not text.strip()
+                or _OPENING.match(text) or _MARKER.fullmatch(text)):  # the harness's own text
             continue
         text = _REMINDER.sub("\n", text).strip()
         if text:
