@@ -47,7 +47,10 @@ class BufferedLedger:
             self._writer = asyncio.get_running_loop().create_task(self._write_later())
 
     def _hold(self, key: tuple[str, str], entry: UsageEntry) -> None:
-        held = self._pending.setdefault(key, [])
+        held = self._pending.get(key)
+        if held is None:
+            self._pending[key] = [entry]
+            return
         held.append(entry)
         if len(held) >= MAX_HELD:  # (held in memory: summed now and then, not per request)
             held[:] = [UsageEntry.total(held)]

@@ -43,16 +43,19 @@ class ProviderUsage(msgspec.Struct, frozen=True):
                    ) -> ProviderUsage:
         """Read a ``usage`` object; a field missing or null keeps ``previous``'s value (a
         stream's ``message_delta`` repeats only what changed)."""
+        values: tuple[Any, ...] = tuple(map(usage.get, _USAGE_NAMES))
+        if set(map(type, values)) == _INTS and min(values) >= 0:
+            return cls(*values)  # the usual whole usage, tested in C loops
         base = previous if previous is not None else cls()
         return cls(*(value if type(value) is int and value >= 0 else current  # (not a bool)
-                     for value, current in zip(map(usage.get, _USAGE_NAMES), _counts_of(base),
-                                               strict=True)))
+                     for value, current in zip(values, _counts_of(base), strict=True)))
 
 
 #: The provider's names of :class:`ProviderUsage`'s fields, in their order.
 _USAGE_NAMES: Final = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
                        "output_tokens")
 _counts_of: Final = operator.attrgetter(*ProviderUsage.__struct_fields__)
+_INTS: Final = frozenset({int})
 
 
 class UsageEntry(msgspec.Struct, frozen=True):
@@ -78,7 +81,10 @@ class UsageEntry(msgspec.Struct, frozen=True):
     summary_output_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name, value in zip(_COUNTERS, _counters_of(self), strict=True):
+        values = _counters_of(self)
+        if set(map(type, values)) == {int} and min(values) >= 0:
+            return  # the usual case, tested in C loops
+        for name, value in zip(_COUNTERS, values, strict=True):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
