@@ -12,7 +12,7 @@ import xxhash
 from cachetools import LRUCache
 
 from proxy.http.decoded import DEFAULT_CACHE_BYTES, DecodedSpans, Staged
-from proxy.http.spans import _SPANS, RequestBody, _bounds, _distinct
+from proxy.http.spans import _GAP, _SPANS, RequestBody, _distinct
 
 __all__ = ["CUTS", "RecentBodies"]
 
@@ -133,11 +133,14 @@ def _extend(raw: bytes, seen: _Seen, cache: DecodedSpans,
         entries = before.entries[:index]
         entries.extend(cache.decode(span, staged) for span in spans)
         _distinct(entries, spans, index, set(map(id, before.doc["messages"][:index])))
-        found = _bounds(tail, tail, spans)  # (in ``tail``, which begins at ``start - 1``)
-        if found is None:
-            return None
         bounds = before.bounds[:index]
-        bounds.extend((first + start - 1, last + start - 1) for first, last in found)
+        at = 1
+        for span in spans:
+            at = _GAP.match(tail, at).end()  # type: ignore[union-attr]  # (matches the empty)
+            if not tail.startswith(span, at):
+                return None
+            bounds.append((start + at - 1, start + at - 1 + len(span)))
+            at += len(span)
         doc = dict(before.doc)
         messages = before.doc["messages"][:index]
         messages.extend(entry.value for entry in entries[index:])
