@@ -10,6 +10,7 @@ docs/how-it-works.md, "Calibration".
 from __future__ import annotations
 
 import dataclasses
+import operator
 import statistics
 import struct
 import threading
@@ -19,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress, repeat
 from typing import Final
 
 import msgspec
@@ -195,11 +197,16 @@ class Calibration:
         known = self._known.setdefault(key, {})
         if len(fingerprints) != len(tokens):
             raise ValueError(f"{len(fingerprints)} fingerprints for {len(tokens)} counts")
-        values = [known.get(print_) for print_ in fingerprints]
+        # C loops only: a warm view is its previous view (every count known) plus a message
+        # or two, and this runs on every answer.
+        values = list(map(known.get, fingerprints))
         counted = float(sum(tokens))
-        unknown = [(print_, count) for print_, count, value
-                   in zip(fingerprints, tokens, values, strict=True) if value is None]
-        known_sum = float(sum(value for value in values if value is not None))
+        unknown: list[tuple[int, int]] = []
+        if None in values:
+            missing = list(map(operator.is_, values, repeat(None)))
+            unknown = list(compress(zip(fingerprints, tokens, strict=True), missing))
+            values = list(compress(values, map(operator.not_, missing)))
+        known_sum = float(sum(values))  # type: ignore[arg-type]  # (the Nones left out)
         unknown_counted = float(sum(count for _, count in unknown))
         # The messages' factor (for messages whose count is not known) is the ratio over all
         # of the view's messages: an average over every kind of content, steadier than the

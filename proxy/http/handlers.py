@@ -101,12 +101,15 @@ def _summarizer(s: Services, request: web.Request, policy: CompactionPolicy,
     with the request as forwarded for a summary call forked from it (``summary.mode``)."""
     if not (s.config.summary.enabled and policy.summary_enabled):
         return None
-    source = functools.cache(functools.partial(  # made on the first summary
-        _summary_source, s, request, session, may_call_model, body, durable, scope.counter))
+    source: Summarizer | None = None
 
     async def summarize(summary: compactor.SummaryRequest) -> str | None:
+        nonlocal source
+        if source is None:  # made on the first summary, not for every request
+            source = _summary_source(s, request, session, may_call_model, body, durable,
+                                     scope.counter)
         async with scope.paused():
-            return await source()(summary)
+            return await source(summary)
 
     return summarize
 
