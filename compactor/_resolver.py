@@ -140,22 +140,10 @@ class SourcePointerResolver:
             return tuple(self._resolve(pointer, checks) for pointer in pointers)
 
     def _resolve(self, pointer: str, checks: FileChecks) -> SourceResolution:
-        shown = pointer if isinstance(pointer, str) else repr(pointer)
-        try:
-            parsed = _parsed(pointer) if isinstance(pointer, str) else parse_source_pointer(
-                pointer)
-        except UnsupportedPointerError as exc:
-            return SourceResolution(shown, "unsupported", None, str(exc))
-        except (ValueError, TypeError) as exc:
-            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
-        try:
-            allowed = self._authorize(parsed) is True
-        except Exception as exc:  # an authorizer bug must fail closed, not open
-            return SourceResolution(
-                shown, "denied", None, f"authorizer raised {type(exc).__name__}"
-            )
-        if not allowed:
-            return SourceResolution(shown, "denied", None, "not authorized for this session")
+        parsed = checked_pointer(pointer, self._authorize)
+        if isinstance(parsed, SourceResolution):
+            return parsed
+        shown = pointer
         try:
             if isinstance(parsed, TranscriptPointer):
                 digest = self._resolve_transcript(parsed, checks)
@@ -202,8 +190,7 @@ class SourcePointerResolver:
                     f"transcript has {expected - 1} events, sequence {pointer.sequence} "
                     "not found",
                 )
-            # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
-            line = raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw
+            line = _strip_line_ending(raw)
             if len(line) > limit:
                 raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
             _check_event(line, expected, pointer.session_id)
@@ -320,6 +307,31 @@ def _cache_key(pointer: str, info: os.stat_result) -> _CacheKey:
 
 #: Parsed pointers by their string (a session's pointers come back on every request).
 _parsed = functools.lru_cache(maxsize=4096)(parse_source_pointer)
+
+
+def checked_pointer(pointer: str, authorize: Callable[[SourcePointer], bool]
+                    ) -> SourcePointer | SourceResolution:
+    """``pointer`` parsed and allowed by ``authorize``, or the resolution that says why not:
+    the first step of every resolver, local or remote."""
+    shown = pointer if isinstance(pointer, str) else repr(pointer)
+    try:
+        parsed = _parsed(pointer) if isinstance(pointer, str) else parse_source_pointer(pointer)
+    except UnsupportedPointerError as exc:
+        return SourceResolution(shown, "unsupported", None, str(exc))
+    except (ValueError, TypeError) as exc:
+        return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
+    try:
+        allowed = authorize(parsed) is True
+    except Exception as exc:  # an authorizer bug must fail closed, not open
+        return SourceResolution(shown, "denied", None, f"authorizer raised {type(exc).__name__}")
+    if not allowed:
+        return SourceResolution(shown, "denied", None, "not authorized for this session")
+    return parsed
+
+
+def _strip_line_ending(raw: bytes) -> bytes:
+    # The line ending is "\n" or "\r\n"; neither is part of the hashed evidence.
+    return raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw
 
 
 def _check_event(line: bytes, expected: int, session_id: str) -> None:

@@ -26,7 +26,6 @@ from compactor import (
     SourceResolution,
     TranscriptPointer,
 )
-from compactor._pointers import UnsupportedPointerError
 from compactor._resolver import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_CHUNK_SIZE,
@@ -34,6 +33,7 @@ from compactor._resolver import (
     DEFAULT_MAX_LINE_BYTES,
     _check_event,
     _strip_line_ending,
+    checked_pointer,
 )
 from compactor._source_files import Outcome as _Outcome
 from compactor._source_files import ResolutionStatus
@@ -99,20 +99,10 @@ class S3SourceResolver:
         return await self._resolve(pointer, {})
 
     async def _resolve(self, pointer: str, heads: _Heads) -> SourceResolution:
-        shown = pointer if isinstance(pointer, str) else repr(pointer)
-        try:
-            parsed = compactor.parse_source_pointer(pointer)
-        except UnsupportedPointerError as exc:
-            return SourceResolution(shown, "unsupported", None, str(exc))
-        except (ValueError, TypeError) as exc:
-            return SourceResolution(shown, "denied", None, f"malformed pointer: {exc}")
-        try:
-            allowed = self._authorize(parsed) is True
-        except Exception as exc:  # an authorizer bug must fail closed, not open
-            return SourceResolution(shown, "denied", None,
-                                    f"authorizer raised {type(exc).__name__}")
-        if not allowed:
-            return SourceResolution(shown, "denied", None, "not authorized for this session")
+        parsed = checked_pointer(pointer, self._authorize)
+        if isinstance(parsed, SourceResolution):
+            return parsed
+        shown = pointer
         try:
             if isinstance(parsed, TranscriptPointer):
                 digest = await self._resolve_transcript(parsed, heads)
