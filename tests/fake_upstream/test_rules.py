@@ -1,11 +1,10 @@
-"""The provider's rule checker as a pure function: tables of valid and invalid bodies, and the
-real corpus."""
+"""The provider's rule checker as a pure function: tables of valid and invalid bodies, the
+top-level and counting rules. The real corpus is in test_rules_corpus.py, the thinking rules
+(reference §5.4) in test_rules_thinking.py."""
 
 from __future__ import annotations
 
 import copy
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,65 +14,22 @@ from proxy.fake_upstream import (
     cache_control_count,
     check_count_tokens_request,
     check_messages_request,
-    redacted_thinking_block,
-    thinking_block,
 )
-from tests.paths import CORPUS
 
-from .conftest import corpus_bodies, load_body
-
-CC = {"type": "ephemeral"}
-
-
-def body(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """A request body around ``messages``."""
-    return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": list(messages), **extra}
-
-
-def user(*content: Any) -> dict[str, Any]:
-    """A user message; a single string argument stays a string."""
-    if len(content) == 1 and isinstance(content[0], str):
-        return {"role": "user", "content": content[0]}
-    return {"role": "user", "content": list(content)}
-
-
-def assistant(*content: Any) -> dict[str, Any]:
-    """An assistant message; a single string argument stays a string."""
-    if len(content) == 1 and isinstance(content[0], str):
-        return {"role": "assistant", "content": content[0]}
-    return {"role": "assistant", "content": list(content)}
-
-
-def system_msg(text: str) -> dict[str, Any]:
-    """A 2026 role-``system`` message."""
-    return {"role": "system", "content": text}
-
-
-def text(value: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "text", "text": value, **extra}
-
-
-def use(tool_id: str, name: str = "Read", **extra: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": tool_id, "name": name, "input": {"path": "a.py"}, **extra}
-
-
-def result(tool_id: str, content: Any = "ok", **extra: Any) -> dict[str, Any]:
-    return {"type": "tool_result", "tool_use_id": tool_id, "content": content, **extra}
-
-
-def thinking(value: str = "hmm", signature: str = "sig") -> dict[str, Any]:
-    return {"type": "thinking", "thinking": value, "signature": signature}
-
-
-def server_use(tool_id: str, kind: str = "server_tool_use") -> dict[str, Any]:
-    return {"type": kind, "id": tool_id, "name": "web_search", "input": {"query": "q"}}
-
-
-def server_result(tool_id: str, kind: str = "web_search_tool_result") -> dict[str, Any]:
-    return {"type": kind, "tool_use_id": tool_id, "content": []}
-
-
-TOOLS = [{"name": "Read", "input_schema": {"type": "object"}}]
+from .bodies import (
+    CC,
+    TOOLS,
+    assistant,
+    body,
+    result,
+    server_result,
+    server_use,
+    system_msg,
+    text,
+    thinking,
+    use,
+    user,
+)
 
 VALID: list[Any] = [
     pytest.param(body(user("hi")), id="minimal string content"),
@@ -386,267 +342,3 @@ def test_count_tokens_needs_no_max_tokens_but_keeps_message_rules() -> None:
 def test_cache_control_count_counts_every_marker(request_body: Any, expected: int) -> None:
     """cache_control_count counts markers the way the provider's limit does."""
     assert cache_control_count(request_body) == expected
-
-
-# -- the real corpus ---------------------------------------------------------------------------
-
-# Real Claude Code sessions where the user interrupted a turn after its thinking, or where the
-# converter merged two responses so a text block leads: the provider's thinking rules reject
-# them although the corpus' own (tool-protocol) check accepts them.
-THINKING_RULE_BREAKERS = {
-    "m-claude__de0891f0-8f37-4cb1-b2bc-04c278fd5ae2.json":
-        "messages.5: The final block in an assistant message cannot be `thinking`.",
-    "m-claude__ff59cfd2-09dc-4a18-8c9f-0d46c3d4e8cd.json":
-        "messages.47: The final block in an assistant message cannot be `thinking`.",
-    "m-claude__8914a511-2982-4b5b-886b-cb526da278b1.json":
-        "messages.17: The final block in an assistant message cannot be `thinking`.",
-    "repaired/m-claude__95f81cf4-2300-4739-9018-2d0ff510912a.json":
-        "messages.57.content.0: If an assistant message contains any thinking blocks, the first "
-        "block must be thinking or redacted_thinking. Found text.",
-    "repaired/m-claude__3bd9cf18-3c9b-42f5-8fd1-47f5456c1fec.json":
-        "messages.29: The final block in an assistant message cannot be `thinking`.",
-}
-
-
-def _corpus_key(path: Path) -> str:
-    return str(path.relative_to(CORPUS))
-
-
-@pytest.mark.parametrize(
-    "path", corpus_bodies(CORPUS) + corpus_bodies(CORPUS / "repaired")
-)
-def test_valid_and_repaired_corpus_bodies_pass(path: Path) -> None:
-    """Every valid and repaired real conversation passes, except the listed thinking-rule
-    breakers, which fail with exactly their thinking error."""
-    key = _corpus_key(path)
-    if key in THINKING_RULE_BREAKERS:
-        with pytest.raises(ProviderRuleError) as caught:
-            check_messages_request(load_body(path))
-        assert caught.value.message == THINKING_RULE_BREAKERS[key]
-    else:
-        check_messages_request(load_body(path))
-
-
-@pytest.mark.parametrize("path", corpus_bodies(CORPUS / "invalid"))
-def test_invalid_corpus_bodies_fail(path: Path) -> None:
-    """Every conversation in invalid/ is rejected with a positioned provider error."""
-    with pytest.raises(ProviderRuleError, match=r"^messages\.\d+"):
-        check_messages_request(load_body(path))
-
-
-def test_corpus_bodies_are_checked_quickly() -> None:
-    """The longest real conversation (639 messages) is checked in well under a second."""
-    name = "m-claude__c76e5be5-ffd2-4901-a935-885527c83a61.json"
-    request_body = load_body(CORPUS / "repaired" / name)
-    started = time.perf_counter()
-    check_messages_request(request_body)
-    assert time.perf_counter() - started < 0.5
-
-
-# -- the thinking rules (reference §5.4), each with the provider's whole sentence ---------------
-
-ENABLED = {"type": "enabled", "budget_tokens": 2048}
-ADAPTIVE = {"type": "adaptive"}
-DISABLED = {"type": "disabled"}
-THINKING_ON = [pytest.param(ENABLED, id="enabled"), pytest.param(ADAPTIVE, id="adaptive")]
-THINKING_OFF: list[Any] = [pytest.param(None, id="absent"), pytest.param(DISABLED, id="disabled")]
-REDACTED = {"type": "redacted_thinking", "data": "EnCrYpTeD"}
-
-
-def _with_thinking(request_body: dict[str, Any], mode: dict[str, Any] | None) -> dict[str, Any]:
-    return request_body if mode is None else {**request_body, "thinking": mode}
-
-
-def _message_of(request_body: Any, check: Any = check_messages_request) -> str:
-    with pytest.raises(ProviderRuleError) as caught:
-        check(request_body)
-    assert (caught.value.status, caught.value.error_type) == (400, "invalid_request_error")
-    return caught.value.message
-
-
-def tool_loop_message(n: int, found: str) -> str:
-    """The provider's tool-loop sentence, verbatim (Kilo-Org/kilocode#5219)."""
-    return (
-        f"messages.{n}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
-        f"`{found}`. When `thinking` is enabled, a final `assistant` message must start with a "
-        "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). "
-        "We recommend you include thinking blocks from previous turns. To avoid this "
-        "requirement, disable `thinking`. Please consult our documentation at "
-        "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
-    )
-
-
-TOOL_LOOP_BREAKERS: list[Any] = [
-    pytest.param(body(user("q"), assistant(text("a"), use("toolu_1")), user(result("toolu_1"))),
-                 1, "text", id="opener starts with text"),
-    pytest.param(body(user("q"), assistant(use("toolu_1")), user(result("toolu_1"))),
-                 1, "tool_use", id="opener starts with tool_use"),
-    pytest.param(body(user("q"), assistant("let me look"), user("go on"),
-                      assistant(use("toolu_1")), user(result("toolu_1"), text("and lint"))),
-                 3, "tool_use", id="opener after the last real user turn"),
-    pytest.param(body(user("q"), assistant(use("toolu_1")), user(result("toolu_1")),
-                      assistant(thinking(), use("toolu_2")), user(result("toolu_2"))),
-                 1, "tool_use", id="thinking later in the loop does not rescue the opener"),
-    pytest.param(body(user("q"), system_msg("be brief"), assistant(use("toolu_1")),
-                      user(result("toolu_1"))),
-                 2, "tool_use", id="system messages are skipped to find the opener"),
-    pytest.param(body(user("q"), assistant(server_use("srvtoolu_1"),
-                                           server_result("srvtoolu_1"), use("toolu_1")),
-                      user(result("toolu_1"))),
-                 1, "server_tool_use", id="opener starts with a server tool"),
-]
-
-
-@pytest.mark.parametrize("mode", THINKING_ON)
-@pytest.mark.parametrize(("request_body", "n", "found"), TOOL_LOOP_BREAKERS)
-def test_tool_loop_turn_must_start_with_thinking(
-    request_body: dict[str, Any], n: int, found: str, mode: dict[str, Any],
-) -> None:
-    """With thinking on and a tool loop in progress (the last message is a user message holding
-    a tool_result), the first assistant message after the last real user turn must start with
-    thinking or redacted_thinking; N is that message, X its first block type."""
-    on = _with_thinking(request_body, mode)
-    assert _message_of(on) == tool_loop_message(n, found)
-    assert _message_of(on, check_count_tokens_request) == tool_loop_message(n, found)
-    for off in (None, DISABLED):  # the same history is fine with thinking off
-        check_messages_request(_with_thinking(request_body, off))
-
-
-TOOL_LOOP_KEEPERS: list[Any] = [
-    pytest.param(body(user("q"), assistant(thinking(), use("toolu_1")), user(result("toolu_1"))),
-                 id="opener starts with thinking"),
-    pytest.param(body(user("q"), assistant(REDACTED, use("toolu_1")), user(result("toolu_1"))),
-                 id="opener starts with redacted thinking"),
-    pytest.param(body(user("q"), assistant(thinking(), use("toolu_1")), user(result("toolu_1")),
-                      assistant(text("next"), use("toolu_2")), user(result("toolu_2"))),
-                 id="later assistant messages of the loop need no thinking"),
-    pytest.param(body(user("q1"), assistant("a1"), user("q2"),
-                      assistant(thinking(), use("toolu_1")), user(result("toolu_1"))),
-                 id="earlier turns without thinking"),
-    pytest.param(body(user("q1"), assistant(use("toolu_0")), user(result("toolu_0")),
-                      assistant("done"), user("q2"), assistant(thinking(), use("toolu_1")),
-                      user(result("toolu_1"))),
-                 id="an earlier finished tool loop without thinking"),
-    pytest.param(body(user("q"), assistant(use("toolu_1")), user(result("toolu_1")),
-                      assistant("done"), user("thanks")),
-                 id="no tool loop in progress: the last user message is a real turn"),
-    pytest.param(body(user("q"), assistant(text("prefill"))),
-                 id="no tool loop in progress: final assistant prefill"),
-]
-
-
-@pytest.mark.parametrize("mode", THINKING_ON)
-@pytest.mark.parametrize("request_body", TOOL_LOOP_KEEPERS)
-def test_tool_loop_rule_accepts_a_thinking_opener_and_other_shapes(
-    request_body: dict[str, Any], mode: dict[str, Any],
-) -> None:
-    """Only the opener of the turn in progress is bound, and only during a tool loop."""
-    check_messages_request(_with_thinking(request_body, mode))
-
-
-@pytest.mark.parametrize("mode", THINKING_OFF)
-@pytest.mark.parametrize("block", [pytest.param(thinking(), id="thinking"),
-                                   pytest.param(REDACTED, id="redacted_thinking")])
-def test_thinking_disabled_final_assistant_cannot_contain_thinking(
-    mode: dict[str, Any] | None, block: dict[str, Any],
-) -> None:
-    """With thinking off, a final assistant message (a prefill) holding thinking is refused."""
-    prefill = _with_thinking(body(user("q"), assistant("a"), user("more"),
-                                  assistant(block, text("Sure"))), mode)
-    assert _message_of(prefill) == (
-        "messages.3.content.0: When thinking is disabled, an `assistant` message in the final "
-        "position cannot contain `thinking`. To use thinking blocks, enable `thinking` in your "
-        "request."
-    )
-    assert _message_of(prefill, check_count_tokens_request).startswith("messages.3.content.0: ")
-    # Thinking in earlier assistant messages is fine with thinking off (the corpus is so).
-    check_messages_request(_with_thinking(body(user("q"), assistant(block, text("a")),
-                                               user("more")), mode))
-    # And the same prefill is fine with thinking on.
-    check_messages_request({**prefill, "thinking": ENABLED})
-
-
-def test_thinking_must_come_first_in_an_assistant_message() -> None:
-    """An assistant message holding thinking must start with it (whole sentence)."""
-    request_body = body(user("q"), assistant(text("a"), thinking(), text("b")), user("y"))
-    assert _message_of(request_body) == (
-        "messages.1.content.0: If an assistant message contains any thinking blocks, the first "
-        "block must be thinking or redacted_thinking. Found text."
-    )
-
-
-@pytest.mark.parametrize("mode", [None, ENABLED])
-@pytest.mark.parametrize("final", [False, True], ids=["earlier message", "final prefill"])
-def test_final_block_of_an_assistant_message_cannot_be_thinking(
-    mode: dict[str, Any] | None, final: bool,
-) -> None:
-    """No assistant message, not even a final prefill, may end with a thinking block
-    (router-for-me/CLIProxyAPI#5321 measured user + trailing thinking → 400)."""
-    messages = [user("q"), assistant(thinking(), text("a"), thinking("more"))]
-    if not final:
-        messages.append(user("y"))
-    request_body = _with_thinking(body(*messages), mode)
-    if final and mode is None:  # with thinking off the disabled-prefill rule speaks first
-        assert "When thinking is disabled" in _message_of(request_body)
-        return
-    assert _message_of(request_body) == (
-        "messages.1: The final block in an assistant message cannot be `thinking`."
-    )
-
-
-@pytest.mark.parametrize("mode", THINKING_OFF)
-def test_clear_thinking_strategy_requires_thinking(mode: dict[str, Any] | None) -> None:
-    """A clear_thinking_20251015 context-management edit needs thinking on."""
-    edits = {"edits": [{"type": "clear_tool_uses_20250919"},
-                       {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns",
-                                                                    "value": 1}}]}
-    request_body = _with_thinking(body(user("q"), context_management=edits), mode)
-    expected = "`clear_thinking_20251015` strategy requires `thinking` to be enabled"
-    assert _message_of(request_body) == expected
-    assert _message_of(request_body, check_count_tokens_request) == expected
-    for on in (ENABLED, ADAPTIVE):
-        check_messages_request({**request_body, "thinking": on})
-    check_messages_request(_with_thinking(
-        body(user("q"), context_management={"edits": [{"type": "clear_tool_uses_20250919"}]}),
-        mode))
-
-
-MODIFIED = (
-    "messages.{n}.content.{m}: `thinking` or `redacted_thinking` blocks in the latest assistant "
-    "message cannot be modified. These blocks must remain as they were in the original response."
-)
-
-
-def _altered(signature: str) -> str:
-    return signature[:-1] + ("0" if signature[-1] != "0" else "1")
-
-
-@pytest.mark.parametrize("mode", [None, ENABLED])
-def test_latest_assistant_thinking_cannot_be_modified(mode: dict[str, Any] | None) -> None:
-    """Blocks the fake signed itself are verified in the latest assistant message: an edited
-    text, signature or redacted payload is refused at its position; opaque (real) signatures
-    and earlier messages are not checked."""
-    signed = thinking_block("Plan: read the test, then edit.")
-    redacted = redacted_thinking_block("the hidden part")
-    assert signed["signature"].startswith("fakesig.")
-    assert redacted["data"].startswith("fakeredacted.")
-
-    def loop(*blocks: dict[str, Any]) -> dict[str, Any]:
-        return _with_thinking(body(user("q"), assistant(*blocks, use("toolu_1")),
-                                   user(result("toolu_1"))), mode)
-
-    check_messages_request(loop(signed, text("a"), redacted))
-    check_messages_request(loop(thinking("real", "EqQBCkYIBxgCKkB-opaque")))
-    edited_text = {**signed, "thinking": signed["thinking"] + " "}
-    edited_signature = {**signed, "signature": _altered(signed["signature"])}
-    edited_data = {**redacted, "data": _altered(redacted["data"])}
-    assert _message_of(loop(edited_text)) == MODIFIED.format(n=1, m=0)
-    assert _message_of(loop(edited_signature)) == MODIFIED.format(n=1, m=0)
-    assert _message_of(loop(signed, text("a"), edited_text)) == MODIFIED.format(n=1, m=2)
-    assert _message_of(loop(signed, text("a"), edited_data)) == MODIFIED.format(n=1, m=2)
-    assert _message_of(loop({**redacted, "data": "fakeredacted.not-base64!"})) == (
-        MODIFIED.format(n=1, m=0))
-    # Only the latest assistant message is bound; earlier edited blocks are not checked here.
-    check_messages_request(_with_thinking(
-        body(user("q"), assistant(edited_text, text("a")), user("more"), assistant("b"),
-             user("ok")), mode))

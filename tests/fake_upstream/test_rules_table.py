@@ -87,12 +87,12 @@ def test_a_wrong_name_is_caught() -> None:
     """The existence check itself: a misspelt test, module or parameter id is not found."""
     assert _exists("tests/fake_upstream/test_rules.py::test_invalid_bodies_raise_the_provider_"
                    "text[missing result]")
-    assert _exists("tests/fake_upstream/test_rules.py::test_tool_loop_turn_must_start_with_"
-                   "thinking[opener starts with text-enabled]")
+    assert _exists("tests/fake_upstream/test_rules_thinking.py::test_tool_loop_turn_must_"
+                   "start_with_thinking[opener starts with text-enabled]")
     assert not _exists("tests/fake_upstream/test_rules.py::test_invalid_bodies_raise_the_"
                        "provider_text[no such case]")
     assert not _exists("tests/fake_upstream/test_rules.py::test_no_such_test")
-    assert not _exists("tests/fake_upstream/test_rules.py::CORPUS")
+    assert not _exists("tests/fake_upstream/test_rules_corpus.py::CORPUS")
 
 
 @pytest.mark.parametrize("module", [rules, wire], ids=lambda module: module.__name__)
