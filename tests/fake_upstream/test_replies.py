@@ -24,13 +24,13 @@ from proxy.fake_upstream import (
 from proxy.fake_upstream.replies import (
     PromptCache,
     Usage,
-    _common_prefix_length,
     build_message,
     canonical_prompt,
     encode_event,
     estimate_tokens,
     stream_events,
 )
+from proxy.fake_upstream.replies.tokens import _common_prefix_length
 
 META = RecordedRequest(method="POST", path="/v1/messages", query_string="")
 USAGE = Usage(input_tokens=10, cache_creation_input_tokens=2, cache_read_input_tokens=30)
