@@ -16,7 +16,7 @@ def test_each_line_is_counted_once_by_kind() -> None:
 def test_the_fake_provider_and_other_folders_are_not_product() -> None:
     assert lines.is_product("proxy/http/handlers.py")
     assert lines.is_product("compactor/_pipeline.py")
-    assert not lines.is_product("proxy/fake_upstream/rules.py")
+    assert not lines.is_product("proxy/fake_upstream/rules/request.py")
     assert not lines.is_product("bench/lines.py")
     assert not lines.is_product("proxy/admin/console/static/app.js")
 
