@@ -1,4 +1,4 @@
-"""Source-pointer tricks that ``tests/compactor/test_resolver.py`` does not cover (hard links,
+"""Source-pointer tricks that ``tests/compactor/test_resolver_*.py`` does not cover (hard links,
 links into another session's files), and the end-to-end check that a forged pointer written
 through the admin API renders as denied / missing in the system block the provider gets.
 

@@ -21,7 +21,7 @@ from proxy.admin.api import setup_admin
 from proxy.audit.log import LayerSaving, RequestEntry
 from proxy.sources.resolvers import ResolverPool
 from proxy.store import SQLiteStateStore
-from tests.proxy.admin.test_admin_api import AUTH, STATE_PATH, TOKEN, assert_error, with_auth
+from tests.proxy.admin.helpers import AUTH, STATE_PATH, TOKEN, assert_error, with_auth
 
 TENANT = "t0123456789abcdef"
 NOW = datetime.now(UTC).replace(microsecond=0)

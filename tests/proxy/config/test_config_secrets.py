@@ -17,7 +17,7 @@ import structlog
 from proxy.config import Config, load_config
 from proxy.telemetry.logs import configure_logging, reset_logging
 from proxy.telemetry.masking import config_secrets, mask_config, mask_url
-from tests.proxy.cli.test_cli import run, shown_values
+from tests.proxy.cli.helpers import run, shown_values
 
 SECRETS = ("r3dis-pa55word", "pr0xy-pa55word", "k3y-in-query", "m1n10-pa55word")
 

@@ -166,7 +166,7 @@ def test_claude_code_rehearses_a_tool_loop_offline_against_fake_upstream_tool_lo
     --script tool-loop --steps 4 --dump DIR``, the proxy in front, ``claude -p``. Claude Code
     runs four tool steps (its own Glob, Read and Bash) and finishes; the dump holds each
     request with the ``system`` the proxy forwarded."""
-    from tests.proxy.cli.test_cli import COMMAND, clean_env, free_port
+    from tests.proxy.cli.helpers import COMMAND, clean_env, free_port
 
     port, dump = free_port(), tmp_path / "dump"
     fake = subprocess.Popen(

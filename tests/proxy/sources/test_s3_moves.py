@@ -21,17 +21,13 @@ from proxy.sources.migrate import MoveRefused, move_session_and_sources
 from proxy.sources.resolvers import ResolverPool
 from proxy.sources.s3_roots import S3Settings
 from proxy.store.sqlite import SQLiteStateStore
-from tests.proxy.sources.test_s3_sources import (  # noqa: F401  (fixtures)
+from tests.proxy.sources.s3_helpers import (
     REPORT,
     REPORT_SHA,
     SID,
-    aws_env,
-    bucket,
     event,
-    moto,
     new_store,
     put_artifact,
-    s3,
     sha,
 )
 from tests.s3_server import MotoServer

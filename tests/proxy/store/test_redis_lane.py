@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.store import RecordFetch, RedisStateStore, StoreUnavailable
 from proxy.store.redis.lane import Lane
-from tests.proxy.store.test_store_contract import unique_prefix
+from tests.proxy.store.helpers import unique_prefix
 from tests.redis_server import free_port
 
 # Keeps the server busy (it runs one script at a time) for ARGV[1] microseconds.

@@ -1,7 +1,7 @@
 """The Redis store on a real three-master Redis Cluster (started once per test session, see
 ``tests/proxy/conftest.py``): every key of a session lives in one hash slot, on one node, and
 sessions whose slots fall on each of the three masters work, with the global indexes listing
-them all. The rest of the contract runs on the cluster in test_store_contract.py."""
+them all. The rest of the contract runs on the cluster in test_store_contract_*.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from redis.crc import key_slot
 from proxy.accounting.usage import UsageEntry
 from proxy.audit.log import LayerSaving, RequestEntry, StateChange
 from proxy.store import RedisStateStore
-from tests.proxy.store.test_store_contract import make_state, unique_prefix
+from tests.proxy.store.helpers import make_state, unique_prefix
 from tests.redis_server import RedisClusterServers
 
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -11,9 +11,7 @@ import pytest
 
 from proxy.audit.log import StateChange
 from proxy.store import StoreBackend, VersionConflict
-from tests.proxy.store.test_store_contract import StoreFactory, make_state, store, store_factory
-
-__all__ = ["store", "store_factory"]  # fixtures, re-used
+from tests.proxy.store.helpers import StoreFactory, make_state
 
 TENANT = "t0123456789abcdef"
 

@@ -1,6 +1,6 @@
 """What only the Redis state store does, against a real ``redis-server``: the key layout and
 prefixes, corrupt values, connection failures and URL redaction, and the proxy serving from
-it end to end. The StateStore contract it shares with SQLite is in test_store_contract.py."""
+it end to end. The StateStore contract it shares with SQLite is in test_store_contract_*.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from proxy.sources.migrate import migrate_redis_layout
 from proxy.store import CorruptStateError, RedisStateStore, StoreError
 from proxy.store.redis import redacted_url
 from tests.conftest import TEST_API_KEY, ProxyFactory, UpstreamServer, user_text
-from tests.proxy.store.test_store_contract import make_state, unique_prefix
+from tests.proxy.store.helpers import make_state, unique_prefix
 from tests.redis_server import free_port
 
 

@@ -18,9 +18,7 @@ from proxy.store import (
     SQLiteStateStore,
 )
 from proxy.summary.flights import fleet_single_flight
-from tests.proxy.store.test_store_contract import StoreFactory, make_state, store, store_factory
-
-__all__ = ["store", "store_factory"]  # fixtures, re-used
+from tests.proxy.store.helpers import StoreFactory, make_state
 
 
 async def test_the_backend_has_the_replica_part(store: Any) -> None:

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from proxy.config import Config, ConfigError
 from proxy.store import RedisStateStore, StoreUnavailable, store_for
 from proxy.store.redis.client import sentinels
-from tests.proxy.store.test_store_contract import make_state, unique_prefix
+from tests.proxy.store.helpers import make_state, unique_prefix
 from tests.redis_server import RedisSentinel, RedisServer
 
 

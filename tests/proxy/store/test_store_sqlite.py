@@ -2,7 +2,7 @@
 directories, WAL, schema version, unopenable paths), corrupt rows, calls kept off the event
 loop but for the two small ones a worker makes on every request (and what sends those to the
 thread too), and the audit log's batches. The StateStore contract it shares with Redis is in
-test_store_contract.py."""
+test_store_contract_*.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from proxy.store import CorruptStateError, SQLiteStateStore, StoreError
-from tests.proxy.store.test_store_contract import make_state
+from tests.proxy.store.helpers import make_state
 
 
 @pytest.fixture
@@ -255,7 +255,7 @@ async def test_audit_entries_added_together_share_one_batch_and_its_future(
     MAX_AUDIT_BATCH per batch), resolved once their one transaction committed; every entry
     is then read back."""
     from proxy.store.audit_batches import MAX_AUDIT_BATCH
-    from tests.proxy.store.test_store_contract import entry
+    from tests.proxy.store.helpers import entry
 
     futures = [store.add_request(entry(index, session=f"s{index % 3}"))
                for index in range(MAX_AUDIT_BATCH + 1)]
@@ -272,7 +272,7 @@ async def test_a_failed_audit_batch_fails_its_one_future(tmp_path: Path) -> None
     """A batch whose transaction fails hands the error to its future (every caller of the
     batch sees it), and nothing of it is kept."""
     from proxy.audit.log import RequestEntry
-    from tests.proxy.store.test_store_contract import entry
+    from tests.proxy.store.helpers import entry
 
     class Failing(SQLiteStateStore):
         def _add_requests(self, batch: list[RequestEntry]) -> None:
@@ -293,7 +293,7 @@ async def test_a_caller_giving_up_on_its_batch_leaves_the_next_entries_a_batch_o
         store: SQLiteStateStore) -> None:
     """A caller that cancels the batch's future (it gave up waiting) does not take later
     entries with it: they get a new batch and future; every entry is still written."""
-    from tests.proxy.store.test_store_contract import entry
+    from tests.proxy.store.helpers import entry
 
     first = store.add_request(entry(1))
     first.cancel()
