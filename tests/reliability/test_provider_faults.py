@@ -29,7 +29,7 @@ from tests.conftest import (
     read_log,
     user_text,
 )
-from tests.proxy.e2e.test_e2e_compaction import SUMMARY_POLICY, read_turns
+from tests.proxy.e2e.helpers import SUMMARY_POLICY, read_turns
 
 MODEL = "claude-sonnet-4-5"
 HEADERS = {"x-api-key": TEST_API_KEY, "content-type": "application/json"}

@@ -30,7 +30,7 @@ from tests.conftest import (
     UpstreamServer,
     user_text,
 )
-from tests.proxy.e2e.test_e2e_compaction import LOW_THRESHOLDS, read_turns
+from tests.proxy.e2e.helpers import LOW_THRESHOLDS, read_turns
 
 MODEL = "claude-sonnet-4-5"
 TOKEN = "admin-audit-e2e-token-3f9a1c5e7b2d4f6a"

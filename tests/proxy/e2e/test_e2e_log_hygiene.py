@@ -32,7 +32,7 @@ from tests.conftest import (
     read_log,
     user_text,
 )
-from tests.proxy.e2e.test_e2e_compaction import SUMMARY_POLICY, admin_put, read_turns
+from tests.proxy.e2e.helpers import SUMMARY_POLICY, admin_put, read_turns
 
 MODEL = "claude-sonnet-4-5"
 ADMIN_TOKEN = "admin-hygiene-token-9c1e5b2d7f3a8e4c"
@@ -96,7 +96,7 @@ def redis_audit_values(url: str, prefix: str) -> list[str]:
     """Every key and value the Redis store keeps for its audit log, as text."""
     import redis
 
-    from tests.proxy.e2e.test_e2e_tenants import redis_values
+    from tests.proxy.e2e.helpers import redis_values
 
     client = redis.Redis.from_url(url)
     try:

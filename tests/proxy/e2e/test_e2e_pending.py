@@ -20,7 +20,7 @@ from tests.conftest import (
     first_text,
     user_text,
 )
-from tests.proxy.e2e.test_e2e_compaction import (
+from tests.proxy.e2e.helpers import (
     SUMMARY_POLICY,
     admin_put,
     forwarded,

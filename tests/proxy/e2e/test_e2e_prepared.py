@@ -23,7 +23,7 @@ from tests.conftest import (
     log_lines_for,
     read_log,
 )
-from tests.proxy.e2e.test_e2e_compaction import summary_calls
+from tests.proxy.e2e.helpers import summary_calls
 from tests.proxy.e2e.test_e2e_summary_fork import metrics_text
 
 MODEL = "claude-sonnet-4-5"

@@ -1,121 +1,30 @@
-"""End to end: Bedrock and Vertex behind the proxy (issue #36). The real SDK's Bedrock and
-Vertex clients, sending no credential (as Claude Code with ``CLAUDE_CODE_SKIP_*_AUTH``), talk to
-the proxy; the proxy compacts, signs (SigV4 over the exact bytes and path) or adds its token,
-and the strict fake provider verifies every request."""
+"""End to end: Bedrock and Vertex paths compacted, summarised, refused and limited by the proxy."""
 
 from __future__ import annotations
 
-import base64
 import json
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
-import anthropic
 import pytest
-from botocore.eventstream import EventStreamBuffer
-from yarl import URL
 
-from proxy.fake_upstream import (
-    Fault,
-    Reply,
-    is_summarizer_request,
+from proxy.fake_upstream import is_summarizer_request
+from proxy.fake_upstream.credentials import TEST_AWS_ACCESS_KEY, TEST_VERTEX_TOKEN
+from tests.conftest import ProxyFactory, UpstreamServer
+from tests.proxy.e2e.helpers import SUMMARY_POLICY, read_turns
+from tests.proxy.e2e.provider_helpers import (  # noqa: F401  (the fixtures)
+    L1_POLICY,
+    MODEL,
+    VERTEX_MODEL,
+    _config,
+    _credentials,
+    _events,
+    _post,
+    provider_fixture,
+    provider_upstream_server,
 )
-from proxy.fake_upstream.credentials import (
-    TEST_AWS_ACCESS_KEY,
-    TEST_BEDROCK_API_KEY,
-    TEST_VERTEX_TOKEN,
-)
-from tests.conftest import LoopThread, ProxyFactory, UpstreamServer, read_log
-from tests.proxy.e2e.test_e2e_compaction import SUMMARY_POLICY, read_turns
-from tests.proxy.provider_setup import provider_upstream, use_test_credentials
 
-MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 ARN = ("arn:aws:bedrock:us-east-1:123456789012:inference-profile/"
        "us.anthropic.claude-sonnet-4-5-20250929-v1:0")
-VERTEX_MODEL = "claude-sonnet-4-5@20250929"
-ON_BEDROCK: dict[str, Any] = {"extra_body": {"anthropic_version": "bedrock-2023-05-31"}}
-ON_VERTEX: dict[str, Any] = {"extra_body": {"anthropic_version": "vertex-2023-10-16"}}
-L1_POLICY = {"soft_threshold_tokens": 3000, "hard_limit_tokens": 60000,
-             "max_tool_result_tokens": 200, "keep_recent_messages": 4}
-
-
-@pytest.fixture(params=["bedrock", "vertex"])
-def provider(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def upstream_server(servers: LoopThread, provider: str) -> Iterator[UpstreamServer]:
-    """The fake provider speaking ``provider`` (overrides the conftest's first-party one)."""
-    yield from provider_upstream(servers, provider)
-
-
-@pytest.fixture(autouse=True)
-def _credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The proxy's own credentials (the fake's test key pair and token), nothing else."""
-    use_test_credentials(monkeypatch, tmp_path, "TEST_VERTEX_TOKEN")
-
-
-def _config(provider: str, compaction: dict[str, Any],
-            summary: dict[str, Any] | None = None) -> dict[str, Any]:
-    upstream: dict[str, Any] = {"provider": provider}
-    if provider == "bedrock":
-        upstream["aws_region"] = "us-east-1"
-    else:
-        upstream["vertex_token_env"] = "TEST_VERTEX_TOKEN"
-    return {"upstream": upstream, "compaction": compaction, **(
-        {"summary": summary} if summary else {})}
-
-
-def _post(provider: str, base_url: str, body: dict[str, Any], *,
-          stream: bool, model: str | None = None) -> tuple[int, Any, bytes]:
-    """One raw request in the provider's format, no credential (Claude Code skip-auth)."""
-    import asyncio
-
-    if provider == "bedrock":
-        action = "invoke-with-response-stream" if stream else "invoke"
-        path = f"/model/{(model or MODEL).replace('/', '%2F')}/{action}"
-        sent = {**body, "anthropic_version": "bedrock-2023-05-31"}
-    else:
-        action = "streamRawPredict" if stream else "rawPredict"
-        path = (f"/projects/proj/locations/us-east5/publishers/anthropic/models/"
-                f"{model or VERTEX_MODEL}:{action}")
-        sent = {**body, "anthropic_version": "vertex-2023-10-16", **(
-            {"stream": True} if stream else {})}
-
-    async def go() -> tuple[int, Any, bytes]:
-        async with aiohttp.ClientSession() as http, http.post(
-                URL(base_url + path, encoded=True), json=sent,
-                headers={"x-compact-session-id": "prov-1"}) as response:
-            return response.status, response.headers, await response.read()
-
-    return asyncio.run(go())
-
-
-def _completed(proxy_log: Any, seen: int, count: int = 1) -> Any:
-    """The next ``count`` ``request_completed`` lines after the first ``seen`` lines (the
-    line is written once the answer went out: waited for)."""
-    deadline = time.monotonic() + 5
-    while True:
-        lines = [line for line in read_log(proxy_log)[seen:]
-                 if line.get("event") == "request_completed"]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines[0] if count == 1 else lines[:count]
-        time.sleep(0.02)
-
-
-def _events(provider: str, raw: bytes) -> list[dict[str, Any]]:
-    """The Anthropic events of a streamed answer (event-stream frames, or SSE)."""
-    if provider == "bedrock":
-        buffer = EventStreamBuffer()
-        buffer.add_data(raw)
-        return [json.loads(base64.b64decode(json.loads(m.payload)["bytes"])) for m in buffer
-                if m.headers[":message-type"] == "event"]
-    return [json.loads(line[6:]) for line in raw.decode().splitlines()
-            if line.startswith("data: ")]
 
 
 def test_a_tool_loop_is_compacted_and_every_request_verified(
@@ -204,152 +113,6 @@ def test_the_proxys_own_errors_have_the_providers_shape(
     assert upstream_server.upstream.requests == []
 
 
-def test_the_sdks_bedrock_client_signed_for_the_proxy_is_re_signed(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
-        proxy_log: Any) -> None:
-    """``AnthropicBedrock`` signs with a key the provider does not know, for the proxy's host:
-    the proxy drops that signature and signs with its own; the event stream reaches the SDK
-    intact and its usage is read by the proxy (the log line's estimate error)."""
-    if provider != "bedrock":
-        pytest.skip("Bedrock's client")
-    proxy = proxy_factory(_config(provider, L1_POLICY))
-    seen = len(read_log(proxy_log))
-    client = anthropic.AnthropicBedrock(
-        base_url=proxy.base_url, aws_access_key="AKIACLIENTONLY000001",
-        aws_secret_key="client-secret", aws_region="us-east-1", max_retries=0)
-    try:
-        message = client.messages.create(model=MODEL, max_tokens=50, messages=read_turns(4),
-                                         **ON_BEDROCK)
-        with client.messages.stream(model=MODEL, max_tokens=50, messages=read_turns(4),
-                                    **ON_BEDROCK) as stream:
-            final = stream.get_final_message()
-    finally:
-        client.close()
-    assert message.usage.input_tokens > 0 and final.usage.input_tokens > 0
-    assert all(r.headers["authorization"].startswith(
-        f"AWS4-HMAC-SHA256 Credential={TEST_AWS_ACCESS_KEY}/")
-        for r in upstream_server.upstream.requests)
-    answered = _completed(proxy_log, seen, count=2)
-    assert [line["status"] for line in answered] == [200, 200]
-    assert all(line.get("estimate_error") is not None for line in answered), answered
-
-
-def test_a_clients_bedrock_api_key_is_forwarded(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
-    if provider != "bedrock":
-        pytest.skip("Bedrock API keys")
-    proxy = proxy_factory(_config(provider, L1_POLICY))
-    client = anthropic.Anthropic(base_url=proxy.base_url, api_key="unused", max_retries=0)
-    try:
-        raw = client.post(f"/model/{MODEL}/invoke", cast_to=anthropic.types.Message, body={
-            "anthropic_version": "bedrock-2023-05-31", "max_tokens": 20,
-            "messages": [{"role": "user", "content": "hi"}]},
-            options={"headers": {"Authorization": f"Bearer {TEST_BEDROCK_API_KEY}",
-                                 "X-Api-Key": anthropic.omit}})
-    finally:
-        client.close()
-    assert raw.content
-    (sent,) = upstream_server.upstream.requests
-    assert sent.headers["authorization"] == f"Bearer {TEST_BEDROCK_API_KEY}"
-    assert "x-amz-date" not in sent.headers
-
-
-def test_bedrock_exception_frames_are_relayed(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
-        proxy_log: Any) -> None:
-    """The provider's exception frame mid-stream reaches the client as sent, and the request
-    is not counted as a success."""
-    if provider != "bedrock":
-        pytest.skip("Bedrock's event stream")
-    upstream_server.upstream.push(Reply.text("partial answer here", fault=Fault(
-        "error_event", after_events=3)))
-    proxy = proxy_factory(_config(provider, L1_POLICY))
-    seen = len(read_log(proxy_log))
-    status, _, raw = _post(provider, proxy.base_url, {"max_tokens": 50, "messages": [
-        {"role": "user", "content": "hi"}]}, stream=True)
-    assert status == 200
-    buffer = EventStreamBuffer()
-    buffer.add_data(raw)
-    frames = list(buffer)
-    assert len(frames) == 4
-    assert frames[-1].headers[":message-type"] == "exception"
-    assert frames[-1].headers[":exception-type"] == "internalServerException"
-    assert _completed(proxy_log, seen)["outcome"] == "upstream_error_event"
-
-
-def test_the_sdks_vertex_client_with_its_own_token(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
-    """``AnthropicVertex`` with its own access token: forwarded as it is; SSE relayed."""
-    if provider != "vertex":
-        pytest.skip("Vertex's client")
-    proxy = proxy_factory(_config(provider, L1_POLICY))
-    client = anthropic.AnthropicVertex(
-        base_url=proxy.base_url, region="us-east5", project_id="proj",
-        access_token=TEST_VERTEX_TOKEN, max_retries=0)
-    try:
-        with client.messages.stream(model=VERTEX_MODEL, max_tokens=50, messages=read_turns(6),
-                                    **ON_VERTEX) as stream:
-            final = stream.get_final_message()
-    finally:
-        client.close()
-    assert final.stop_reason == "end_turn"
-    (sent,) = upstream_server.upstream.requests
-    assert sent.headers["authorization"] == f"Bearer {TEST_VERTEX_TOKEN}"
-    assert len(json.dumps(sent.body)) < len(json.dumps(read_turns(6))) / 2  # L1 applied
-
-
-def test_vertex_with_application_default_credentials(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """No token variable: google-auth's application-default credentials (a service account
-    whose token endpoint is the fake's) give the proxy its token, fetched once and reused."""
-    if provider != "vertex":
-        pytest.skip("Google credentials")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
-    account = tmp_path / "service-account.json"
-    account.write_text(json.dumps({
-        "type": "service_account", "project_id": "proj", "private_key_id": "k1",
-        "private_key": pem, "client_email": "proxy@proj.iam.gserviceaccount.com",
-        "client_id": "1", "token_uri": f"{upstream_server.base_url}/token"}))
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
-    proxy = proxy_factory({"upstream": {"provider": "vertex"}, "compaction": L1_POLICY})
-    for _ in range(2):
-        status, _, raw = _post(provider, proxy.base_url, {"max_tokens": 20, "messages": [
-            {"role": "user", "content": "hi"}]}, stream=True)
-        assert status == 200, raw
-    assert upstream_server.upstream.counts["token"] == 1
-    sent = [r for r in upstream_server.upstream.requests if r.path.endswith("Predict")]
-    assert [r.headers["authorization"] for r in sent] == [f"Bearer {TEST_VERTEX_TOKEN}"] * 2
-
-
-def test_scope_credential_takes_no_tenant_from_a_sigv4_signature(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A SigV4 access key id is not secret (and the proxy re-signs): scope ``credential``
-    refuses it in the provider's error shape; a Bedrock API key is a credential."""
-    if provider != "bedrock":
-        pytest.skip("SigV4")
-    monkeypatch.setenv("E2E_TENANT_SECRET", "tenant-secret-for-providers")
-    proxy = proxy_factory({**_config(provider, L1_POLICY), "session": {
-        "scope": "credential", "secret_env": "E2E_TENANT_SECRET"}})
-    client = anthropic.AnthropicBedrock(
-        base_url=proxy.base_url, aws_access_key=TEST_AWS_ACCESS_KEY,
-        aws_secret_key="anything", aws_region="us-east-1", max_retries=0)
-    try:
-        with pytest.raises(anthropic.AuthenticationError, match="SigV4") as refused:
-            client.messages.create(model=MODEL, max_tokens=20, messages=read_turns(1),
-                                   **ON_BEDROCK)
-    finally:
-        client.close()
-    assert refused.value.response.headers["x-amzn-ErrorType"] == "UnrecognizedClientException"
-    assert upstream_server.upstream.requests == []
-
-
 def test_bedrock_gets_the_binding_opt_out_beta_in_its_body(
         proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
     """Compaction under thinking: on Bedrock the binding beta joins the body's
@@ -375,32 +138,6 @@ def test_bedrock_gets_the_binding_opt_out_beta_in_its_body(
         assert sent.headers["anthropic-beta"] == "thinking-binding-controls-2026-08-01"
 
 
-def test_bedrock_count_tokens_and_inference_profiles_are_signed_and_forwarded(
-        proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str) -> None:
-    if provider != "bedrock":
-        pytest.skip("Bedrock's routes")
-    import asyncio
-
-    proxy = proxy_factory(_config(provider, L1_POLICY))
-    inner = base64.b64encode(json.dumps({"anthropic_version": "bedrock-2023-05-31",
-                                         "max_tokens": 5, "messages": [
-                                             {"role": "user", "content": "hi"}]}).encode())
-    counted = {"input": {"invokeModel": {"body": inner.decode()}}}
-
-    async def go() -> tuple[int, int]:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(URL(f"{proxy.base_url}/model/{MODEL}/count-tokens",
-                                     encoded=True), json=counted) as response:
-                count = response.status
-                assert (await response.json())["inputTokens"] > 0
-            async with http.get(f"{proxy.base_url}/inference-profiles?maxResults=10") as listed:
-                return count, listed.status
-
-    assert asyncio.run(go()) == (200, 200)
-    assert [r.headers["authorization"][:16] for r in upstream_server.upstream.requests] == [
-        "AWS4-HMAC-SHA256"] * 2
-
-
 def test_separate_summary_calls_use_the_configured_model_and_place(
         proxy_factory: ProxyFactory, upstream_server: UpstreamServer, provider: str,
         proxy_log: Any) -> None:
@@ -423,55 +160,6 @@ def test_separate_summary_calls_use_the_configured_model_and_place(
                 f"/projects/summaries/locations/europe-west1/publishers/anthropic/models/"
                 f"{model}:rawPredict")
     assert {call.path for call in calls} == {expected}
-
-
-def test_a_bedrock_stream_that_ends_early_gets_an_exception_frame(
-        proxy_factory: ProxyFactory, servers: LoopThread, provider: str,
-        proxy_log: Any) -> None:
-    """The provider's event stream ends cleanly before ``message_stop``: the proxy ends it
-    in the stream's own terms (an exception frame the client's decoder reads), never SSE."""
-    if provider != "bedrock":
-        pytest.skip("Bedrock's event stream")
-    from aiohttp import web
-
-    from proxy.providers.eventstream import CONTENT_TYPE, chunk_frame
-
-    async def short(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
-        await response.prepare(request)
-        await response.write(chunk_frame({"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "content": [],
-            "model": MODEL, "usage": {"input_tokens": 5, "output_tokens": 1}}}))
-        await response.write_eof()
-        return response
-
-    async def start() -> tuple[web.AppRunner, str]:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", short)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        return runner, f"http://{host}:{port}"
-
-    runner, url = servers.run(start())
-    try:
-        proxy = proxy_factory(_config(provider, L1_POLICY), upstream_url=url)
-        seen = len(read_log(proxy_log))
-        status, _, raw = _post(provider, proxy.base_url, {"max_tokens": 50, "messages": [
-            {"role": "user", "content": "hi"}]}, stream=True)
-    finally:
-        servers.run(runner.cleanup())
-    assert status == 200
-    buffer = EventStreamBuffer()
-    buffer.add_data(raw)
-    first, last = list(buffer)
-    assert first.headers[":event-type"] == "chunk"
-    assert last.headers[":message-type"] == "exception"
-    assert b"before message_stop" in last.payload
-    assert _completed(proxy_log, seen)["outcome"] == "stream_failed"
 
 
 def test_the_tenant_limit_holds_on_the_providers_own_paths(

@@ -37,7 +37,7 @@ from tests.conftest import (
     UpstreamServer,
     log_lines_for,
 )
-from tests.proxy.e2e.test_e2e_compaction import SUMMARY_POLICY, read_turns, summary_calls
+from tests.proxy.e2e.helpers import SUMMARY_POLICY, read_turns, summary_calls
 
 MODEL = "claude-sonnet-4-5"
 OAUTH_TOKEN = "sk-ant-oat01-e2e-subscription-login-0123456789"

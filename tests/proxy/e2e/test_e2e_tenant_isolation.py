@@ -22,13 +22,15 @@ import pytest
 
 from proxy.fake_upstream.replies import TokenRule
 from tests.conftest import ProxyFactory, UpstreamServer, user_text
-from tests.proxy.e2e.test_e2e_compaction import forwarded, read_turns, summary_calls
-from tests.proxy.e2e.test_e2e_tenants import (
+from tests.proxy.e2e.helpers import (
     KEY_A,
     KEY_B,
     SECRET_ENV,
     TENANT_SECRET,
+    forwarded,
+    read_turns,
     send,
+    summary_calls,
 )
 
 SCOPE = {"session": {"scope": "credential", "secret_env": SECRET_ENV}}

@@ -24,12 +24,12 @@ import yaml
 from compactor import DurableContextState
 from proxy.http.tenants import NO_TENANT, scoped_key
 from tests.conftest import ProxyFactory, RunningProxy, UpstreamServer, user_text
-from tests.proxy.e2e.test_e2e_compaction import forwarded
-from tests.proxy.e2e.test_e2e_tenants import (
+from tests.proxy.e2e.helpers import (
     KEY_A,
     KEY_B,
     SECRET_ENV,
     TENANT_SECRET,
+    forwarded,
     sdk_tenant,
     send,
     tenants,

@@ -22,8 +22,8 @@ from tests.conftest import (
     log_lines_for,
     read_log,
 )
+from tests.proxy.e2e.helpers import read_turns
 from tests.proxy.e2e.test_e2e_audit import wait_for_requests
-from tests.proxy.e2e.test_e2e_compaction import read_turns
 
 MODEL = "claude-sonnet-4-5"
 HEADERS = {"x-api-key": TEST_API_KEY, "content-type": "application/json",

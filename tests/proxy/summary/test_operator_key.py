@@ -23,7 +23,7 @@ from tests.conftest import (
     log_lines_for,
     user_text,
 )
-from tests.proxy.e2e.test_e2e_compaction import SUMMARY_POLICY, read_turns
+from tests.proxy.e2e.helpers import SUMMARY_POLICY, read_turns
 
 MODEL = "claude-sonnet-4-5"
 OPERATOR_KEY = "sk-ant-api03-the-operators-own-summary-key"
