@@ -11,7 +11,7 @@ from tests.proxy.server.workers_fleet import START_TIMEOUT_S, Logged
 from tests.redis_server import free_port
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def upstream() -> Iterator[str]:
     """The stamped fake provider (``bench/stamped_upstream.py``: the strict fake provider,
     whose events a request header can slow down) in its own process; its base URL."""

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 # --- the server and the objects --------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def moto() -> Iterator[MotoServer]:
-    """One moto server for the module (each test has its own bucket)."""
+    """One moto server per test process (each test has its own bucket)."""
     with started(MotoServer(), MotoServerUnavailable) as server:
         yield server
 
