@@ -183,17 +183,8 @@ class SourcePointerResolver:
         checked."""
         limit = self._max_line_bytes
         for expected in range(1, pointer.sequence + 1):
-            raw = reader.readline(limit + 2)  # room for the line ending
-            if not raw:
-                raise Outcome(
-                    "missing",
-                    f"transcript has {expected - 1} events, sequence {pointer.sequence} "
-                    "not found",
-                )
-            line = _strip_line_ending(raw)
-            if len(line) > limit:
-                raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
-            _check_event(line, expected, pointer.session_id)
+            # Room for the line ending.
+            line = checked_line(reader.readline(limit + 2), expected, pointer, limit)
             if expected == pointer.sequence:
                 return line
         raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
@@ -327,6 +318,22 @@ def checked_pointer(pointer: str, authorize: Callable[[SourcePointer], bool]
     if not allowed:
         return SourceResolution(shown, "denied", None, "not authorized for this session")
     return parsed
+
+
+def checked_line(raw: bytes, expected: int, pointer: TranscriptPointer, limit: int) -> bytes:
+    """Transcript line ``expected`` as read (``raw``, with its ending; empty at the end of the
+    file) without its ending, once checked: present, within ``limit`` bytes, the event it
+    should be."""
+    if not raw:
+        raise Outcome(
+            "missing",
+            f"transcript has {expected - 1} events, sequence {pointer.sequence} not found",
+        )
+    line = _strip_line_ending(raw)
+    if len(line) > limit:
+        raise Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
+    _check_event(line, expected, pointer.session_id)
+    return line
 
 
 def _strip_line_ending(raw: bytes) -> bytes:

@@ -31,8 +31,7 @@ from compactor._resolver import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_EXCERPT_CHARS,
     DEFAULT_MAX_LINE_BYTES,
-    _check_event,
-    _strip_line_ending,
+    checked_line,
     checked_pointer,
 )
 from compactor._source_files import Outcome as _Outcome
@@ -228,18 +227,8 @@ class S3SourceResolver:
                 buffer += chunk
                 eof = not chunk
             end = end + 1 if end >= 0 else min(limit + 2, len(buffer))
-            raw = bytes(buffer[:end])
+            line = checked_line(bytes(buffer[:end]), expected, pointer, limit)
             del buffer[:end]
-            if not raw:
-                raise _Outcome(
-                    "missing",
-                    f"transcript has {expected - 1} events, sequence {pointer.sequence} "
-                    "not found",
-                )
-            line = _strip_line_ending(raw)
-            if len(line) > limit:
-                raise _Outcome("corrupt", f"line {expected}: longer than {limit} bytes")
-            _check_event(line, expected, pointer.session_id)
             if expected == pointer.sequence:
                 return line
         raise AssertionError("unreachable: sequence >= 1")  # pragma: no cover
